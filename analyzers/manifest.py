@@ -1,0 +1,159 @@
+"""The optional run manifest: facts a trace cannot show (value equality, token counts, timings).
+
+A trace shows *which* kernels ran; it cannot show whether ``cu_seqlens_q_padded`` was equal in
+value to ``cu_seqlens_q``, or how many tokens were packed. Runners record those facts when they
+build the batch; users can write them by hand. The file is JSON, validated by these models::
+
+    {
+      "schema_version": 1,
+      "workload": {"implementation": "te", "cp_size": 2, "cp_comm": "p2p",
+                   "strategy": "dual_chunk_swap", "causal": true, "heads": 16, "head_dim": 128,
+                   "dtype": "bf16", "layers": 4, "seqlens": [8192, 4096, 2048, 2048]},
+      "variants": [
+        {"name": "auto_clone", "window": "arm:auto_clone",
+         "facts": {"cu_seqlens": [0, 8192, 12288, 14336, 16384],
+                   "cu_seqlens_padded": [0, 8192, 12288, 14336, 16384],
+                   "padded_is_same_object": false, "pad_between_seqs": null},
+         "iteration_ms": {"0": [21.3, 21.2], "1": [21.3, 21.1]}}
+      ]
+    }
+
+``window`` names the annotation range (NVTX or ``record_function``) that encloses the variant's
+steps in the trace; a manifest without variants describes the whole trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MANIFEST_SCHEMA_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """The manifest file is unreadable or does not match the schema."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetadataFacts(_Model):
+    """Packed-batch metadata as the workload passed it to attention."""
+
+    cu_seqlens: list[int] | None = None
+    """Unpadded cumulative sequence lengths (``cu_seqlens_q``; KV assumed equal unless given)."""
+    cu_seqlens_padded: list[int] | None = None
+    """Padded cumulative sequence lengths (``cu_seqlens_q_padded``)."""
+    cu_seqlens_kv: list[int] | None = None
+    cu_seqlens_kv_padded: list[int] | None = None
+    padded_is_same_object: bool | None = None
+    """True when the padded tensor passed *is* the unpadded tensor object (TE's identity check)."""
+    pad_between_seqs: bool | None = None
+    """The value passed to TE's ``DotProductAttention.forward`` (None = let TE decide)."""
+    total_tokens: int | None = None
+    """Packed token count on one rank before CP partitioning (defaults to cu_seqlens_padded[-1])."""
+    fp8: bool = False
+    fsdp: bool = False
+    token_alignment: int | None = None
+    """The multiple the batch was padded to (8, 16, 128), if any."""
+    zero_fill_grad_tails: bool | None = None
+    """Whether the implementation zero-fills gradient padding in backward (None = unknown)."""
+
+    @model_validator(mode="after")
+    def _check_cu_seqlens(self) -> MetadataFacts:
+        for name in ("cu_seqlens", "cu_seqlens_padded", "cu_seqlens_kv", "cu_seqlens_kv_padded"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) < 2 or values[0] != 0:
+                raise ValueError(f"{name} must start at 0 and hold at least two entries")
+            if any(b < a for a, b in itertools.pairwise(values)):
+                raise ValueError(f"{name} must be non-decreasing")
+        if (
+            self.cu_seqlens
+            and self.cu_seqlens_padded
+            and len(self.cu_seqlens) != len(self.cu_seqlens_padded)
+        ):
+            raise ValueError("cu_seqlens and cu_seqlens_padded must have the same length")
+        return self
+
+
+class Workload(_Model):
+    """What ran. Unknown fields stay None; rules that need them then say so."""
+
+    model_config = ConfigDict(extra="allow")
+
+    implementation: str | None = None  # "bundled" | "te" | "te-adapter"
+    cp_size: int | None = None
+    cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
+    strategy: Literal["dual_chunk_swap", "no_load_balance"] | None = None
+    causal: bool | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    dtype: str | None = None
+    layers: int | None = None
+    seqlens: list[int] | None = None
+
+
+class VariantManifest(_Model):
+    """One arm of an A/B run."""
+
+    name: str
+    window: str | None = None
+    """Annotation name enclosing this variant's steps; None = the whole trace."""
+    facts: MetadataFacts = Field(default_factory=MetadataFacts)
+    workload: dict[str, object] = Field(default_factory=dict)
+    """Fields of the run's workload this variant overrides."""
+    iteration_ms: dict[int, list[float]] = Field(default_factory=dict)
+    """rank -> measured iteration times in ms (CUDA events)."""
+
+
+class RunManifest(_Model):
+    """Facts about a run that its traces cannot show."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    workload: Workload = Field(default_factory=Workload)
+    variants: list[VariantManifest] = Field(default_factory=list)
+    environment: dict[str, object] = Field(default_factory=dict)
+
+    def effective_workload(self, variant: VariantManifest) -> Workload:
+        """The run's workload with the variant's overrides applied."""
+        merged = {**self.workload.model_dump(), **variant.workload}
+        return Workload.model_validate(merged)
+
+
+def load_manifest(path: str | Path) -> RunManifest:
+    """Read and validate a manifest file.
+
+    :raises ManifestError: naming the file and the first invalid field.
+    """
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest JSON: {exc}") from exc
+    return parse_manifest(raw, source=str(path))
+
+
+def parse_manifest(raw: object, *, source: str = "manifest") -> RunManifest:
+    """Validate an already-decoded manifest object."""
+    try:
+        manifest = RunManifest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ManifestError(f"{source}: field {where}: {first['msg']}") from exc
+    if manifest.schema_version > MANIFEST_SCHEMA_VERSION:
+        raise ManifestError(
+            f"{source}: schema_version {manifest.schema_version} is newer than this cptrace "
+            f"understands ({MANIFEST_SCHEMA_VERSION}); upgrade cptrace"
+        )
+    return manifest

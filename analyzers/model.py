@@ -1,0 +1,272 @@
+"""The normalized trace model that every reader produces and every analysis consumes.
+
+Why columnar: a multi-GB trace has tens of millions of events; one Python object per event costs
+~100x the memory of a numpy row. Readers append rows to growable column buffers (``TableBuilder``)
+and freeze them into numpy structured arrays; names are interned once in a ``SymbolTable`` so the
+arrays hold small integer ids, never strings.
+
+Both nsys and Kineto traces map onto the same three tables:
+
+========== ====================================================================================
+table      one row per
+========== ====================================================================================
+activities GPU activity: kernel, memcpy or memset (a CUDA-graph launch yields many rows that
+           share one correlation id)
+launches   CPU-side launch call: cudaLaunchKernel(ExC), cuLaunchKernel(Ex), cudaGraphLaunch,
+           cudaMemcpyAsync, cudaMemsetAsync, ... (the runtime/driver API row that owns the
+           correlation id)
+ranges     annotation range on a CPU thread: NVTX push/pop or start/end, ``record_function``
+           (Kineto ``user_annotation``), Python function frames, and step markers
+           (``ProfilerStep#N``)
+========== ====================================================================================
+
+Timestamps are integer nanoseconds on one clock per trace (the trace's own). ``process`` is an
+integer process key (nsys ``globalPid``; Kineto ``pid``); ``thread`` is an integer thread key
+(nsys ``globalTid``; Kineto ``tid``), unique within the trace. ``rank`` is the distributed rank
+the process belongs to, -1 when unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+
+class ActivityKind(IntEnum):
+    """What a GPU activity row is."""
+
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+
+
+class RangeKind(IntEnum):
+    """Where an annotation range came from; attribution prefers some kinds over others."""
+
+    NVTX = 0
+    RECORD_FUNCTION = 1  # Kineto cpu "user_annotation" (torch.profiler.record_function)
+    PYTHON = 2  # Python function frame (Kineto python_function, nsys --python-functions-trace)
+    STEP = 3  # ProfilerStep#N and other step markers
+    CPU_OP = 4  # aten operator (Kineto cpu_op)
+
+
+ACTIVITY_DTYPE = np.dtype(
+    [
+        ("kind", np.int8),  # ActivityKind
+        ("rank", np.int16),
+        ("process", np.int64),
+        ("device", np.int16),
+        ("stream", np.int64),
+        ("start", np.int64),
+        ("end", np.int64),
+        ("name", np.int32),  # SymbolTable id
+        ("correlation", np.int64),  # -1 when the trace has none for this row
+        ("graph_node", np.int64),  # CUDA graph node id, -1 when not launched from a graph
+    ]
+)
+
+LAUNCH_DTYPE = np.dtype(
+    [
+        ("rank", np.int16),
+        ("process", np.int64),
+        ("thread", np.int64),
+        ("start", np.int64),
+        ("end", np.int64),
+        ("correlation", np.int64),
+        ("api", np.int32),  # SymbolTable id of the API name, e.g. "cudaLaunchKernel"
+    ]
+)
+
+RANGE_DTYPE = np.dtype(
+    [
+        ("kind", np.int8),  # RangeKind
+        ("rank", np.int16),
+        ("process", np.int64),
+        ("thread", np.int64),
+        ("start", np.int64),
+        ("end", np.int64),  # ranges still open at the end of the capture end at the trace end
+        ("name", np.int32),  # SymbolTable id
+        ("parent", np.int64),  # row index of the enclosing range on the same thread, -1 if none
+        ("depth", np.int16),  # nesting depth on its thread, 0 for outermost
+    ]
+)
+
+
+class SymbolTable:
+    """Interns strings to dense integer ids so event tables hold ints, not strings."""
+
+    __slots__ = ("_ids", "names")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def intern(self, name: str) -> int:
+        """Return the id of ``name``, adding it on first sight."""
+        found = self._ids.get(name)
+        if found is not None:
+            return found
+        new_id = len(self.names)
+        self.names.append(name)
+        self._ids[name] = new_id
+        return new_id
+
+    def lookup(self, name: str) -> int | None:
+        """Return the id of ``name`` or None when it never occurred."""
+        return self._ids.get(name)
+
+    def __getitem__(self, symbol_id: int) -> str:
+        return self.names[symbol_id]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class TableBuilder:
+    """Append-only column buffer that grows geometrically and freezes into a structured array.
+
+    Readers add rows in chunks (``extend``) or one at a time (``append``); either way memory is
+    one numpy row per event, not one Python object.
+    """
+
+    __slots__ = ("_buf", "_size", "dtype")
+
+    def __init__(self, dtype: np.dtype, capacity: int = 4096) -> None:
+        self.dtype = dtype
+        self._buf = np.empty(capacity, dtype=dtype)
+        self._size = 0
+
+    def _reserve(self, extra: int) -> None:
+        need = self._size + extra
+        if need <= len(self._buf):
+            return
+        capacity = max(need, 2 * len(self._buf))
+        grown = np.empty(capacity, dtype=self.dtype)
+        grown[: self._size] = self._buf[: self._size]
+        self._buf = grown
+
+    def append(self, row: tuple[object, ...]) -> None:
+        """Add one row given as a tuple in dtype field order."""
+        self._reserve(1)
+        self._buf[self._size] = row
+        self._size += 1
+
+    def extend(self, rows: npt.NDArray[np.void] | Sequence[tuple[object, ...]]) -> None:
+        """Add many rows: a structured array of this dtype, or a sequence of tuples."""
+        if not isinstance(rows, np.ndarray):
+            rows = np.array(list(rows), dtype=self.dtype)
+        self._reserve(len(rows))
+        self._buf[self._size : self._size + len(rows)] = rows
+        self._size += len(rows)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def freeze(self) -> npt.NDArray[np.void]:
+        """Return the rows as a compact array; the builder must not be used afterwards."""
+        return self._buf[: self._size].copy()
+
+
+@dataclass(kw_only=True, slots=True)
+class Trace:
+    """One normalized trace: all ranks one source file covers.
+
+    An nsys export of a multi-process run covers several ranks in one ``Trace``; a Kineto file
+    covers one rank. ``merge_traces`` concatenates per-rank traces into one.
+    """
+
+    source: str
+    """Path (or label) of the file the trace came from; several joined by ';' after a merge."""
+    format: str
+    """'nsys' or 'kineto'."""
+    strings: SymbolTable
+    activities: npt.NDArray[np.void]
+    launches: npt.NDArray[np.void]
+    ranges: npt.NDArray[np.void]
+    ranks: dict[int, int] = field(default_factory=dict)
+    """process key -> distributed rank."""
+    thread_names: dict[int, str] = field(default_factory=dict)
+    """thread key -> thread name, where the trace records one."""
+    span: tuple[int, int] = (0, 0)
+    """(first, last) timestamp in ns over every table."""
+    notes: list[str] = field(default_factory=list)
+    """Analyses this trace cannot support and why (a missing table, a column an old nsys lacks)."""
+    metadata: dict[str, object] = field(default_factory=dict)
+    """Reader facts: nsys version, Kineto distributedInfo, device names, ..."""
+
+    def name_of(self, symbol_id: int) -> str:
+        """Return the string behind a SymbolTable id."""
+        return self.strings[symbol_id]
+
+    def rank_list(self) -> list[int]:
+        """Ranks present in the trace, sorted."""
+        present: set[int] = set()
+        for table in (self.activities, self.launches, self.ranges):
+            if len(table):
+                present.update(int(r) for r in np.unique(table["rank"]))
+        return sorted(present)
+
+
+def remap_symbols(target: SymbolTable, source: SymbolTable) -> npt.NDArray[np.int32]:
+    """Return an array that maps ``source`` ids to ``target`` ids, interning as needed."""
+    return np.fromiter((target.intern(n) for n in source.names), dtype=np.int32, count=len(source))
+
+
+def merge_traces(traces: Iterable[Trace]) -> Trace:
+    """Concatenate traces (typically one Kineto file per rank) into one with a shared table.
+
+    Process and thread keys of different files can collide (two ranks may both be pid 0 on
+    different hosts), so each input's keys are offset into a disjoint range.
+    """
+    items = list(traces)
+    if len(items) == 1:
+        return items[0]
+    strings = SymbolTable()
+    acts, launches, ranges = [], [], []
+    ranks: dict[int, int] = {}
+    thread_names: dict[int, str] = {}
+    notes: list[str] = []
+    metadata: dict[str, object] = {"parts": []}
+    range_offset = 0
+    for index, trace in enumerate(items):
+        key_offset = index << 48
+        mapping = remap_symbols(strings, trace.strings)
+        a = trace.activities.copy()
+        a["name"] = mapping[a["name"]]
+        a["process"] += key_offset
+        l_ = trace.launches.copy()
+        l_["api"] = mapping[l_["api"]]
+        l_["process"] += key_offset
+        l_["thread"] += key_offset
+        r = trace.ranges.copy()
+        r["name"] = mapping[r["name"]]
+        r["process"] += key_offset
+        r["thread"] += key_offset
+        r["parent"] = np.where(r["parent"] >= 0, r["parent"] + range_offset, -1)
+        range_offset += len(r)
+        acts.append(a)
+        launches.append(l_)
+        ranges.append(r)
+        ranks.update({p + key_offset: rk for p, rk in trace.ranks.items()})
+        thread_names.update({t + key_offset: n for t, n in trace.thread_names.items()})
+        notes.extend(trace.notes)
+        parts = metadata["parts"]
+        assert isinstance(parts, list)
+        parts.append({"source": trace.source, **trace.metadata})
+    return Trace(
+        source=";".join(t.source for t in items),
+        format=items[0].format if len({t.format for t in items}) == 1 else "mixed",
+        strings=strings,
+        activities=np.concatenate(acts),
+        launches=np.concatenate(launches),
+        ranges=np.concatenate(ranges),
+        ranks=ranks,
+        thread_names=thread_names,
+        span=(min(t.span[0] for t in items), max(t.span[1] for t in items)),
+        notes=notes,
+        metadata=metadata,
+    )

@@ -1,0 +1,247 @@
+"""The analysis output contract: plain pydantic models the service stores and the web renders.
+
+Everything here is JSON-serializable (``model_dump(mode="json")``) and versioned by
+``REPORT_SCHEMA_VERSION``; a stored report with an older version is re-analysed, never patched.
+Times are nanoseconds (``*_ns``) unless a field says milliseconds (``*_ms``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPORT_SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Severity(StrEnum):
+    """How urgent a finding is. ``error`` means wrong results, not just slow ones."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Category(StrEnum):
+    """Helper categories of the catalog."""
+
+    METADATA = "metadata"
+    ZERO_FILL = "zero-fill"
+    PARTITION = "partition/correction"
+    ATTENTION = "attention compute"
+    COMMUNICATION = "communication"
+    HOST_SYNC = "host sync"
+    OTHER = "other"
+
+
+UNATTRIBUTED = "(unattributed)"
+"""Helper name for GPU activity no catalog entry claims."""
+
+
+class SourceInfo(_Model):
+    """One input file and what the reader could and could not get from it."""
+
+    path: str
+    format: str  # "nsys" | "kineto"
+    ranks: list[int]
+    activities: int
+    launches: int
+    ranges: int
+    notes: list[str] = Field(default_factory=list)
+
+
+class Window(_Model):
+    """A time window analysed on its own: a step, an arm of an A/B run, or the whole trace."""
+
+    rank: int
+    name: str  # "ProfilerStep#3", "arm:auto_clone", "whole trace"
+    index: int  # order within (rank, kind)
+    kind: str  # "step" | "window" | "trace"
+    start_ns: int
+    end_ns: int
+
+
+class HelperStat(_Model):
+    """Launches and GPU time of one helper on one rank within one window group.
+
+    ``window`` is the window name ("arm:auto_clone") or "whole trace"; ``steps`` is how many
+    windows of that name were summed (divide to get per-step numbers).
+    """
+
+    rank: int
+    window: str
+    steps: int
+    helper: str
+    category: Category
+    launches: int  # GPU activities (kernels + memcpy + memset) attributed to the helper
+    kernels: int
+    gpu_time_ns: int
+    matched_by: str  # "range" | "python" | "kernel-name" | "none" (how most rows were matched)
+
+
+class StreamStat(_Model):
+    """Busy time and idle gaps of one GPU stream on one rank within one window group."""
+
+    rank: int
+    window: str
+    device: int
+    stream: int
+    activities: int
+    busy_ns: int  # union of activity intervals, overlaps counted once
+    gaps: int  # idle gaps longer than the gap threshold between first and last activity
+    gap_ns: int
+    first_ns: int
+    last_ns: int
+
+
+class RankSummary(_Model):
+    """Totals for one rank within one window group."""
+
+    rank: int
+    window: str
+    steps: int
+    span_ns: int  # sum of window durations
+    gpu_busy_ns: int  # union over all streams of that rank
+    kernels: int
+    launches: int
+    attributed_fraction: float  # share of GPU time attributed to a catalog helper
+
+
+class Imbalance(_Model):
+    """Cross-rank spread of one metric within one window group."""
+
+    window: str
+    metric: str  # "gpu_busy_ns" | "span_ns" | "kernels"
+    per_rank: dict[int, float]
+    max_over_min: float
+    max_over_mean: float
+
+
+class TimelineEvent(_Model):
+    """One GPU activity of a decimated timeline for the dashboard."""
+
+    rank: int
+    stream: int
+    start_ns: int  # relative to the timeline window start
+    end_ns: int
+    name: str
+    helper: str
+    category: Category
+
+
+class Timeline(_Model):
+    """One step per rank, decimated to at most ``limit`` events per rank (longest kept)."""
+
+    window: str
+    limit: int
+    dropped: int
+    events: list[TimelineEvent]
+
+
+class Evidence(_Model):
+    """A number behind a finding, with its unit and where it came from."""
+
+    name: str
+    value: float | int | str | bool | None
+    unit: str = ""
+    rank: int | None = None
+    window: str | None = None
+
+
+class Finding(_Model):
+    """A diagnosis: what is wrong, the proof, and what exactly to change."""
+
+    rule: str  # stable identifier, e.g. "padded-path-without-padding"
+    title: str
+    severity: Severity
+    helper: str | None = None
+    window: str | None = None
+    ranks: list[int] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+    recommendation: str
+    expected_saving_ms: float | None = None  # per iteration, when it can be estimated
+    expected_saving_pct: float | None = None
+    references: list[str] = Field(default_factory=list)  # e.g. "TE issue #3331"
+
+
+class IterationStats(_Model):
+    """Distribution of iteration times (ms) for one variant/window on one rank (or all ranks)."""
+
+    label: str
+    rank: int | None
+    n: int
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    samples_ms: list[float]
+
+
+class AnalysisReport(_Model):
+    """Everything ``analyze`` knows about one set of traces (one run)."""
+
+    schema_version: int = REPORT_SCHEMA_VERSION
+    catalog_version: str
+    sources: list[SourceInfo]
+    ranks: list[int]
+    windows: list[Window]
+    helpers: list[HelperStat]
+    streams: list[StreamStat]
+    rank_summaries: list[RankSummary]
+    imbalance: list[Imbalance]
+    iterations: list[IterationStats] = Field(default_factory=list)
+    findings: list[Finding]
+    timeline: Timeline | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class HelperDelta(_Model):
+    """Per-helper change between base and head (per step, summed over ranks)."""
+
+    helper: str
+    category: Category
+    base_launches: float
+    head_launches: float
+    delta_launches: float
+    base_gpu_time_ns: float
+    head_gpu_time_ns: float
+    delta_gpu_time_ns: float
+    status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+
+
+class IterationComparison(_Model):
+    """Robust comparison of iteration times; ``method`` states the statistics used."""
+
+    base: IterationStats
+    head: IterationStats
+    delta_median_ms: float
+    delta_median_pct: float
+    ci_low_ms: float  # confidence interval of the median difference (head - base)
+    ci_high_ms: float
+    confidence: float  # e.g. 0.95
+    p_value: float  # Mann-Whitney U, two-sided
+    method: str
+    verdict: str  # "faster" | "slower" | "no significant change"
+
+
+class ComparisonReport(_Model):
+    """Base vs head: what changed, whether it is significant, and why."""
+
+    schema_version: int = REPORT_SCHEMA_VERSION
+    base_label: str
+    head_label: str
+    helpers: list[HelperDelta]
+    span_delta_ns: float  # per step, mean over ranks
+    busy_delta_ns: float
+    iterations: IterationComparison | None = None
+    findings_base: list[Finding] = Field(default_factory=list)
+    findings_head: list[Finding] = Field(default_factory=list)
+    summary: str  # one line: verdict and the helper(s) behind the difference
+    verdict: str

@@ -1,0 +1,1 @@
+"""cp_attention package."""

@@ -1,0 +1,1 @@
+"""runners package."""
