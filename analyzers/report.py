@@ -63,6 +63,8 @@ class Window(_Model):
     kind: str  # "step" | "window" | "trace"
     start_ns: int
     end_ns: int
+    group: str | None = None
+    """Window group the window is aggregated under ("ProfilerStep", "arm:auto_clone", ...)."""
 
 
 class HelperStat(_Model):
@@ -81,6 +83,8 @@ class HelperStat(_Model):
     kernels: int
     gpu_time_ns: int
     matched_by: str  # "range" | "python" | "kernel-name" | "none" (how most rows were matched)
+    calls: int = 0  # outermost catalogued ranges of the helper (host-side calls) in the windows
+    host_time_ns: int = 0  # summed duration of those ranges on the CPU
 
 
 class StreamStat(_Model):
@@ -98,6 +102,18 @@ class StreamStat(_Model):
     last_ns: int
 
 
+class HostSyncStat(_Model):
+    """Host-blocking calls (stream/device sync, blocking copies) in one window group on one rank."""
+
+    rank: int
+    window: str
+    steps: int
+    helper: str  # the catalogued range the calls were made in, or UNATTRIBUTED
+    calls: int
+    blocked_ns: int  # summed duration of the synchronising API calls
+    api: str  # the most frequent API name among the calls
+
+
 class RankSummary(_Model):
     """Totals for one rank within one window group."""
 
@@ -109,13 +125,14 @@ class RankSummary(_Model):
     kernels: int
     launches: int
     attributed_fraction: float  # share of GPU time attributed to a catalog helper
+    compute_busy_ns: int = 0  # busy union without communication kernels (NCCL spins while waiting)
 
 
 class Imbalance(_Model):
     """Cross-rank spread of one metric within one window group."""
 
     window: str
-    metric: str  # "gpu_busy_ns" | "span_ns" | "kernels"
+    metric: str  # "gpu_busy_ns" | "compute_busy_ns" | "span_ns" | "kernels"
     per_rank: dict[int, float]
     max_over_min: float
     max_over_mean: float
@@ -200,6 +217,9 @@ class AnalysisReport(_Model):
     findings: list[Finding]
     timeline: Timeline | None = None
     notes: list[str] = Field(default_factory=list)
+    host_syncs: list[HostSyncStat] = Field(default_factory=list)
+    groups: list[str] = Field(default_factory=list)
+    """Window-group names in report order; "whole trace" is always last."""
 
 
 class HelperDelta(_Model):
@@ -214,6 +234,9 @@ class HelperDelta(_Model):
     head_gpu_time_ns: float
     delta_gpu_time_ns: float
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+    base_host_time_ns: float = 0.0  # time on the CPU inside the helper's ranges, per step
+    head_host_time_ns: float = 0.0
+    delta_host_time_ns: float = 0.0
 
 
 class IterationComparison(_Model):

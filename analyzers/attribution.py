@@ -1,0 +1,381 @@
+"""Attribute every GPU activity to the catalogued helper that caused it.
+
+Three joins, all vectorized (numpy sort + ``searchsorted``), no Python object per event:
+
+1. **activity -> launch** by correlation id. nsys correlation ids are per process, so the key is
+   ``(process, correlation)``; activities whose process key does not appear among the launches
+   (Kineto writes the device as the kernel's pid) fall back to ``(rank, correlation)``. A CUDA
+   graph launch is one launch row with many activities sharing its id: all of them join it.
+   Duplicate launch rows with one key (some nsys versions write the runtime row twice) join the
+   first, so nothing is double counted.
+2. **launch -> innermost catalogued range** on the launching thread at launch time. Only ranges
+   whose name the catalog recognises take part, so the innermost *catalogued* range wins even
+   when uncatalogued frames sit in between. Backward kernels are launched from the autograd
+   thread; that thread's own ranges (Python frames, NVTX pushed in backward) enclose them.
+3. **range -> helper**, resolved once per distinct symbol id, never per event.
+
+Precedence: a specific catalogued range (NVTX, ``record_function`` or Python frame) beats a
+kernel-name pattern, which beats a *fallback* container range (``fallback = true`` in the
+catalog, e.g. the whole TE CP forward). Kernel patterns with ``within`` apply only inside the
+named container.
+
+Example (one thread, catalog knows ``get_cu_seqlens_on_cp_rank`` and the container
+``te_cp_forward``)::
+
+    launches                          ranges (thread 7)
+    row corr thread start              row name                       start  end
+    0   11   7      105                0   ...AttnFuncWithCPAndKVP2P.forward 100  900
+    1   12   7      205                1   ...get_cu_seqlens_on_cp_rank    200  300
+    2   13   7      405                2   aten::copy_  (not catalogued)  400  450
+
+    activities (before)                activities (after)
+    row corr name                      helper                     matched_by launch
+    0   12   triton_per_fused_..._0    get_cu_seqlens_on_cp_rank  range      1
+    1   13   elementwise_kernel        te_cp_forward              range      2
+    2   11   ncclDevKernel_SendRecv    cp_p2p_send_recv           kernel-name 0
+    3   99   Memcpy DtoD               -1 (unattributed)          none       -1
+
+Row 1 is inside the uncatalogued ``aten::copy_``; its innermost *catalogued* range is the
+container. Row 2 is inside only the container, and a kernel pattern beats a container. Row 3 has
+no launch with correlation 99, so only its name could match, and nothing does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.catalog import Catalog
+from analyzers.model import Trace
+from analyzers.report import UNATTRIBUTED, Category
+
+_CORRELATION_BITS = 40
+_CORRELATION_MASK = (1 << _CORRELATION_BITS) - 1
+
+IntArray = npt.NDArray[np.int64]
+
+
+class MatchedBy(IntEnum):
+    """How an activity found its helper (values stored in ``Attribution.matched_by``)."""
+
+    NONE = 0
+    RANGE = 1
+    PYTHON = 2
+    KERNEL_NAME = 3
+
+
+MATCHED_BY_LABELS = ("none", "range", "python", "kernel-name")
+
+
+@dataclass(slots=True)
+class Attribution:
+    """Per-activity attribution, aligned with ``trace.activities`` row for row.
+
+    ``helper`` indexes ``helper_names``/``categories`` (-1: unattributed); ``launch`` is the row
+    of ``trace.launches`` (-1: no launch found); ``range_row`` is the row of ``trace.ranges``
+    that claimed the activity (-1 when a kernel pattern or nothing did).
+    """
+
+    helper: npt.NDArray[np.int32]
+    matched_by: npt.NDArray[np.int8]
+    launch: IntArray
+    range_row: IntArray
+    helper_names: tuple[str, ...]
+    categories: tuple[Category, ...]
+
+    def name_of(self, helper_index: int) -> str:
+        """Helper name for an index, ``UNATTRIBUTED`` for -1."""
+        return UNATTRIBUTED if helper_index < 0 else self.helper_names[helper_index]
+
+    def category_of(self, helper_index: int) -> Category:
+        """Helper category for an index, ``Category.OTHER`` for -1."""
+        return Category.OTHER if helper_index < 0 else self.categories[helper_index]
+
+
+def _distinct(values: IntArray, limit: int = 64) -> IntArray:
+    """Sorted distinct values; a few O(n) passes when there are few (processes, ranks, threads),
+    a sort otherwise."""
+    remaining, found = values, list[np.int64]()
+    while len(remaining) and len(found) < limit:
+        found.append(remaining[0])
+        remaining = remaining[remaining != remaining[0]]
+    if len(remaining):
+        return np.unique(values)
+    return np.sort(np.asarray(found, dtype=values.dtype))
+
+
+def _factorize(*columns: IntArray) -> list[IntArray]:
+    """Map values of several columns onto one dense code space."""
+    uniques = np.unique(np.concatenate([_distinct(c) for c in columns]))
+    return [np.searchsorted(uniques, col).astype(np.int64) for col in columns]
+
+
+_DIRECT_TABLE_LIMIT = 16 * 1024 * 1024
+"""Largest key range joined through a lookup table instead of a sort (4 bytes per slot)."""
+
+
+def _join(keys: IntArray, targets: IntArray) -> IntArray:
+    """Index of the first ``targets`` row equal to each key, -1 when absent.
+
+    CUPTI correlation ids are dense counters, so the key range is usually a small multiple of
+    the row count: then a direct lookup table joins in O(n) without sorting.
+    """
+    if len(targets) == 0 or len(keys) == 0:
+        return np.full(len(keys), -1, dtype=np.int64)
+    low = int(targets.min())
+    size = int(targets.max()) - low + 1
+    if size <= max(_DIRECT_TABLE_LIMIT, 4 * len(targets)) and len(targets) < 2**31:
+        table = np.full(size, -1, dtype=np.int32)
+        rows = np.arange(len(targets) - 1, -1, -1, dtype=np.int32)
+        table[targets[::-1] - low] = rows  # reversed: the first row of a duplicate key wins
+        inside = (keys >= low) & (keys < low + size)
+        return np.where(inside, table[np.clip(keys - low, 0, size - 1)], -1).astype(np.int64)
+    order = np.argsort(targets, kind="stable")
+    sorted_targets = targets[order]
+    pos = np.minimum(_search(sorted_targets, keys, "left"), len(order) - 1)
+    return np.where(sorted_targets[pos] == keys, order[pos], -1)
+
+
+def _search(sorted_values: IntArray, keys: IntArray, side: str) -> IntArray:
+    """``searchsorted`` that sorts the keys first: sorted keys walk the array cache-friendly."""
+    if len(keys) < 2 or bool(np.all(keys[1:] >= keys[:-1])):
+        return np.asarray(np.searchsorted(sorted_values, keys, side=side), dtype=np.int64)  # type: ignore[call-overload]
+    order = np.argsort(keys, kind="stable")
+    out = np.empty(len(keys), dtype=np.int64)
+    out[order] = np.searchsorted(sorted_values, keys[order], side=side)  # type: ignore[call-overload]
+    return out
+
+
+def link_launches(trace: Trace) -> IntArray:
+    """Row of ``trace.launches`` for each activity (-1 when none), by correlation id."""
+    acts, launches = trace.activities, trace.launches
+    result = np.full(len(acts), -1, dtype=np.int64)
+    if len(acts) == 0 or len(launches) == 0:
+        return result
+    has_corr = acts["correlation"] >= 0
+    a_proc, l_proc = _factorize(acts["process"].astype(np.int64), launches["process"])
+    a_corr = acts["correlation"].astype(np.int64)
+    l_corr = launches["correlation"].astype(np.int64)
+    # Compact composite key (process code, correlation) so _join can use a direct table.
+    low = min(int(a_corr.min()), int(l_corr.min()))
+    width = max(int(a_corr.max()), int(l_corr.max())) - low + 1
+    if width * (int(max(a_proc.max(), l_proc.max())) + 1) >= 1 << 62:
+        low, width = 0, 1 << _CORRELATION_BITS
+        a_corr, l_corr = a_corr & _CORRELATION_MASK, l_corr & _CORRELATION_MASK
+    by_process = _join(a_proc * width + (a_corr - low), l_proc * width + (l_corr - low))
+    result = np.where(has_corr, by_process, -1)
+    # Fallback for activities whose process key never launches anything (Kineto device pids).
+    launching = np.isin(a_proc, _distinct(l_proc))
+    retry = has_corr & (result < 0) & ~launching & (acts["rank"] >= 0)
+    if retry.any():
+        # Rank codes: -1 (unknown) launches get code 0 and can never match a retried activity.
+        a_rank = acts["rank"][retry].astype(np.int64) + 1
+        l_rank = np.maximum(launches["rank"].astype(np.int64) + 1, 0)
+        result[retry] = _join(
+            a_rank * width + (a_corr[retry] - low), l_rank * width + (l_corr - low)
+        )
+    return result
+
+
+class RangeIndex:
+    """Innermost-enclosing-range lookup over a subset of ranges, fully vectorized.
+
+    Ranges are sorted per thread by (start, -end); nesting depth comes from counting starts and
+    ends before each start, and each range's parent is the last earlier range one level up.
+    A query ``(thread, t)`` takes the latest range starting at or before ``t`` on that thread and
+    walks up the parent chain until a range contains ``t`` (in a nested forest, every range
+    containing ``t`` is an ancestor of that latest range). Ranges are half-open ``[start, end)``.
+    """
+
+    def __init__(self, thread: IntArray, start: IntArray, end: IntArray, rows: IntArray) -> None:
+        self.threads = np.unique(thread)
+        self._base = int(start.min()) if len(start) else 0
+        end = np.maximum(end, start + 1)
+        t_idx = np.searchsorted(self.threads, thread)
+        self._span = int(end.max() - self._base + 1) if len(end) else 1
+        if len(self.threads) * self._span >= (1 << 62):
+            raise OverflowError("time span too large for composite keys")
+        key_start = t_idx * self._span + (start - self._base)
+        key_end = t_idx * self._span + (end - self._base)
+        order = np.lexsort((-key_end, key_start))
+        self.rows = rows[order]
+        self.key_start = key_start[order]
+        self.key_end = key_end[order]
+        self.thread_idx = t_idx[order]
+        ends_sorted = np.sort(key_end)
+        positions = np.arange(len(order))
+        depth = positions - np.searchsorted(ends_sorted, self.key_start, side="right")
+        self.parent = np.full(len(order), -1, dtype=np.int64)
+        for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
+            upper = np.flatnonzero(depth == level - 1)
+            here = np.flatnonzero(depth == level)
+            if len(upper) == 0 or len(here) == 0:
+                continue
+            slot = np.searchsorted(upper, here, side="right") - 1
+            self.parent[here] = np.where(slot >= 0, upper[np.maximum(slot, 0)], -1)
+
+    def lookup(self, thread: IntArray, time: IntArray) -> IntArray:
+        """Row (in the original range table) of the innermost range containing each query."""
+        result = np.full(len(thread), -1, dtype=np.int64)
+        if len(self.rows) == 0 or len(thread) == 0:
+            return result
+        t_idx = np.searchsorted(self.threads, thread)  # few threads: cheap
+        known = (t_idx < len(self.threads)) & (
+            self.threads[np.minimum(t_idx, len(self.threads) - 1)] == thread
+        )
+        key = t_idx * self._span + (time - self._base)
+        cand = _search(self.key_start, key, "right") - 1
+        cand = np.where(known, cand, -1)
+        valid = cand >= 0
+        cand = np.where(valid & (self.thread_idx[np.maximum(cand, 0)] == t_idx), cand, -1)
+        active = np.flatnonzero(cand >= 0)
+        while len(active):
+            c = cand[active]
+            outside = self.key_end[c] <= key[active]
+            if not outside.any():
+                break
+            moving = active[outside]
+            cand[moving] = self.parent[cand[moving]]
+            active = moving[cand[moving] >= 0]
+        hit = cand >= 0
+        result[hit] = self.rows[cand[hit]]
+        return result
+
+
+def _query_order(thread: IntArray, time: IntArray) -> IntArray:
+    """Permutation sorting queries by (thread, time); cheap when times are already sorted."""
+    (codes,) = _factorize(thread.astype(np.int64))
+    if len(time) < 2 or bool(np.all(time[1:] >= time[:-1])):
+        small = codes.astype(np.int16) if codes.max(initial=0) < 2**15 else codes
+        return np.argsort(small, kind="stable")  # radix sort on small ints keeps time order
+    return np.lexsort((time, codes))
+
+
+def _symbol_table(names: npt.NDArray[np.int32], size: int, match: object) -> npt.NDArray[np.int32]:
+    """Per-symbol lookup array: catalog match for every symbol id that occurs in ``names``."""
+    table = np.full(size, -1, dtype=np.int32)
+    if len(names):
+        present = np.flatnonzero(np.bincount(names, minlength=size))
+        for sym in present:
+            table[sym] = match(int(sym))  # type: ignore[operator]
+    return table
+
+
+def _range_index(trace: Trace, mask: npt.NDArray[np.bool_]) -> RangeIndex:
+    rows = np.flatnonzero(mask).astype(np.int64)
+    r = trace.ranges[rows]
+    return RangeIndex(r["thread"], r["start"], r["end"], rows)
+
+
+@dataclass(slots=True)
+class RangeHelpers:
+    """Catalog matches of the trace's ranges and the lookup indexes built from them."""
+
+    helper: npt.NDArray[np.int32]  # per range row: helper index or -1
+    via_python: npt.NDArray[np.bool_]  # per range row: matched by a Python pattern
+    specific: RangeIndex
+    container: RangeIndex
+
+
+def match_ranges(trace: Trace, catalog: Catalog) -> RangeHelpers:
+    """Resolve every range name once and index the catalogued ranges per thread."""
+    size = len(trace.strings)
+    names = trace.ranges["name"]
+    by_symbol = _symbol_table(names, size, lambda s: catalog.match_range(trace.strings[s])[0])
+    python_symbol = np.zeros(size, dtype=bool)
+    for sym in np.flatnonzero(by_symbol >= 0):
+        python_symbol[sym] = catalog.match_range(trace.strings[int(sym)])[1]
+    helper = by_symbol[names] if len(names) else np.empty(0, dtype=np.int32)
+    fallback = np.array([h.fallback for h in catalog.helpers] + [False], dtype=bool)
+    is_fallback = fallback[helper]  # helper -1 indexes the trailing False
+    return RangeHelpers(
+        helper=helper,
+        via_python=python_symbol[names] if len(names) else np.empty(0, dtype=bool),
+        specific=_range_index(trace, (helper >= 0) & ~is_fallback),
+        container=_range_index(trace, (helper >= 0) & is_fallback),
+    )
+
+
+def _within_mask(
+    catalog: Catalog, kernel_helper: npt.NDArray[np.int32], container_helper: npt.NDArray[np.int32]
+) -> npt.NDArray[np.bool_]:
+    """False where a kernel pattern restricted by ``within`` fired outside its containers."""
+    ok = np.ones(len(kernel_helper), dtype=bool)
+    for index, helper in enumerate(catalog.helpers):
+        if not helper.within:
+            continue
+        allowed = [catalog.index(name) for name in helper.within]
+        here = kernel_helper == index
+        ok[here] = np.isin(container_helper[here], allowed)
+    return ok
+
+
+def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None) -> Attribution:
+    """Attribute each activity of ``trace`` to a catalog helper (see the module docstring)."""
+    acts = trace.activities
+    n = len(acts)
+    ranges = ranges if ranges is not None else match_ranges(trace, catalog)
+    launch = link_launches(trace)
+    has_launch = launch >= 0
+    # Each launch row is looked up once, in (thread, time) order (cache-friendly searches),
+    # and the answers are spread back to every activity of that launch (CUDA graphs).
+    rows = np.flatnonzero(np.bincount(launch[has_launch], minlength=len(trace.launches)))
+    order = _query_order(trace.launches["thread"][rows], trace.launches["start"][rows])
+    rows = rows[order]
+    thread, time = trace.launches["thread"][rows], trace.launches["start"][rows]
+    by_launch_specific = np.full(len(trace.launches) + 1, -1, dtype=np.int64)
+    by_launch_container = np.full(len(trace.launches) + 1, -1, dtype=np.int64)
+    by_launch_specific[rows] = ranges.specific.lookup(thread, time)
+    by_launch_container[rows] = ranges.container.lookup(thread, time)
+    specific = by_launch_specific[launch]  # launch -1 reads the trailing -1
+    container = by_launch_container[launch]
+
+    range_helper = np.append(ranges.helper, np.int32(-1))  # index -1 -> -1
+    range_python = np.append(ranges.via_python, False)
+    specific_helper = range_helper[specific]
+    container_helper = range_helper[container]
+    kernel_by_symbol = _symbol_table(
+        acts["name"], len(trace.strings), lambda s: catalog.match_kernel(trace.strings[s])
+    )
+    kernel_helper = kernel_by_symbol[acts["name"]] if n else np.empty(0, dtype=np.int32)
+    kernel_helper = np.where(
+        _within_mask(catalog, kernel_helper, container_helper), kernel_helper, -1
+    )
+
+    use_specific = specific >= 0
+    use_kernel = ~use_specific & (kernel_helper >= 0)
+    use_container = ~use_specific & ~use_kernel & (container >= 0)
+    helper = np.where(
+        use_specific,
+        specific_helper,
+        np.where(use_kernel, kernel_helper, np.where(use_container, container_helper, -1)),
+    ).astype(np.int32)
+    claimed_range = np.where(use_specific, specific, np.where(use_container, container, -1))
+    via_python = range_python[claimed_range]
+    matched_by = np.full(n, MatchedBy.NONE, dtype=np.int8)
+    matched_by[use_specific | use_container] = MatchedBy.RANGE
+    matched_by[(use_specific | use_container) & via_python] = MatchedBy.PYTHON
+    matched_by[use_kernel] = MatchedBy.KERNEL_NAME
+    return Attribution(
+        helper=helper,
+        matched_by=matched_by,
+        launch=launch,
+        range_row=claimed_range.astype(np.int64),
+        helper_names=tuple(h.name for h in catalog.helpers),
+        categories=tuple(h.category for h in catalog.helpers),
+    )
+
+
+__all__ = [
+    "MATCHED_BY_LABELS",
+    "Attribution",
+    "MatchedBy",
+    "RangeHelpers",
+    "RangeIndex",
+    "attribute",
+    "link_launches",
+    "match_ranges",
+]

@@ -1,0 +1,284 @@
+"""The helper catalog: data saying which ranges, Python frames and kernels belong to which helper.
+
+Why data and not code: every Transformer Engine release renames or moves a CP helper, and users
+profile their own wrappers. Adding a TOML entry (``--catalog extra.toml`` or the
+``CPTRACE_CATALOG`` environment variable, paths separated by ``os.pathsep``) must be enough.
+
+Matching is done once per *distinct name* (a symbol id), never per event, so patterns can be
+expressive (globs, or regular expressions with a ``re:`` prefix) without costing throughput.
+Order matters: the first helper whose pattern matches a name wins. Entries of extra catalogs come
+before the built-in ones, and an extra entry with a built-in entry's name replaces it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from analyzers.report import Category
+
+BUILTIN_CATALOG = "te_cp.toml"
+ENV_VAR = "CPTRACE_CATALOG"
+
+_HELPER_KEYS = {
+    "name",
+    "category",
+    "description",
+    "te_versions",
+    "finding",
+    "ranges",
+    "python",
+    "kernels",
+    "within",
+    "fallback",
+}
+_PATTERN_KEYS = ("ranges", "python", "kernels", "within", "te_versions")
+
+
+class CatalogError(ValueError):
+    """A catalog file is unreadable or an entry does not match the schema."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Helper:
+    """One catalogued helper and the patterns that identify it."""
+
+    name: str
+    category: Category
+    description: str = ""
+    te_versions: tuple[str, ...] = ()
+    """TE minor versions the entry applies to (documentation; matching does not depend on it)."""
+    finding: str | None = None
+    """Rule id of the finding this helper feeds, if any."""
+    ranges: tuple[str, ...] = ()
+    python: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    within: tuple[str, ...] = ()
+    """Container helper names the kernel patterns are restricted to (empty: anywhere)."""
+    fallback: bool = False
+    """A container: claims an activity only when nothing more specific does."""
+    source: str = BUILTIN_CATALOG
+
+
+@dataclass(frozen=True, slots=True)
+class _Matcher:
+    """Compiled patterns of one kind (ranges, python or kernels) over all helpers."""
+
+    regexes: tuple[tuple[int, re.Pattern[str]], ...]
+
+    def first(self, name: str) -> int:
+        for helper_index, regex in self.regexes:
+            if regex.match(name):
+                return helper_index
+        return -1
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    """Compile a glob (whole-name match) or a ``re:`` regex (searched anywhere) for ``.match``."""
+    if pattern.startswith("re:"):
+        return re.compile(f".*?(?:{pattern[3:]})", re.DOTALL)
+    return re.compile(fnmatch.translate(pattern))
+
+
+def _matcher(helpers: Sequence[Helper], kind: str) -> _Matcher:
+    regexes = [
+        (index, _compile(pattern))
+        for index, helper in enumerate(helpers)
+        for pattern in getattr(helper, kind)
+    ]
+    return _Matcher(tuple(regexes))
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """An ordered list of helpers plus the host-synchronisation patterns."""
+
+    name: str
+    version: str
+    helpers: tuple[Helper, ...]
+    host_sync_apis: tuple[str, ...] = ()
+    host_sync_ops: tuple[str, ...] = ()
+    host_sync_memcpy: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    _ranges: _Matcher = field(init=False, repr=False, compare=False)
+    _python: _Matcher = field(init=False, repr=False, compare=False)
+    _kernels: _Matcher = field(init=False, repr=False, compare=False)
+    _sync: dict[str, tuple[re.Pattern[str], ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_ranges", _matcher(self.helpers, "ranges"))
+        object.__setattr__(self, "_python", _matcher(self.helpers, "python"))
+        object.__setattr__(self, "_kernels", _matcher(self.helpers, "kernels"))
+        sync = {
+            "apis": tuple(_compile(p) for p in self.host_sync_apis),
+            "ops": tuple(_compile(p) for p in self.host_sync_ops),
+            "memcpy": tuple(_compile(p) for p in self.host_sync_memcpy),
+        }
+        object.__setattr__(self, "_sync", sync)
+
+    def index(self, name: str) -> int:
+        """Index of the helper called ``name``; -1 when the catalog has none."""
+        for i, helper in enumerate(self.helpers):
+            if helper.name == name:
+                return i
+        return -1
+
+    def match_range(self, name: str) -> tuple[int, bool]:
+        """Helper index claiming an annotation ``name`` (-1: none) and whether a Python pattern
+        matched it (else a range pattern did). Range patterns are tried first."""
+        found = self._ranges.first(name)
+        if found >= 0:
+            return found, False
+        found = self._python.first(name)
+        return found, found >= 0
+
+    def match_kernel(self, name: str) -> int:
+        """Helper index whose kernel patterns match a GPU activity ``name``; -1 when none."""
+        return self._kernels.first(name)
+
+    def is_sync(self, kind: str, name: str) -> bool:
+        """Whether ``name`` is a host-synchronising API ('apis'), op ('ops') or copy ('memcpy')."""
+        return any(regex.match(name) for regex in self._sync[kind])
+
+
+def _tuple_of_str(entry: dict[str, object], key: str, where: str) -> tuple[str, ...]:
+    value = entry.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CatalogError(f"{where}: field {key!r} must be a list of strings")
+    for pattern in value:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as exc:
+                raise CatalogError(f"{where}: field {key!r}: bad regex {pattern!r}: {exc}") from exc
+    return tuple(value)
+
+
+def _parse_helper(entry: object, where: str, source: str) -> Helper:
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{where}: each [[helper]] must be a table")
+    unknown = set(entry) - _HELPER_KEYS
+    if unknown:
+        raise CatalogError(
+            f"{where}: unknown field(s) {sorted(unknown)}; allowed {sorted(_HELPER_KEYS)}"
+        )
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise CatalogError(f"{where}: field 'name' must be a non-empty string")
+    where = f"{where} ({name})"
+    try:
+        category = Category(entry.get("category", "other"))
+    except ValueError as exc:
+        allowed = ", ".join(c.value for c in Category)
+        raise CatalogError(f"{where}: field 'category' must be one of: {allowed}") from exc
+    patterns = {key: _tuple_of_str(entry, key, where) for key in _PATTERN_KEYS}
+    if not (patterns["ranges"] or patterns["python"] or patterns["kernels"]):
+        raise CatalogError(f"{where}: needs at least one of 'ranges', 'python', 'kernels'")
+    finding = entry.get("finding")
+    if finding is not None and not isinstance(finding, str):
+        raise CatalogError(f"{where}: field 'finding' must be a string")
+    fallback = entry.get("fallback", False)
+    if not isinstance(fallback, bool):
+        raise CatalogError(f"{where}: field 'fallback' must be true or false")
+    return Helper(
+        name=name,
+        category=category,
+        description=str(entry.get("description", "")),
+        finding=finding,
+        fallback=fallback,
+        source=source,
+        **patterns,
+    )
+
+
+def parse_catalog(raw: dict[str, object], *, source: str) -> Catalog:
+    """Validate one decoded catalog document."""
+    meta = raw.get("catalog", {})
+    if not isinstance(meta, dict):
+        raise CatalogError(f"{source}: [catalog] must be a table")
+    entries = raw.get("helper", [])
+    if not isinstance(entries, list):
+        raise CatalogError(f"{source}: 'helper' must be an array of tables ([[helper]])")
+    helpers = tuple(
+        _parse_helper(entry, f"{source}: helper #{i + 1}", source)
+        for i, entry in enumerate(entries)
+    )
+    sync = raw.get("host_sync", {})
+    if not isinstance(sync, dict):
+        raise CatalogError(f"{source}: [host_sync] must be a table")
+    return Catalog(
+        name=str(meta.get("name", Path(source).stem)),
+        version=str(meta.get("version", "0")),
+        helpers=helpers,
+        host_sync_apis=_tuple_of_str(sync, "apis", f"{source}: [host_sync]"),
+        host_sync_ops=_tuple_of_str(sync, "ops", f"{source}: [host_sync]"),
+        host_sync_memcpy=_tuple_of_str(sync, "memcpy", f"{source}: [host_sync]"),
+        sources=(source,),
+    )
+
+
+def _read(path: Path) -> Catalog:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_catalog(raw, source=str(path))
+
+
+def builtin_catalog() -> Catalog:
+    """The catalog shipped in the package."""
+    text = resources.files(__package__).joinpath(BUILTIN_CATALOG).read_text(encoding="utf-8")
+    return parse_catalog(tomllib.loads(text), source=BUILTIN_CATALOG)
+
+
+def combine(base: Catalog, extras: Iterable[Catalog]) -> Catalog:
+    """Put extra entries first (they win ties) and let them replace built-ins by name."""
+    extras = list(extras)
+    if not extras:
+        return base
+    added = [h for extra in extras for h in extra.helpers]
+    names = {h.name for h in added}
+    helpers = (*added, *(h for h in base.helpers if h.name not in names))
+    return Catalog(
+        name=base.name,
+        version="+".join([base.version, *(f"{e.name}-{e.version}" for e in extras)]),
+        helpers=helpers,
+        host_sync_apis=base.host_sync_apis + tuple(a for e in extras for a in e.host_sync_apis),
+        host_sync_ops=base.host_sync_ops + tuple(a for e in extras for a in e.host_sync_ops),
+        host_sync_memcpy=base.host_sync_memcpy
+        + tuple(a for e in extras for a in e.host_sync_memcpy),
+        sources=base.sources + tuple(s for e in extras for s in e.sources),
+    )
+
+
+def load_catalog(extra_paths: Sequence[str | Path] = (), *, use_env: bool = True) -> Catalog:
+    """The built-in catalog plus user catalogs (``extra_paths``, then ``$CPTRACE_CATALOG``).
+
+    :raises CatalogError: naming the file and the entry that is wrong.
+    """
+    paths = [Path(p) for p in extra_paths]
+    if use_env and os.environ.get(ENV_VAR):
+        paths += [Path(p) for p in os.environ[ENV_VAR].split(os.pathsep) if p]
+    return combine(builtin_catalog(), (_read(p) for p in paths))
+
+
+__all__ = [
+    "ENV_VAR",
+    "Catalog",
+    "CatalogError",
+    "Helper",
+    "builtin_catalog",
+    "combine",
+    "load_catalog",
+    "parse_catalog",
+]

@@ -1,0 +1,466 @@
+"""Per-rank, per-window-group numbers: helper launches and GPU time, stream busy time and gaps,
+host-blocking calls, rank totals, cross-rank imbalance and a decimated timeline.
+
+Why activities are placed by *launch* time: a kernel runs on the GPU after its step's CPU work
+moved on, sometimes into the next window; the launch is what the window's code caused. An
+activity without a launch falls back to its GPU start.
+
+All aggregation is numpy (``bincount``, segmented ``maximum.accumulate``); the Python loops run
+over window groups, ranks and helpers, never over events.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.attribution import MATCHED_BY_LABELS, Attribution, RangeHelpers
+from analyzers.catalog import Catalog
+from analyzers.model import ActivityKind, Trace
+from analyzers.report import (
+    UNATTRIBUTED,
+    Category,
+    HelperStat,
+    HostSyncStat,
+    Imbalance,
+    RankSummary,
+    StreamStat,
+    Timeline,
+    TimelineEvent,
+    Window,
+)
+from analyzers.windows import WHOLE_TRACE, group_names
+
+GAP_THRESHOLD_NS = 10_000
+"""Idle time on a stream shorter than this is launch jitter, not a gap worth reporting."""
+TIMELINE_LIMIT = 2000
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class Metrics:
+    """Everything ``findings`` and the report need, keyed by (rank, window group)."""
+
+    windows: list[Window]
+    groups: list[str]
+    steps: dict[tuple[int, str], int]
+    helpers: list[HelperStat] = field(default_factory=list)
+    streams: list[StreamStat] = field(default_factory=list)
+    rank_summaries: list[RankSummary] = field(default_factory=list)
+    imbalance: list[Imbalance] = field(default_factory=list)
+    host_syncs: list[HostSyncStat] = field(default_factory=list)
+    timeline: Timeline | None = None
+    durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+
+    def helper_stats(self, group: str, helper: str) -> list[HelperStat]:
+        """The helper's rows in one group, one per rank that has it."""
+        return [h for h in self.helpers if h.window == group and h.helper == helper]
+
+    def ranks_of(self, group: str) -> list[int]:
+        """Ranks with at least one window of the group."""
+        return sorted({rank for rank, g in self.steps if g == group})
+
+
+def assign_windows(
+    points_rank: IntArray, points_time: IntArray, windows: Sequence[Window]
+) -> IntArray:
+    """Index into ``windows`` (all of one group) of the window holding each point, -1 if none."""
+    out = np.full(len(points_time), -1, dtype=np.int64)
+    for rank in sorted({w.rank for w in windows}):
+        idx = [i for i, w in enumerate(windows) if w.rank == rank]
+        starts = np.array([windows[i].start_ns for i in idx], dtype=np.int64)
+        ends = np.array([windows[i].end_ns for i in idx], dtype=np.int64)
+        order = np.argsort(starts, kind="stable")
+        starts, ends, ids = starts[order], ends[order], np.asarray(idx, dtype=np.int64)[order]
+        here = np.flatnonzero(points_rank == rank)
+        slot = np.searchsorted(starts, points_time[here], side="right") - 1
+        ok = slot >= 0
+        slot = np.maximum(slot, 0)
+        ok &= points_time[here] <= ends[slot]
+        out[here[ok]] = ids[slot[ok]]
+    return out
+
+
+def interval_union(
+    seg: IntArray, start: IntArray, end: IntArray, n_segments: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Per segment: union length, number of gaps > threshold, and their summed length.
+
+    Inputs need not be sorted. Segment ids index the outputs (length ``n_segments``).
+    """
+    busy = np.zeros(n_segments, dtype=np.int64)
+    gaps = np.zeros(n_segments, dtype=np.int64)
+    gap_ns = np.zeros(n_segments, dtype=np.int64)
+    if len(start) == 0:
+        return busy, gaps, gap_ns
+    order = np.lexsort((start, seg))
+    seg, start, end = seg[order], start[order], np.maximum(end[order], start[order])
+    base = int(start.min())
+    s, e = start - base, end - base
+    width = int(e.max()) + 1
+    if n_segments * width < (1 << 62):
+        reach = np.maximum.accumulate(e + seg * width) - seg * width
+    else:  # too wide for one offset trick: per segment
+        reach = np.empty_like(e)
+        for sid in np.unique(seg):
+            rows = seg == sid
+            reach[rows] = np.maximum.accumulate(e[rows])
+    first = np.ones(len(s), dtype=bool)
+    first[1:] = seg[1:] != seg[:-1]
+    new_piece = first.copy()
+    new_piece[1:] |= s[1:] > reach[:-1]
+    piece_starts = np.flatnonzero(new_piece)
+    piece_end = np.maximum.reduceat(e, piece_starts)
+    piece_seg = seg[piece_starts]
+    np.add.at(busy, piece_seg, piece_end - s[piece_starts])
+    # A gap is the space between consecutive pieces of one segment.
+    same = piece_seg[1:] == piece_seg[:-1]
+    gap = s[piece_starts[1:]] - piece_end[:-1]
+    counted = same & (gap > GAP_THRESHOLD_NS)
+    np.add.at(gaps, piece_seg[1:][counted], 1)
+    np.add.at(gap_ns, piece_seg[1:][counted], gap[counted])
+    return busy, gaps, gap_ns
+
+
+@dataclass(slots=True)
+class _Placed:
+    """Activities of one window group: which window each sits in (-1: outside)."""
+
+    group: str
+    windows: list[Window]
+    window: IntArray
+
+
+def _activity_points(trace: Trace, att: Attribution) -> tuple[IntArray, IntArray]:
+    acts = trace.activities
+    rank = acts["rank"].astype(np.int64)
+    has = att.launch >= 0
+    time = acts["start"].astype(np.int64).copy()
+    time[has] = trace.launches["start"][att.launch[has]]
+    unknown = rank < 0
+    if unknown.any() and has.any():
+        rank[unknown & has] = trace.launches["rank"][att.launch[unknown & has]]
+    return rank, time
+
+
+def _helper_stats(
+    trace: Trace,
+    att: Attribution,
+    placed: _Placed,
+    steps: dict[tuple[int, str], int],
+    calls: dict[tuple[int, int], tuple[int, int]],
+) -> list[HelperStat]:
+    acts = trace.activities
+    inside = placed.window >= 0
+    if not inside.any():
+        return []
+    w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)[placed.window[inside]]
+    helper = att.helper[inside].astype(np.int64)
+    duration = (acts["end"][inside] - acts["start"][inside]).astype(np.int64)
+    is_kernel = acts["kind"][inside] == ActivityKind.KERNEL
+    how = att.matched_by[inside]
+    out = []
+    for rank in np.unique(w_rank):
+        r = w_rank == rank
+        for h in np.unique(helper[r]):
+            rows = r & (helper == h)
+            label = Counter(how[rows].tolist()).most_common(1)[0][0]
+            n_calls, host = calls.get((int(rank), int(h)), (0, 0))
+            out.append(
+                HelperStat(
+                    rank=int(rank),
+                    window=placed.group,
+                    steps=steps[(int(rank), placed.group)],
+                    helper=att.name_of(int(h)),
+                    category=att.category_of(int(h)),
+                    launches=int(rows.sum()),
+                    kernels=int((rows & is_kernel).sum()),
+                    gpu_time_ns=int(duration[rows].sum()),
+                    matched_by=MATCHED_BY_LABELS[label],
+                    calls=n_calls,
+                    host_time_ns=host,
+                )
+            )
+    return out
+
+
+def _helper_calls(
+    trace: Trace, ranges: RangeHelpers, group_windows: list[Window], rank_of_range: IntArray
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, helper) -> (outermost catalogued calls, host ns) of the group's windows."""
+    index = ranges.specific
+    if len(index.rows) == 0:
+        return {}
+    rows = index.rows
+    helper = ranges.helper[rows].astype(np.int64)
+    parent_helper = np.where(
+        index.parent >= 0, ranges.helper[rows[np.maximum(index.parent, 0)]], -1
+    )
+    outermost = parent_helper != helper
+    rows, helper = rows[outermost], helper[outermost]
+    start = trace.ranges["start"][rows].astype(np.int64)
+    dur = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
+    w = assign_windows(rank_of_range[rows], start, group_windows)
+    result: dict[tuple[int, int], tuple[int, int]] = {}
+    ranks = rank_of_range[rows]
+    for i in np.flatnonzero(w >= 0):
+        key = (int(ranks[i]), int(helper[i]))
+        calls, host = result.get(key, (0, 0))
+        result[key] = (calls + 1, host + int(dur[i]))
+    return result
+
+
+def _stream_stats(trace: Trace, placed: _Placed) -> list[StreamStat]:
+    acts = trace.activities
+    inside = np.flatnonzero(placed.window >= 0)
+    if len(inside) == 0:
+        return []
+    a = acts[inside]
+    keys = np.stack(
+        [
+            np.array([w.rank for w in placed.windows])[placed.window[inside]],
+            a["device"].astype(np.int64),
+            a["stream"].astype(np.int64),
+        ],
+        axis=1,
+    )
+    stream_keys, stream_id = np.unique(keys, axis=0, return_inverse=True)
+    stream_id = stream_id.reshape(-1)
+    seg = stream_id * len(placed.windows) + placed.window[inside]
+    busy, gaps, gap_ns = interval_union(
+        seg,
+        a["start"].astype(np.int64),
+        a["end"].astype(np.int64),
+        len(stream_keys) * len(placed.windows),
+    )
+    n_w = len(placed.windows)
+    out = []
+    for sid, (rank, device, stream) in enumerate(stream_keys.tolist()):
+        rows = stream_id == sid
+        out.append(
+            StreamStat(
+                rank=rank,
+                window=placed.group,
+                device=device,
+                stream=stream,
+                activities=int(rows.sum()),
+                busy_ns=int(busy[sid * n_w : (sid + 1) * n_w].sum()),
+                gaps=int(gaps[sid * n_w : (sid + 1) * n_w].sum()),
+                gap_ns=int(gap_ns[sid * n_w : (sid + 1) * n_w].sum()),
+                first_ns=int(a["start"][rows].min()),
+                last_ns=int(a["end"][rows].max()),
+            )
+        )
+    return out
+
+
+def _busy_per_window(trace: Trace, placed: _Placed, mask: npt.NDArray[np.bool_]) -> IntArray:
+    """Union of activity intervals per window, over the activities selected by ``mask``."""
+    rows = mask & (placed.window >= 0)
+    busy, _, _ = interval_union(
+        placed.window[rows],
+        trace.activities["start"][rows].astype(np.int64),
+        trace.activities["end"][rows].astype(np.int64),
+        len(placed.windows),
+    )
+    return busy
+
+
+def _rank_summaries(
+    trace: Trace, att: Attribution, placed: _Placed, steps: dict[tuple[int, str], int]
+) -> list[RankSummary]:
+    acts = trace.activities
+    w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
+    communication = np.array([c == Category.COMMUNICATION for c in att.categories] + [False])
+    busy = _busy_per_window(trace, placed, np.ones(len(acts), dtype=bool))
+    compute_busy = _busy_per_window(trace, placed, ~communication[att.helper])
+    out = []
+    for rank in sorted({w.rank for w in placed.windows}):
+        in_rank = (placed.window >= 0) & (w_rank[np.maximum(placed.window, 0)] == rank)
+        duration = (acts["end"][in_rank] - acts["start"][in_rank]).astype(np.int64)
+        total = int(duration.sum())
+        attributed = int(duration[att.helper[in_rank] >= 0].sum())
+        out.append(
+            RankSummary(
+                rank=rank,
+                window=placed.group,
+                steps=steps[(rank, placed.group)],
+                span_ns=sum(w.end_ns - w.start_ns for w in placed.windows if w.rank == rank),
+                gpu_busy_ns=int(busy[w_rank == rank].sum()),
+                compute_busy_ns=int(compute_busy[w_rank == rank].sum()),
+                kernels=int((acts["kind"][in_rank] == ActivityKind.KERNEL).sum()),
+                launches=int(in_rank.sum()),
+                attributed_fraction=attributed / total if total else 0.0,
+            )
+        )
+    return out
+
+
+def imbalance_of(summaries: Sequence[RankSummary]) -> list[Imbalance]:
+    """Cross-rank spread (per step) of busy time, span and kernel count in one group."""
+    if len(summaries) < 2:
+        return []
+    out = []
+    for metric in ("gpu_busy_ns", "compute_busy_ns", "span_ns", "kernels"):
+        per_rank = {s.rank: getattr(s, metric) / max(s.steps, 1) for s in summaries}
+        values = np.array(list(per_rank.values()), dtype=float)
+        low, mean = float(values.min()), float(values.mean())
+        out.append(
+            Imbalance(
+                window=summaries[0].window,
+                metric=metric,
+                per_rank=per_rank,
+                max_over_min=float(values.max() / low)
+                if low > 0
+                else float("inf")
+                if values.max() > 0
+                else 1.0,
+                max_over_mean=float(values.max() / mean) if mean > 0 else 1.0,
+            )
+        )
+    return out
+
+
+def _sync_launch_rows(trace: Trace, catalog: Catalog, att: Attribution) -> IntArray:
+    """Launch rows that block the host: synchronising APIs (when the reader keeps them) and the
+    launches of device-to-host copies (a D2H copy into pageable memory waits for the GPU)."""
+    launches, acts = trace.launches, trace.activities
+    apis = [s for s in np.unique(launches["api"]) if catalog.is_sync("apis", trace.strings[int(s)])]
+    rows = np.flatnonzero(np.isin(launches["api"], apis))
+    copies = acts["kind"] == ActivityKind.MEMCPY
+    if copies.any():
+        names = [
+            s
+            for s in np.unique(acts["name"][copies])
+            if catalog.is_sync("memcpy", trace.strings[int(s)])
+        ]
+        d2h = copies & np.isin(acts["name"], names) & (att.launch >= 0)
+        rows = np.union1d(rows, att.launch[d2h])
+    return rows.astype(np.int64)
+
+
+def _host_syncs(
+    trace: Trace,
+    catalog: Catalog,
+    att: Attribution,
+    ranges: RangeHelpers,
+    placed: _Placed,
+    steps: dict[tuple[int, str], int],
+) -> list[HostSyncStat]:
+    launches = trace.launches
+    rows = _sync_launch_rows(trace, catalog, att)
+    if len(rows) == 0:
+        return []
+    w = assign_windows(
+        launches["rank"][rows].astype(np.int64),
+        launches["start"][rows].astype(np.int64),
+        placed.windows,
+    )
+    rows, w = rows[w >= 0], w[w >= 0]
+    claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
+    helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
+    out = []
+    for rank in np.unique(w_rank).tolist():
+        for h in np.unique(helper[w_rank == rank]).tolist():
+            sel = rows[(w_rank == rank) & (helper == h)]
+            api = Counter(launches["api"][sel].tolist()).most_common(1)[0][0]
+            out.append(
+                HostSyncStat(
+                    rank=rank,
+                    window=placed.group,
+                    steps=steps[(rank, placed.group)],
+                    helper=att.name_of(h),
+                    calls=len(sel),
+                    blocked_ns=int((launches["end"][sel] - launches["start"][sel]).sum()),
+                    api=trace.strings[int(api)],
+                )
+            )
+    return out
+
+
+def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Timeline:
+    acts = trace.activities
+    events: list[TimelineEvent] = []
+    dropped = 0
+    for rank in sorted({w.rank for w in placed.windows}):
+        ids = [i for i, w in enumerate(placed.windows) if w.rank == rank]
+        chosen = ids[len(ids) // 2]  # the middle step: away from warm-up and the last flush
+        origin = placed.windows[chosen].start_ns
+        rows = np.flatnonzero(placed.window == chosen)
+        if len(rows) > limit:
+            dropped += len(rows) - limit
+            longest = np.argsort(acts["end"][rows] - acts["start"][rows], kind="stable")[-limit:]
+            rows = np.sort(rows[longest])
+        for r in rows.tolist():
+            h = int(att.helper[r])
+            events.append(
+                TimelineEvent(
+                    rank=rank,
+                    stream=int(acts["stream"][r]),
+                    start_ns=int(acts["start"][r]) - origin,
+                    end_ns=int(acts["end"][r]) - origin,
+                    name=trace.strings[int(acts["name"][r])],
+                    helper=att.name_of(h),
+                    category=att.category_of(h),
+                )
+            )
+    return Timeline(window=placed.group, limit=limit, dropped=dropped, events=events)
+
+
+def compute_metrics(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: list[Window],
+    *,
+    timeline_limit: int = TIMELINE_LIMIT,
+) -> Metrics:
+    """Aggregate attributed activities into every window group of ``windows``."""
+    groups = group_names(windows)
+    steps = Counter((w.rank, w.group or w.name) for w in windows)
+    metrics = Metrics(windows=windows, groups=groups, steps=dict(steps))
+    for w in windows:
+        metrics.durations_ms.setdefault((w.rank, w.group or w.name), []).append(
+            (w.end_ns - w.start_ns) / 1e6
+        )
+    rank, time = _activity_points(trace, att)
+    range_rank = trace.ranges["rank"].astype(np.int64)
+    for group in groups:
+        group_windows = [w for w in windows if (w.group or w.name) == group]
+        placed = _Placed(group, group_windows, assign_windows(rank, time, group_windows))
+        calls = _helper_calls(trace, ranges, group_windows, range_rank)
+        metrics.helpers += _helper_stats(trace, att, placed, metrics.steps, calls)
+        metrics.streams += _stream_stats(trace, placed)
+        summaries = _rank_summaries(trace, att, placed, metrics.steps)
+        metrics.rank_summaries += summaries
+        metrics.imbalance += imbalance_of(summaries)
+        metrics.host_syncs += _host_syncs(trace, catalog, att, ranges, placed, metrics.steps)
+        if metrics.timeline is None and (group != WHOLE_TRACE or len(groups) == 1):
+            metrics.timeline = _timeline(trace, att, placed, timeline_limit)
+    metrics.helpers.sort(key=lambda h: (groups.index(h.window), h.rank, -h.gpu_time_ns))
+    return metrics
+
+
+def per_step(stats: Sequence[HelperStat], attr: str = "launches") -> float:
+    """Sum over ranks of a helper attribute divided by each rank's step count."""
+    return float(sum(getattr(s, attr) / max(s.steps, 1) for s in stats))
+
+
+__all__ = [
+    "GAP_THRESHOLD_NS",
+    "UNATTRIBUTED",
+    "Category",
+    "Metrics",
+    "assign_windows",
+    "compute_metrics",
+    "imbalance_of",
+    "interval_union",
+    "per_step",
+]

@@ -1,0 +1,265 @@
+"""``analyze``: trace files (or a run bundle) in, one :class:`AnalysisReport` out.
+
+read -> match ranges once -> attribute -> windows -> metrics -> iteration stats -> findings.
+Each stage is a pure function of the previous ones; this module only wires them and reports
+progress, so the service worker, the CLI and the benchmarks run exactly the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ranges
+from analyzers.catalog import Catalog, load_catalog
+from analyzers.errors import RankConflictError, TraceError
+from analyzers.findings import evaluate
+from analyzers.manifest import RunManifest, load_manifest
+from analyzers.metrics import Metrics, compute_metrics
+from analyzers.model import Trace, merge_traces
+from analyzers.report import AnalysisReport, IterationStats, SourceInfo
+from analyzers.stats import iteration_stats
+from analyzers.windows import WHOLE_TRACE, find_windows
+
+Progress = Callable[[str, float], None]
+"""Called with a stage description and the fraction of the work done (0..1)."""
+
+PathLike = str | Path
+
+
+@dataclass(slots=True)
+class Analysis:
+    """The intermediate results, for callers (tests, benchmarks) that need more than the report."""
+
+    trace: Trace
+    ranges: RangeHelpers
+    attribution: Attribution
+    metrics: Metrics
+    report: AnalysisReport
+
+
+def _expand(
+    paths: Sequence[PathLike], manifest: RunManifest | PathLike | None, stack: ExitStack
+) -> tuple[list[Path], RunManifest | None]:
+    """Replace run bundles by their traces; a bundle's manifest is used unless one is given.
+
+    Bundles are entered on ``stack`` so a tar's extraction directory is removed afterwards.
+    """
+    files: list[Path] = []
+    bundle_manifest = None
+    for raw in paths:
+        path = Path(raw)
+        bundle = _open_bundle(path)
+        if bundle is None:
+            files.append(path)
+            continue
+        stack.enter_context(bundle)
+        files.extend(bundle.analysis_paths())
+        bundle_manifest = bundle_manifest or bundle.manifest
+    if manifest is None:
+        return files, bundle_manifest
+    return files, manifest if isinstance(manifest, RunManifest) else load_manifest(manifest)
+
+
+def _open_bundle(path: Path):  # type: ignore[no-untyped-def]
+    """The bundle at ``path`` if the bundle reader is installed and it is one, else None."""
+    try:
+        from analyzers.bundle import is_bundle, read_bundle
+    except ImportError:  # pragma: no cover - bundle support ships separately
+        return None
+    return read_bundle(path) if is_bundle(path) else None
+
+
+def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list[SourceInfo]]:
+    from analyzers.readers import read_trace
+
+    if not files:
+        raise TraceError("no trace files given")
+    traces, sources = [], []
+    claimed: dict[int, Path] = {}
+    for i, path in enumerate(files):
+        if progress:
+            progress(f"reading {path.name}", i / (len(files) + 1))
+        trace = read_trace(path)
+        ranks = [r for r in trace.rank_list() if r >= 0]
+        for rank in ranks:
+            if rank in claimed:
+                raise RankConflictError(f"{path}: rank {rank} is also claimed by {claimed[rank]}")
+            claimed[rank] = path
+        traces.append(trace)
+        sources.append(
+            SourceInfo(
+                path=str(path),
+                format=trace.format,
+                ranks=ranks,
+                activities=len(trace.activities),
+                launches=len(trace.launches),
+                ranges=len(trace.ranges),
+                notes=list(trace.notes),
+            )
+        )
+    return merge_traces(traces), sources
+
+
+def _iterations(manifest: RunManifest | None, metrics: Metrics) -> list[IterationStats]:
+    """Iteration times from the manifest's CUDA-event timings, else from window durations.
+
+    The all-ranks row (``rank=None``) takes the slowest rank per iteration when every rank has
+    the same number of samples (a step ends when its slowest rank does); else it pools them.
+    """
+    measured: dict[str, dict[int, list[float]]] = {}
+    if manifest is not None:
+        for variant in manifest.variants:
+            if variant.iteration_ms:
+                group = variant.window or variant.name
+                measured[group] = {int(r): list(v) for r, v in variant.iteration_ms.items()}
+    from_windows: dict[str, dict[int, list[float]]] = {}
+    for (rank, group), durations in metrics.durations_ms.items():
+        if group != WHOLE_TRACE and group not in measured:
+            from_windows.setdefault(group, {})[rank] = durations
+    out = []
+    for group, by_rank in [*measured.items(), *from_windows.items()]:
+        by_rank = {r: v for r, v in by_rank.items() if v}
+        if not by_rank:
+            continue
+        out += [iteration_stats(group, v, rank=r) for r, v in sorted(by_rank.items())]
+        if len({len(v) for v in by_rank.values()}) == 1:
+            combined = np.max(np.array(list(by_rank.values())), axis=0).tolist()
+        else:
+            combined = [x for v in by_rank.values() for x in v]
+        out.append(iteration_stats(group, combined, rank=None))
+    return out
+
+
+def _world_size(trace: Trace) -> int | None:
+    """Largest ``distributedInfo.world_size`` of the trace or of the files merged into it."""
+    parts = trace.metadata.get("parts")
+    infos = [trace.metadata, *(parts if isinstance(parts, list) else [])]
+    sizes = [
+        info["distributedInfo"].get("world_size")
+        for info in infos
+        if isinstance(info, dict) and isinstance(info.get("distributedInfo"), dict)
+    ]
+    sizes = [s for s in sizes if isinstance(s, int)]
+    return max(sizes) if sizes else None
+
+
+def _notes(trace: Trace, manifest: RunManifest | None, metrics: Metrics) -> list[str]:
+    """What the report cannot cover: reader notes, empty input, missing windows or ranks."""
+    notes = list(trace.notes)
+    if len(trace.activities) == 0:
+        notes.append("the traces hold no GPU activity: nothing to attribute")
+    variants = manifest.variants if manifest else []
+    notes += [
+        f"manifest window {v.window!r} not found in the traces"
+        for v in variants
+        if v.window and v.window not in metrics.groups
+    ]
+    present = set(trace.rank_list())
+    expected = {int(r) for v in variants for r in v.iteration_ms}
+    world = _world_size(trace)
+    if world is not None:
+        expected |= set(range(world))
+    missing = sorted(expected - present)
+    if missing:
+        notes.append(
+            f"rank(s) {missing} missing from the traces: cross-rank numbers cover "
+            f"{sorted(present)} only"
+        )
+    return notes
+
+
+def analyze_trace(
+    trace: Trace,
+    *,
+    manifest: RunManifest | None = None,
+    step_pattern: str | None = None,
+    catalog: Catalog | None = None,
+    sources: Sequence[SourceInfo] = (),
+    progress: Progress | None = None,
+) -> Analysis:
+    """Analyze an already-read trace (the stages after the readers)."""
+    catalog = catalog or load_catalog()
+    if progress:
+        progress("attributing", 0.6)
+    ranges = match_ranges(trace, catalog)
+    att = attribute(trace, catalog, ranges)
+    window_names = [v.window for v in manifest.variants if v.window] if manifest else []
+    windows = find_windows(trace, step_pattern, window_names)
+    if progress:
+        progress("metrics", 0.8)
+    metrics = compute_metrics(trace, att, ranges, catalog, windows)
+    iterations = _iterations(manifest, metrics)
+    findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    report = AnalysisReport(
+        catalog_version=f"{catalog.name}-{catalog.version}",
+        sources=list(sources),
+        ranks=[r for r in trace.rank_list() if r >= 0] or trace.rank_list(),
+        windows=windows,
+        helpers=metrics.helpers,
+        streams=metrics.streams,
+        rank_summaries=metrics.rank_summaries,
+        imbalance=metrics.imbalance,
+        iterations=iterations,
+        findings=findings,
+        timeline=metrics.timeline,
+        notes=_notes(trace, manifest, metrics),
+        host_syncs=metrics.host_syncs,
+        groups=metrics.groups,
+    )
+    if progress:
+        progress("done", 1.0)
+    return Analysis(trace, ranges, att, metrics, report)
+
+
+def run_analysis(
+    paths: Sequence[PathLike] | PathLike,
+    *,
+    manifest: RunManifest | PathLike | None = None,
+    step_pattern: str | None = None,
+    catalog: Catalog | None = None,
+    progress: Progress | None = None,
+) -> Analysis:
+    """Like :func:`analyze` but returns the intermediate arrays too."""
+    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    catalog = catalog or load_catalog()
+    with ExitStack() as stack:
+        files, manifest_obj = _expand(items, manifest, stack)
+        trace, sources = _read(files, progress)
+    return analyze_trace(
+        trace,
+        manifest=manifest_obj,
+        step_pattern=step_pattern,
+        catalog=catalog,
+        sources=sources,
+        progress=progress,
+    )
+
+
+def analyze(
+    paths: Sequence[PathLike] | PathLike,
+    *,
+    manifest: RunManifest | PathLike | None = None,
+    step_pattern: str | None = None,
+    catalog: Catalog | None = None,
+    progress: Progress | None = None,
+) -> AnalysisReport:
+    """Analyze trace files (Kineto JSON per rank, nsys exports) or run bundles.
+
+    :param manifest: a ``RunManifest`` or the path of one (a bundle brings its own).
+    :param step_pattern: regex for step ranges (default ``ProfilerStep#N``).
+    :param catalog: helper catalog (default: built-in plus ``$CPTRACE_CATALOG``).
+    :param progress: callback ``(stage, fraction)``.
+    :raises TraceError: unreadable or conflicting traces (see ``analyzers.errors``).
+    :raises ManifestError: an invalid manifest file.
+    """
+    return run_analysis(
+        paths, manifest=manifest, step_pattern=step_pattern, catalog=catalog, progress=progress
+    ).report
+
+
+__all__ = ["Analysis", "Progress", "analyze", "analyze_trace", "run_analysis"]

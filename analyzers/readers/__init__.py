@@ -1,0 +1,100 @@
+"""Trace readers: Nsight Systems exports and PyTorch profiler (Kineto) JSON -> ``Trace``.
+
+``read_trace`` picks the reader from the file's content (gzip, SQLite and JSON magic), so a
+misnamed upload still reads. ``read_traces`` reads a trace set (one nsys export covering all
+ranks, or one Kineto file per rank) and merges it, refusing two files that claim one rank.
+
+Example::
+
+    from analyzers.readers import read_traces
+    trace = read_traces(["kineto_rank0.json.gz", "kineto_rank1.json.gz"])
+    trace.rank_list()  # [0, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from analyzers.errors import MissingRankError, RankConflictError
+from analyzers.model import Trace, merge_traces
+from analyzers.readers._files import sniff
+from analyzers.readers.kineto import read_kineto
+from analyzers.readers.nsys import read_nsys
+
+__all__ = ["read_kineto", "read_nsys", "read_trace", "read_traces"]
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read one trace file of any supported format, chosen by content.
+
+    Raises:
+        UnsupportedTraceError: neither an nsys export nor Kineto JSON.
+        CorruptTraceError, HostileTraceError: see the format readers.
+    """
+    source = Path(path)
+    kind = sniff(source)
+    if kind == "json":
+        return read_kineto(source)
+    return read_nsys(source)
+
+
+def read_traces(paths: Iterable[str | Path], *, require_all_ranks: bool = False) -> Trace:
+    """Read and merge a trace set.
+
+    Args:
+        paths: trace files; order does not matter.
+        require_all_ranks: raise ``MissingRankError`` (instead of adding a note) when the
+            traces announce a world size larger than the ranks given.
+
+    Raises:
+        RankConflictError: two Kineto files claim the same rank, or two files cover one rank.
+        MissingRankError: ranks are missing and ``require_all_ranks`` is set.
+    """
+    items = [Path(p) for p in paths]
+    if not items:
+        raise ValueError("read_traces: no trace files given")
+    traces = [read_trace(p) for p in items]
+    _check_rank_conflicts(traces)
+    merged = merge_traces(traces)
+    _check_missing_ranks(traces, merged, require_all_ranks)
+    return merged
+
+
+def _check_rank_conflicts(traces: list[Trace]) -> None:
+    claimed: dict[int, str] = {}
+    for trace in traces:
+        for rank in trace.rank_list():
+            if rank < 0:
+                continue
+            if rank in claimed:
+                raise RankConflictError(
+                    f"{trace.source}: claims rank {rank}, already claimed by {claimed[rank]}; "
+                    "expected one trace per rank (for Kineto, check distributedInfo.rank or "
+                    "the rank<N> in the file names)"
+                )
+            claimed[rank] = trace.source
+
+
+def _world_size(trace: Trace) -> int | None:
+    info = trace.metadata.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("world_size"), int):
+        return int(info["world_size"])
+    return None
+
+
+def _check_missing_ranks(traces: list[Trace], merged: Trace, strict: bool) -> None:
+    sizes = [size for size in map(_world_size, traces) if size is not None]
+    if not sizes:
+        return
+    world = max(sizes)
+    missing = sorted(set(range(world)) - set(merged.rank_list()))
+    if not missing:
+        return
+    message = (
+        f"{merged.source}: distributedInfo.world_size is {world} but no trace covers rank(s) "
+        f"{', '.join(map(str, missing))}: cross-rank comparisons cover the given ranks only"
+    )
+    if strict:
+        raise MissingRankError(message)
+    merged.notes.append(message)

@@ -1,0 +1,207 @@
+"""NVTX_EVENTS -> annotation ranges, with domains, Python-function frames and nesting.
+
+How the rows look in an nsys export (checked on the 2025.3 export in tests/data):
+
+* ``eventType`` is an ``ENUM_NSYS_EVENT_TYPE`` id: 59 ``NvtxPushPopRange``, 60
+  ``NvtxStartEndRange``, 75 ``NvtxDomainCreate`` (its ``text`` is the domain name). Marks and
+  other types are not ranges and are skipped.
+* The range name is the inline ``text`` or, for registered strings, ``textId`` -> StringIds.
+* ``domainId`` is per process (0 = default domain). ``nsys --python-functions-trace`` emits
+  each traced function as a push/pop range named by its qualified path
+  (``transformer_engine...context_parallel.get_cu_seqlens_on_cp_rank``) in the domain
+  "Python NVTX"; those become ``RangeKind.PYTHON``, all others ``RangeKind.NVTX``.
+* ``end`` is NULL for a range still open when the capture stopped: it ends at the trace end.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.errors import CorruptTraceError
+from analyzers.model import RANGE_DTYPE, RangeKind
+from analyzers.readers._nesting import nest
+from analyzers.readers._nsys_sql import Columns, Fill, NsysSource, Query, shrink
+
+NVTX = "NVTX_EVENTS"
+PYTHON_NVTX_DOMAINS = frozenset({"Python NVTX"})
+"""NVTX domains whose ranges are Python function frames (nsys --python-functions-trace)."""
+STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+
+_RANGE_TYPES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "NvtxtStartEndRange")
+_DOMAIN_CREATE = "NvtxDomainCreate"
+_KNOWN_TYPE_IDS = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, _DOMAIN_CREATE: 75}
+_TID_BITS = 0xFFFFFF
+_MAX_INLINE_NAMES = 16000
+"""Two SQL parameters per distinct name must stay under SQLite's 32766-variable limit."""
+_RAW = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("tid", np.int64),
+        ("domain", np.int64),
+        ("event_type", np.int64),
+        ("text_id", np.int64),
+        ("inline", np.int64),
+    ]
+)
+
+
+def read_ranges(src: NsysSource, span: tuple[int, int]) -> npt.NDArray[np.void]:
+    """All NVTX ranges of the export, nested per thread; empty (with a note) when unavailable."""
+    if not src.schema.has(NVTX):
+        src.notes.append(f"no {NVTX} table: range attribution unavailable")
+        return np.empty(0, RANGE_DTYPE)
+    missing = [c for c in ("start", "eventType", "globalTid") if not src.schema.has(NVTX, c)]
+    if missing:
+        src.notes.append(f"{NVTX} lacks {', '.join(missing)}: range attribution unavailable")
+        return np.empty(0, RANGE_DTYPE)
+    types = _event_type_ids(src)
+    range_types = [types[n] for n in _RANGE_TYPES if n in types]
+    raw, names = _fetch_ranges(src, range_types)
+    # Push/pop ranges (of every domain, Python-function frames included) follow the call
+    # stack of their thread; start/end ranges may overlap anything, so they nest separately.
+    family = raw["event_type"] != types.get("NvtxPushPopRange", 59)
+    out = np.zeros(len(raw), RANGE_DTYPE)
+    out["process"] = raw["tid"] & ~np.int64(_TID_BITS)
+    out["thread"] = raw["tid"]
+    out["start"] = raw["start"]
+    # Ranges still open when the capture stopped (NULL end) end at the trace end.
+    trace_end = max(span[1], int(raw["start"].max())) if len(raw) else span[1]
+    out["end"] = np.where(raw["end"] >= raw["start"], raw["end"], trace_end)
+    out["name"] = names
+    out["kind"] = _kinds(src, raw, names, types.get(_DOMAIN_CREATE))
+    del raw, names  # free the raw rows before nesting allocates its sort keys
+    out["parent"], out["depth"] = nest(out["thread"], out["start"], out["end"], family)
+    return out
+
+
+def _event_type_ids(src: NsysSource) -> dict[str, int]:
+    table = "ENUM_NSYS_EVENT_TYPE"
+    if not (src.schema.has(table, "id") and src.schema.has(table, "name")):
+        src.metadata["nvtx_event_types"] = "ENUM_NSYS_EVENT_TYPE absent: assumed 59/60/75"
+        return dict(_KNOWN_TYPE_IDS)
+    rows = src.conn.execute(f'SELECT "id", "name" FROM {table}').fetchall()
+    return {str(name): int(i) for i, name in rows}
+
+
+def _fetch_ranges(
+    src: NsysSource, range_types: list[int]
+) -> tuple[npt.NDArray[np.void], npt.NDArray[np.int32]]:
+    """Rows of the range event types plus their interned names.
+
+    Inline ``text`` values repeat a few hundred distinct names over millions of rows, so the
+    distinct values are interned first and SQLite maps each row's text to its symbol id through
+    a VALUES table: rows then leave SQLite as integers only. ``textId`` names are mapped
+    through StringIds afterwards.
+    """
+    if not range_types:
+        return np.empty(0, _RAW), np.empty(0, np.int32)
+    types = ",".join(str(t) for t in range_types)
+    where = f'WHERE "eventType" IN ({types})'
+    texts: list[str] = []
+    if src.schema.has(NVTX, "text"):
+        distinct = f'SELECT DISTINCT "text" FROM {NVTX} {where} AND "text" IS NOT NULL'
+        texts = [str(row[0]) for row in src.conn.execute(distinct)]
+    if len(texts) > _MAX_INLINE_NAMES:
+        raise CorruptTraceError(
+            f"{src.label}: {NVTX} has {len(texts)} distinct inline range names (more than "
+            f"{_MAX_INLINE_NAMES}); NVTX names are expected to repeat"
+        )
+    params: list[object] = []
+    for text in texts:
+        params += [text, src.strings.intern(text)]
+    names_cte = ",".join("(?, ?)" for _ in texts) or "(NULL, -1)"
+    head = f'WITH inline_names(t, sym) AS (VALUES {names_cte}) SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
+    tail = (
+        f" FROM {NVTX} AS e LEFT JOIN inline_names AS n"
+        f" ON n.t = {'e.text' if texts else 'NULL'} {where.replace('WHERE ', 'WHERE e.')}"
+    )
+    out = src.allocate((NVTX,), _RAW)
+    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, tail, params))
+    raw = shrink(out, filled)
+    names = raw["inline"].astype(np.int32)
+    by_id = (names < 0) & (raw["text_id"] >= 0)
+    names[by_id] = src.intern_ids(raw["text_id"][by_id])
+    names[names < 0] = src.strings.intern("<unnamed NVTX range>")
+    return raw, names
+
+
+def _range_queries(
+    src: NsysSource, head: str, tail: str, params: list[object]
+) -> list[tuple[Query, Fill]]:
+    """Packed: ``domainId << 40 | eventType << 32 | name key`` in one value, where the key is
+    ``2**31 + symbol`` for inline text, the ``textId`` below ``2**31 - 1``, or ``2**31 - 1``
+    for no name. Plain: one column each."""
+    domain, text_id = src.column(NVTX, "domainId", "0"), src.column(NVTX, "textId")
+    key = (
+        f"CASE WHEN n.sym IS NOT NULL THEN 2147483648 + n.sym"
+        f" WHEN {text_id} BETWEEN 0 AND 2147483646 THEN {text_id} ELSE 2147483647 END"
+    )
+    packed = Query(
+        f'{head}, CASE WHEN {domain} BETWEEN 0 AND 8388607 AND e."eventType" BETWEEN 0 AND 255'
+        f' THEN ({domain} << 40) | (e."eventType" << 32) | {key} END{tail}',
+        ("start", "end", "tid", "packed"),
+        params,
+        packed=True,
+    )
+    plain = Query(
+        f'{head}, {domain}, e."eventType", {text_id}, ifnull(n.sym, -1){tail}',
+        ("start", "end", "tid", "domain", "event_type", "text_id", "inline"),
+        params,
+    )
+
+    def fill_packed(cols: Columns, rows: npt.NDArray[np.void]) -> None:
+        rows["start"], rows["end"], rows["tid"] = cols["start"], cols["end"], cols["tid"]
+        value = cols["packed"]
+        rows["domain"] = value >> 40
+        rows["event_type"] = (value >> 32) & 0xFF
+        key = value & np.int64(0xFFFFFFFF)
+        inline = key >= 2**31
+        rows["inline"] = np.where(inline, key - 2**31, -1)
+        rows["text_id"] = np.where(inline | (key == 2**31 - 1), -1, key)
+
+    def fill_plain(cols: Columns, rows: npt.NDArray[np.void]) -> None:
+        for name in plain.columns:
+            rows[name] = cols[name]
+
+    return [(packed, fill_packed), (plain, fill_plain)]
+
+
+def _kinds(
+    src: NsysSource,
+    raw: npt.NDArray[np.void],
+    names: npt.NDArray[np.int32],
+    domain_create: int | None,
+) -> npt.NDArray[np.int8]:
+    kinds = np.full(len(raw), RangeKind.NVTX, dtype=np.int8)
+    domains = _domain_names(src, domain_create)
+    src.metadata["nvtx_domains"] = sorted(set(domains.values()))
+    process = raw["tid"] & ~np.int64(_TID_BITS)
+    for (proc, domain_id), domain in domains.items():
+        if domain in PYTHON_NVTX_DOMAINS:
+            kinds[(process == proc) & (raw["domain"] == domain_id)] = RangeKind.PYTHON
+    step_ids = [i for i in np.unique(names) if STEP_NAME.match(src.strings[int(i)])]
+    if step_ids:
+        kinds[np.isin(names, step_ids)] = RangeKind.STEP
+    return kinds
+
+
+def _domain_names(src: NsysSource, domain_create: int | None) -> dict[tuple[int, int], str]:
+    """(process, domainId) -> domain name, from the NvtxDomainCreate rows."""
+    if domain_create is None or not src.schema.has(NVTX, "domainId"):
+        return {}
+    text = '"text"' if src.schema.has(NVTX, "text") else "NULL"
+    rows = src.conn.execute(
+        f'SELECT "globalTid", "domainId", {text}, {src.column(NVTX, "textId")} FROM {NVTX}'
+        f' WHERE "eventType" = {int(domain_create)}'
+    ).fetchall()
+    by_id = src.string_values(np.array([r[3] for r in rows], dtype=np.int64))
+    found = {}
+    for tid, domain_id, inline, text_id in rows:
+        name = inline if inline is not None else by_id.get(int(text_id))
+        if name is not None and domain_id is not None:
+            found[(int(tid) & ~_TID_BITS, int(domain_id))] = str(name)
+    return found

@@ -1,0 +1,351 @@
+"""Read a PyTorch profiler (Kineto) Chrome-trace JSON file (``.json``, ``.json.gz``).
+
+One file is one rank. Event mapping (only complete events, ``ph == "X"``):
+
+=========================== ================================================================
+Kineto ``cat``              normalized rows
+=========================== ================================================================
+kernel, gpu_memcpy,         activities: device = args.device, stream = args.stream,
+gpu_memset                  correlation = args.correlation; process = the CPU process whose
+                            launch owns the correlation id (Kineto writes the device as pid)
+cuda_runtime, cuda_driver   launches (launch-like calls with a correlation id only)
+user_annotation             ranges RECORD_FUNCTION (``ProfilerStep#N``: STEP)
+python_function             ranges PYTHON (parent/depth from time among Python frames; the
+                            tree equals Kineto's "Python parent id" links, so those are not
+                            stored separately)
+cpu_op                      ranges CPU_OP (cpu_op, user_annotation and steps nest with each
+                            other, Python frames with each other: two families per thread)
+gpu_user_annotation         not a CPU range: counted in metadata only
+=========================== ================================================================
+
+Timestamps are float microseconds; they become integer ns with ``round(ts * 1000)``, exact
+while ``ts`` stays below 2**53 / 1000 µs (about 104 days of epoch-relative time: Kineto's
+clock starts at boot, far below that).
+
+The rank comes from ``distributedInfo.rank``, else from ``rank<N>`` in the file name, else the
+read fails: a trace set whose ranks are guessed would compare the wrong ranks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.errors import CorruptTraceError, UnsupportedTraceError
+from analyzers.model import (
+    ACTIVITY_DTYPE,
+    LAUNCH_DTYPE,
+    RANGE_DTYPE,
+    ActivityKind,
+    RangeKind,
+    SymbolTable,
+    TableBuilder,
+    Trace,
+)
+from analyzers.readers._cuda_api import is_launch_api
+from analyzers.readers._files import GZIP_MAGIC
+from analyzers.readers._json_stream import iter_events
+from analyzers.readers._nesting import nest
+
+ACTIVITY_CATS = {
+    "kernel": ActivityKind.KERNEL,
+    "gpu_memcpy": ActivityKind.MEMCPY,
+    "memcpy": ActivityKind.MEMCPY,
+    "gpu_memset": ActivityKind.MEMSET,
+    "memset": ActivityKind.MEMSET,
+}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+RANGE_CATS = {
+    "user_annotation": RangeKind.RECORD_FUNCTION,
+    "python_function": RangeKind.PYTHON,
+    "python": RangeKind.PYTHON,
+    "cpu_op": RangeKind.CPU_OP,
+    "operator": RangeKind.CPU_OP,
+}
+STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+FLUSH_ROWS = 1 << 16
+"""Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
+
+
+@dataclass(slots=True)
+class _Tables:
+    """Column builders plus the per-file facts collected while streaming."""
+
+    strings: SymbolTable = field(default_factory=SymbolTable)
+    activities: TableBuilder = field(default_factory=lambda: TableBuilder(ACTIVITY_DTYPE))
+    launches: TableBuilder = field(default_factory=lambda: TableBuilder(LAUNCH_DTYPE))
+    ranges: TableBuilder = field(default_factory=lambda: TableBuilder(RANGE_DTYPE))
+    pending: dict[str, list[tuple[object, ...]]] = field(
+        default_factory=lambda: {"activities": [], "launches": [], "ranges": []}
+    )
+    thread_names: dict[int, str] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def add(self, table: str, row: tuple[object, ...]) -> None:
+        rows = self.pending[table]
+        rows.append(row)
+        if len(rows) >= FLUSH_ROWS:
+            self.flush(table)
+
+    def flush(self, table: str) -> None:
+        rows = self.pending[table]
+        if rows:
+            builder: TableBuilder = getattr(self, table)
+            builder.extend(rows)
+            rows.clear()
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
+    """Read one Kineto trace file into the normalized model.
+
+    Args:
+        path: ``.json`` or ``.json.gz`` (detected from content).
+        rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name).
+
+    Raises:
+        UnsupportedTraceError: JSON that is not a trace, or the rank cannot be told.
+        CorruptTraceError: truncated or malformed file, or no events.
+    """
+    source = Path(path)
+    header: dict[str, object] = {}
+    tables = _Tables()
+    with _open_text(source) as stream:
+        for event in iter_events(stream, str(source), header):
+            _take(event, tables)
+    for name in ("activities", "launches", "ranges"):
+        tables.flush(name)
+    if not (len(tables.activities) or len(tables.launches) or len(tables.ranges)):
+        raise CorruptTraceError(f"{source}: Kineto trace has no events (traceEvents is empty)")
+    return _finish(source, header, tables, _rank(source, header, rank))
+
+
+@contextmanager
+def _open_text(path: Path) -> Iterator[TextIO]:
+    """Text stream over the file, gunzipping by content; decoding errors name the file."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+    binary = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
+    stream = io.TextIOWrapper(binary, encoding="utf-8")  # type: ignore[arg-type]
+    try:
+        yield stream
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise CorruptTraceError(f"{path}: gzip stream is truncated or damaged ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise CorruptTraceError(f"{path}: not UTF-8 text at byte {exc.start} ({exc})") from exc
+    finally:
+        stream.close()
+
+
+def _ns(value: object) -> int:
+    """Kineto µs (float or int) -> integer ns."""
+    return round(float(value) * 1000)  # type: ignore[arg-type]
+
+
+def _take(event: object, tables: _Tables) -> None:
+    """Route one event to its table; malformed events are counted, not fatal."""
+    if not isinstance(event, dict):
+        tables.skip("not an object")
+        return
+    phase = event.get("ph")
+    if phase == "M":
+        _metadata_event(event, tables)
+        return
+    if phase != "X":
+        return
+    cat = str(event.get("cat", "")).lower()
+    try:
+        if cat in ACTIVITY_CATS:
+            _activity(event, ACTIVITY_CATS[cat], tables)
+        elif cat in LAUNCH_CATS:
+            _launch(event, tables)
+        elif cat in RANGE_CATS:
+            _range(event, RANGE_CATS[cat], tables)
+        elif cat == "gpu_user_annotation":
+            tables.skip("gpu_user_annotation (GPU-side, not a CPU range)")
+    except (KeyError, TypeError, ValueError, OverflowError):
+        tables.skip(f"{cat} event without numeric ts/dur/pid/tid")
+
+
+def _activity(event: dict[str, object], kind: ActivityKind, tables: _Tables) -> None:
+    args = event.get("args") or {}
+    assert isinstance(args, dict)
+    start = _ns(event["ts"])
+    device = args.get("device", event.get("pid"))
+    tables.add(
+        "activities",
+        (
+            kind,
+            -1,
+            -1,  # process: filled from the launch that owns the correlation id
+            int(device),  # type: ignore[call-overload]
+            int(args.get("stream", event.get("tid", -1))),
+            start,
+            start + _ns(event.get("dur", 0)),
+            tables.strings.intern(str(event.get("name", ""))),
+            int(args.get("correlation", -1)),
+            int(args.get("graph node id", -1)),
+        ),
+    )
+
+
+def _launch(event: dict[str, object], tables: _Tables) -> None:
+    name = str(event.get("name", ""))
+    args = event.get("args") or {}
+    assert isinstance(args, dict)
+    correlation = args.get("correlation")
+    if correlation is None or not is_launch_api(name):
+        return
+    start = _ns(event["ts"])
+    tables.add(
+        "launches",
+        (
+            -1,
+            int(event["pid"]),  # type: ignore[call-overload]
+            int(event["tid"]),  # type: ignore[call-overload]
+            start,
+            start + _ns(event.get("dur", 0)),
+            int(correlation),
+            tables.strings.intern(name),
+        ),
+    )
+
+
+def _range(event: dict[str, object], kind: RangeKind, tables: _Tables) -> None:
+    name = str(event.get("name", ""))
+    if kind == RangeKind.RECORD_FUNCTION and STEP_NAME.match(name):
+        kind = RangeKind.STEP
+    start = _ns(event["ts"])
+    tables.add(
+        "ranges",
+        (
+            kind,
+            -1,
+            int(event["pid"]),  # type: ignore[call-overload]
+            int(event["tid"]),  # type: ignore[call-overload]
+            start,
+            start + _ns(event.get("dur", 0)),
+            tables.strings.intern(name),
+            -1,
+            0,
+        ),
+    )
+
+
+def _metadata_event(event: dict[str, object], tables: _Tables) -> None:
+    args = event.get("args")
+    if event.get("name") == "thread_name" and isinstance(args, dict):
+        tid = event.get("tid")
+        if isinstance(tid, int) and isinstance(args.get("name"), str):
+            tables.thread_names[tid] = str(args["name"])
+
+
+def _rank(path: Path, header: dict[str, object], override: int | None) -> int:
+    if override is not None:
+        return override
+    info = header.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    found = RANK_IN_NAME.search(path.name)
+    if found:
+        return int(found.group(1))
+    raise UnsupportedTraceError(
+        f"{path}: cannot tell the rank: no distributedInfo.rank in the trace and no 'rank<N>' "
+        "in the file name; rename the file (e.g. trace_rank0.json) or pass the rank explicitly"
+    )
+
+
+def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -> Trace:
+    activities = tables.activities.freeze()
+    launches = tables.launches.freeze()
+    ranges = tables.ranges.freeze()
+    main_process = _main_process(launches, ranges)
+    activities["process"] = _owning_process(activities, launches, main_process)
+    # Python frames and RecordFunction ranges come from different tracers and straddle each
+    # other (a record_function opens inside the __enter__ frame): nest them separately.
+    family = (ranges["kind"] == RangeKind.PYTHON).astype(np.int64)
+    ranges["parent"], ranges["depth"] = nest(
+        ranges["thread"], ranges["start"], ranges["end"], family
+    )
+    for table in (activities, launches, ranges):
+        table["rank"] = rank
+    processes = {int(p) for t in (activities, launches, ranges) for p in np.unique(t["process"])}
+    all_tables = [t for t in (activities, launches, ranges) if len(t)]
+    return Trace(
+        source=str(path),
+        format="kineto",
+        strings=tables.strings,
+        activities=activities,
+        launches=launches,
+        ranges=ranges,
+        ranks=dict.fromkeys(processes, rank),
+        thread_names=tables.thread_names,
+        span=(
+            min(int(t["start"].min()) for t in all_tables),
+            max(int(t["end"].max()) for t in all_tables),
+        ),
+        notes=_notes(launches),
+        metadata=_metadata(header, tables),
+    )
+
+
+def _main_process(launches: npt.NDArray[np.void], ranges: npt.NDArray[np.void]) -> int:
+    """The CPU process that issued most launches (else most ranges): owner of orphans."""
+    for table in (launches, ranges):
+        if len(table):
+            values, counts = np.unique(table["process"], return_counts=True)
+            return int(values[np.argmax(counts)])
+    return -1
+
+
+def _owning_process(
+    activities: npt.NDArray[np.void], launches: npt.NDArray[np.void], fallback: int
+) -> npt.NDArray[np.int64]:
+    """Process of the launch with the same correlation id, else ``fallback``.
+
+    Kineto writes the GPU index as an activity's pid; attribution matches processes the way it
+    does for nsys, so activities take their launching CPU process instead.
+    """
+    out = np.full(len(activities), fallback, dtype=np.int64)
+    if not len(launches) or not len(activities):
+        return out
+    order = np.argsort(launches["correlation"], kind="stable")
+    keys = launches["correlation"][order]
+    hit = np.searchsorted(keys, activities["correlation"])
+    hit = np.minimum(hit, len(keys) - 1)
+    found = keys[hit] == activities["correlation"]
+    out[found] = launches["process"][order[hit[found]]]
+    return out
+
+
+def _notes(launches: npt.NDArray[np.void]) -> list[str]:
+    if len(launches):
+        return []
+    return ["no cuda_runtime/cuda_driver launch events: range attribution unavailable"]
+
+
+def _metadata(header: dict[str, object], tables: _Tables) -> dict[str, object]:
+    devices = header.get("deviceProperties")
+    names = (
+        [str(d.get("name")) for d in devices if isinstance(d, dict)]
+        if isinstance(devices, list)
+        else []
+    )
+    keep = ("distributedInfo", "with_stack", "schemaVersion", "trace_id", "baseTimeNanoseconds")
+    facts: dict[str, object] = {k: header[k] for k in keep if k in header}
+    facts["device_names"] = names
+    facts["skipped_events"] = dict(tables.skipped)
+    return facts

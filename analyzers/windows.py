@@ -1,0 +1,177 @@
+"""Find the time windows a trace is analysed in: steps, A/B variant windows, the whole trace.
+
+Why windows matter: a trace of an interleaved A/B run holds several variants; per-helper numbers
+only mean something per step of one variant. Sources, per rank, in this order:
+
+* variant windows named by the manifest (``window_names``, e.g. ``"arm:auto_clone"``): every
+  range with exactly that name;
+* steps: ranges named ``ProfilerStep#N`` or, when ``step_pattern`` is given, ranges whose name
+  the regular expression finds. A step inside a variant window is grouped under that variant;
+  otherwise under its name with the trailing step number removed ("ProfilerStep");
+* a variant window with no step inside counts as one step of its own group;
+* one "whole trace" window per rank, always (the span of that rank's rows).
+
+Ranges recorded on GPU streams (Kineto ``gpu_user_annotation`` mirrors of CPU annotations) are
+skipped: they would count every step twice. They are recognised by their thread never launching
+anything while the same name also occurs on a launching thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.model import Trace
+from analyzers.report import Window
+
+WHOLE_TRACE = "whole trace"
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+_STEP_NUMBER = re.compile(r"\s*[#:_\- ]?\d+$")
+
+
+def step_group_name(name: str) -> str:
+    """``ProfilerStep#12`` -> ``ProfilerStep``; ``iter 3`` -> ``iter``; names without a number
+    stay as they are."""
+    stripped = _STEP_NUMBER.sub("", name)
+    return stripped or name
+
+
+def _range_ranks(trace: Trace) -> npt.NDArray[np.int64]:
+    ranks = trace.ranges["rank"].astype(np.int64)
+    unknown = ranks < 0
+    if unknown.any():
+        ranks[unknown] = [trace.ranks.get(int(p), -1) for p in trace.ranges["process"][unknown]]
+    return ranks
+
+
+def _cpu_rows(trace: Trace, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Drop ranges on threads that launch nothing when the same name exists on a launching one."""
+    if len(rows) == 0 or len(trace.launches) == 0:
+        return rows
+    launching = np.isin(trace.ranges["thread"][rows], np.unique(trace.launches["thread"]))
+    names = trace.ranges["name"][rows]
+    keep = launching | ~np.isin(names, names[launching])
+    return rows[keep]
+
+
+def _rows_named(trace: Trace, symbols: set[int]) -> npt.NDArray[np.int64]:
+    if not symbols:
+        return np.empty(0, dtype=np.int64)
+    mask = np.isin(trace.ranges["name"], np.fromiter(symbols, dtype=np.int64))
+    return _cpu_rows(trace, np.flatnonzero(mask).astype(np.int64))
+
+
+def _step_symbols(trace: Trace, step_pattern: str | None) -> set[int]:
+    regex = re.compile(step_pattern) if step_pattern else PROFILER_STEP
+    present = np.unique(trace.ranges["name"]).tolist()
+    return {s for s in present if regex.search(trace.strings[s])}
+
+
+def _whole_trace(trace: Trace, rank: int) -> Window:
+    starts, ends = [], []
+    for table in (trace.activities, trace.launches, trace.ranges):
+        if len(table):
+            rows = table["rank"] == rank
+            if rows.any():
+                starts.append(int(table["start"][rows].min()))
+                ends.append(int(table["end"][rows].max()))
+    start, end = (min(starts), max(ends)) if starts else trace.span
+    return Window(
+        rank=rank,
+        name=WHOLE_TRACE,
+        index=0,
+        kind="trace",
+        start_ns=start,
+        end_ns=end,
+        group=WHOLE_TRACE,
+    )
+
+
+def _variant_of(variants: list[Window], rank: int, start: int, end: int) -> str | None:
+    for w in variants:
+        if w.rank == rank and w.start_ns <= start and end <= w.end_ns:
+            return w.name
+    return None
+
+
+def find_windows(
+    trace: Trace, step_pattern: str | None = None, window_names: Sequence[str] = ()
+) -> list[Window]:
+    """Windows of every rank, ordered by group, rank and time (see the module docstring).
+
+    :raises re.error: when ``step_pattern`` is not a valid regular expression.
+    """
+    ranks = _range_ranks(trace)
+    variant_symbols = {s for n in window_names if (s := trace.strings.lookup(n)) is not None}
+    variants = [
+        Window(
+            rank=int(ranks[r]),
+            name=trace.strings[int(trace.ranges["name"][r])],
+            index=0,
+            kind="window",
+            start_ns=int(trace.ranges["start"][r]),
+            end_ns=int(trace.ranges["end"][r]),
+        )
+        for r in _rows_named(trace, variant_symbols)
+    ]
+    step_rows = _rows_named(trace, _step_symbols(trace, step_pattern) - variant_symbols)
+    windows: list[Window] = []
+    seen: set[tuple[int, int, int]] = set()
+    for r in step_rows[np.argsort(trace.ranges["start"][step_rows], kind="stable")]:
+        rank, start, end = int(ranks[r]), int(trace.ranges["start"][r]), int(trace.ranges["end"][r])
+        if (rank, start, end) in seen:
+            continue  # the same step recorded twice (NVTX and record_function)
+        seen.add((rank, start, end))
+        name = trace.strings[int(trace.ranges["name"][r])]
+        group = _variant_of(variants, rank, start, end) or step_group_name(name)
+        windows.append(
+            Window(
+                rank=rank, name=name, index=0, kind="step", start_ns=start, end_ns=end, group=group
+            )
+        )
+    for v in variants:
+        holds_steps = any(
+            w.rank == v.rank
+            and w.group == v.name
+            and v.start_ns <= w.start_ns
+            and w.end_ns <= v.end_ns
+            for w in windows
+        )
+        if not holds_steps:
+            windows.append(v.model_copy(update={"group": v.name}))
+    rank_list = sorted({int(r) for r in ranks} | set(trace.rank_list()))
+    windows.extend(_whole_trace(trace, rank) for rank in rank_list)
+    return _numbered(windows)
+
+
+def _numbered(windows: list[Window]) -> list[Window]:
+    """Sort by (group order of first appearance, rank, start) and number within (rank, group)."""
+    group_order: dict[str, int] = {}
+    for w in sorted(windows, key=lambda w: w.start_ns):
+        if w.group != WHOLE_TRACE:
+            group_order.setdefault(w.group or w.name, len(group_order))
+    group_order[WHOLE_TRACE] = len(group_order)
+    ordered = sorted(windows, key=lambda w: (group_order[w.group or w.name], w.rank, w.start_ns))
+    counters: dict[tuple[int, str], int] = {}
+    out = []
+    for w in ordered:
+        key = (w.rank, w.group or w.name)
+        out.append(w.model_copy(update={"index": counters.get(key, 0)}))
+        counters[key] = counters.get(key, 0) + 1
+    return out
+
+
+def group_names(windows: Sequence[Window]) -> list[str]:
+    """Distinct window groups in report order ("whole trace" last)."""
+    names: list[str] = []
+    for w in windows:
+        group = w.group or w.name
+        if group not in names:
+            names.append(group)
+    return names
+
+
+__all__ = ["PROFILER_STEP", "WHOLE_TRACE", "find_windows", "group_names", "step_group_name"]

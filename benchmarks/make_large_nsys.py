@@ -1,0 +1,110 @@
+"""Build a large nsys export by replicating the rows of the real 3-arm export.
+
+Why: the reader's throughput target is stated for exports with >= 2 million kernels, and no
+real capture of that size can live in the repository. Each copy shifts timestamps by the
+source span (so copies follow each other in time, like a longer run) and correlation ids by the
+source maximum (so every kernel still joins exactly one launch). Every event table is
+replicated, including ones the reader ignores, so the file size is realistic.
+
+Usage::
+
+    python benchmarks/make_large_nsys.py --kernels 2000000 --out /tmp/cptrace_large.sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCE = REPO / "tests/data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"
+EVENT_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
+    "NVTX_EVENTS",
+)
+SHIFTED_TIME = ("start", "end", "timestamp")
+SHIFTED_ID = ("correlationId",)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _copy_select(conn: sqlite3.Connection, table: str) -> str:
+    """INSERT ... SELECT that copies the original rows with shifted times and ids."""
+    cols = _columns(conn, table)
+    exprs = []
+    for col in cols:
+        if col in SHIFTED_TIME:
+            exprs.append(f'"{col}" + :dt')
+        elif col in SHIFTED_ID:
+            exprs.append(f'"{col}" + :dc')
+        else:
+            exprs.append(f'"{col}"')
+    # Domain-create rows (eventType 75) are per process, not per event: copy them once only.
+    where = "rowid <= :n" + (" AND eventType != 75" if table == "NVTX_EVENTS" else "")
+    names = ", ".join(f'"{c}"' for c in cols)
+    return f'INSERT INTO "{table}" ({names}) SELECT {", ".join(exprs)} FROM "{table}" WHERE {where}'
+
+
+def build(source: Path, out: Path, kernels: int) -> int:
+    """Write the replicated export to ``out``; returns the kernel count."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "src.sqlite"
+        opener = gzip.open if source.suffix == ".gz" else open
+        with opener(source, "rb") as src, open(plain, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        out.unlink(missing_ok=True)
+        shutil.copyfile(plain, out)
+    conn = sqlite3.connect(out)
+    conn.execute("PRAGMA journal_mode=OFF")
+    conn.execute("PRAGMA synchronous=OFF")
+    tables = [t for t in EVENT_TABLES if _columns(conn, t)]
+    base = conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    lo, hi = conn.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    max_corr = max(
+        conn.execute(f"SELECT max(correlationId) FROM {t}").fetchone()[0] or 0
+        for t in tables
+        if "correlationId" in _columns(conn, t)
+    )
+    originals = {t: conn.execute(f'SELECT max(rowid) FROM "{t}"').fetchone()[0] for t in tables}
+    statements = {t: _copy_select(conn, t) for t in tables}
+    copies = math.ceil(kernels / base)
+    for k in range(1, copies):
+        params = {"dt": k * (hi - lo + 1_000_000), "dc": k * (max_corr + 1)}
+        for table in tables:
+            conn.execute(statements[table], {**params, "n": originals[table]})
+        conn.commit()
+    total = conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    conn.close()
+    return int(total)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/cptrace_large_nsys.sqlite"))
+    parser.add_argument("--kernels", type=int, default=2_000_000)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    total = build(args.source, args.out, args.kernels)
+    size_mb = args.out.stat().st_size / 2**20
+    elapsed = time.perf_counter() - started
+    sys.stdout.write(f"{args.out}: {total} kernels, {size_mb:.0f} MB, built in {elapsed:.1f} s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""nsys export throughput: read + attribute kernels per second, and peak RSS.
+
+Each measurement runs in a fresh Python subprocess so peak RSS (``ru_maxrss``) belongs to that
+one read and nothing else. The large export is built by ``make_large_nsys.py`` when missing.
+The target (issue 2): >= 1 million kernels read and attributed per second on one core for an
+export with >= 2 million kernels, with peak RSS below the export's size.
+
+Usage::
+
+    python benchmarks/nsys_throughput.py                       # 3-arm export + 2M-kernel export
+    python benchmarks/nsys_throughput.py --export big.sqlite   # one given export
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SMALL = REPO / "tests/data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"
+LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
+COLUMNS = ("export", "kernels", "size MB", "read s", "attribute s", "kernels/s", "peak RSS MB")
+
+
+def measure(path: Path) -> dict[str, object]:
+    """Read (and attribute, when available) one export in this process."""
+    from analyzers.model import ActivityKind
+    from analyzers.readers import read_nsys
+
+    baseline_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    trace = read_nsys(path)
+    read_s = time.perf_counter() - started
+    attribute_s: float | None = None
+    try:
+        from analyzers.attribution import attribute
+        from analyzers.catalog import builtin_catalog
+    except ImportError:
+        pass
+    else:
+        catalog = builtin_catalog()
+        started = time.perf_counter()
+        attribute(trace, catalog)
+        attribute_s = time.perf_counter() - started
+    kernels = int((trace.activities["kind"] == ActivityKind.KERNEL).sum())
+    total_s = read_s + (attribute_s or 0.0)
+    return {
+        "export": path.name,
+        "kernels": kernels,
+        "size MB": round(path.stat().st_size / 2**20, 1),
+        "read s": round(read_s, 2),
+        "attribute s": "n/a" if attribute_s is None else round(attribute_s, 2),
+        "kernels/s": round(kernels / total_s),
+        "peak RSS MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "baseline RSS MB": round(baseline_mb),
+    }
+
+
+def run_child(path: Path) -> dict[str, object]:
+    """Measure ``path`` in a fresh interpreter pinned to one core where the OS allows it."""
+    command = [sys.executable, __file__, "--child", str(path)]
+    if hasattr(os, "sched_setaffinity"):
+        command = ["taskset", "-c", "0", *command] if _has_taskset() else command
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _has_taskset() -> bool:
+    from shutil import which
+
+    return which("taskset") is not None
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS]
+    line = " | ".join(c.rjust(w) for c, w in zip(COLUMNS, widths, strict=True))
+    sys.stdout.write(line + "\n" + "-+-".join("-" * w for w in widths) + "\n")
+    for row in rows:
+        cells = (str(row[c]).rjust(w) for c, w in zip(COLUMNS, widths, strict=True))
+        sys.stdout.write(" | ".join(cells) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--export", type=Path, action="append", help="export(s) to measure")
+    parser.add_argument("--kernels", type=int, default=2_000_000, help="size of the built export")
+    parser.add_argument("--repeat", type=int, default=1, help="fresh runs per export")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        sys.stdout.write(json.dumps(measure(args.child)) + "\n")
+        return 0
+    exports = args.export or [SMALL, LARGE]
+    if LARGE in exports and not LARGE.exists():
+        from benchmarks.make_large_nsys import build
+
+        build(SMALL, LARGE, args.kernels)
+    rows = [run_child(path) for path in exports for _ in range(args.repeat)]
+    print_table(rows)
+    baseline = min(int(r["baseline RSS MB"]) for r in rows)  # type: ignore[call-overload]
+    sys.stdout.write(f"(interpreter + numpy baseline RSS: {baseline} MB; one core via taskset)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

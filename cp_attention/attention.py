@@ -1,0 +1,267 @@
+"""Context-parallel attention over packed (THD) sequences: P2P ring and all-gather.
+
+The sharding lives here; the math lives in :mod:`cp_attention.local_attention` and the
+per-step metadata in :class:`cp_attention.PackedBatch` (planned once per batch on the host).
+Forward and backward use the comm, strategy and causal flag captured at forward time.
+
+P2P ring (step ``i`` holds the KV block of rank ``(rank - i) % cp``): the next block is sent
+and received while the current block computes; partial outputs are merged by log-sum-exp.
+The backward passes KV around the ring again, together with the dK/dV accumulated for each
+block, which arrives back at its owner after one extra hop. All-gather: KV is gathered once,
+one kernel call attends every local query to its visible keys, and dK/dV are reduce-scattered
+back to their owners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from cp_attention.broken import recompute_step_cu, zero_fill_padding
+from cp_attention.local_attention import LocalAttention, get_backend
+from cp_attention.merge import OutputMerger, accum_dtype, add_rows
+from cp_attention.metadata import PackedBatch
+from cp_attention.plan import COMMS, AttnCall, Rows
+from cp_attention.ranges import phase
+from cp_attention.ring import Ring, all_gather_tokens, reduce_scatter_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CPConfig:
+    """How to run CP attention; captured at forward time and reused by backward."""
+
+    group: dist.ProcessGroup | None = None
+    comm: str = "p2p"
+    causal: bool = True
+    softmax_scale: float | None = None
+    broken_identity_padding: bool = False
+    broken_always_zero_fill: bool = False
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.comm not in COMMS:
+            raise ValueError(f"comm must be one of {COMMS}, got {self.comm!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What one forward/backward pass needs besides tensors."""
+
+    cfg: CPConfig
+    meta: PackedBatch
+    rank: int
+    calls: tuple[AttnCall | None, ...]
+    kernel: LocalAttention
+    scale: float
+
+    def call(self, index: int) -> AttnCall | None:
+        """The planned call of step ``index``, recomputed on device in the TE-style A/B mode."""
+        call = self.calls[index]
+        if call is not None and self.cfg.broken_identity_padding:
+            call = recompute_step_cu(call, self.meta, self.rank)
+        return call
+
+    def fwd(self, call: AttnCall, q, k, v):  # noqa: ANN001, ANN202 - tensors
+        with phase("attn_fwd_step"):
+            return self.kernel.fwd(
+                call.q_rows.take(q), call.k_rows.take(k), call.k_rows.take(v), call.cu_q,
+                call.cu_k, call.max_q, call.max_k, call.causal, self.scale, call.square,
+            )
+
+    def bwd(self, call: AttnCall, dout, q, k, v, out, lse):  # noqa: ANN001, ANN202 - tensors
+        with phase("attn_bwd_step"):
+            rows = call.q_rows
+            return self.kernel.bwd(
+                rows.take(dout), rows.take(q), call.k_rows.take(k), call.k_rows.take(v),
+                rows.take(out), rows.take(lse), call.cu_q, call.cu_k, call.max_q, call.max_k,
+                call.causal, self.scale, call.square,
+            )
+
+
+def _ring_forward(s: _Step, q, k, v, ring: Ring | None):  # noqa: ANN001, ANN202
+    merger = OutputMerger(q)
+    kv = [k, v]
+    for index in range(len(s.calls)):
+        pending = ring.exchange(kv, kv) if ring is not None and index < ring.size - 1 else None
+        call = s.call(index)
+        if call is not None:
+            out, lse = s.fwd(call, q, kv[0], kv[1])
+            with phase("merge"):
+                merger.add(call.q_rows, out, lse)
+        if pending is not None:
+            kv = pending.wait()
+    with phase("merge"):
+        return merger.result()
+
+
+def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):  # noqa: ANN001, ANN202
+    acc = accum_dtype(q.dtype)
+    dq: torch.Tensor | None = None
+    kv: list[torch.Tensor] = [k, v]
+    dkv_out: list[torch.Tensor] = []
+    for index in range(len(s.calls)):
+        pass_kv = ring is not None and index < ring.size - 1
+        send = list(kv) if pass_kv else []
+        recv_like = list(kv) if pass_kv else []
+        if index > 0:
+            # dK/dV of a block travel the ring one step behind its KV: we send what we
+            # accumulated for the previous block and receive this block's running sum.
+            send += dkv_out
+            recv_like += [k, v]
+        pending = ring.exchange(send, recv_like) if ring is not None and send else None
+        call = s.call(index)
+        grads = None
+        if call is not None:
+            grads = s.bwd(call, dout, q, kv[0], kv[1], out, lse)
+            with phase("grad_reduce"):
+                dq = add_rows(dq, call.q_rows, grads[0], q, acc)
+        received = pending.wait() if pending is not None else []
+        incoming = received[-2:] if index > 0 else [None, None]
+        with phase("grad_reduce"):
+            dkv_out = [
+                _block_grad(incoming[i], call.k_rows if call else None,
+                            grads[1 + i] if grads else None, kv[i])
+                for i in range(2)
+            ]
+        kv = received[:2] if pass_kv else kv
+    if ring is not None and ring.size > 1:
+        # Final hop: every block's gradient returns to its owner.
+        dkv_out = ring.exchange(dkv_out, [k, v]).wait()
+    dq = dq if dq is not None else torch.zeros_like(q, dtype=acc)
+    return dq.to(q.dtype), dkv_out[0].to(k.dtype), dkv_out[1].to(v.dtype)
+
+
+def _block_grad(incoming, rows: Rows | None, contrib, like):  # noqa: ANN001, ANN202
+    """Add this rank's contribution to a KV block's running gradient (block dtype on the wire)."""
+    if contrib is None:
+        return incoming if incoming is not None else torch.zeros_like(like)
+    assert rows is not None
+    if incoming is None:
+        if rows.covers(like.shape[0]):
+            return contrib.to(like.dtype)
+        incoming = torch.zeros_like(like)
+    if rows.index is None:
+        incoming[rows.start : rows.stop] += contrib.to(like.dtype)
+    else:
+        incoming.index_add_(0, rows.index, contrib.to(like.dtype))
+    return incoming
+
+
+def _gather_forward(s: _Step, q, kg, vg):  # noqa: ANN001, ANN202
+    merger = OutputMerger(q)
+    call = s.call(0)
+    if call is not None:
+        out, lse = s.fwd(call, q, kg, vg)
+        with phase("merge"):
+            merger.add(call.q_rows, out, lse)
+    with phase("merge"):
+        return merger.result()
+
+
+def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):  # noqa: ANN001, ANN202
+    acc = accum_dtype(q.dtype)
+    call = s.call(0)
+    if call is None:
+        dq, dkg, dvg = torch.zeros_like(q), torch.zeros_like(kg), torch.zeros_like(vg)
+    else:
+        dq_s, dk_s, dv_s = s.bwd(call, dout, q, kg, vg, out, lse)
+        with phase("grad_reduce"):
+            dq = add_rows(None, call.q_rows, dq_s, q, acc).to(q.dtype)
+            dkg = add_rows(None, call.k_rows, dk_s, kg, acc)
+            dvg = add_rows(None, call.k_rows, dv_s, vg, acc)
+    # Summing over ranks in the accumulator dtype, then casting, keeps bf16 rounding to one step.
+    dk, dv = reduce_scatter_tokens(dkg, group), reduce_scatter_tokens(dvg, group)
+    return dq, dk.to(kg.dtype), dv.to(vg.dtype)
+
+
+class _CPAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, meta: PackedBatch, cfg: CPConfig):  # noqa: ANN001, ANN205
+        distributed = dist.is_available() and dist.is_initialized() and meta.cp_size > 1
+        rank = dist.get_rank(cfg.group) if distributed else 0
+        step = _Step(
+            cfg, meta, rank, meta.calls_for(cfg.comm, cfg.causal, rank),
+            get_backend(q.device, cfg.backend),
+            cfg.softmax_scale if cfg.softmax_scale is not None else q.shape[-1] ** -0.5,
+        )
+        ring = Ring(cfg.group) if distributed else None
+        if cfg.comm == "p2p" or not distributed:
+            out, lse = _ring_forward(step, q, k, v, ring)
+            ctx.save_for_backward(q, k, v, out, lse)
+        else:
+            kg, vg = all_gather_tokens(k, cfg.group), all_gather_tokens(v, cfg.group)
+            out, lse = _gather_forward(step, q, kg, vg)
+            ctx.save_for_backward(q, kg, vg, out, lse)
+        ctx.step, ctx.ring, ctx.distributed = step, ring, distributed
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # noqa: ANN001, ANN205
+        step: _Step = ctx.step
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        if step.cfg.comm == "p2p" or not ctx.distributed:
+            dq, dk, dv = _ring_backward(step, dout, q, k, v, out, lse, ctx.ring)
+        else:
+            dq, dk, dv = _gather_backward(step, dout, q, k, v, out, lse, step.cfg.group)
+        if step.cfg.broken_always_zero_fill:
+            zero_fill_padding([dq, dk, dv], step.meta, step.rank)
+        return dq, dk, dv, None, None
+
+
+def cp_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: PackedBatch,
+    *,
+    group: dist.ProcessGroup | None = None,
+    comm: str = "p2p",
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    broken_identity_padding: bool = False,
+    broken_always_zero_fill: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Attention of this rank's local THD queries over the whole packed batch.
+
+    :param q: local queries ``[meta.local_tokens, heads, dim]`` (from ``partition_for_rank``).
+    :param k: local keys ``[meta.local_tokens, kv_heads, dim]``; ``kv_heads`` divides ``heads``.
+    :param meta: the batch's :class:`PackedBatch`, already on ``q``'s device.
+    :param group: the CP process group (size ``meta.cp_size``); None means the default group.
+    :param comm: ``"p2p"`` (ring) or ``"all_gather"``.
+    :param broken_identity_padding: reproduce TE's per-step device metadata (A/B runs only).
+    :param broken_always_zero_fill: reproduce TE's unconditional gradient zero-fill.
+    :param backend: local kernel (``math``, ``flash``, ``cudnn``); default picks per device.
+    :returns: the local output rows, padding rows zero.
+    :raises ValueError: when shapes, devices or the group do not match the metadata.
+    """
+    cfg = CPConfig(group, comm, causal, softmax_scale, broken_identity_padding,
+                   broken_always_zero_fill, backend)
+    _validate(q, k, v, meta, cfg)
+    return _CPAttention.apply(q, k, v, meta, cfg)
+
+
+def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: PackedBatch,
+              cfg: CPConfig) -> None:
+    """Fail before any collective starts, so a bad rank cannot leave the others waiting."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3 or t.shape[0] != meta.local_tokens:
+            raise ValueError(
+                f"{name} must be THD [{meta.local_tokens} local tokens, heads, dim], got "
+                f"{tuple(t.shape)}; partition the packed batch with partition_for_rank"
+            )
+        if t.device != meta.device:
+            raise ValueError(f"{name} is on {t.device} but the metadata is on {meta.device}; "
+                             "call PackedBatch.to(device) once per batch")
+    if k.shape != v.shape or q.shape[1] % k.shape[1]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must match, with heads "
+                         f"dividing q's {q.shape[1]}")
+    if meta.cp_size > 1:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(f"cp_size={meta.cp_size} needs an initialized process group")
+        size = dist.get_world_size(cfg.group)
+        if size != meta.cp_size:
+            raise ValueError(f"the process group has {size} ranks but meta.cp_size={meta.cp_size}")

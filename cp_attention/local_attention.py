@@ -1,0 +1,266 @@
+"""The local (single-device) variable-length attention kernel behind one small interface.
+
+CP attention calls the local kernel once per CP step and merges the partial results by their
+log-sum-exp, so every backend must return the LSE. Interface (THD tensors ``[tokens, heads,
+dim]``, ``cu`` int32 offsets on the tensors' device, max lengths as Python ints so nothing is
+read back from the device):
+
+* ``fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square) -> (out, lse)`` with ``lse``
+  shaped ``[tokens_q, heads]``;
+* ``bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square)
+  -> (dq, dk, dv)``, where ``out``/``lse`` are the *final* merged values (ring backward).
+
+``causal`` masks are bottom-right aligned (query ``i`` of a segment sees key ``j`` iff
+``j <= i + len_k - len_q``); ``square`` says every segment has ``len_q == len_k``, where
+top-left and bottom-right coincide. Backends: ``math`` (exact reference, CPU or any device),
+``flash`` (torch's ``aten::_flash_attention_forward/backward``), ``cudnn`` (cuDNN SDPA through
+``nvidia-cudnn-frontend``'s torch ops, ragged THD with stats). GQA: key/value heads may divide
+query heads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Protocol
+
+import torch
+
+BACKENDS = ("auto", "math", "flash", "cudnn")
+ENV_BACKEND = "CPTRACE_CP_KERNEL"
+
+
+class LocalAttention(Protocol):
+    """A variable-length attention kernel that returns its log-sum-exp."""
+
+    name: str
+
+    def fwd(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+        cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float, square: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def bwd(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+        max_q: int, max_k: int, causal: bool, scale: float, square: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def _segment_positions(cu: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Segment id and distance from the segment's end (``pos - len``) for each row."""
+    cu = cu.long()
+    lengths = cu[1:] - cu[:-1]
+    seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths, output_size=total)
+    pos = torch.arange(total, device=cu.device) - cu[seg]
+    return seg, pos - lengths[seg]
+
+
+class MathAttention:
+    """Exact attention with an explicit mask, computed in float64; the reference and CPU path.
+
+    Memory is ``heads x tokens_q x tokens_k``: meant for tests and small CPU runs.
+    """
+
+    name = "math"
+
+    def _probs(
+        self, q: torch.Tensor, k: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+        causal: bool, scale: float, lse: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked probabilities ``[H, Tq, Tk]`` and the LSE ``[Tq, H]`` (given or computed)."""
+        seg_q, end_q = _segment_positions(cu_q, q.shape[0])
+        seg_k, end_k = _segment_positions(cu_k, k.shape[0])
+        allowed = seg_q[:, None] == seg_k[None, :]
+        if causal:
+            allowed &= end_k[None, :] <= end_q[:, None]
+        scores = torch.einsum("qhd,khd->hqk", q.double(), _expand(k, q).double()) * scale
+        scores = scores.masked_fill(~allowed, -math.inf)
+        if lse is None:
+            lse = torch.logsumexp(scores, dim=-1).transpose(0, 1)
+        lse_hq = lse.double().transpose(0, 1)[..., None]
+        # Rows without keys have lse=-inf; their probabilities are 0, not NaN.
+        probs = torch.where(allowed, torch.exp(scores - lse_hq.nan_to_num(neginf=0.0)), 0.0)
+        return probs, lse
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        probs, lse = self._probs(q, k, cu_q, cu_k, causal, scale, None)
+        out = torch.einsum("hqk,khd->qhd", probs, _expand(v, q).double())
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return out.to(q.dtype), lse.to(acc)
+
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        probs, _ = self._probs(q, k, cu_q, cu_k, causal, scale, lse)
+        do, o = dout.double(), out.double()
+        dp = torch.einsum("qhd,khd->hqk", do, _expand(v, q).double())
+        delta = (do * o).sum(-1).transpose(0, 1)[..., None]
+        ds = probs * (dp - delta)
+        dq = torch.einsum("hqk,khd->qhd", ds, _expand(k, q).double()) * scale
+        dk = _reduce_groups(torch.einsum("hqk,qhd->khd", ds, q.double()) * scale, k)
+        dv = _reduce_groups(torch.einsum("hqk,qhd->khd", probs, do), v)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _expand(kv: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Repeat KV heads for grouped-query attention."""
+    group = q.shape[1] // kv.shape[1]
+    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
+
+
+def _reduce_groups(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Sum the per-query-head gradients of a shared KV head."""
+    group = grad.shape[1] // kv.shape[1]
+    if group == 1:
+        return grad
+    return grad.view(grad.shape[0], kv.shape[1], group, grad.shape[2]).sum(2)
+
+
+class FlashAttention:
+    """torch's built-in FlashAttention-2 varlen kernels (``aten::_flash_attention_*``)."""
+
+    name = "flash"
+
+    def __init__(self) -> None:
+        self._rng: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
+        )
+        return out, self._packed_lse(lse, cu_q, q.shape[0])
+
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        seed, offset = self._philox(q.device)
+        kernel_lse = lse.transpose(0, 1).contiguous()
+        if self._padded_lse.get(q.device, False):
+            kernel_lse = _packed_to_padded(kernel_lse, cu_q, max_q)
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, kernel_lse, cu_q, cu_k, max_q, max_k, 0.0, causal, seed, offset,
+            scale=scale,
+        )
+        return dq, dk, dv
+
+    _padded_lse: dict[torch.device, bool] = {}  # noqa: RUF012 - per-device layout probe result
+
+    def _packed_lse(self, lse: torch.Tensor, cu_q: torch.Tensor, total: int) -> torch.Tensor:
+        """``[Tq, H]`` from the kernel's ``[H, Tq]`` (or older padded ``[B, H, max_q]``)."""
+        if lse.dim() == 2:
+            self._padded_lse[lse.device] = False
+            return lse.transpose(0, 1)
+        self._padded_lse[lse.device] = True
+        seg, end = _segment_positions(cu_q, total)
+        pos = end + (cu_q[1:] - cu_q[:-1]).long()[seg]
+        return lse[seg, :, pos]
+
+    def _philox(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """RNG state tensors the backward signature wants (unused without dropout)."""
+        if device not in self._rng:
+            x = torch.zeros(8, 1, 64, device=device, dtype=torch.bfloat16)
+            cu = torch.tensor([0, 8], device=device, dtype=torch.int32)
+            _, _, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+                x, x, x, cu, cu, 8, 8, 0.0, False, False
+            )
+            self._rng[device] = (seed, offset)
+        return self._rng[device]
+
+
+def _packed_to_padded(lse_hq: torch.Tensor, cu_q: torch.Tensor, max_q: int) -> torch.Tensor:
+    """``[H, Tq]`` packed LSE to ``[B, H, max_q]`` (device-side, no sync)."""
+    total = lse_hq.shape[1]
+    seg, end = _segment_positions(cu_q, total)
+    pos = end + (cu_q[1:] - cu_q[:-1]).long()[seg]
+    padded = lse_hq.new_zeros((cu_q.numel() - 1, lse_hq.shape[0], max_q))
+    padded[seg, :, pos] = lse_hq.transpose(0, 1)
+    return padded
+
+
+class CudnnAttention:
+    """cuDNN SDPA (ragged THD offsets, softmax stats) via ``nvidia-cudnn-frontend``'s torch ops.
+
+    Importing ``cudnn.sdpa.fwd.torch_op`` registers ``torch.ops.cudnn.sdpa_fwd/sdpa_bwd``;
+    the frontend caches one execution plan per shape.
+    """
+
+    name = "cudnn"
+
+    def __init__(self) -> None:
+        from cudnn.sdpa.fwd import torch_op  # noqa: PLC0415 - optional dependency
+
+        self._to_padded = torch_op.thd_lse_to_padded
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        out, stats = torch.ops.cudnn.sdpa_fwd(
+            q, k, v, scale, is_causal=causal, causal_bottom_right=causal and not square,
+            cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max_q, max_seqlen_kv=max_k,
+            return_lse=True,
+        )
+        return out, stats.view(q.shape[0], q.shape[1])
+
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+        padded = self._to_padded(lse.contiguous(), cu_q, max_q)
+        return torch.ops.cudnn.sdpa_bwd(
+            dout, q, k, v, out, padded, scale, is_causal=causal,
+            causal_bottom_right=causal and not square, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+            max_seqlen_q=max_q, max_seqlen_kv=max_k,
+        )
+
+
+_CACHE: dict[tuple[str, str], LocalAttention] = {}
+
+
+def cudnn_available() -> bool:
+    """Whether the cuDNN frontend's SDPA torch ops import on this host."""
+    try:
+        from cudnn.sdpa.fwd import torch_op  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False
+    return True
+
+
+def get_backend(device: torch.device, name: str | None = None) -> LocalAttention:
+    """The kernel for ``device``: ``name``, else ``$CPTRACE_CP_KERNEL``, else automatic.
+
+    Automatic: ``math`` on CPU; on CUDA ``cudnn`` when the frontend imports and the GPU is
+    Hopper or newer (cuDNN's fused kernels measured faster there), else ``flash``.
+
+    :raises ValueError: for an unknown backend name or a GPU kernel asked for on CPU.
+    """
+    choice = name or os.environ.get(ENV_BACKEND, "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"local attention backend must be one of {BACKENDS}, got {choice!r}")
+    if choice == "auto":
+        if device.type != "cuda":
+            choice = "math"
+        elif torch.cuda.get_device_capability(device)[0] >= 9 and cudnn_available():
+            choice = "cudnn"
+        else:
+            choice = "flash"
+    if choice != "math" and device.type != "cuda":
+        raise ValueError(f"backend {choice!r} needs a CUDA device, got {device}")
+    key = (choice, str(device))
+    if key not in _CACHE:
+        _CACHE[key] = {"math": MathAttention, "flash": FlashAttention, "cudnn": CudnnAttention}[choice]()
+    return _CACHE[key]
+
+
+def varlen_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+    max_q: int, max_k: int, causal: bool, softmax_scale: float | None = None,
+    square: bool = True, backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One variable-length attention forward; returns ``(out, lse[Tq, H])``."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    kernel = get_backend(q.device, backend)
+    return kernel.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square)
+
+
+def varlen_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+    causal: bool, softmax_scale: float | None = None, square: bool = True,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`varlen_fwd` given the (final, merged) ``out`` and ``lse``."""
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    kernel = get_backend(q.device, backend)
+    return kernel.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square)

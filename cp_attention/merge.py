@@ -1,0 +1,85 @@
+"""Combining partial attention results by their log-sum-exp (the ring "correction" step).
+
+A CP step attends some query rows to one block of keys; the true output of a row is the
+softmax-weighted mix of its partial outputs: ``lse = logaddexp(lse_a, lse_b)`` and
+``out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)``. Accumulation is float32
+(float64 for float64 inputs) so bf16 partials lose nothing before the final cast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cp_attention.plan import Rows
+
+
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulator dtype for inputs of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class OutputMerger:
+    """Running ``(out, lse)`` over the local query rows.
+
+    Rows no step touched keep ``out = 0`` and ``lse = -inf``: those are padding rows, which is
+    exactly what their output and gradient must be.
+    """
+
+    def __init__(self, q: torch.Tensor) -> None:
+        self._q = q
+        self._dtype = accum_dtype(q.dtype)
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+
+    def _init_empty(self) -> None:
+        q = self._q
+        self.out = torch.zeros(q.shape, dtype=self._dtype, device=q.device)
+        self.lse = torch.full(q.shape[:2], -math.inf, dtype=self._dtype, device=q.device)
+
+    def add(self, rows: Rows, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """Merge one step's partial output for ``rows``."""
+        if self.out is None and rows.covers(self._q.shape[0]):
+            # First step covering every row: adopt it, no merge arithmetic needed.
+            self.out, self.lse = out.to(self._dtype), lse.to(self._dtype)
+            return
+        if self.out is None:
+            self._init_empty()
+        assert self.out is not None and self.lse is not None
+        old_out, old_lse = rows.take(self.out), rows.take(self.lse)
+        lse = lse.to(self._dtype)
+        new_lse = torch.logaddexp(old_lse, lse)
+        new_out = old_out * torch.exp(old_lse - new_lse).unsqueeze(-1)
+        new_out += out.to(self._dtype) * torch.exp(lse - new_lse).unsqueeze(-1)
+        write_rows(self.out, rows, new_out)
+        write_rows(self.lse, rows, new_lse)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out in the input dtype, lse [T, H] in the accumulator dtype)``."""
+        if self.out is None:
+            self._init_empty()
+        assert self.out is not None and self.lse is not None
+        return self.out.to(self._q.dtype), self.lse
+
+
+def write_rows(dest: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
+    """``dest[rows] = value``."""
+    if rows.index is None:
+        dest[rows.start : rows.stop] = value
+    else:
+        dest.index_copy_(0, rows.index, value.to(dest.dtype))
+
+
+def add_rows(dest: torch.Tensor | None, rows: Rows, value: torch.Tensor, like: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    """``dest[rows] += value``, creating ``dest`` (shaped like ``like``) on first use."""
+    if dest is None:
+        if rows.covers(like.shape[0]):
+            return value.to(dtype)
+        dest = torch.zeros(like.shape, dtype=dtype, device=like.device)
+    if rows.index is None:
+        dest[rows.start : rows.stop] += value.to(dtype)
+    else:
+        dest.index_add_(0, rows.index, value.to(dtype))
+    return dest

@@ -1,0 +1,259 @@
+"""Per-rank, per-CP-step attention calls, computed once per batch on the host.
+
+A CP step attends the rank's local queries to one block of keys/values (P2P: the block of one
+owner rank; all-gather: every rank's block). Which query rows see which key rows depends on the
+partition strategy, the causal flag, the rank, the step and the padding. This module turns those
+into plain kernel arguments (row selections, ``cu_seqlens`` for Q and KV, max lengths as Python
+ints) so that the hot loop never computes metadata on the device and never reads a device value.
+
+Vocabulary:
+
+* a *slot* is one piece of every sequence inside a buffer, as arrays over sequences:
+  position of the piece in its (padded) sequence, piece length, and row offset in the buffer;
+* a *kind* is one attention segment per sequence: a list of query slots against a list of key
+  slots, both in ascending sequence position;
+* padding rows (sequence positions >= the real length) are clipped away from every segment, so
+  they are never read as keys, their outputs stay exactly zero and their gradients are zero
+  without any zero-fill kernel.
+
+Causal segments use bottom-right alignment (the last query row sees the last key row), which
+matches both the same-block diagonal step and the all-gather prefix attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cp_attention.partition import ranges_to_index
+
+COMMS = ("p2p", "all_gather")
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The rows of a buffer one kernel call reads: a contiguous slice, or an index tensor."""
+
+    start: int
+    stop: int
+    index: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """Number of rows selected."""
+        return self.stop - self.start if self.index is None else int(self.index.numel())
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of ``x`` (a view for a slice, a copy for an index)."""
+        if self.index is None:
+            return x[self.start : self.stop]
+        return x.index_select(0, self.index)
+
+    def covers(self, total: int) -> bool:
+        """Whether the selection is every row of a ``total``-row buffer, in order."""
+        return self.index is None and self.start == 0 and self.stop == total
+
+    def to(self, device: torch.device) -> Rows:
+        """Move the index (if any) to ``device``."""
+        if self.index is None:
+            return self
+        return Rows(self.start, self.stop, self.index.to(device, non_blocking=True))
+
+
+@dataclass(frozen=True, slots=True)
+class AttnCall:
+    """Arguments of one local variable-length attention kernel call."""
+
+    q_rows: Rows
+    k_rows: Rows
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    causal: bool
+    #: Every segment has as many keys as queries (causal top-left == bottom-right).
+    square: bool = True
+    #: For the TE-style A/B path: how many of the ``2*cp`` chunks of each padded sequence the
+    #: Q/KV side holds, when the call's cu_seqlens are exactly that fraction (else None).
+    q_chunks: int | None = None
+    k_chunks: int | None = None
+
+    def to(self, device: torch.device) -> AttnCall:
+        """Move every tensor to ``device`` (host values stay as they are)."""
+        return AttnCall(
+            self.q_rows.to(device),
+            self.k_rows.to(device),
+            self.cu_q.to(device, non_blocking=True),
+            self.cu_k.to(device, non_blocking=True),
+            self.max_q,
+            self.max_k,
+            self.causal,
+            self.square,
+            self.q_chunks,
+            self.k_chunks,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One piece of every sequence: position in the sequence, length, row offset in a buffer."""
+
+    pos: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """Host-side description of a packed batch that the planners need."""
+
+    cu_padded: np.ndarray
+    real_len: np.ndarray
+    cp_size: int
+    strategy: str
+    local_tokens: int
+
+    @property
+    def padded_len(self) -> np.ndarray:
+        """Padded length of every sequence."""
+        return np.diff(self.cu_padded)
+
+
+def owner_slots(geom: Geometry, owner: int, base: int = 0) -> list[Slot]:
+    """The slots of rank ``owner``'s local buffer (placed at row ``base`` of a bigger buffer)."""
+    starts = geom.cu_padded[:-1]
+    if geom.strategy == "dual_chunk_swap":
+        chunk = geom.padded_len // (2 * geom.cp_size)
+        local_start = base + np.cumsum(2 * chunk) - 2 * chunk
+        back = 2 * geom.cp_size - 1 - owner
+        return [
+            Slot(owner * chunk, chunk, local_start),
+            Slot(back * chunk, chunk, local_start + chunk),
+        ]
+    lo_block, hi_block = owner * geom.local_tokens, (owner + 1) * geom.local_tokens
+    lo = np.maximum(starts, lo_block)
+    hi = np.minimum(geom.cu_padded[1:], hi_block)
+    return [Slot(lo - starts, np.maximum(hi - lo, 0), base + lo - lo_block)]
+
+
+def build_call(
+    kinds: list[tuple[list[Slot], list[Slot]]],
+    geom: Geometry,
+    causal: bool,
+    chunks: tuple[int, int] | None = None,
+) -> AttnCall | None:
+    """Turn per-sequence segments into one kernel call, or None when nothing attends.
+
+    Segments are ordered sequence-major, then by kind; empty segments (no real query rows or no
+    real keys) are dropped so the kernel never sees a query without keys.
+    """
+    n_seq = geom.real_len.size
+    width = max(max(len(q), len(k)) for q, k in kinds)
+    shape = (n_seq, len(kinds), width)
+    q_row, q_len = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    k_row, k_len = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    for kind, (q_slots, k_slots) in enumerate(kinds):
+        for side_row, side_len, slots in ((q_row, q_len, q_slots), (k_row, k_len, k_slots)):
+            for j, slot in enumerate(slots):
+                side_row[:, kind, j] = slot.row
+                # Real tokens are a prefix of each padded sequence: clip the piece to it.
+                side_len[:, kind, j] = np.clip(geom.real_len - slot.pos, 0, slot.length)
+    seg_q, seg_k = q_len.sum(2), k_len.sum(2)
+    keep = (seg_q > 0) & (seg_k > 0)
+    if not keep.any():
+        return None
+    q_len[~keep], k_len[~keep] = 0, 0
+    has_padding = bool((geom.real_len != geom.padded_len).any())
+    exact = chunks if chunks is not None and not has_padding and keep.all() else (None, None)
+    return AttnCall(
+        q_rows=_rows(ranges_to_index(q_row, q_len)),
+        k_rows=_rows(ranges_to_index(k_row, k_len)),
+        cu_q=_offsets(seg_q[keep]),
+        cu_k=_offsets(seg_k[keep]),
+        max_q=int(seg_q[keep].max()),
+        max_k=int(seg_k[keep].max()),
+        causal=causal,
+        square=bool(np.array_equal(seg_q[keep], seg_k[keep])),
+        q_chunks=exact[0],
+        k_chunks=exact[1],
+    )
+
+
+def _rows(index: np.ndarray) -> Rows:
+    """A slice when the rows are contiguous and ascending, else an index tensor."""
+    first = int(index[0])
+    if np.array_equal(index, np.arange(first, first + index.size)):
+        return Rows(first, first + index.size)
+    return Rows(0, index.size, torch.from_numpy(index))
+
+
+def _offsets(lengths: np.ndarray) -> torch.Tensor:
+    """int32 cumulative offsets, as variable-length kernels take them."""
+    return torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+
+def p2p_calls(geom: Geometry, rank: int, causal: bool) -> tuple[AttnCall | None, ...]:
+    """One call per ring step ``i``; step ``i`` holds the KV block of rank ``(rank - i) % cp``."""
+    cp = geom.cp_size
+    mine = owner_slots(geom, rank)
+    calls: list[AttnCall | None] = []
+    for step in range(cp):
+        owner = (rank - step) % cp
+        theirs = owner_slots(geom, owner)
+        if geom.strategy == "dual_chunk_swap":
+            calls.append(_dual_chunk_step(geom, mine, theirs, step, owner, rank, causal))
+        elif not causal or owner < rank:
+            # Blocks are disjoint: an earlier block is fully visible, a later one invisible.
+            calls.append(build_call([(mine, theirs)], geom, causal=False))
+        elif owner == rank:
+            calls.append(build_call([(mine, mine)], geom, causal=True))
+        else:
+            calls.append(None)
+    return tuple(calls)
+
+
+def _dual_chunk_step(
+    geom: Geometry,
+    mine: list[Slot],
+    theirs: list[Slot],
+    step: int,
+    owner: int,
+    rank: int,
+    causal: bool,
+) -> AttnCall | None:
+    """DualChunkSwap ring step: diagonal, KV-front-half, or Q-back-half (as in TE's P2P)."""
+    if not causal:
+        return build_call([(mine, theirs)], geom, causal=False, chunks=(2, 2))
+    if step == 0:
+        return build_call([(mine, mine)], geom, causal=True, chunks=(2, 2))
+    if owner < rank:
+        # Owner's front chunk precedes both of ours; its back chunk follows both.
+        return build_call([(mine, theirs[:1])], geom, causal=False, chunks=(2, 1))
+    # Owner's chunks both precede our back chunk and follow our front chunk.
+    return build_call([(mine[1:], theirs)], geom, causal=False, chunks=(1, 2))
+
+
+def all_gather_call(geom: Geometry, rank: int, causal: bool) -> AttnCall | None:
+    """The single call of all-gather CP over the gathered KV buffer (owner blocks in rank order)."""
+    cp = geom.cp_size
+    blocks = [owner_slots(geom, owner, base=owner * geom.local_tokens) for owner in range(cp)]
+    mine = owner_slots(geom, rank)
+    if geom.strategy == "dual_chunk_swap":
+        fronts = [b[0] for b in blocks]
+        backs = [b[1] for b in reversed(blocks)]
+        in_order = fronts + backs  # chunk 0 .. 2cp-1 of every sequence
+        if not causal:
+            return build_call([(mine, in_order)], geom, causal=False)
+        # Two segments per sequence: our front chunk sees chunks 0..r, our back chunk sees
+        # chunks 0..2cp-1-r; both end with the chunk itself (bottom-right causal).
+        return build_call(
+            [(mine[:1], fronts[: rank + 1]), (mine[1:], in_order[: 2 * cp - rank])],
+            geom,
+            causal=True,
+        )
+    pieces = [b[0] for b in blocks]
+    if not causal:
+        return build_call([(mine, pieces)], geom, causal=False)
+    return build_call([(mine, pieces[: rank + 1])], geom, causal=True)

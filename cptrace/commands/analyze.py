@@ -1,0 +1,410 @@
+"""``cptrace analyze``, ``cptrace compare`` and ``cptrace catalog``: thin wrappers over analyzers.
+
+Library errors (bad trace, manifest, catalog, window name, regex) become ``ClickException``s
+here and nowhere else. Rich is imported lazily so ``cptrace --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+LARGE_INPUT_BYTES = 32 * 1024 * 1024
+"""Show a progress bar when the inputs add up to more than this."""
+TOP_HELPERS = 15
+
+
+def _library_errors() -> tuple[type[BaseException], ...]:
+    from analyzers.catalog import CatalogError
+    from analyzers.compare import CompareError
+    from analyzers.errors import TraceError
+    from analyzers.manifest import ManifestError
+
+    return (TraceError, ManifestError, CatalogError, CompareError, re.error, OSError)
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    """Print a library error the way Click prints a ``ClickException`` and exit with status 1.
+
+    (The installed Typer vendors its own Click, so ``click.ClickException`` raised here would not
+    be recognised as a usage error and would surface as a traceback.)
+    """
+    typer.echo(f"Error: {exc}", err=True)
+    return typer.Exit(code=1)
+
+
+def _catalog(extra: list[Path] | None) -> Any:
+    from analyzers.catalog import load_catalog
+
+    return load_catalog(extra or ())
+
+
+def _run_analyze(
+    paths: list[Path],
+    manifest: Path | None,
+    step_pattern: str | None,
+    catalog: list[Path] | None,
+    show_progress: bool,
+) -> Any:
+    from analyzers import analyze as run
+
+    if step_pattern:
+        re.compile(step_pattern)  # fail before reading gigabytes
+    cat = _catalog(catalog)
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    if not show_progress or size < LARGE_INPUT_BYTES:
+        return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("analyzing", total=1.0)
+
+        def update(stage: str, fraction: float) -> None:
+            bar.update(task, completed=fraction, description=stage)
+
+        return run(
+            paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, progress=update
+        )
+
+
+def _load_side(
+    paths: list[Path], manifest: Path | None, step_pattern: str | None, catalog: list[Path] | None
+) -> Any:
+    """A saved report (``analyze --json`` output) or traces/bundles to analyze now."""
+    from analyzers.report import AnalysisReport
+
+    if len(paths) == 1 and paths[0].suffix == ".json" and _is_report(paths[0]):
+        return AnalysisReport.model_validate_json(paths[0].read_text(encoding="utf-8"))
+    return _run_analyze(paths, manifest, step_pattern, catalog, show_progress=False)
+
+
+def _is_report(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return False
+    return b'"schema_version"' in head and b'"catalog_version"' in head
+
+
+def analyze(
+    traces: list[Path] = typer.Argument(
+        ..., help="Trace files (Kineto JSON per rank, nsys .sqlite[.gz]/.nsys-rep) or run bundles."
+    ),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", "-m", help="Run manifest JSON (facts a trace cannot show)."
+    ),
+    step_pattern: str | None = typer.Option(
+        None, "--step-pattern", help="Regex for step range names (default ProfilerStep#N)."
+    ),
+    catalog: list[Path] | None = typer.Option(
+        None, "--catalog", help="Extra helper catalog TOML (repeatable)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the AnalysisReport as JSON."),
+) -> None:
+    """Attribute every kernel to a CP helper, measure each step, and report findings.
+
+    Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
+    """
+    try:
+        report = _run_analyze(traces, manifest, step_pattern, catalog, show_progress=not as_json)
+    except _library_errors() as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+        return
+    render_report(report)
+
+
+def compare(
+    base: list[Path] = typer.Option(
+        ..., "--base", help="Base traces/bundle, or a saved report JSON (repeat for several files)."
+    ),
+    head: list[Path] | None = typer.Option(
+        None,
+        "--head",
+        help="Head traces/bundle/report (default: the base, to compare two windows).",
+    ),
+    base_window: str | None = typer.Option(
+        None, "--base-window", help="Window group of the base (e.g. arm:auto_clone)."
+    ),
+    head_window: str | None = typer.Option(None, "--head-window", help="Window group of the head."),
+    manifest: Path | None = typer.Option(None, "--manifest", "-m", help="Manifest for both sides."),
+    base_manifest: Path | None = typer.Option(
+        None, "--base-manifest", help="Manifest for the base only."
+    ),
+    head_manifest: Path | None = typer.Option(
+        None, "--head-manifest", help="Manifest for the head only."
+    ),
+    step_pattern: str | None = typer.Option(
+        None, "--step-pattern", help="Regex for step range names."
+    ),
+    catalog: list[Path] | None = typer.Option(
+        None, "--catalog", help="Extra helper catalog TOML (repeatable)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the ComparisonReport as JSON."),
+) -> None:
+    """Compare base and head: per-helper launch and time deltas, iteration statistics, findings.
+
+    Example: cptrace compare --base run.json --base-window arm:auto_clone --head-window arm:fast
+    """
+    from analyzers import compare_reports
+
+    try:
+        base_report = _load_side(base, base_manifest or manifest, step_pattern, catalog)
+        head_report = (
+            base_report
+            if not head
+            else _load_side(head, head_manifest or manifest, step_pattern, catalog)
+        )
+        result = compare_reports(
+            base_report, head_report, base_window=base_window, head_window=head_window
+        )
+    except _library_errors() as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    render_comparison(result)
+
+
+def catalog(
+    extra: list[Path] | None = typer.Option(
+        None, "--catalog", help="Extra helper catalog TOML (repeatable)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the catalog as JSON."),
+) -> None:
+    """Print the helper catalog: each helper's category, patterns and the finding it feeds.
+
+    Example: cptrace catalog --catalog my_helpers.toml
+    """
+    try:
+        cat = _catalog(extra)
+    except _library_errors() as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        rows = [
+            {
+                "name": h.name,
+                "category": h.category.value,
+                "finding": h.finding,
+                "ranges": h.ranges,
+                "python": h.python,
+                "kernels": h.kernels,
+                "within": h.within,
+                "fallback": h.fallback,
+                "te_versions": h.te_versions,
+                "source": h.source,
+            }
+            for h in cat.helpers
+        ]
+        typer.echo(
+            json.dumps({"name": cat.name, "version": cat.version, "helpers": rows}, indent=2)
+        )
+        return
+    render_catalog(cat)
+
+
+# ---------------------------------------------------------------------------- rendering (rich)
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # Piped output (CI logs, files) gets a wide fixed width instead of rich's 80-column default,
+    # so helper names and findings stay greppable on one line.
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def render_report(report: Any) -> None:
+    """Sources, per-group helper tables, rank totals, iterations and findings."""
+    from rich.table import Table
+
+    console = _console()
+    console.print(
+        f"[bold]cptrace analysis[/] catalog {report.catalog_version}, ranks {report.ranks}"
+    )
+    for src in report.sources:
+        console.print(
+            f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
+            f"{src.launches} launches, {src.ranges} ranges"
+        )
+    for group in report.groups:
+        rows = [h for h in report.helpers if h.window == group]
+        table = Table(title=f"{group}: helpers per step", title_justify="left")
+        for col in ("rank", "helper", "category", "launches", "GPU ms", "host ms", "matched by"):
+            table.add_column(
+                col, justify="right" if col in ("rank", "launches", "GPU ms", "host ms") else "left"
+            )
+        for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
+            : TOP_HELPERS * max(1, len(report.ranks))
+        ]:
+            steps = max(h.steps, 1)
+            table.add_row(
+                str(h.rank),
+                h.helper,
+                h.category.value,
+                f"{h.launches / steps:g}",
+                _ms(h.gpu_time_ns / steps),
+                _ms(h.host_time_ns / steps),
+                h.matched_by,
+            )
+        console.print(table)
+        totals = Table(title=f"{group}: ranks", title_justify="left")
+        for col in (
+            "rank",
+            "steps",
+            "span ms/step",
+            "GPU busy ms/step",
+            "compute busy",
+            "kernels/step",
+            "attributed",
+        ):
+            totals.add_column(col, justify="right")
+        for s in (r for r in report.rank_summaries if r.window == group):
+            steps = max(s.steps, 1)
+            totals.add_row(
+                str(s.rank),
+                str(s.steps),
+                _ms(s.span_ns / steps),
+                _ms(s.gpu_busy_ns / steps),
+                _ms(s.compute_busy_ns / steps),
+                f"{s.kernels / steps:g}",
+                f"{s.attributed_fraction:.1%}",
+            )
+        console.print(totals)
+    _render_iterations(console, report.iterations)
+    _render_findings(console, report.findings, "Findings")
+    for note in report.notes:
+        console.print(f"[dim]note: {note}[/]")
+
+
+def _render_iterations(console: Any, iterations: list[Any]) -> None:
+    from rich.table import Table
+
+    rows = [it for it in iterations if it.rank is None]
+    if not rows:
+        return
+    table = Table(title="Iteration time (ms, slowest rank per iteration)", title_justify="left")
+    for col in ("window", "n", "median", "p10", "p90", "IQR"):
+        table.add_column(col, justify="left" if col == "window" else "right")
+    for it in rows:
+        table.add_row(
+            it.label,
+            str(it.n),
+            f"{it.median_ms:.3f}",
+            f"{it.p10_ms:.3f}",
+            f"{it.p90_ms:.3f}",
+            f"{it.iqr_ms:.3f}",
+        )
+    console.print(table)
+
+
+def _render_findings(console: Any, findings: list[Any], title: str) -> None:
+    from rich.markup import escape
+
+    if not findings:
+        console.print(f"[bold]{title}:[/] none")
+        return
+    console.print(f"[bold]{title}:[/]")
+    for f in findings:
+        style = _SEVERITY_STYLE.get(f.severity.value, "")
+        saving = (
+            f" (expected saving {f.expected_saving_ms:.3f} ms/iter)" if f.expected_saving_ms else ""
+        )
+        head = escape(f"[{f.rule}] {f.title}{saving}")
+        console.print(f"  [{style}]{f.severity.value.upper()}[/] {head}", highlight=False)
+        for e in f.evidence[:6]:
+            where = f" rank {e.rank}" if e.rank is not None else ""
+            console.print(
+                escape(f"      {e.name}{where}: {e.value} {e.unit}".rstrip()), highlight=False
+            )
+        console.print(escape(f"    -> {f.recommendation}"), highlight=False)
+
+
+def render_comparison(result: Any) -> None:
+    """Helper deltas, iteration statistics, and the one-line summary."""
+    from rich.table import Table
+
+    console = _console()
+    table = Table(
+        title=f"{result.base_label} -> {result.head_label}: per step, all ranks",
+        title_justify="left",
+    )
+    for col in (
+        "helper",
+        "category",
+        "base launches",
+        "head launches",
+        "delta",
+        "GPU ms delta",
+        "status",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("helper", "category", "status") else "right"
+        )
+    for d in result.helpers:
+        if d.status == "unchanged" and abs(d.delta_gpu_time_ns) < 1e4:
+            continue
+        table.add_row(
+            d.helper,
+            d.category.value,
+            f"{d.base_launches:g}",
+            f"{d.head_launches:g}",
+            f"{d.delta_launches:+g}",
+            f"{d.delta_gpu_time_ns / 1e6:+.3f}",
+            d.status,
+        )
+    console.print(table)
+    console.print(
+        f"span delta per step {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
+        f"{result.busy_delta_ns / 1e6:+.3f} ms"
+    )
+    it = result.iterations
+    if it is not None:
+        console.print(
+            f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
+            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
+            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
+            highlight=False,
+        )
+        console.print(f"[dim]{it.method}[/]")
+    _render_findings(console, result.findings_base, f"Findings ({result.base_label})")
+    _render_findings(console, result.findings_head, f"Findings ({result.head_label})")
+    from rich.markup import escape
+
+    console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)
+
+
+def render_catalog(cat: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"catalog {cat.name} {cat.version}", title_justify="left")
+    for col in ("helper", "category", "finding", "patterns"):
+        table.add_column(col)
+    for h in cat.helpers:
+        patterns = [
+            *(f"range {p}" for p in h.ranges),
+            *(f"python {p}" for p in h.python),
+            *(f"kernel {p}" for p in h.kernels),
+        ]
+        flags = " (fallback)" if h.fallback else ""
+        table.add_row(h.name + flags, h.category.value, h.finding or "", "\n".join(patterns))
+    _console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)
+    app.command("compare")(compare)
+    app.command("catalog")(catalog)

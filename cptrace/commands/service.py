@@ -1,0 +1,144 @@
+"""``cptrace serve``, ``cptrace worker``, ``cptrace token create``: run and administer the service.
+
+Heavy imports (fastapi, uvicorn, sqlite_utils) happen inside the commands, so ``cptrace`` starts
+on a GPU host that has only the runner's dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import typer
+
+token_app = typer.Typer(help="Manage API tokens (stored hashed; shown once).", no_args_is_help=True)
+
+DataDir = typer.Option(Path("var"), "--data-dir", help="Directory of the database and blobs.")
+
+
+def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
+    from service.core.config import Settings
+
+    return Settings(data_dir=data_dir)
+
+
+def _start_worker(data_dir: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "CPTRACE_DATA_DIR": str(data_dir)}
+    code = "from cptrace.cli import main; main()"
+    return subprocess.Popen([sys.executable, "-c", code, "worker", "--data-dir", str(data_dir)], env=env)
+
+
+def _stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGTERM lets the worker finish its current analysis; kill only if it will not stop."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    data_dir: Path = DataDir,
+    seed_demo: bool = typer.Option(False, "--seed-demo", help="Ingest demo/bundles/*.tar.gz once."),
+    worker: bool = typer.Option(True, "--worker/--no-worker", help="Start an analysis worker."),
+) -> None:
+    """Start the API and dashboards (and an analysis worker subprocess).
+
+    On first start it creates the database and an admin token, printed once.
+
+    Example: cptrace serve --host 127.0.0.1 --port 8000 --data-dir var --seed-demo
+    """
+    import uvicorn
+
+    from service.bootstrap import default_demo_dir, ensure_admin_token
+    from service.bootstrap import seed_demo as seed
+    from service.main import create_app
+
+    settings = _settings(data_dir)
+    app = create_app(settings)
+    app.state.blobs.clean_tmp()  # partial uploads of a killed predecessor
+    token = ensure_admin_token(app.state.db)
+    if token:
+        typer.echo(f"Admin token (shown once, stored hashed): {token}")
+    if seed_demo:
+        for result in seed(app.state.db, settings, default_demo_dir()):
+            what = result.error or (f"run {result.run_id}" + ("" if result.created else " (already there)"))
+            typer.echo(f"demo {result.path.name}: {what}")
+    proc = _start_worker(data_dir) if worker else None
+    typer.echo(f"Dashboard: http://{host}:{port}/")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        if proc is not None:
+            _stop_worker(proc)
+
+
+def worker(
+    data_dir: Path = DataDir,
+    once: bool = typer.Option(False, "--once", help="Drain the queue, then exit."),
+) -> None:
+    """Run the analysis worker: takes analysis tasks from the database until stopped.
+
+    Example: cptrace worker --data-dir var
+    """
+    import logging
+
+    from service.main import open_database
+    from service.worker import AnalysisWorker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = _settings(data_dir)
+    open_database(settings).close()  # schema up to date before the first claim
+    runner = AnalysisWorker(settings)
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
+    try:
+        if once:
+            while runner.run_once():
+                pass
+        else:
+            runner.run_forever()
+    finally:
+        runner.close()
+
+
+def token_create(
+    role: str = typer.Option(..., "--role", help="admin, runner or viewer."),
+    name: str = typer.Option("", "--name", help="A label for the token."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Create an API token and print it (only its sha256 is stored).
+
+    Example: cptrace token create --role runner --name gpu-host-1 --data-dir var
+    """
+    from service.auth import Role, create_token
+    from service.main import open_database
+
+    try:
+        parsed = Role(role)
+    except ValueError:
+        raise typer.BadParameter(f"role must be one of admin, runner, viewer (got {role!r})") from None
+    db = open_database(_settings(data_dir))
+    try:
+        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name))
+    except Exception as exc:
+        raise click.ClickException(f"cannot create the token: {exc}") from exc
+    finally:
+        db.close()
+    typer.echo(token)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("worker")(worker)
+    token_app.command("create")(token_create)
+    app.add_typer(token_app, name="token")

@@ -1,0 +1,216 @@
+"""``cptrace agent``: take workload jobs from the service, run them, upload their bundles.
+
+Protocol (docs/architecture.md, "Runner <-> service API"): long-poll ``POST /jobs/claim``; a
+claimed job carries a lease that a heartbeat thread extends while the job runs. Success uploads
+the bundle and calls ``complete`` with the run id; failure calls ``fail`` with the reason and
+the launch log's tail. If the lease is lost (the service gave the job to someone else), the
+launch is cancelled and nothing is reported.
+
+SIGTERM (e.g. the node is being drained): the current job may finish within ``term_grace_s``;
+after that its launch is stopped and the job is *released* back to the queue, so another runner
+picks it up without using up an attempt. No new job is claimed after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runners.http import ApiError, RetryPolicy, ServiceClient, with_retries
+from runners.launch import LaunchError, LaunchOptions
+from runners.spec import RunSpec, SpecError, parse_spec
+from runners.upload import UploadResult
+
+log = logging.getLogger("cptrace.agent")
+LEASE_LOST = (404, 409, 410)
+
+
+@dataclass(slots=True, kw_only=True)
+class AgentConfig:
+    """Everything the agent needs besides the client."""
+
+    runner: str = field(default_factory=socket.gethostname)
+    """Name the service knows this runner by."""
+    gpus: int = 1
+    """GPUs this runner offers; the service only hands out jobs that fit."""
+    work_dir: Path = Path("runs")
+    wait_s: float = 30.0
+    """Long-poll duration of one claim."""
+    heartbeat_s: float = 15.0
+    term_grace_s: float = 300.0
+    """After SIGTERM, how long a running job may take before it is released."""
+    max_jobs: int | None = None
+    """Stop after this many jobs (None: until SIGTERM)."""
+    max_idle_polls: int | None = None
+    """Stop after this many empty claims in a row (None: never); bounds test loops."""
+    keep_runs: bool = False
+    """Keep bundle directories after a successful upload."""
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+
+
+RunFn = Callable[[RunSpec, Path, LaunchOptions], Path]
+UploadFn = Callable[[Path, ServiceClient], UploadResult]
+
+
+class Agent:
+    """One runner process: claim, heartbeat, run, upload, report; stop cleanly on SIGTERM."""
+
+    def __init__(
+        self,
+        client: ServiceClient,
+        config: AgentConfig,
+        *,
+        run_fn: RunFn | None = None,
+        upload_fn: UploadFn | None = None,
+    ) -> None:
+        from runners.launch import run_spec
+        from runners.upload import upload_bundle
+
+        self.client = client
+        self.config = config
+        self.run_fn: RunFn = run_fn or run_spec
+        self.upload_fn: UploadFn = upload_fn or upload_bundle
+        self.stopping = threading.Event()
+        self.jobs_done = 0
+        self._retry = RetryPolicy(attempts=4, base_s=1.0, max_s=15.0)
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop claiming; finish or release the current job."""
+
+        def handle(signum: int, _frame: Any) -> None:
+            log.warning("signal %s: finishing or releasing the current job, then exiting", signum)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def serve(self) -> int:
+        """Claim and run jobs until stopped; returns the number of jobs handled."""
+        idle = 0
+        while not self.stopping.is_set():
+            if self.config.max_jobs is not None and self.jobs_done >= self.config.max_jobs:
+                break
+            job = self.claim()
+            if job is None:
+                idle += 1
+                if self.config.max_idle_polls is not None and idle >= self.config.max_idle_polls:
+                    break
+                continue
+            idle = 0
+            self.handle(job)
+            self.jobs_done += 1
+        return self.jobs_done
+
+    def claim(self) -> dict[str, Any] | None:
+        """One long poll; None when the service had no job (204)."""
+        cfg = self.config
+        body = {"runner": cfg.runner, "gpus": cfg.gpus, "wait_s": cfg.wait_s}
+        try:
+            resp = with_retries(
+                lambda: self.client.post_json("/jobs/claim", body, timeout=self.config.wait_s + 30),
+                self._retry,
+            )
+        except ApiError as exc:
+            if not exc.retryable:
+                raise
+            log.warning("claim failed, retrying later: %s", exc)
+            self.stopping.wait(self.config.heartbeat_s)
+            return None
+        if resp.status == 204 or not isinstance(resp.body, dict):
+            return None
+        return resp.body
+
+    def handle(self, job: dict[str, Any]) -> str:
+        """Run one claimed job; returns how it ended: completed, failed, released or lost."""
+        job_id = job["id"]
+        cancel = threading.Event()
+        lost = threading.Event()
+        done = threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job_id, done, lost, cancel), daemon=True
+        )
+        beat.start()
+        outcome: dict[str, Any] = {}
+        worker = threading.Thread(target=self._run_job, args=(job, cancel, outcome), daemon=True)
+        worker.start()
+        self._wait(worker, cancel)
+        done.set()
+        beat.join(timeout=5)
+        return self._report(job_id, outcome, lost=lost.is_set(), released=cancel.is_set())
+
+    def _wait(self, worker: threading.Thread, cancel: threading.Event) -> None:
+        """Wait for the job; after SIGTERM give it ``term_grace_s``, then cancel it."""
+        while worker.is_alive():
+            if self.stopping.wait(0.2):
+                worker.join(self.config.term_grace_s)
+                if worker.is_alive():
+                    cancel.set()
+                worker.join()
+            else:
+                worker.join(0.2)
+
+    def _run_job(self, job: dict[str, Any], cancel: threading.Event, out: dict[str, Any]) -> None:
+        try:
+            spec = parse_spec(job.get("spec"), source=f"job {job['id']} spec")
+            run_dir = self.config.work_dir / f"job{job['id']}-{spec.name}-{int(time.time())}"
+            options = _with_cancel(self.config.launch, cancel)
+            bundle = self.run_fn(spec, run_dir, options)
+            if cancel.is_set():
+                raise LaunchError("cancelled")
+            out["upload"] = self.upload_fn(bundle, self.client)
+            if not self.config.keep_runs:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        except SpecError as exc:
+            out["error"] = (f"invalid spec: {exc}", "")
+        except LaunchError as exc:
+            out["error"] = (str(exc).split("\n--- log tail ---")[0], exc.log_tail)
+        except Exception as exc:  # any failure is the job's failure, reported, not fatal
+            out["error"] = (f"{type(exc).__name__}: {exc}", "")
+
+    def _heartbeat(
+        self, job_id: int, done: threading.Event, lost: threading.Event, cancel: threading.Event
+    ) -> None:
+        while not done.wait(self.config.heartbeat_s):
+            try:
+                self.client.post_json(f"/jobs/{job_id}/heartbeat", {})
+            except ApiError as exc:
+                if exc.status in LEASE_LOST:
+                    log.error("job %s: lease lost (%s); stopping its run", job_id, exc)
+                    lost.set()
+                    cancel.set()
+                    return
+                log.warning("job %s: heartbeat failed, will retry: %s", job_id, exc)
+
+    def _report(self, job_id: int, outcome: dict[str, Any], *, lost: bool, released: bool) -> str:
+        if lost:
+            return "lost"  # the job is someone else's now; reporting would be refused
+        try:
+            if released:
+                self._post(f"/jobs/{job_id}/release", {})
+                return "released"
+            if "upload" in outcome:
+                self._post(f"/jobs/{job_id}/complete", {"run_id": outcome["upload"].run_id})
+                return "completed"
+            reason, tail = outcome.get("error", ("the job ended without a result", ""))
+            self._post(f"/jobs/{job_id}/fail", {"reason": reason[:2000], "log_tail": tail})
+            return "failed"
+        except ApiError as exc:
+            log.error("job %s: could not report to the service: %s", job_id, exc)
+            return "lost"
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
+        with_retries(lambda: self.client.post_json(path, body), self._retry)
+
+
+def _with_cancel(options: LaunchOptions, cancel: threading.Event) -> LaunchOptions:
+    from dataclasses import replace
+
+    return replace(options, cancel=cancel)

@@ -1,0 +1,155 @@
+"""A small HTTP client for the cptrace service, on the standard library only.
+
+Runners live on GPU hosts that have torch but not httpx or FastAPI, so this uses
+``urllib.request``. It knows the two things the runner API needs: JSON calls and a streamed
+multipart upload, both with bounded retries (exponential backoff with jitter) on connection
+errors, 429 and 5xx. A 4xx is final: retrying a bad request cannot fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+API_PREFIX = "/api/v1"
+_CHUNK = 1024 * 1024
+T = TypeVar("T")
+
+
+class ApiError(RuntimeError):
+    """The service answered with an error status (or could not be reached, status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """Connection failures, 429 and 5xx may succeed later; other 4xx never will."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Bounded exponential backoff: ``base_s * 2**attempt``, capped, with +-25 % jitter."""
+
+    attempts: int = 5
+    base_s: float = 0.5
+    max_s: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        raw = min(self.max_s, self.base_s * 2**attempt)
+        return raw * random.uniform(0.75, 1.25)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: Any
+    """Decoded JSON, or None for an empty body (204)."""
+
+
+def with_retries(
+    call: Callable[[], T], policy: RetryPolicy, *, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """Run ``call`` until it succeeds, raises a final error, or the attempts run out."""
+    for attempt in range(policy.attempts):
+        try:
+            return call()
+        except ApiError as exc:
+            if not exc.retryable or attempt == policy.attempts - 1:
+                raise
+            sleep(policy.delay(attempt))
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _error_message(err: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(err.read().decode("utf-8", "replace"))
+    except (ValueError, OSError):
+        return err.reason if isinstance(err.reason, str) else str(err.reason)
+    if isinstance(body, dict):
+        return str(body.get("error") or body.get("detail") or body)
+    return str(body)
+
+
+class ServiceClient:
+    """Authenticated calls to ``<server>/api/v1``. The token never appears in messages."""
+
+    def __init__(self, server: str, token: str, *, timeout_s: float = 60.0) -> None:
+        parsed = urllib.parse.urlparse(server)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"server must be an http(s) URL, got {server!r}")
+        if not token:
+            raise ValueError("a token is needed (--token or CPTRACE_TOKEN)")
+        self.base = server.rstrip("/") + API_PREFIX
+        self._token = token
+        self.timeout_s = timeout_s
+
+    def _send(self, req: urllib.request.Request, timeout: float | None = None) -> Response:
+        req.add_header("Authorization", f"Bearer {self._token}")
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
+                raw = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as err:
+            raise ApiError(err.code, _error_message(err)) from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise ApiError(0, f"cannot reach {self.base}: {reason}") from None
+        body = json.loads(raw) if raw.strip() else None
+        return Response(status, body)
+
+    def post_json(
+        self, path: str, payload: dict[str, Any], *, timeout: float | None = None
+    ) -> Response:
+        """POST a JSON body (one attempt; wrap in ``with_retries`` where a retry is safe)."""
+        req = urllib.request.Request(
+            self.base + path,
+            data=json.dumps(payload).encode("utf-8"),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        return self._send(req, timeout)
+
+    def post_file(
+        self, path: str, *, field: str, file: Path, headers: dict[str, str] | None = None
+    ) -> Response:
+        """POST ``file`` as multipart form field ``field``, streamed (never read whole)."""
+        boundary = f"cptrace-{uuid.uuid4().hex}"
+        head = (
+            f"--{boundary}\r\n"
+            f'Content-Disposition: form-data; name="{field}"; filename="{file.name}"\r\n'
+            "Content-Type: application/gzip\r\n\r\n"
+        ).encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+
+        def body() -> Iterator[bytes]:
+            yield head
+            with file.open("rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    yield chunk
+            yield tail
+
+        length = len(head) + file.stat().st_size + len(tail)
+        req = urllib.request.Request(
+            self.base + path,
+            data=body(),
+            method="POST",
+            headers={
+                "Content-Type": f"multipart/form-data; boundary={boundary}",
+                "Content-Length": str(length),
+                **(headers or {}),
+            },
+        )
+        return self._send(req)

@@ -1,0 +1,329 @@
+"""``cptrace run``: launch a spec on N processes, profile it, and assemble a run bundle.
+
+One process per GPU. Launchers:
+
+* ``torchrun`` (``python -m torch.distributed.run --standalone``): the default.
+* ``srun``: picked automatically inside a Slurm allocation (``SLURM_JOB_ID`` set); ranks read
+  ``SLURM_PROCID``/``SLURM_NTASKS`` (see ``runners/workload.py``).
+
+CPU runs use the same launchers with ``device: cpu`` in the spec (gloo backend).
+
+Profilers never share a process: Kineto and nsys both subscribe to CUPTI, so ``mode: both``
+makes two launches (timed + Kineto, then nsys around the profiled steps only). The bundle is
+written into ``out`` and checked with the same reader the service uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runners import bundle as bundle_writer
+from runners import nsys as nsys_cmds
+from runners.manifest import build_manifest_parts
+from runners.spec import RunSpec, parse_spec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_TAIL_LINES = 60
+
+
+class LaunchError(RuntimeError):
+    """A launch failed; the message carries the command's exit status and its log tail."""
+
+    def __init__(self, message: str, *, log_tail: str = "") -> None:
+        super().__init__(f"{message}\n--- log tail ---\n{log_tail}" if log_tail else message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    """How to start the ranks (everything the spec does not say)."""
+
+    nproc: int | None = None
+    """Processes; None = the spec's ``ranks``."""
+    launcher: str = "auto"
+    """``auto`` (srun inside Slurm, else torchrun), ``torchrun`` or ``srun``."""
+    nsys_cmd: tuple[str, ...] = ("nsys",)
+    """How to call Nsight Systems (e.g. ``.gpu/gpu-host/nsys.sh .gpu/debs``)."""
+    timeout_s: float | None = None
+    """Kill a launch that runs longer than this."""
+    include_hostname: bool = False
+    cancel: threading.Event | None = None
+    """Set to stop the launch (the agent's SIGTERM/lease-lost path)."""
+
+
+def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:
+    """The launcher to use: an explicit choice, else srun inside a Slurm job, else torchrun."""
+    env = os.environ if environ is None else environ
+    if requested not in ("auto", "torchrun", "srun"):
+        raise ValueError(f"launcher must be auto, torchrun or srun, got {requested!r}")
+    if requested != "auto":
+        return requested
+    return "srun" if env.get("SLURM_JOB_ID") and shutil.which("srun") else "torchrun"
+
+
+def rank_command(spec_json: Path, scratch: Path, phases: list[str]) -> list[str]:
+    """The per-rank module invocation (after the launcher's own arguments)."""
+    return [
+        "-m",
+        "runners.workload",
+        "--spec",
+        str(spec_json),
+        "--out",
+        str(scratch),
+        "--phases",
+        ",".join(phases),
+    ]
+
+
+def launcher_command(launcher: str, nproc: int, per_rank: list[str]) -> list[str]:
+    """Start ``nproc`` ranks running ``python <per_rank>``."""
+    if launcher == "srun":
+        return ["srun", f"--ntasks={nproc}", "--kill-on-bad-exit=1", sys.executable, *per_rank]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *per_rank,
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_env(launcher: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if launcher == "srun":  # torchrun sets these itself
+        env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        env.setdefault("MASTER_PORT", str(_free_port()))
+    return env
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines))
+    except OSError:
+        return ""
+
+
+def run_logged(
+    cmd: list[str],
+    *,
+    log: Path,
+    env: dict[str, str],
+    timeout: float | None,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Run ``cmd`` with its output in ``log``; raise ``LaunchError`` with the tail on failure.
+
+    The command gets its own process group so a timeout or ``cancel`` stops every rank, not
+    just the launcher.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"$ {shlex.join(cmd)}\n")
+        fh.flush()
+        try:
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {cmd[0]}: {exc}") from exc
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.2)
+                break
+            if cancel is not None and cancel.is_set():
+                _stop_group(proc)
+                raise LaunchError(f"{cmd[0]} cancelled", log_tail=_tail(log))
+            if deadline is not None and time.monotonic() > deadline:
+                _stop_group(proc)
+                raise LaunchError(f"{cmd[0]} ran over {timeout} s", log_tail=_tail(log))
+    if proc.returncode != 0:
+        raise LaunchError(
+            f"{shlex.join(cmd[:6])} ... exited with status {proc.returncode}",
+            log_tail=_tail(log),
+        )
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """SIGTERM the launch's process group, then SIGKILL what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _with_ranks(spec: RunSpec, nproc: int | None) -> RunSpec:
+    if nproc is None or nproc == spec.ranks:
+        return spec
+    return parse_spec({**spec.model_dump(mode="json"), "ranks": nproc}, source="--nproc")
+
+
+def _read_results(scratch: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((scratch / "results").glob("rank*.json"))
+    ]
+
+
+def run_spec(spec: RunSpec, out: Path, options: LaunchOptions | None = None) -> Path:
+    """Run ``spec`` and write a finalized bundle directory at ``out``; return ``out``.
+
+    :raises LaunchError: a launch or the nsys export failed (with the log tail).
+    :raises FileExistsError: ``out`` exists and is not empty (runs never overwrite runs).
+    """
+    opts = options or LaunchOptions()
+    spec = _with_ranks(spec, opts.nproc)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; pick a new --out")
+    launcher = resolve_launcher(opts.launcher)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".cptrace-run-", dir=out.parent))
+    try:
+        spec_json = scratch / "spec.json"
+        spec_json.write_text(spec.model_dump_json(), encoding="utf-8")
+        env = _child_env(launcher)
+        traces, extra = _launch_all(spec, out, scratch, spec_json, launcher, env, opts)
+        parts = build_manifest_parts(spec, _read_results(scratch))
+        started = " ".join(["cptrace", "run", f"--nproc {spec.ranks}", f"--launcher {launcher}"])
+        run = bundle_writer.run_info(
+            name=spec.name,
+            spec=spec.model_dump(mode="json"),
+            host=socket.gethostname() if opts.include_hostname else None,
+            command=started,
+            **_git_info(),
+        )
+        bundle_writer.finalize_bundle(
+            out, run=run, traces=traces, extra={**parts.extra, **extra}, **parts.fields
+        )
+    except BaseException:
+        # Leave logs for diagnosis, but never a manifest that claims a complete run.
+        (out / bundle_writer.MANIFEST_NAME).unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def _launch_all(
+    spec: RunSpec,
+    out: Path,
+    scratch: Path,
+    spec_json: Path,
+    launcher: str,
+    env: dict[str, str],
+    opts: LaunchOptions,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the launches the profiler mode needs; return trace entries and manifest extras."""
+    mode = spec.profilers.mode
+    traces: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    first = ["timed", "torch"] if spec.profilers.uses_torch else ["timed"]
+    if mode == "nsys":
+        first = ["timed", "nsys"]
+    second = ["nsys"] if mode == "both" else None
+    for phases in filter(None, (first, second)):
+        per_rank = rank_command(spec_json, scratch, phases)
+        cmd = launcher_command(launcher, spec.ranks, per_rank)
+        log = out / "logs" / f"launch-{'-'.join(phases)}.log"
+        if "nsys" in phases:
+            traces.append(_run_nsys(spec, out, scratch, cmd, log, env, opts, extra))
+        else:
+            run_logged(cmd, log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel)
+    if spec.profilers.uses_torch:
+        for path in sorted((scratch / "traces").glob("kineto_rank*.json")):
+            rank = int(path.stem.removeprefix("kineto_rank"))
+            gz = bundle_writer.gzip_file(path)
+            member = bundle_writer.add_trace(out, gz)
+            traces.append(bundle_writer.trace_entry(member, fmt="kineto", rank=rank))
+    return traces, extra
+
+
+def _run_nsys(
+    spec: RunSpec,
+    out: Path,
+    scratch: Path,
+    cmd: list[str],
+    log: Path,
+    env: dict[str, str],
+    opts: LaunchOptions,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """Wrap the launch in ``nsys profile``, export to SQLite, gzip it into the bundle."""
+    from analyzers.catalog import load_catalog  # the helper catalog: data for the trace file
+
+    functions_json = None
+    if spec.profilers.nsys.python_functions_trace:
+        functions_json = scratch / "python_functions_trace.json"
+        traced = nsys_cmds.write_python_functions_trace(functions_json, load_catalog().helpers)
+        extra["nsys_python_functions"] = traced
+        if not traced:  # TE not installed: nothing to trace, and nsys wants a non-empty list
+            functions_json = None
+    report = scratch / "nsys_report"
+    profile = nsys_cmds.profile_command(
+        list(opts.nsys_cmd),
+        output=report,
+        trace=spec.profilers.nsys.trace,
+        functions_json=functions_json,
+        extra_args=spec.profilers.nsys.extra_args,
+    )
+    run_logged([*profile, *cmd], log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel)
+    rep = report.with_suffix(".nsys-rep")
+    sqlite = scratch / "nsys.sqlite"
+    export = nsys_cmds.export_command(list(opts.nsys_cmd), report=rep, sqlite=sqlite)
+    run_logged(export, log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel)
+    member = bundle_writer.add_trace(out, bundle_writer.gzip_file(sqlite))
+    return bundle_writer.trace_entry(member, fmt="nsys", rank=None)
+
+
+def _git_info() -> dict[str, str | None]:
+    """Branch and commit of the checkout the runner runs from (best effort, read-only)."""
+    info: dict[str, str | None] = {"branch": None, "commit": None}
+    for key, args in (("commit", ["rev-parse", "HEAD"]), ("branch", ["branch", "--show-current"])):
+        try:
+            res = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if res.returncode == 0 and res.stdout.strip():
+            info[key] = res.stdout.strip()
+    return info
+
+
+def default_out_dir(spec: RunSpec, base: Path = Path("runs")) -> Path:
+    """``runs/<name>-<UTC time>``: unique per run, sortable by time."""
+    return base / f"{spec.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"

@@ -1,0 +1,208 @@
+"""Analysis tasks: a queue table the worker process drains, with leases like the job queue.
+
+The API only inserts tasks (``enqueue_analysis``); the worker claims one inside
+``BEGIN IMMEDIATE``, analyses it off the request path, and records the report, the metrics the
+trend charts use, and progress/errors on the run. A worker killed mid-analysis leaves a running
+task whose lease expires; the next claim requeues it (bounded attempts, then the run fails with
+the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from analyzers.report import AnalysisReport
+from service.auth import now_iso
+from service.storage.database import immediate, one
+
+
+def enqueue_analysis(conn: sqlite3.Connection, run_id: int) -> int:
+    """Queue an analysis of ``run_id`` (call inside the caller's transaction)."""
+    now = now_iso()
+    conn.execute(
+        "UPDATE analysis_tasks SET status = 'superseded', updated_at = ? "
+        "WHERE run_id = ? AND status = 'queued'",
+        (now, run_id),
+    )
+    cur = conn.execute(
+        "INSERT INTO analysis_tasks (run_id, status, attempts, created_at, updated_at) "
+        "VALUES (?, 'queued', 0, ?, ?)",
+        (run_id, now, now),
+    )
+    conn.execute(
+        "UPDATE runs SET status = 'queued', progress = 'queued for analysis', error = NULL, "
+        "updated_at = ? WHERE id = ?",
+        (now, run_id),
+    )
+    return int(cur.lastrowid or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task this worker holds until ``lease_expires_at``."""
+
+    id: int
+    run_id: int
+    attempt: int
+
+
+def _expire_leases(conn: sqlite3.Connection, now: float, max_attempts: int) -> None:
+    stale = conn.execute(
+        "SELECT id, run_id, attempts FROM analysis_tasks WHERE status = 'running' "
+        "AND lease_expires_at < ?",
+        (now,),
+    ).fetchall()
+    for task_id, run_id, attempts in stale:
+        if attempts >= max_attempts:
+            reason = f"analysis worker lost its lease {attempts} time(s) (killed or hung); giving up"
+            _finish(conn, task_id, run_id, status="failed", error=reason)
+        else:
+            conn.execute(
+                "UPDATE analysis_tasks SET status = 'queued', updated_at = ? WHERE id = ?",
+                (now_iso(), task_id),
+            )
+            conn.execute(
+                "UPDATE runs SET status = 'queued', progress = 'requeued after a lost worker' "
+                "WHERE id = ?",
+                (run_id,),
+            )
+
+
+def claim_analysis(conn: sqlite3.Connection, *, worker: str, lease_s: float,
+                   max_attempts: int) -> ClaimedTask | None:
+    """Take the oldest queued task (conditional update inside ``BEGIN IMMEDIATE``)."""
+    now = time.time()
+    with immediate(conn):
+        _expire_leases(conn, now, max_attempts)
+        row = one(conn, "SELECT id, run_id, attempts FROM analysis_tasks WHERE status = 'queued' "
+                  "ORDER BY id LIMIT 1")
+        if row is None:
+            return None
+        cur = conn.execute(
+            "UPDATE analysis_tasks SET status = 'running', attempts = attempts + 1, worker = ?, "
+            "lease_expires_at = ?, updated_at = ? WHERE id = ? AND status = 'queued'",
+            (worker, now + lease_s, now_iso(), row["id"]),
+        )
+        if cur.rowcount != 1:
+            return None
+        conn.execute(
+            "UPDATE runs SET status = 'analysing', progress = 'starting', error = NULL, "
+            "updated_at = ? WHERE id = ?",
+            (now_iso(), row["run_id"]),
+        )
+    return ClaimedTask(row["id"], row["run_id"], row["attempts"] + 1)
+
+
+def record_progress(conn: sqlite3.Connection, task: ClaimedTask, message: str, *,
+                    lease_s: float) -> None:
+    """Show progress on the run and extend the task's lease (it is alive)."""
+    with immediate(conn):
+        conn.execute(
+            "UPDATE analysis_tasks SET lease_expires_at = ?, updated_at = ? "
+            "WHERE id = ? AND status = 'running'",
+            (time.time() + lease_s, now_iso(), task.id),
+        )
+        conn.execute(
+            "UPDATE runs SET progress = ?, updated_at = ? WHERE id = ? AND status = 'analysing'",
+            (message[:500], now_iso(), task.run_id),
+        )
+
+
+def _finish(conn: sqlite3.Connection, task_id: int, run_id: int, *, status: str,
+            error: str | None) -> None:
+    now = now_iso()
+    conn.execute(
+        "UPDATE analysis_tasks SET status = ?, error = ?, lease_expires_at = NULL, updated_at = ? "
+        "WHERE id = ?",
+        ("done" if status == "analysed" else status, error, now, task_id),
+    )
+    conn.execute(
+        "UPDATE runs SET status = ?, error = ?, progress = ?, updated_at = ? WHERE id = ?",
+        (status, error, "done" if status == "analysed" else "failed", now, run_id),
+    )
+
+
+def report_metrics(report: AnalysisReport) -> list[tuple[str, str, float]]:
+    """The ``(metric, label, value)`` rows trend charts and the run list read."""
+    out: list[tuple[str, str, float]] = [("findings", "", float(len(report.findings)))]
+    overall = [s for s in report.iterations if s.rank is None] or report.iterations
+    if overall:
+        out.append(("iteration_median_ms", "", overall[0].median_ms))
+    seen: set[str] = set()
+    for stats in overall:
+        if stats.label not in seen:
+            seen.add(stats.label)
+            out.append(("iteration_median_ms", stats.label, stats.median_ms))
+    per_window: dict[str, list[float]] = {}
+    for summary in report.rank_summaries:
+        steps = max(summary.steps, 1)
+        acc = per_window.setdefault(summary.window, [0.0, 0.0, 0.0])
+        acc[0] += summary.kernels / steps
+        acc[1] += summary.gpu_busy_ns / steps / 1e6
+        acc[2] += summary.span_ns / steps / 1e6
+    for window, (kernels, busy_ms, span_ms) in per_window.items():
+        out += [("kernels_per_step", window, kernels), ("gpu_busy_ms_per_step", window, busy_ms),
+                ("span_ms_per_step", window, span_ms)]
+    return out
+
+
+def complete_analysis(conn: sqlite3.Connection, task: ClaimedTask, report: AnalysisReport,
+                      duration_s: float) -> bool:
+    """Store the report and metrics; False when the task was taken away meanwhile."""
+    with immediate(conn):
+        held = one(conn, "SELECT status FROM analysis_tasks WHERE id = ?", (task.id,))
+        if held is None or held["status"] != "running":
+            return False
+        if one(conn, "SELECT id FROM runs WHERE id = ?", (task.run_id,)) is None:
+            return False  # deleted while analysing
+        conn.execute(
+            "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
+            " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (task.run_id, report.schema_version, report.catalog_version,
+             report.model_dump_json(), duration_s, now_iso()),
+        )
+        conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (task.run_id,))
+        conn.executemany(
+            "INSERT OR REPLACE INTO run_metrics (run_id, metric, label, value) VALUES (?,?,?,?)",
+            [(task.run_id, m, label, v) for m, label, v in report_metrics(report)],
+        )
+        # Comparisons computed from the previous report are stale now.
+        conn.execute("DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?",
+                     (task.run_id, task.run_id))
+        _finish(conn, task.id, task.run_id, status="analysed", error=None)
+    return True
+
+
+def fail_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) -> None:
+    """Record why the analysis failed (bad input is final: no retry)."""
+    with immediate(conn):
+        _finish(conn, task.id, task.run_id, status="failed", error=error[:4000])
+
+
+def requeue_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) -> None:
+    """Put a task back after an internal error (its attempt stays counted)."""
+    with immediate(conn):
+        conn.execute(
+            "UPDATE analysis_tasks SET status = 'queued', error = ?, lease_expires_at = NULL, "
+            "updated_at = ? WHERE id = ? AND status = 'running'",
+            (error[:4000], now_iso(), task.id),
+        )
+        conn.execute(
+            "UPDATE runs SET status = 'queued', progress = 'retrying after an internal error', "
+            "error = ?, updated_at = ? WHERE id = ?",
+            (error[:4000], now_iso(), task.run_id),
+        )
+
+
+def task_inputs(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], Any]:
+    """The trace files and the manifest of a run."""
+    files = [dict(r) for r in conn.execute(
+        "SELECT id, name, format, rank, sha256 FROM run_files WHERE run_id = ? AND role = 'trace' "
+        "ORDER BY id", (run_id,))]
+    row = one(conn, "SELECT manifest_json FROM runs WHERE id = ?", (run_id,))
+    manifest = json.loads(row["manifest_json"]) if row and row["manifest_json"] else None
+    return files, manifest

@@ -1,0 +1,1 @@
+"""HTTP layer: dependencies, one router per resource under ``/api/v1``."""

@@ -1,0 +1,130 @@
+"""Workload jobs: submit a spec; runners claim (long poll), heartbeat, complete, fail, release."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Query, Response
+
+from service import jobs
+from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerAccess, SettingsDep
+from service.api.schemas import JobId, Offset
+from service.api.schemas import ClaimedJob, ClaimRequest, Job, JobComplete, JobFail, JobSubmit, Lease, OkBody
+from service.core.errors import BadRequest, NotFound, UnprocessableEntity
+from service.storage.database import one, rows
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
+    """The spec as a JSON object, validated by ``runners.spec`` when it is importable."""
+    if (body.spec is None) == (body.spec_yaml is None):
+        raise BadRequest("give exactly one of 'spec' (an object) or 'spec_yaml' (YAML text)")
+    raw: Any = body.spec
+    if body.spec_yaml is not None:
+        try:
+            raw = yaml.safe_load(body.spec_yaml)
+        except yaml.YAMLError as exc:
+            raise BadRequest(f"spec_yaml: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise UnprocessableEntity("spec: expected a mapping of workload fields at the top level")
+    try:
+        from runners.spec import SpecError, parse_spec
+    except ImportError:
+        return raw, body.spec_yaml
+    try:
+        parse_spec(raw, source="spec")
+    except SpecError as exc:
+        raise UnprocessableEntity(str(exc)) from exc
+    return raw, body.spec_yaml
+
+
+def _job(row: dict[str, Any], *, full: bool = False) -> Job:
+    data = {k: row.get(k) for k in Job.model_fields if k not in ("spec", "log_tail")}
+    if full:
+        data["spec"] = json.loads(row["spec_json"])
+        data["log_tail"] = row.get("log_tail")
+    return Job.model_validate(data)
+
+
+@router.post("", response_model=Job, status_code=201)
+def submit(body: JobSubmit, db: DbDep, settings: SettingsDep, _: AdminAccess) -> Job:
+    """Queue a workload spec for the runners."""
+    spec, spec_yaml = validate_spec(body)
+    name = body.name or str(spec.get("name") or "job")
+    job_id = db.write(lambda c: jobs.submit_job(
+        c, spec=spec, spec_yaml=spec_yaml, name=name, gpus=body.gpus,
+        max_attempts=body.max_attempts or settings.job_max_attempts))
+    return read_job(job_id, db, None)
+
+
+@router.get("", response_model=list[Job])
+def list_jobs(
+    db: DbDep,
+    _: ReadAccess,
+    status: Annotated[str | None, Query(max_length=20)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Offset = 0,
+) -> list[Job]:
+    """Jobs, newest first."""
+    where, params = ("WHERE status = ?", [status]) if status else ("", [])
+    sql = f"SELECT * FROM jobs {where} ORDER BY id DESC LIMIT ? OFFSET ?"
+    return [_job(r) for r in db.read(lambda c: rows(c, sql, [*params, limit, offset]))]
+
+
+@router.get("/{job_id}", response_model=Job)
+def read_job(job_id: JobId, db: DbDep, _: ReadAccess) -> Job:
+    """One job with its spec and log tail."""
+    row = db.read(lambda c: one(c, "SELECT * FROM jobs WHERE id = ?", (job_id,)))
+    if row is None:
+        raise NotFound(f"job {job_id} does not exist")
+    return _job(row, full=True)
+
+
+@router.post("/claim", response_model=ClaimedJob,
+             responses={204: {"description": "no job within wait_s"}})
+async def claim(body: ClaimRequest, db: DbDep, settings: SettingsDep, _: RunnerAccess) -> Any:
+    """Take the oldest queued job that fits `gpus`, waiting up to `wait_s` (long poll)."""
+    deadline = time.monotonic() + min(body.wait_s, settings.claim_max_wait_s)
+    while True:
+        claimed = await db.awrite(
+            lambda c: jobs.claim_job(c, runner=body.runner, gpus=body.gpus, lease_s=settings.job_lease_s))
+        if claimed is not None:
+            return ClaimedJob.model_validate(claimed)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return Response(status_code=204)
+        await asyncio.sleep(min(0.5, remaining))
+
+
+@router.post("/{job_id}/heartbeat", response_model=Lease)
+def heartbeat(job_id: JobId, db: DbDep, settings: SettingsDep, _: RunnerAccess) -> Lease:
+    """Extend the lease; 404/409 when it was lost (the runner must stop the job)."""
+    expires = db.write(lambda c: jobs.heartbeat_job(c, job_id, lease_s=settings.job_lease_s))
+    return Lease(lease_expires_at=expires)
+
+
+@router.post("/{job_id}/complete", response_model=OkBody)
+def complete(job_id: JobId, body: JobComplete, db: DbDep, _: RunnerAccess) -> OkBody:
+    """The job finished and produced `run_id`."""
+    db.write(lambda c: jobs.finish_job(c, job_id, status="completed", run_id=body.run_id))
+    return OkBody()
+
+
+@router.post("/{job_id}/fail", response_model=OkBody)
+def fail(job_id: JobId, body: JobFail, db: DbDep, _: RunnerAccess) -> OkBody:
+    """The job failed; the reason and log tail are kept on the job."""
+    db.write(lambda c: jobs.finish_job(c, job_id, status="failed", reason=body.reason,
+                                       log_tail=body.log_tail))
+    return OkBody()
+
+
+@router.post("/{job_id}/release", response_model=OkBody)
+def release(job_id: JobId, db: DbDep, _: RunnerAccess) -> OkBody:
+    """Give the job back to the queue (the runner is shutting down)."""
+    db.write(lambda c: jobs.release_job(c, job_id))
+    return OkBody()

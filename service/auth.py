@@ -1,0 +1,65 @@
+"""Bearer tokens: random secrets shown once, stored only as their sha256; three roles.
+
+``admin`` may do everything, ``runner`` may upload and work jobs, ``viewer`` may only read.
+A token is 32 random bytes (url-safe base64) behind a ``cpt_`` prefix, so a leaked database
+holds no usable credential and a token in a log is easy to recognise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+from datetime import UTC, datetime
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """What a token may do. Order matters: each role includes the ones below it."""
+
+    VIEWER = "viewer"
+    RUNNER = "runner"
+    ADMIN = "admin"
+
+
+_RANK = {Role.VIEWER: 0, Role.RUNNER: 1, Role.ADMIN: 2}
+
+
+def role_allows(role: Role, needed: Role) -> bool:
+    """True when ``role`` includes ``needed``."""
+    return _RANK[role] >= _RANK[needed]
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def now_iso() -> str:
+    """UTC timestamp used in every table."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def create_token(conn: sqlite3.Connection, *, role: Role, name: str = "") -> str:
+    """Insert a new token and return its secret (the only time it exists in clear)."""
+    token = "cpt_" + secrets.token_urlsafe(32)
+    conn.execute(
+        "INSERT INTO tokens (name, role, token_hash, created_at) VALUES (?, ?, ?, ?)",
+        (name or role.value, role.value, hash_token(token), now_iso()),
+    )
+    return token
+
+
+def lookup_token(conn: sqlite3.Connection, token: str) -> Role | None:
+    """The role of a presented token, or None when it is unknown."""
+    row = conn.execute(
+        "SELECT role FROM tokens WHERE token_hash = ?", (hash_token(token),)
+    ).fetchone()
+    return Role(row[0]) if row else None
+
+
+def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
+    """How many tokens exist (of one role)."""
+    if role is None:
+        return int(conn.execute("SELECT count(*) FROM tokens").fetchone()[0])
+    return int(conn.execute("SELECT count(*) FROM tokens WHERE role = ?", (role.value,)).fetchone()[0])

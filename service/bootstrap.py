@@ -1,0 +1,78 @@
+"""First-start chores of ``cptrace serve``: an admin token, and the demo runs.
+
+Both are idempotent: the admin token is created only when no admin token exists (its secret is
+printed once by the caller and stored hashed), and a demo bundle is keyed by its sha256 like
+any upload, so starting the server twice ingests nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.auth import Role, count_tokens, create_token
+from service.core.config import Settings
+from service.ingest import Limits, record_run, stage_bundle
+from service.storage.database import Database, immediate
+
+
+def ensure_admin_token(db: Database) -> str | None:
+    """Create an admin token if there is none; returns its secret, or None if one existed."""
+
+    def create(conn):  # type: ignore[no-untyped-def]
+        with immediate(conn):
+            if count_tokens(conn, Role.ADMIN) > 0:
+                return None
+            return create_token(conn, role=Role.ADMIN, name="first-start admin")
+
+    return db.write(create)
+
+
+@dataclass(frozen=True, slots=True)
+class SeedResult:
+    """What happened to one demo bundle."""
+
+    path: Path
+    run_id: int | None
+    created: bool
+    error: str | None = None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedResult]:
+    """Ingest every ``*.tar.gz`` bundle in ``bundle_dir`` once (queued for analysis)."""
+    results = []
+    limits = Limits(settings.max_decompressed_bytes, settings.max_bundle_members)
+    for path in sorted(bundle_dir.glob("*.tar.gz")):
+        key = f"bundle:{_sha256(path)}"
+        known = db.read(lambda c, k=key: c.execute("SELECT run_id FROM uploads WHERE key = ?", (k,)).fetchone())
+        if known is not None:
+            results.append(SeedResult(path, known[0], False))
+            continue
+        try:
+            staged = stage_bundle(path, settings.blob_dir, settings.tmp_dir, limits)
+        except Exception as exc:  # one bad demo bundle must not stop the server
+            results.append(SeedResult(path, None, False, str(exc)))
+            continue
+
+        def record(conn, staged=staged, key=key):  # type: ignore[no-untyped-def]
+            with immediate(conn):
+                return record_run(conn, staged, key=key, source="demo")
+
+        run_id, created = db.write(record)
+        results.append(SeedResult(path, run_id, created))
+    return results
+
+
+def default_demo_dir() -> Path:
+    """``demo/bundles`` of the source checkout, else of the current directory."""
+    here = Path(__file__).resolve().parent.parent / "demo" / "bundles"
+    return here if here.is_dir() else Path("demo") / "bundles"

@@ -1,0 +1,1 @@
+"""Settings and error types shared by every part of the service."""

@@ -1,0 +1,81 @@
+"""Service settings: one pydantic-settings class, environment prefix ``CPTRACE_``.
+
+Every field is documented in ``docs/service.md`` (a test checks the table against this class),
+so an operator can find each knob without reading code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Runtime configuration of the API and the analysis worker."""
+
+    model_config = SettingsConfigDict(env_prefix="CPTRACE_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("var"), description="Directory of the database and blobs.")
+    public_read: bool = Field(
+        default=True, description="Allow reads (GET) without a token; writes always need one."
+    )
+    max_upload_bytes: int = Field(
+        default=1024 * MiB, ge=1, description="Largest accepted request body, checked while streaming."
+    )
+    max_decompressed_bytes: int = Field(
+        default=4096 * MiB,
+        ge=1,
+        description="Largest total size a gzip upload may expand to (gzip-bomb guard).",
+    )
+    max_bundle_members: int = Field(
+        default=512, ge=1, description="Most files a run bundle may hold."
+    )
+    read_time_limit_ms: int = Field(
+        default=2000, ge=1, description="Time limit of one read query (progress handler)."
+    )
+    busy_timeout_ms: int = Field(
+        default=10000, ge=0, description="SQLite busy timeout for every connection."
+    )
+    job_lease_s: float = Field(
+        default=120.0, gt=0, description="Lease a runner gets on claim; heartbeats extend it."
+    )
+    job_max_attempts: int = Field(
+        default=3, ge=1, description="Claims a job gets before an expired lease fails it."
+    )
+    claim_max_wait_s: float = Field(
+        default=30.0, ge=0, description="Longest long-poll a runner may ask for in a claim."
+    )
+    analysis_lease_s: float = Field(
+        default=600.0, gt=0, description="Lease of the worker on one analysis task."
+    )
+    analysis_max_attempts: int = Field(
+        default=2, ge=1, description="Attempts of one analysis before the run is marked failed."
+    )
+    worker_poll_s: float = Field(
+        default=0.5, gt=0, description="How often an idle analysis worker looks for tasks."
+    )
+    ingest_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Processes that validate uploads off the API's event loop (0: a thread).",
+    )
+    max_page_size: int = Field(default=500, ge=1, description="Largest `limit` of a list call.")
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file."""
+        return self.data_dir / "cptrace.db"
+
+    @property
+    def blob_dir(self) -> Path:
+        """Root of the content-addressed blob files."""
+        return self.data_dir / "blobs"
+
+    @property
+    def tmp_dir(self) -> Path:
+        """Partial uploads; on the same filesystem as the blobs so a rename is atomic."""
+        return self.data_dir / "tmp"

@@ -1,0 +1,165 @@
+"""The app factory: settings -> database, blob store, routers, one error handler.
+
+``create_app`` opens the database and applies migrations eagerly (a ``TestClient`` without a
+``with`` block works), and closes the writer and the ingest pool at shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cptrace import __version__
+from service import uploads_exec
+from service.api.main import api_router
+from service.core.config import Settings
+from service.core.errors import ApiError, error_body
+from service.storage.blobs import BlobStore
+from service.storage.database import Database
+from service.storage.migrations import apply_migrations
+
+log = logging.getLogger("cptrace.service")
+
+
+def open_database(settings: Settings) -> Database:
+    """Create the data directory, open the database and bring its schema up to date."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_path, busy_timeout_ms=settings.busy_timeout_ms,
+                  read_time_limit_ms=settings.read_time_limit_ms)
+    db.start()
+    db.write(apply_migrations)
+    return db
+
+
+def _status_of(exc: Exception) -> tuple[int, str]:
+    """Map library exceptions to a status; unknown ones are 500."""
+    from analyzers.errors import HostileTraceError, TraceError
+    from analyzers.manifest import ManifestError
+
+    if isinstance(exc, ApiError):
+        return exc.status, exc.message
+    if isinstance(exc, (HostileTraceError, ManifestError)):
+        return 422, str(exc)
+    if isinstance(exc, TraceError):
+        return 400, str(exc)
+    with contextlib.suppress(ImportError):
+        from runners.spec import SpecError
+
+        if isinstance(exc, SpecError):
+            return 422, str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return 503, "the database is busy; retry"
+    return 500, "internal server error"
+
+
+def _handled_classes() -> list[type[Exception]]:
+    from analyzers.errors import TraceError
+    from analyzers.manifest import ManifestError
+
+    classes: list[type[Exception]] = [ApiError, TraceError, ManifestError, sqlite3.OperationalError]
+    with contextlib.suppress(ImportError):
+        from runners.spec import SpecError
+
+        classes.append(SpecError)
+    return classes
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        status, message = _status_of(exc)
+        if status >= 500 and not isinstance(exc, ApiError):
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+        errors = exc.errors if isinstance(exc, ApiError) else None
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(error_body(status, message, errors), status_code=status, headers=headers)
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        ]
+        message = "invalid request: " + "; ".join(details[:3])
+        return JSONResponse(error_body(422, message, details), status_code=422)
+
+    # Known error classes go to the exception middleware (answered, not re-raised); the bare
+    # Exception handler is the last resort for bugs (500, logged).
+    for cls in _handled_classes():
+        app.add_exception_handler(cls, on_error)
+    app.add_exception_handler(Exception, on_error)
+    app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
+
+
+def _include_web(app: FastAPI) -> None:
+    """Mount the dashboards when the web package provides them."""
+    try:
+        from web.routes import router as web_router
+    except ImportError as exc:
+        if exc.name not in ("web.routes", "web"):
+            raise  # web.routes exists but is broken: say so
+        log.info("web.routes not available; serving the JSON API only")
+        return
+    app.include_router(web_router)
+    with contextlib.suppress(ImportError):
+        from web.routes import mount_static
+
+        mount_static(app)
+
+
+def _describe_public_reads(app: FastAPI, settings: Settings) -> None:
+    """With public reads on, a GET's bearer token is optional: say so in the schema
+    (``security: [{}, {HTTPBearer: []}]``) so clients and fuzzers know what to expect."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        if settings.public_read:
+            for path_item in schema.get("paths", {}).values():
+                get = path_item.get("get")
+                if get and get.get("security") and {} not in get["security"]:
+                    get["security"] = [{}, *get["security"]]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the cptrace API (and dashboards) over ``settings.data_dir``."""
+    settings = settings or Settings()
+    db = open_database(settings)
+    blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        uploads_exec.shutdown(app)
+        db.close()
+
+    app = FastAPI(
+        title="cptrace",
+        version=__version__,
+        description="Trace analysis for context-parallel attention on packed (THD) sequences.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = db
+    app.state.blobs = blobs
+    _install_error_handlers(app)
+    app.include_router(api_router)
+    _include_web(app)
+    _describe_public_reads(app, settings)
+    return app

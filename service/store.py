@@ -1,0 +1,342 @@
+"""Read functions over the run store: what the API routes and the web pages show.
+
+Every function takes the ``Database`` the ``DbDep`` dependency gives (``service.api.deps``) and
+runs its SQL on the calling thread's read connection under the read time limit. They return
+pydantic models, so the JSON API and the HTML pages are built from the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from analyzers.report import AnalysisReport, ComparisonReport
+from service.core.errors import Conflict, NotFound
+from service.storage.database import Database, one, rows
+
+
+class RunFilters(BaseModel):
+    """Filters of the run list; all optional, combined with AND."""
+
+    status: str | None = None
+    branch: str | None = None
+    name: str | None = Field(default=None, description="substring of the run name")
+    config_key: str | None = None
+    commit: str | None = Field(default=None, description="prefix of the commit sha")
+
+
+class RunFile(BaseModel):
+    """A file of a run: a trace, a log or the manifest (``name`` is a label, not a path)."""
+
+    id: int
+    role: str
+    name: str
+    format: str | None
+    rank: int | None
+    sha256: str
+    size: int
+
+
+class AnalysisStatus(BaseModel):
+    """Where the analysis of a run stands."""
+
+    run_id: int
+    status: str  # "queued" | "running" | "done" | "failed" | "none"
+    attempts: int = 0
+    progress: str | None = None
+    error: str | None = None
+    updated_at: str | None = None
+    duration_s: float | None = None
+
+
+class RunSummary(BaseModel):
+    """One row of the run list."""
+
+    id: int
+    name: str
+    branch: str | None = None
+    commit: str | None = None
+    host: str | None = None
+    source: str
+    status: str  # "queued" | "analysing" | "analysed" | "failed" | "empty"
+    progress: str | None = None
+    error: str | None = None
+    config_key: str | None = None
+    created_at: str
+    updated_at: str | None = None
+    traces: int = 0
+    findings: int | None = None
+    median_ms: float | None = None
+
+
+class RunDetail(RunSummary):
+    """A run with its files, manifest, analysis status and (optionally) its report."""
+
+    manifest: dict[str, Any] | None = None
+    spec: dict[str, Any] | None = None
+    files: list[RunFile] = Field(default_factory=list)
+    analysis: AnalysisStatus | None = None
+    report: AnalysisReport | None = None
+    window_groups: list[str] = Field(default_factory=list)
+
+
+class HistoryPoint(BaseModel):
+    """One run's value of one metric, for trend charts."""
+
+    run_id: int
+    created_at: str
+    name: str
+    branch: str | None
+    commit: str | None
+    label: str
+    value: float
+
+
+class ComparisonRecord(BaseModel):
+    """A stored comparison and its report."""
+
+    id: int
+    base_run_id: int
+    head_run_id: int
+    base_window: str | None
+    head_window: str | None
+    verdict: str
+    summary: str
+    created_at: str
+    report: ComparisonReport
+
+
+_SUMMARY_SQL = """
+SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
+       r.error, r.config_key, r.created_at, r.updated_at,
+       (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
+       (SELECT value FROM run_metrics m
+         WHERE m.run_id = r.id AND m.metric = 'findings' AND m.label = '') AS findings,
+       (SELECT value FROM run_metrics m
+         WHERE m.run_id = r.id AND m.metric = 'iteration_median_ms' AND m.label = '') AS median_ms
+FROM runs r
+"""
+
+
+def _where(filters: RunFilters) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if filters.status:
+        clauses.append("r.status = ?")
+        params.append(filters.status)
+    if filters.branch:
+        clauses.append("r.branch = ?")
+        params.append(filters.branch)
+    if filters.config_key:
+        clauses.append("r.config_key = ?")
+        params.append(filters.config_key)
+    if filters.name:
+        clauses.append("instr(lower(r.name), lower(?)) > 0")
+        params.append(filters.name)
+    if filters.commit:
+        clauses.append("r.commit_sha LIKE ? ESCAPE '\\'")
+        params.append(filters.commit.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _summary(row: dict[str, Any]) -> RunSummary:
+    if row.get("findings") is not None:
+        row["findings"] = int(row["findings"])
+    return RunSummary.model_validate(row)
+
+
+def list_runs(
+    db: Database, *, filters: RunFilters | None = None, limit: int = 50, offset: int = 0
+) -> list[RunSummary]:
+    """Runs matching ``filters``, newest first."""
+    where, params = _where(filters or RunFilters())
+    sql = f"{_SUMMARY_SQL}{where} ORDER BY r.id DESC LIMIT ? OFFSET ?"
+    found = db.read(lambda c: rows(c, sql, [*params, int(limit), int(offset)]))
+    return [_summary(r) for r in found]
+
+
+def count_runs(db: Database, *, filters: RunFilters | None = None) -> int:
+    """How many runs match ``filters`` (for paging)."""
+    where, params = _where(filters or RunFilters())
+    return int(db.read(lambda c: c.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0]))
+
+
+def _load_json(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
+    task = one(
+        conn,
+        "SELECT status, attempts, error, updated_at FROM analysis_tasks WHERE run_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (run_id,),
+    )
+    run = one(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,)) or {}
+    duration = one(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
+    if task is None:
+        status = "done" if duration else "none"
+        return AnalysisStatus(run_id=run_id, status=status, progress=run.get("progress"),
+                              duration_s=(duration or {}).get("duration_s"))
+    return AnalysisStatus(
+        run_id=run_id,
+        status=task["status"],
+        attempts=task["attempts"] or 0,
+        progress=run.get("progress"),
+        error=task["error"] or run.get("error"),
+        updated_at=task["updated_at"],
+        duration_s=(duration or {}).get("duration_s"),
+    )
+
+
+def get_analysis_status(db: Database, run_id: int) -> AnalysisStatus:
+    """The analysis status of one run. :raises NotFound: no such run."""
+
+    def read(conn: sqlite3.Connection) -> AnalysisStatus:
+        if one(conn, "SELECT id FROM runs WHERE id = ?", (run_id,)) is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return _analysis_status(conn, run_id)
+
+    return db.read(read)
+
+
+def get_report(db: Database, run_id: int) -> AnalysisReport | None:
+    """The stored analysis report of a run, or None when it has none (yet)."""
+    row = db.read(lambda c: one(c, "SELECT report_json FROM reports WHERE run_id = ?", (run_id,)))
+    if row is None:
+        return None
+    return AnalysisReport.model_validate_json(row["report_json"])
+
+
+def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDetail:
+    """One run with files, manifest, analysis status and report. :raises NotFound:."""
+
+    def read(conn: sqlite3.Connection) -> tuple[dict[str, Any], list[dict[str, Any]], Any, Any]:
+        row = one(conn, f"{_SUMMARY_SQL} WHERE r.id = ?", (run_id,))
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        extra = one(conn, "SELECT manifest_json, spec_json FROM runs WHERE id = ?", (run_id,))
+        files = rows(
+            conn,
+            "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
+            "ORDER BY id",
+            (run_id,),
+        )
+        labels = [
+            r["label"]
+            for r in rows(
+                conn,
+                "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND "
+                "metric = 'gpu_busy_ms_per_step' ORDER BY label",
+                (run_id,),
+            )
+        ]
+        return {**row, **(extra or {}), "window_groups": labels}, files, _analysis_status(conn, run_id), None
+
+    row, files, analysis, _ = db.read(read)
+    detail = _summary(dict(row)).model_dump()
+    detail.update(
+        manifest=_load_json(row.get("manifest_json")),
+        spec=_load_json(row.get("spec_json")),
+        files=[RunFile.model_validate(f) for f in files],
+        analysis=analysis,
+        window_groups=row["window_groups"],
+        report=get_report(db, run_id) if include_report else None,
+    )
+    return RunDetail.model_validate(detail)
+
+
+def find_comparison(
+    db: Database, base_id: int, head_id: int, *, base_window: str | None = None,
+    head_window: str | None = None,
+) -> ComparisonRecord | None:
+    """A stored comparison of exactly these runs and windows, or None."""
+    row = db.read(
+        lambda c: one(
+            c,
+            "SELECT * FROM comparisons WHERE base_run_id = ? AND head_run_id = ? AND "
+            "base_window = ? AND head_window = ?",
+            (base_id, head_id, base_window or "", head_window or ""),
+        )
+    )
+    return _record(row) if row else None
+
+
+def get_comparison_record(db: Database, comparison_id: int) -> ComparisonRecord:
+    """A stored comparison by id. :raises NotFound:."""
+    row = db.read(lambda c: one(c, "SELECT * FROM comparisons WHERE id = ?", (comparison_id,)))
+    if row is None:
+        raise NotFound(f"comparison {comparison_id} does not exist")
+    return _record(row)
+
+
+def _record(row: dict[str, Any]) -> ComparisonRecord:
+    return ComparisonRecord(
+        id=row["id"],
+        base_run_id=row["base_run_id"],
+        head_run_id=row["head_run_id"],
+        base_window=row["base_window"] or None,
+        head_window=row["head_window"] or None,
+        verdict=row["verdict"],
+        summary=row["summary"],
+        created_at=row["created_at"],
+        report=ComparisonReport.model_validate_json(row["report_json"]),
+    )
+
+
+def list_comparisons(db: Database, *, run_id: int | None = None, limit: int = 50,
+                     offset: int = 0) -> list[dict[str, Any]]:
+    """Stored comparisons (without their reports), newest first."""
+    where, params = "", []
+    if run_id is not None:
+        where, params = " WHERE base_run_id = ? OR head_run_id = ?", [run_id, run_id]
+    sql = (
+        "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
+        f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
+    )
+    return db.read(lambda c: rows(c, sql, [*params, limit, offset]))
+
+
+def get_comparison(
+    db: Database, base_id: int, head_id: int, *, base_window: str | None = None,
+    head_window: str | None = None,
+) -> ComparisonReport:
+    """Base vs head: the stored comparison, else computed now from the two stored reports.
+
+    :raises NotFound: a run does not exist. :raises Conflict: a run has no analysis yet.
+    """
+    stored = find_comparison(db, base_id, head_id, base_window=base_window, head_window=head_window)
+    if stored is not None:
+        return stored.report
+    from analyzers import compare_reports
+
+    base, head = (_require_report(db, run_id) for run_id in (base_id, head_id))
+    return compare_reports(base, head, base_window=base_window, head_window=head_window)
+
+
+def _require_report(db: Database, run_id: int) -> AnalysisReport:
+    status = get_analysis_status(db, run_id)  # raises NotFound
+    report = get_report(db, run_id)
+    if report is None:
+        raise Conflict(f"run {run_id} has no analysis result yet (analysis {status.status})")
+    return report
+
+
+def metric_history(db: Database, *, config_key: str, metric: str,
+                   label: str | None = None, limit: int = 500) -> list[HistoryPoint]:
+    """One metric across the runs of one workload configuration, oldest first."""
+    sql = (
+        "SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS \"commit\", m.label, "
+        "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
+        "WHERE r.config_key = ? AND m.metric = ?"
+    )
+    params: list[Any] = [config_key, metric]
+    if label is not None:
+        sql += " AND m.label = ?"
+        params.append(label)
+    sql += " ORDER BY r.id LIMIT ?"
+    params.append(limit)
+    return [HistoryPoint.model_validate(r) for r in db.read(lambda c: rows(c, sql, params))]

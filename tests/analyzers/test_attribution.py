@@ -1,0 +1,130 @@
+"""Attribution on hand-built traces: precedence, nesting, graphs, threads, fallbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzers.attribution import MATCHED_BY_LABELS, RangeIndex, attribute
+from analyzers.catalog import builtin_catalog
+from analyzers.model import RangeKind
+from tests.analyzers.factories import TraceBuilder
+
+CATALOG = builtin_catalog()
+CP_FWD = "transformer_engine.AttnFuncWithCPAndKVP2P.forward"
+HELPER_RANGE = (
+    "transformer_engine.pytorch.attention.dot_product_attention.context_parallel."
+    "get_cu_seqlens_on_cp_rank"
+)
+
+
+def _names(trace, attribution):
+    return [attribution.name_of(int(h)) for h in attribution.helper]
+
+
+def _how(attribution):
+    return [MATCHED_BY_LABELS[int(m)] for m in attribution.matched_by]
+
+
+def test_docstring_example_precedence() -> None:
+    b = TraceBuilder(fmt="nsys")
+    b.range(CP_FWD, 100, 900, kind=RangeKind.NVTX)
+    b.range(HELPER_RANGE, 200, 300, kind=RangeKind.NVTX)
+    b.range("aten::copy_", 400, 450, kind=RangeKind.CPU_OP)
+    b.kernel(
+        "triton_per_fused__to_copy_add_clamp_cumsum_floor_divide_mul_slice_sub_zeros_like_0",
+        205,
+        1000,
+        5,
+    )
+    b.kernel("elementwise_kernel", 405, 1010, 5)
+    b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 105, 1020, 50)
+    b.kernel("Memcpy DtoD", None, 1100, 5, correlation=99)
+    trace = b.build()
+    att = attribute(trace, CATALOG)
+    assert _names(trace, att) == [
+        "get_cu_seqlens_on_cp_rank",
+        "te_cp_forward",
+        "cp_p2p_send_recv",
+        "(unattributed)",
+    ]
+    assert _how(att) == ["range", "range", "kernel-name", "none"]
+    assert att.launch.tolist() == [0, 1, 2, -1]
+
+
+def test_innermost_catalogued_range_wins_and_ranges_beat_kernel_names() -> None:
+    b = TraceBuilder()
+    py = RangeKind.PYTHON
+    b.range("te/context_parallel.py(1587): forward", 0, 1000, kind=py)
+    b.range("te/cpp_extensions/fused_attn.py(175): fused_attn_fwd", 100, 500, kind=py)
+    b.range("torch/foo.py(1): uncatalogued", 150, 400, kind=py)
+    # An attention kernel launched inside a metadata helper belongs to the helper.
+    b.range("te/context_parallel.py(214): get_cu_seqlens_on_cp_rank", 600, 700, kind=py)
+    b.kernel("thd_read_half_tensor_kernel", 200, 2000, 10)
+    b.kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_x", 650, 2100, 10)
+    att = attribute(b.build(), CATALOG)
+    assert _names(None, att) == ["te_fused_attn_fwd", "get_cu_seqlens_on_cp_rank"]
+    assert _how(att) == ["python", "python"]
+
+
+def test_cuda_graph_launch_attributes_every_node_and_autograd_thread() -> None:
+    b = TraceBuilder()
+    b.range("cp_attention.attn_bwd_step", 0, 100, thread=2)
+    b.range("cp_attention.attn_fwd_step", 0, 100, thread=1)
+    corr = b.kernel("k0", 10, 500, 3, thread=2, api="cudaGraphLaunch")
+    for i in range(1, 4):  # more graph nodes, same correlation, no launch rows of their own
+        b.kernel(f"k{i}", None, 500 + 10 * i, 3, correlation=corr)
+    att = attribute(b.build(), CATALOG)
+    assert _names(None, att) == ["cp_attention.attn_bwd_step"] * 4
+    assert att.launch.tolist() == [0, 0, 0, 0]
+
+
+def test_process_must_match_and_rank_fallback() -> None:
+    b = TraceBuilder(fmt="nsys")
+    b.range("cp_attention.merge", 0, 100, process=1, rank=0, thread=11)
+    b.range("cp_attention.partition", 0, 100, process=2, rank=1, thread=21)
+    # Same correlation id in two processes: each kernel joins its own process's launch.
+    b.kernel("a", 10, 200, 1, process=1, rank=0, correlation=5, thread=11)
+    b.kernel("b", 20, 200, 1, process=2, rank=1, correlation=5, thread=21)
+    trace = b.build()
+    att = attribute(trace, CATALOG)
+    assert _names(trace, att) == ["cp_attention.merge", "cp_attention.partition"]
+    # Kineto style: kernel pid is the device (never launches); join by rank instead.
+    trace.activities["process"] = 0
+    att = attribute(trace, CATALOG)
+    assert _names(trace, att) == ["cp_attention.merge", "cp_attention.partition"]
+
+
+def test_within_restricts_kernel_patterns_to_container() -> None:
+    b = TraceBuilder()
+    b.range("transformer_engine.AttnFuncWithCPAndKVP2P.backward", 0, 100, kind=RangeKind.NVTX)
+    masked = "void at::native::elementwise_kernel<128, 4, masked_fill_kernel(...)>"
+    b.kernel(masked, 10, 300, 2)
+    b.kernel(masked, 200, 400, 2)  # outside the CP backward: stays unattributed
+    att = attribute(b.build(), CATALOG)
+    assert _names(None, att) == ["te_thd_grad_zero_fill_inline", "(unattributed)"]
+
+
+def test_range_index_matches_stack_reference() -> None:
+    rng = np.random.default_rng(0)
+    b = TraceBuilder()
+    for thread in (1, 2, 3):
+        t = 0
+        for _ in range(200):  # random nested forest: open/close pushes
+            depth_spans = []
+            start = t
+            for d in range(int(rng.integers(1, 5))):
+                depth_spans.append(start + d)
+            end = start + 50
+            for d, s in enumerate(depth_spans):
+                b.range(f"r{d}", s, end - d, thread=thread)
+            t = end + int(rng.integers(0, 3))
+    trace = b.build()
+    r = trace.ranges
+    index = RangeIndex(r["thread"], r["start"], r["end"], np.arange(len(r)))
+    threads = rng.integers(1, 5, 2000)
+    times = rng.integers(0, int(r["end"].max()) + 10, 2000)
+    got = index.lookup(threads, times)
+    for th, tm, g in zip(threads, times, got, strict=True):
+        inside = np.flatnonzero((r["thread"] == th) & (r["start"] <= tm) & (r["end"] > tm))
+        expect = inside[np.argmax(r["depth"][inside])] if len(inside) else -1
+        assert g == expect

@@ -1,0 +1,223 @@
+"""nsys reader on the real exports: counts, ranks, the correlation join, ranges and nesting."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.readers import read_nsys
+from analyzers.readers._nsys_ranges import PYTHON_NVTX_DOMAINS
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+THREE_ARMS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
+SINGLE = DATA / "synthetic-h200x2" / "nsys_single.sqlite.gz"
+HELPER_SUFFIX = ".context_parallel.get_cu_seqlens_on_cp_rank"
+
+
+@pytest.fixture(scope="module")
+def arms() -> Trace:
+    return read_nsys(THREE_ARMS)
+
+
+def _gunzip(src: Path, dst: Path) -> Path:
+    with gzip.open(src, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    return dst
+
+
+def _ids(trace: Trace, predicate) -> list[int]:  # type: ignore[no-untyped-def]
+    return [i for i, name in enumerate(trace.strings.names) if predicate(name)]
+
+
+def test_activity_counts_match_the_export(arms: Trace) -> None:
+    kinds = Counter(arms.activities["kind"].tolist())
+    assert kinds[ActivityKind.KERNEL] == 15_590
+    assert kinds[ActivityKind.MEMCPY] == 1_860
+    assert kinds[ActivityKind.MEMSET] == 1_560
+    assert arms.format == "nsys"
+    assert arms.notes == []
+
+
+def test_nvtx_rows_become_ranges_minus_domain_records(arms: Trace) -> None:
+    # 11,087 NVTX rows = 11,080 push/pop ranges + 7 NvtxDomainCreate records (not ranges).
+    assert len(arms.ranges) == 11_080
+    assert set(arms.metadata["nvtx_domains"]) == {"NCCL", "Python NVTX"}  # type: ignore[arg-type]
+
+
+def test_two_processes_map_to_ranks_by_device(arms: Trace) -> None:
+    assert sorted(arms.ranks.values()) == [0, 1]
+    assert "device" in str(arms.metadata["rank_source"])
+    kernels = arms.activities[arms.activities["kind"] == ActivityKind.KERNEL]
+    per_rank = Counter(kernels["rank"].tolist())
+    assert per_rank == {0: 7_891, 1: 7_699}
+    for process, rank in arms.ranks.items():
+        devices = np.unique(kernels["device"][kernels["process"] == process])
+        assert devices.tolist() == [rank]
+    assert (arms.launches["rank"] >= 0).all()
+    assert (arms.ranges["rank"] >= 0).all()
+
+
+def test_launch_process_is_the_kernel_global_pid(arms: Trace) -> None:
+    assert set(np.unique(arms.launches["process"]).tolist()) == set(arms.ranks)
+    # globalTid = globalPid | tid: clearing the 24 tid bits gives the pid key back
+    assert ((arms.launches["thread"] & ~0xFFFFFF) == arms.launches["process"]).all()
+
+
+def test_correlation_join_covers_every_activity(arms: Trace) -> None:
+    launch_keys = set(
+        zip(arms.launches["process"].tolist(), arms.launches["correlation"].tolist(), strict=True)
+    )
+    acts = arms.activities
+    keys = zip(acts["process"].tolist(), acts["correlation"].tolist(), strict=True)
+    assert all(key in launch_keys for key in keys)
+    assert len(launch_keys) == len(arms.launches)  # no duplicate launch rows kept
+
+
+def test_launch_api_names_are_normalized(arms: Trace) -> None:
+    apis = Counter(arms.strings[int(i)] for i in arms.launches["api"])
+    assert apis == {
+        "cudaLaunchKernel": 12_346,
+        "cuLaunchKernelEx": 2_892,
+        "cuLaunchKernel": 352,
+        "cudaMemcpyAsync": 1_860,
+        "cudaMemsetAsync": 1_560,
+    }
+
+
+def test_helper_ranges_are_python_frames_each_enclosing_one_launch(arms: Trace) -> None:
+    helper = _ids(arms, lambda n: n.endswith(HELPER_SUFFIX))
+    assert len(helper) == 1
+    rows = arms.ranges[arms.ranges["name"] == helper[0]]
+    assert len(rows) == 256
+    assert (rows["kind"] == RangeKind.PYTHON).all()
+    launches = arms.launches
+    for row in rows:
+        inside = (
+            (launches["thread"] == row["thread"])
+            & (launches["start"] >= row["start"])
+            & (launches["start"] <= row["end"])
+        )
+        assert int(inside.sum()) == 1
+    assert "Python NVTX" in PYTHON_NVTX_DOMAINS
+
+
+def test_helper_ranges_only_in_the_auto_clone_arm(arms: Trace) -> None:
+    helper = _ids(arms, lambda n: n.endswith(HELPER_SUFFIX))[0]
+    helpers = arms.ranges[arms.ranges["name"] == helper]
+    for arm, expect_some in (("auto_clone", True), ("explicit_false", False), ("auto_same", False)):
+        windows = arms.ranges[arms.ranges["name"] == arms.strings.lookup(f"nsys_arm:{arm}")]
+        assert len(windows) == 2  # one per rank
+        inside = sum(
+            int(((helpers["start"] >= w["start"]) & (helpers["end"] <= w["end"])).sum())
+            for w in windows
+        )
+        assert (inside > 0) is expect_some
+
+
+def test_nesting_parents_enclose_children(arms: Trace) -> None:
+    r = arms.ranges
+    child = np.flatnonzero(r["parent"] >= 0)
+    parent = r["parent"][child]
+    assert len(child) > 10_000
+    assert (r["thread"][parent] == r["thread"][child]).all()
+    assert (r["start"][parent] <= r["start"][child]).all()
+    assert (r["end"][parent] >= r["end"][child]).all()
+    assert (r["depth"][child] == r["depth"][parent] + 1).all()
+    assert (r["depth"][r["parent"] < 0] == 0).all()
+
+
+def test_thread_names_and_span(arms: Trace) -> None:
+    autograd = [n for t, n in arms.thread_names.items() if (t & ~0xFFFFFF) in arms.ranks]
+    assert "pt_autograd_0" in autograd
+    assert arms.span[0] <= int(arms.activities["start"].min())
+    assert arms.span[1] >= int(arms.activities["end"].max())
+    assert arms.metadata["nsys_version"] == "2025.3.2.0"
+
+
+def test_single_process_export() -> None:
+    trace = read_nsys(SINGLE)
+    assert int((trace.activities["kind"] == ActivityKind.KERNEL).sum()) == 121
+    assert len(trace.ranges) == 40  # 41 NVTX rows, one of them the domain record
+    assert list(trace.ranks.values()) == [0]
+    assert "CUPTI_ACTIVITY_KIND_MEMSET" in trace.metadata["absent_tables"]  # type: ignore[operator]
+    names = Counter(trace.strings[int(i)] for i in trace.ranges["name"])
+    assert names["get_cu_seqlens_on_cp_rank"] == 20
+    assert (trace.ranges["kind"] == RangeKind.NVTX).all()
+
+
+def test_plain_sqlite_and_gzip_read_the_same(tmp_path: Path) -> None:
+    plain = read_nsys(_gunzip(SINGLE, tmp_path / "single.sqlite"))
+    gz = read_nsys(SINGLE)
+    assert np.array_equal(plain.activities, gz.activities)
+    assert np.array_equal(plain.ranges, gz.ranges)
+
+
+def test_gzip_temp_copy_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    read_nsys(SINGLE)
+    assert list(scratch.iterdir()) == []
+
+
+def _edited_copy(tmp_path: Path, *statements: str) -> Path:
+    db = _gunzip(SINGLE, tmp_path / "edited.sqlite")
+    conn = sqlite3.connect(db)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_missing_nvtx_table_degrades_with_a_note(tmp_path: Path) -> None:
+    trace = read_nsys(_edited_copy(tmp_path, "DROP TABLE NVTX_EVENTS"))
+    assert len(trace.ranges) == 0
+    assert "no NVTX_EVENTS table: range attribution unavailable" in trace.notes
+    assert int((trace.activities["kind"] == ActivityKind.KERNEL).sum()) == 121
+
+
+def test_missing_runtime_table_degrades_with_a_note(tmp_path: Path) -> None:
+    trace = read_nsys(_edited_copy(tmp_path, "DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME"))
+    assert len(trace.launches) == 0
+    assert any("CUPTI_ACTIVITY_KIND_RUNTIME" in note for note in trace.notes)
+    assert len(trace.ranges) == 40
+
+
+def test_old_export_columns_degrade(tmp_path: Path) -> None:
+    db = _edited_copy(
+        tmp_path,
+        "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN demangledName",
+        "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN graphNodeId",
+        "ALTER TABLE NVTX_EVENTS DROP COLUMN textId",
+        "DROP TABLE ENUM_NSYS_EVENT_TYPE",
+    )
+    trace = read_nsys(db)
+    assert any("names from shortName" in note for note in trace.notes)
+    assert (trace.activities["graph_node"] == -1).all()
+    assert "assumed" in str(trace.metadata["nvtx_event_types"])
+    assert len(trace.ranges) == 40
+    kernel_names = {trace.strings[int(i)] for i in trace.activities["name"]}
+    assert not any(name.startswith("<string") for name in kernel_names)
+
+
+def test_duplicate_runtime_rows_are_dropped(tmp_path: Path) -> None:
+    db = _edited_copy(
+        tmp_path,
+        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, "
+        "correlationId, nameId, returnValue) SELECT start + 1, end - 1, eventClass, globalTid, "
+        "correlationId, nameId, returnValue FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+        "WHERE correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL)",
+    )
+    clean = read_nsys(SINGLE)
+    trace = read_nsys(db)
+    assert trace.metadata["duplicate_launch_rows"] == 121
+    assert len(trace.launches) == len(clean.launches)
+    assert np.array_equal(np.sort(trace.launches["start"]), np.sort(clean.launches["start"]))

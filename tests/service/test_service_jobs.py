@@ -1,0 +1,152 @@
+"""The job queue: submit/validate, claim exclusivity, heartbeats, lease expiry, finish, release."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from service_factories import SPEC_YAML
+
+from service import jobs
+from service.core.config import Settings
+from service.main import open_database
+from service.storage.database import connect
+from service.storage.migrations import apply_migrations
+
+
+def _submit(client: TestClient, admin: dict[str, str], **extra: object) -> dict:
+    resp = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML, **extra}, headers=admin)
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def _drain(client: TestClient, runner: dict[str, str]) -> None:
+    """Finish whatever an earlier test left queued (tests share the module's database)."""
+    for _ in range(50):
+        resp = client.post("/api/v1/jobs/claim", json={"runner": "drain"}, headers=runner)
+        if resp.status_code == 204:
+            return
+        client.post(f"/api/v1/jobs/{resp.json()['id']}/fail", json={"reason": "drain"},
+                    headers=runner)
+
+
+def test_submit_validates_the_spec(client: TestClient, admin: dict[str, str],
+                                   runner: dict[str, str]) -> None:
+    job = _submit(client, admin)
+    assert job["status"] == "queued" and job["name"] == "test-job"
+    assert job["spec"]["seqlens"] == [256, 128]
+    bad = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML + "pad_between_seq: false\n"},
+                      headers=admin)
+    assert bad.status_code == 422 and "pad_between_seq" in bad.json()["error"]
+    broken = client.post("/api/v1/jobs", json={"spec_yaml": "name: [unclosed"}, headers=admin)
+    assert broken.status_code == 400 and "YAML" in broken.json()["error"]
+    both = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML, "spec": {}}, headers=admin)
+    assert both.status_code == 400
+    assert client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML}, headers=runner).status_code == 403
+    _drain(client, runner)
+
+
+def test_claim_heartbeat_complete(client: TestClient, admin: dict[str, str],
+                                  runner: dict[str, str]) -> None:
+    _drain(client, runner)
+    job = _submit(client, admin, gpus=2)
+    small = client.post("/api/v1/jobs/claim", json={"runner": "r1", "gpus": 1}, headers=runner)
+    assert small.status_code == 204  # needs 2 GPUs
+    claimed = client.post("/api/v1/jobs/claim", json={"runner": "r1", "gpus": 8}, headers=runner)
+    assert claimed.status_code == 200
+    body = claimed.json()
+    assert body["id"] == job["id"] and body["spec"]["name"] == "test-job"
+    beat = client.post(f"/api/v1/jobs/{job['id']}/heartbeat", json={}, headers=runner)
+    assert beat.status_code == 200 and beat.json()["lease_expires_at"] >= body["lease_expires_at"]
+    run = client.post("/api/v1/runs", json={"name": "from-job"}, headers=runner).json()
+    done = client.post(f"/api/v1/jobs/{job['id']}/complete", json={"run_id": run["id"]},
+                       headers=runner)
+    assert done.status_code == 200
+    final = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert final["status"] == "completed" and final["run_id"] == run["id"]
+    lost = client.post(f"/api/v1/jobs/{job['id']}/heartbeat", json={}, headers=runner)
+    assert lost.status_code == 409
+    assert client.post("/api/v1/jobs/999999/heartbeat", json={}, headers=runner).status_code == 404
+    runners = client.get("/api/v1/runners").json()
+    assert any(r["name"] == "r1" and r["gpus"] == 8 for r in runners)
+
+
+def test_fail_and_release(client: TestClient, admin: dict[str, str], runner: dict[str, str]) -> None:
+    _drain(client, runner)
+    job = _submit(client, admin)
+    first = client.post("/api/v1/jobs/claim", json={"runner": "r2"}, headers=runner).json()
+    assert client.post(f"/api/v1/jobs/{first['id']}/release", json={}, headers=runner).status_code == 200
+    again = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert again["status"] == "queued" and again["attempts"] == 0
+    second = client.post("/api/v1/jobs/claim", json={"runner": "r3"}, headers=runner).json()
+    assert second["id"] == job["id"]
+    fail = client.post(f"/api/v1/jobs/{job['id']}/fail",
+                       json={"reason": "CUDA OOM", "log_tail": "...out of memory"}, headers=runner)
+    assert fail.status_code == 200
+    final = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert final["status"] == "failed" and final["reason"] == "CUDA OOM"
+    assert final["log_tail"].endswith("out of memory")
+
+
+def test_long_poll_waits_then_204(client: TestClient, runner: dict[str, str]) -> None:
+    _drain(client, runner)
+    started = time.monotonic()
+    resp = client.post("/api/v1/jobs/claim", json={"runner": "r4", "wait_s": 0.6}, headers=runner)
+    assert resp.status_code == 204
+    assert 0.5 <= time.monotonic() - started < 5
+
+
+def _queue(tmp_path: Path) -> tuple[Path, sqlite3.Connection]:
+    settings = Settings(data_dir=tmp_path)
+    open_database(settings).close()
+    conn = connect(settings.db_path, busy_timeout_ms=10000)
+    apply_migrations(conn)
+    return settings.db_path, conn
+
+
+def test_concurrent_claims_never_share_a_job(tmp_path: Path) -> None:
+    """8 threads with their own connections (as 8 runner requests across processes would)."""
+    path, conn = _queue(tmp_path)
+    for i in range(40):
+        jobs.submit_job(conn, spec={"name": f"j{i}"}, spec_yaml=None, name=f"j{i}", gpus=0,
+                        max_attempts=3)
+    got: dict[str, list[int]] = {}
+    barrier = threading.Barrier(8)
+
+    def work(name: str) -> None:
+        own = connect(path, busy_timeout_ms=30000)
+        barrier.wait()
+        mine = got.setdefault(name, [])
+        while (job := jobs.claim_job(own, runner=name, gpus=0, lease_s=60)) is not None:
+            mine.append(job["id"])
+            time.sleep(0.002)  # "run" the job, letting the other runners in
+        own.close()
+
+    threads = [threading.Thread(target=work, args=(f"runner{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    claimed = [j for ids in got.values() for j in ids]
+    assert sorted(claimed) == list(range(1, 41))  # every job exactly once
+    assert sum(1 for ids in got.values() if ids) > 1  # really concurrent
+
+
+def test_expired_lease_requeues_then_fails(tmp_path: Path) -> None:
+    _, conn = _queue(tmp_path)
+    job_id = jobs.submit_job(conn, spec={"name": "x"}, spec_yaml=None, name="x", gpus=0,
+                             max_attempts=2)
+    first = jobs.claim_job(conn, runner="dead", gpus=0, lease_s=0.05)
+    assert first is not None and first["id"] == job_id
+    time.sleep(0.1)
+    second = jobs.claim_job(conn, runner="alive", gpus=0, lease_s=0.05)
+    assert second is not None and second["id"] == job_id  # requeued for another runner
+    row = conn.execute("SELECT attempts, runner FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    assert tuple(row) == (2, "alive")
+    time.sleep(0.1)
+    assert jobs.claim_job(conn, runner="third", gpus=0, lease_s=60) is None
+    status, reason = conn.execute("SELECT status, reason FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    assert status == "failed" and "lease expired" in reason and "2 attempt" in reason

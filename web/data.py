@@ -1,0 +1,490 @@
+"""Page data: one function per page, returning the model both the HTML and the ``.json`` twin use.
+
+Datasette's rule: a page is a renderer over a data function, so what the browser shows and what
+a script reads from ``/runs/3.json`` cannot drift apart. Figures are part of the data (plain
+plotly dicts from :mod:`web.figures`), which also makes the charts testable without a browser.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from analyzers.catalog import Catalog
+from analyzers.compare import CompareError
+from analyzers.report import ComparisonReport, Finding, HelperDelta, HelperStat
+from service.core.errors import BadRequest
+from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
+from web import figures
+from web.deltas import MetricRow, metric_rows
+from web.pr_comment import CommentContext, render_comment
+from web.store import WebStore
+
+Figure = dict[str, Any]
+
+SCAN_LIMIT = 2000  # runs the list page filters and sorts in memory; older runs need a filter
+_SCAN_PAGE = 500
+SORT_KEYS = (
+    "id", "name", "implementation", "config_key", "branch", "commit", "created_at", "verdict",
+    "median_ms", "findings",
+)  # fmt: skip
+KNOWN_METRICS = (
+    "iteration_median_ms", "gpu_busy_ms_per_step", "span_ms_per_step", "kernels_per_step",
+    "findings",
+)  # fmt: skip
+# metric -> the (low, high) metrics that give one run's own spread, when the service stores them
+SPREAD_METRICS = {"iteration_median_ms": ("iteration_p10_ms", "iteration_p90_ms")}
+WHOLE_TRACE = "whole trace"  # the window group analyzers use for the entire trace
+NOISE_WINDOW = 10  # previous points that define the noise band of the history chart
+NOISE_MIN_POINTS = 3
+
+
+class PageError(ValueError):
+    """A query parameter of a page is unusable (the message names it and what was expected)."""
+
+
+# ----------------------------------------------------------------------------------- runs list
+
+
+class RunRow(RunSummary):
+    """A run-list row: the store's summary plus what the page filters and sorts on."""
+
+    implementation: str | None = None
+    verdict: str
+
+
+class RunsQuery(BaseModel):
+    """The run list's filters, sort and page, exactly as given in the query string."""
+
+    implementation: str | None = None
+    config_key: str | None = None
+    branch: str | None = None
+    commit: str | None = None
+    status: str | None = None
+    verdict: str | None = None
+    date_from: str | None = Field(default=None, description="ISO date, inclusive")
+    date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    sort: str = "created_at"
+    order: Literal["asc", "desc"] = "desc"
+    page: int = Field(default=1, ge=1)
+    per_page: int = Field(default=50, ge=1, le=500)
+
+
+class RunsPage(BaseModel):
+    query: RunsQuery
+    runs: list[RunRow]
+    total: int  # matching runs among the scanned ones
+    scanned: int
+    truncated: bool  # more than SCAN_LIMIT runs matched the store filters
+    options: dict[str, list[str]]  # values offered by the filter drop-downs
+
+
+def run_verdict(summary: RunSummary) -> str:
+    """A run's verdict for the list: failed, pending, clean (no findings) or findings."""
+    if summary.status == "failed":
+        return "failed"
+    if summary.status != "analysed":
+        return "pending"
+    if summary.findings is None:
+        return "unknown"
+    return "findings" if summary.findings else "clean"
+
+
+def _scan(store: WebStore, filters: RunFilters) -> tuple[list[RunSummary], bool]:
+    found: list[RunSummary] = []
+    while len(found) < SCAN_LIMIT:
+        chunk = store.list_runs(filters, _SCAN_PAGE, len(found))
+        found.extend(chunk)
+        if len(chunk) < _SCAN_PAGE:
+            return found, False
+    return found[:SCAN_LIMIT], True
+
+
+def _rows(store: WebStore, summaries: Sequence[RunSummary]) -> list[RunRow]:
+    impls = store.implementations([s.id for s in summaries])
+    return [
+        RunRow(**s.model_dump(), implementation=impls.get(s.id), verdict=run_verdict(s))
+        for s in summaries
+    ]
+
+
+def _sort_key(sort: str) -> Any:
+    def key(row: RunRow) -> tuple[bool, Any]:
+        value = getattr(row, sort)
+        return (value is None, value if value is not None else 0)
+
+    return key
+
+
+def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
+    """Filter (store-side where it can, in memory for the rest), sort, then page."""
+    if query.sort not in SORT_KEYS:
+        raise PageError(f"sort must be one of {', '.join(SORT_KEYS)}; got {query.sort!r}")
+    filters = RunFilters(
+        branch=query.branch or None, config_key=query.config_key or None,
+        commit=query.commit or None, status=query.status or None,
+    )  # fmt: skip
+    summaries, truncated = _scan(store, filters)
+    rows = _rows(store, summaries)
+    if query.implementation:
+        rows = [r for r in rows if r.implementation == query.implementation]
+    if query.verdict:
+        rows = [r for r in rows if r.verdict == query.verdict]
+    if query.date_from:
+        rows = [r for r in rows if r.created_at[:10] >= query.date_from]
+    if query.date_to:
+        rows = [r for r in rows if r.created_at[:10] <= query.date_to]
+    present = [r for r in rows if getattr(r, query.sort) is not None]
+    missing = [r for r in rows if getattr(r, query.sort) is None]
+    present.sort(key=_sort_key(query.sort), reverse=query.order == "desc")
+    rows = present + missing  # runs without the value always last
+    start = (query.page - 1) * query.per_page
+    return RunsPage(
+        query=query,
+        runs=rows[start : start + query.per_page],
+        total=len(rows),
+        scanned=len(summaries),
+        truncated=truncated,
+        options=_options(store),
+    )
+
+
+def _options(store: WebStore) -> dict[str, list[str]]:
+    recent = _rows(store, store.list_runs(RunFilters(), _SCAN_PAGE, 0))
+
+    def distinct(field: str) -> list[str]:
+        return sorted({str(v) for r in recent if (v := getattr(r, field)) is not None})
+
+    return {
+        "implementation": distinct("implementation"),
+        "config_key": distinct("config_key"),
+        "branch": distinct("branch"),
+        "status": distinct("status"),
+        "verdict": ["clean", "findings", "pending", "failed", "unknown"],
+    }
+
+
+# ------------------------------------------------------------------------------------ run page
+
+
+class HelperRow(BaseModel):
+    """Per-helper totals over ranks for one window group, per step."""
+
+    window: str
+    helper: str
+    category: str
+    launches_per_step: float
+    gpu_ms_per_step: float
+    matched_by: str
+
+
+class ArmComparison(BaseModel):
+    """A link to compare two window groups (arms) of this run."""
+
+    base_window: str
+    head_window: str
+    url: str
+
+
+class RunPage(BaseModel):
+    run: RunDetail
+    implementation: str | None
+    verdict: str
+    helpers: list[HelperRow]
+    findings: list[Finding]
+    arm_comparisons: list[ArmComparison]
+    figures: dict[str, Figure]
+
+
+def helper_rows(stats: Sequence[HelperStat]) -> list[HelperRow]:
+    """Sum ranks per (window, helper); divide by steps so windows compare directly."""
+    acc: dict[tuple[str, str], list[Any]] = {}
+    for s in stats:
+        steps = max(s.steps, 1)
+        row = acc.setdefault((s.window, s.helper), [s.category.value, 0.0, 0.0, s.matched_by])
+        row[1] += s.launches / steps
+        row[2] += s.gpu_time_ns / steps / figures.NS_PER_MS
+    out = [
+        HelperRow(window=w, helper=h, category=c, launches_per_step=n, gpu_ms_per_step=t,
+                  matched_by=m)
+        for (w, h), (c, n, t, m) in acc.items()
+    ]  # fmt: skip
+    out.sort(key=lambda r: (r.window, -r.gpu_ms_per_step, r.helper))
+    return out
+
+
+def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
+    """Helper stats of the step or arm windows; the "whole trace" group only when there is
+    nothing else (it sums everything, warm-up included, and would dwarf the per-step bars)."""
+    windowed = [s for s in stats if s.window != WHOLE_TRACE]
+    return windowed or list(stats)
+
+
+def compare_url(
+    base_id: int, head_id: int, base_window: str | None, head_window: str | None
+) -> str:
+    """Site-relative URL of a comparison page (window names are query-encoded)."""
+    from urllib.parse import urlencode
+
+    params = {k: v for k, v in (("base_window", base_window), ("head_window", head_window)) if v}
+    suffix = f"?{urlencode(params)}" if params else ""
+    return f"/compare/{base_id}/{head_id}{suffix}"
+
+
+def run_page(store: WebStore, run_id: int) -> RunPage:
+    run = store.get_run(run_id)
+    report = run.report
+    figs: dict[str, Figure] = {}
+    helpers: list[HelperRow] = []
+    findings: list[Finding] = []
+    arms: list[ArmComparison] = []
+    if report is not None:
+        if report.iterations:
+            figs["iterations"] = figures.iteration_distribution(report.iterations)
+        shown = windowed_helpers(report.helpers)
+        if shown:
+            figs["helper_launches"] = figures.helper_bars(shown, "launches")
+            figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
+            figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
+        if report.timeline is not None and report.timeline.events:
+            figs["timeline"] = figures.timeline_figure(report.timeline)
+        helpers = helper_rows(report.helpers)
+        severity_order = {"error": 0, "warning": 1, "info": 2}
+        findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
+        groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
+        arms = [
+            ArmComparison(base_window=a, head_window=b, url=compare_url(run_id, run_id, a, b))
+            for a in groups
+            for b in groups
+            if a < b
+        ]
+    return RunPage(
+        run=run,
+        implementation=store.implementations([run_id]).get(run_id),
+        verdict=run_verdict(run),
+        helpers=helpers,
+        findings=findings,
+        arm_comparisons=arms,
+        figures=figs,
+    )
+
+
+# ------------------------------------------------------------------------------ comparison page
+
+
+class ComparePage(BaseModel):
+    base: RunSummary
+    head: RunSummary
+    base_window: str | None
+    head_window: str | None
+    report: ComparisonReport
+    metrics: list[MetricRow]
+    changed_helpers: list[HelperDelta]
+    unchanged_helpers: int
+    markdown: str  # the PR comment this comparison would post
+    figures: dict[str, Figure]
+
+
+def compare_page(
+    store: WebStore,
+    base_id: int,
+    head_id: int,
+    base_window: str | None = None,
+    head_window: str | None = None,
+    *,
+    page_url: str | None = None,
+) -> ComparePage:
+    base = store.get_run(base_id, include_report=False)
+    head = store.get_run(head_id, include_report=False)
+    try:
+        report = store.get_comparison(base_id, head_id, base_window, head_window)
+    except CompareError as exc:  # e.g. a window name the reports do not have
+        raise BadRequest(str(exc)) from exc
+    changed = [d for d in report.helpers if d.status != "unchanged"]
+    changed.sort(key=lambda d: (abs(d.delta_gpu_time_ns), abs(d.delta_launches)), reverse=True)
+    figs: dict[str, Figure] = {}
+    if report.iterations is not None:
+        figs["distributions"] = figures.comparison_distributions(report.iterations)
+    if changed:
+        figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
+    context = CommentContext(
+        suite="preview",
+        base_name=_run_label(base, base_window),
+        head_name=_run_label(head, head_window),
+        comparison_url=page_url,
+    )
+    return ComparePage(
+        base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
+        head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
+        base_window=base_window,
+        head_window=head_window,
+        report=report,
+        metrics=metric_rows(report),
+        changed_helpers=changed,
+        unchanged_helpers=len(report.helpers) - len(changed),
+        markdown=render_comment(report, context),
+        figures=figs,
+    )
+
+
+def _run_label(run: RunSummary, window: str | None) -> str:
+    label = f"#{run.id} {run.name}"
+    if run.commit:
+        label += f" @ {run.commit[:10]}"
+    return f"{label} [{window}]" if window else label
+
+
+# --------------------------------------------------------------------------------- history page
+
+
+class HistoryRow(BaseModel):
+    point: HistoryPoint
+    band_low: float | None
+    band_high: float | None
+    outside_band: bool
+
+
+class HistoryPage(BaseModel):
+    config_key: str | None
+    metric: str
+    label: str | None
+    labels: list[str]
+    options: dict[str, list[str]]
+    points: list[HistoryRow]
+    figures: dict[str, Figure]
+
+
+def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
+    """For each point, median ± 3 robust sigma (1.4826 MAD) of the ``NOISE_WINDOW`` points
+    before it; None until ``NOISE_MIN_POINTS`` earlier points exist.
+
+    Robust statistics because one slow outlier run must not widen the band for the next ten.
+    """
+    bands: list[tuple[float, float] | None] = []
+    for i in range(len(values)):
+        prior = values[max(0, i - NOISE_WINDOW) : i]
+        if len(prior) < NOISE_MIN_POINTS:
+            bands.append(None)
+            continue
+        centre = statistics.median(prior)
+        sigma = 1.4826 * statistics.median(abs(v - centre) for v in prior)
+        sigma = max(sigma, abs(centre) * 0.005)  # a perfectly flat history still has a band
+        bands.append((centre - 3 * sigma, centre + 3 * sigma))
+    return bands
+
+
+def history_page(
+    store: WebStore, config_key: str | None, metric: str, label: str | None
+) -> HistoryPage:
+    configs = sorted(
+        {r.config_key for r in store.list_runs(RunFilters(), _SCAN_PAGE, 0) if r.config_key}
+    )
+    config_key = config_key or (configs[0] if configs else None)
+    all_points = store.metric_history(config_key, metric, None) if config_key else []
+    labels = sorted({p.label for p in all_points})
+    if label is None and labels:
+        label = "" if "" in labels else labels[0]
+    points = [p for p in all_points if p.label == label]
+    bands = noise_band([p.value for p in points])
+    rows = [
+        HistoryRow(
+            point=p,
+            band_low=b[0] if b else None,
+            band_high=b[1] if b else None,
+            outside_band=bool(b and not b[0] <= p.value <= b[1]),
+        )
+        for p, b in zip(points, bands, strict=True)
+    ]
+    spread = _spreads(store, config_key, metric, label) if rows else {}
+    series = [
+        figures.SeriesPoint(
+            x=(r.point.commit or "")[:8] or r.point.name,
+            value=r.point.value,
+            low=r.band_low,
+            high=r.band_high,
+            hover=f"run #{r.point.run_id} {r.point.name} ({r.point.branch or 'no branch'}) "
+            f"{r.point.created_at}",
+            link=f"/runs/{r.point.run_id}",
+            spread_low=spread.get(r.point.run_id, (None, None))[0],
+            spread_high=spread.get(r.point.run_id, (None, None))[1],
+        )
+        for r in rows
+    ]
+    unit = "ms" if metric.endswith("_ms") or "_ms_" in metric else ""
+    figs = {"history": figures.history_figure(series, metric, unit)} if rows else {}
+    return HistoryPage(
+        config_key=config_key,
+        metric=metric,
+        label=label,
+        labels=labels,
+        options={"config_key": configs, "metric": sorted({*KNOWN_METRICS, metric})},
+        points=rows,
+        figures=figs,
+    )
+
+
+def _spreads(
+    store: WebStore, config_key: str | None, metric: str, label: str | None
+) -> dict[int, tuple[float, float]]:
+    """run id -> (low, high) of the run's own spread, for metrics that have one stored."""
+    if config_key is None or metric not in SPREAD_METRICS:
+        return {}
+    low_name, high_name = SPREAD_METRICS[metric]
+    lows = {p.run_id: p.value for p in store.metric_history(config_key, low_name, label)}
+    highs = {p.run_id: p.value for p in store.metric_history(config_key, high_name, label)}
+    return {run: (lows[run], highs[run]) for run in lows.keys() & highs.keys()}
+
+
+# --------------------------------------------------------------------------------- catalog page
+
+
+class CatalogHelper(BaseModel):
+    name: str
+    category: str
+    description: str
+    finding: str | None
+    ranges: list[str]
+    python: list[str]
+    kernels: list[str]
+    within: list[str]
+    fallback: bool
+    source: str
+
+
+class CatalogPage(BaseModel):
+    name: str
+    version: str
+    sources: list[str]
+    helpers: list[CatalogHelper]
+    host_sync: dict[str, list[str]]
+
+
+def catalog_page(catalog: Catalog) -> CatalogPage:
+    return CatalogPage(
+        name=catalog.name,
+        version=catalog.version,
+        sources=list(catalog.sources),
+        helpers=[
+            CatalogHelper(
+                name=h.name,
+                category=h.category.value,
+                description=h.description,
+                finding=h.finding,
+                ranges=list(h.ranges),
+                python=list(h.python),
+                kernels=list(h.kernels),
+                within=list(h.within),
+                fallback=h.fallback,
+                source=h.source,
+            )
+            for h in catalog.helpers
+        ],
+        host_sync={
+            "apis": list(catalog.host_sync_apis),
+            "ops": list(catalog.host_sync_ops),
+            "memcpy": list(catalog.host_sync_memcpy),
+        },
+    )

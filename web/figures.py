@@ -1,0 +1,428 @@
+"""Pure plotly figure builders: report models in, plotly figure dicts out.
+
+Plotting stays out of ``analyzers/`` (the HTA lesson in STYLE.md): these functions take the
+report models the analyzers produce and return plain ``{"data": [...], "layout": {...}}`` dicts
+that plotly.js renders in the browser and tests assert on. They import nothing from plotly, so
+building a page costs no plotly import; tests validate the dicts with ``plotly.graph_objects``.
+
+Every text that ends up inside an SVG label (helper and kernel names, which contain C++ template
+brackets such as ``at::native::vectorized_elementwise_kernel<4, ...>``) goes through
+:func:`svg_text`, because plotly interprets a small HTML subset in labels and hover text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from analyzers.report import (
+    Category,
+    HelperDelta,
+    HelperStat,
+    IterationComparison,
+    IterationStats,
+    Timeline,
+)
+
+Figure = dict[str, Any]
+
+NS_PER_MS = 1e6
+
+# Okabe-Ito plus tab10 extras: distinguishable, and stable because colours are picked by a hash
+# of the helper name, so one helper has one colour on every page and every run.
+PALETTE = (
+    "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
+    "#8C564B", "#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#1F77B4", "#2CA02C",
+)  # fmt: skip
+CATEGORY_COLORS: dict[str, str] = {
+    Category.METADATA.value: "#D55E00",
+    Category.ZERO_FILL.value: "#E69F00",
+    Category.PARTITION.value: "#CC79A7",
+    Category.ATTENTION.value: "#0072B2",
+    Category.COMMUNICATION.value: "#009E73",
+    Category.HOST_SYNC.value: "#F0E442",
+    Category.OTHER.value: "#7F7F7F",
+}
+BASE_COLOR = "#7F7F7F"
+HEAD_COLOR = "#0072B2"
+_LAYOUT_DEFAULTS: dict[str, Any] = {
+    "template": None,
+    "margin": {"l": 60, "r": 20, "t": 40, "b": 60},
+    "font": {"family": "system-ui, sans-serif", "size": 12},
+    "legend": {"orientation": "v"},
+}
+
+
+def svg_text(text: str) -> str:
+    """Escape ``text`` for plotly labels, which parse a small HTML subset (``<b>``, ``<br>``).
+
+    plotly decodes the entities back, so ``foo<int>`` shows as typed instead of vanishing as an
+    unknown tag.
+    """
+    return html.escape(text, quote=False)
+
+
+def helper_color(helper: str) -> str:
+    """A stable colour for a helper name (same on every page, run and process)."""
+    digest = hashlib.blake2s(helper.encode(), digest_size=2).digest()
+    return PALETTE[int.from_bytes(digest, "big") % len(PALETTE)]
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    return {**_LAYOUT_DEFAULTS, "title": {"text": svg_text(title)}, **extra}
+
+
+def _rank_label(rank: int | None) -> str:
+    return "all ranks" if rank is None else f"rank {rank}"
+
+
+def iteration_distribution(iterations: Sequence[IterationStats]) -> Figure:
+    """Box plots of iteration times, grouped by variant, one colour per rank.
+
+    Every sample is drawn (``boxpoints="all"``): the reference workload has outliers that skew
+    means, and the point cloud shows them where a box alone would hide them.
+    """
+    by_rank: dict[int | None, list[IterationStats]] = defaultdict(list)
+    for stats in iterations:
+        by_rank[stats.rank].append(stats)
+    data = []
+    for rank in sorted(by_rank, key=lambda r: (r is None, r or 0)):
+        xs: list[str] = []
+        ys: list[float] = []
+        for stats in by_rank[rank]:
+            xs.extend([svg_text(stats.label)] * len(stats.samples_ms))
+            ys.extend(stats.samples_ms)
+        data.append(
+            {
+                "type": "box",
+                "name": _rank_label(rank),
+                "x": xs,
+                "y": ys,
+                "boxpoints": "all",
+                "jitter": 0.4,
+                "pointpos": 0,
+                "marker": {"size": 4},
+            }
+        )
+    layout = _layout(
+        "Iteration time per variant and rank",
+        boxmode="group",
+        yaxis={"title": {"text": "iteration time (ms)"}},
+        xaxis={"title": {"text": "variant"}},
+    )
+    return {"data": data, "layout": layout}
+
+
+HelperMetric = Literal["launches", "gpu_time_ms"]
+
+
+def _helper_value(stat: HelperStat, metric: HelperMetric) -> float:
+    steps = max(stat.steps, 1)
+    if metric == "launches":
+        return stat.launches / steps
+    return stat.gpu_time_ns / steps / NS_PER_MS
+
+
+def helper_bars(helpers: Sequence[HelperStat], metric: HelperMetric) -> Figure:
+    """Stacked bars per window and rank: one segment per helper, legend grouped by category.
+
+    Values are per step (``steps`` windows were summed), so windows with different step counts
+    compare directly.
+    """
+    columns = sorted({(s.window, s.rank) for s in helpers})
+    xlabels = [f"{svg_text(w)} · r{r}" for w, r in columns]
+    index = {col: i for i, col in enumerate(columns)}
+    per_helper: dict[tuple[str, str], list[float]] = {}
+    for stat in helpers:
+        key = (stat.category.value, stat.helper)
+        values = per_helper.setdefault(key, [0.0] * len(columns))
+        values[index[(stat.window, stat.rank)]] += _helper_value(stat, metric)
+    unit = "launches per step" if metric == "launches" else "GPU time per step (ms)"
+    data = []
+    for category, helper in sorted(per_helper):
+        name = svg_text(helper)
+        data.append(
+            {
+                "type": "bar",
+                "name": name,
+                "x": xlabels,
+                "y": per_helper[(category, helper)],
+                "legendgroup": category,
+                "legendgrouptitle": {"text": svg_text(category)},
+                "marker": {"color": helper_color(helper)},
+                "hovertemplate": f"{name}<br>%{{x}}: %{{y:.3f}}<extra>{svg_text(category)}</extra>",
+            }
+        )
+    title = "Launches per helper" if metric == "launches" else "GPU time per helper"
+    layout = _layout(
+        title,
+        barmode="stack",
+        yaxis={"title": {"text": unit}},
+        xaxis={"title": {"text": "window · rank"}, "type": "category", "automargin": True},
+        legend={"groupclick": "toggleitem"},
+    )
+    return {"data": data, "layout": layout}
+
+
+def category_bars(helpers: Sequence[HelperStat], metric: HelperMetric) -> Figure:
+    """Stacked bars per window and rank with one segment per helper category."""
+    columns = sorted({(s.window, s.rank) for s in helpers})
+    index = {col: i for i, col in enumerate(columns)}
+    per_category: dict[str, list[float]] = {}
+    for stat in helpers:
+        values = per_category.setdefault(stat.category.value, [0.0] * len(columns))
+        values[index[(stat.window, stat.rank)]] += _helper_value(stat, metric)
+    data = [
+        {
+            "type": "bar",
+            "name": svg_text(category),
+            "x": [f"{svg_text(w)} · r{r}" for w, r in columns],
+            "y": values,
+            "marker": {"color": CATEGORY_COLORS.get(category, BASE_COLOR)},
+        }
+        for category, values in sorted(per_category.items())
+    ]
+    unit = "launches per step" if metric == "launches" else "GPU time per step (ms)"
+    layout = _layout(
+        "Launches per category" if metric == "launches" else "GPU time per category",
+        barmode="stack",
+        yaxis={"title": {"text": unit}},
+        xaxis={"title": {"text": "window · rank"}, "type": "category", "automargin": True},
+    )
+    return {"data": data, "layout": layout}
+
+
+def decimate_events(timeline: Timeline, max_events: int) -> tuple[list[Any], int]:
+    """Keep the ``max_events`` longest events per rank (the analyzer already decimates; this
+    bounds what a browser must draw even for reports produced with a larger limit)."""
+    by_rank: dict[int, list[Any]] = defaultdict(list)
+    for event in timeline.events:
+        by_rank[event.rank].append(event)
+    kept: list[Any] = []
+    dropped = 0
+    for events in by_rank.values():
+        events.sort(key=lambda e: e.end_ns - e.start_ns, reverse=True)
+        kept.extend(events[:max_events])
+        dropped += max(0, len(events) - max_events)
+    kept.sort(key=lambda e: (e.rank, e.stream, e.start_ns))
+    return kept, dropped
+
+
+def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
+    """Horizontal bars on one row per rank and stream, one trace (colour) per helper.
+
+    Bars are ``base=start, x=duration`` in milliseconds from the window start, which renders
+    thousands of kernels in one SVG trace per helper instead of one shape per kernel.
+    """
+    events, extra_dropped = decimate_events(timeline, max_events)
+    rows = sorted({(e.rank, e.stream) for e in events})
+    row_label = {row: f"rank {row[0]} · stream {row[1]}" for row in rows}
+    by_helper: dict[str, dict[str, list[Any]]] = {}
+    for event in events:
+        trace = by_helper.setdefault(
+            event.helper, {"base": [], "x": [], "y": [], "text": [], "category": []}
+        )
+        trace["base"].append(event.start_ns / NS_PER_MS)
+        trace["x"].append(max(event.end_ns - event.start_ns, 1) / NS_PER_MS)
+        trace["y"].append(row_label[(event.rank, event.stream)])
+        trace["text"].append(svg_text(event.name))
+        trace["category"].append(event.category.value)
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": svg_text(helper),
+            "base": cols["base"],
+            "x": cols["x"],
+            "y": cols["y"],
+            "hovertext": cols["text"],
+            "hovertemplate": (
+                f"<b>{svg_text(helper)}</b><br>%{{hovertext}}<br>start %{{base:.3f}} ms, "
+                "%{x:.4f} ms<extra></extra>"
+            ),
+            "marker": {"color": helper_color(helper), "line": {"width": 0}},
+        }
+        for helper, cols in sorted(by_helper.items())
+    ]
+    dropped = timeline.dropped + extra_dropped
+    subtitle = f" ({dropped} shortest events not drawn)" if dropped else ""
+    layout = _layout(
+        f"Timeline of {timeline.window}{subtitle}",
+        barmode="overlay",
+        bargap=0.3,
+        xaxis={"title": {"text": "time from window start (ms)"}},
+        yaxis={
+            "type": "category",
+            "automargin": True,
+            "categoryorder": "array",
+            "categoryarray": [row_label[r] for r in reversed(rows)],
+        },
+        height=max(260, 90 * len(rows) + 120),
+    )
+    return {"data": data, "layout": layout}
+
+
+def comparison_distributions(comparison: IterationComparison) -> Figure:
+    """Overlaid histograms of base and head iteration times with their medians marked."""
+    data = []
+    shapes = []
+    for stats, color, role in (
+        (comparison.base, BASE_COLOR, "base"),
+        (comparison.head, HEAD_COLOR, "head"),
+    ):
+        data.append(
+            {
+                "type": "histogram",
+                "name": f"{role}: {svg_text(stats.label)}",
+                "x": stats.samples_ms,
+                "opacity": 0.6,
+                "marker": {"color": color},
+                "nbinsx": 30,
+            }
+        )
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": stats.median_ms,
+                "x1": stats.median_ms,
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": color, "dash": "dash", "width": 2},
+            }
+        )
+    layout = _layout(
+        "Iteration time: base vs head (dashed: medians)",
+        barmode="overlay",
+        xaxis={"title": {"text": "iteration time (ms)"}},
+        yaxis={"title": {"text": "iterations"}},
+        shapes=shapes,
+    )
+    return {"data": data, "layout": layout}
+
+
+def helper_delta_bars(deltas: Sequence[HelperDelta], limit: int = 25) -> Figure:
+    """Per-helper launch and GPU-time deltas (head - base, per step) side by side.
+
+    Unchanged helpers are left out; the ``limit`` largest changes by GPU time are kept so a
+    report with hundreds of helpers still reads.
+    """
+    changed = [d for d in deltas if d.status != "unchanged"]
+    changed.sort(key=lambda d: (abs(d.delta_gpu_time_ns), abs(d.delta_launches)), reverse=True)
+    changed = changed[:limit][::-1]  # largest at the top of a horizontal bar chart
+    names = [svg_text(d.helper) for d in changed]
+    colors = [CATEGORY_COLORS.get(d.category.value, BASE_COLOR) for d in changed]
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": "Δ launches per step",
+            "y": names,
+            "x": [d.delta_launches for d in changed],
+            "marker": {"color": colors},
+            "xaxis": "x",
+            "yaxis": "y",
+        },
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": "Δ GPU time per step (ms)",
+            "y": names,
+            "x": [d.delta_gpu_time_ns / NS_PER_MS for d in changed],
+            "marker": {"color": colors},
+            "xaxis": "x2",
+            "yaxis": "y2",
+        },
+    ]
+    layout = _layout(
+        "Per-helper change (head - base)",
+        showlegend=False,
+        grid={"rows": 1, "columns": 2, "pattern": "independent"},
+        xaxis={"title": {"text": "Δ launches per step"}, "zeroline": True},
+        xaxis2={"title": {"text": "Δ GPU time per step (ms)"}, "zeroline": True},
+        yaxis={"automargin": True, "type": "category"},
+        yaxis2={"showticklabels": False, "type": "category", "matches": "y"},
+        height=max(300, 28 * len(changed) + 140),
+    )
+    return {"data": data, "layout": layout}
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """One point of a metric history: where it sits on the x axis, its value and noise band."""
+
+    x: str  # label on the axis (short commit, or run name)
+    value: float
+    low: float | None = None  # lower edge of the noise band (e.g. p10), None when unknown
+    high: float | None = None
+    hover: str = ""
+    link: str | None = None  # page the point stands for
+    spread_low: float | None = None  # the run's own spread (e.g. its p10 iteration), if known
+    spread_high: float | None = None
+
+
+def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -> Figure:
+    """A metric over commits with its noise band (shaded between ``low`` and ``high``).
+
+    Points are drawn in the order given (the store returns them oldest first), on a category
+    axis so equal timestamps and re-runs of one commit stay distinct.
+    """
+    pts = list(points)
+    xs = [f"{i + 1}: {svg_text(p.x)}" for i, p in enumerate(pts)]
+    banded = [
+        (x, p) for x, p in zip(xs, pts, strict=True) if p.low is not None and p.high is not None
+    ]
+    data: list[dict[str, Any]] = []
+    if banded:
+        data.append(
+            {
+                "type": "scatter",
+                "name": "noise band",
+                "x": [x for x, _ in banded] + [x for x, _ in reversed(banded)],
+                "y": [p.high for _, p in banded] + [p.low for _, p in reversed(banded)],
+                "fill": "toself",
+                "fillcolor": "rgba(0,114,178,0.15)",
+                "line": {"width": 0},
+                "hoverinfo": "skip",
+            }
+        )
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": svg_text(metric),
+            "x": xs,
+            "y": [p.value for p in pts],
+            "hovertext": [svg_text(p.hover) for p in pts],
+            "customdata": [p.link for p in pts],
+            "marker": {"color": HEAD_COLOR, "size": 8},
+            "line": {"color": HEAD_COLOR},
+        }
+    )
+    if any(p.spread_low is not None and p.spread_high is not None for p in pts):
+        # error bars: each run's own p10-p90, next to the band of run-to-run noise
+        data[-1]["error_y"] = {
+            "type": "data",
+            "symmetric": False,
+            "array": [_gap(p.spread_high, p.value) for p in pts],
+            "arrayminus": [_gap(p.value, p.spread_low) for p in pts],
+            "color": HEAD_COLOR,
+            "thickness": 1,
+        }
+    ytitle = f"{metric} ({unit})" if unit else metric
+    layout = _layout(
+        f"{metric} over commits",
+        xaxis={"title": {"text": "run (oldest first)"}, "type": "category", "automargin": True},
+        yaxis={"title": {"text": svg_text(ytitle)}, "automargin": True},
+        hovermode="closest",
+    )
+    return {"data": data, "layout": layout}
+
+
+def _gap(high: float | None, low: float | None) -> float:
+    return max(high - low, 0.0) if high is not None and low is not None else 0.0

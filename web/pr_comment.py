@@ -1,0 +1,190 @@
+"""Render a comparison as a GitHub pull-request comment (pure: models in, markdown out).
+
+The comment starts with a hidden marker, ``<!-- cptrace:suite=NAME -->``, so the poster can find
+its own comment for a suite among the others on the pull request and update it in place instead
+of adding a new one per push. Names from traces are C++ identifiers (``foo<int, 4>``, ``a|b`` in
+demangled lambdas), which GitHub would read as HTML tags or table separators: every name goes
+through :func:`md_code`, every free text through :func:`md_text`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
+from web.deltas import metric_rows
+
+MAX_COMMENT_CHARS = 65_536
+"""GitHub refuses issue comments longer than this."""
+
+_SUITE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}$")
+_NS_PER_MS = 1e6
+_VERDICT_ICON = {
+    "faster": ":rocket:",
+    "slower": ":warning:",
+    "no significant change": ":white_check_mark:",
+}
+_SEVERITY_ICON = {Severity.ERROR: ":x:", Severity.WARNING: ":warning:", Severity.INFO: ":bulb:"}
+
+
+class CommentError(ValueError):
+    """The comment cannot be rendered from the given inputs (e.g. an unusable suite name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommentContext:
+    """What the comment says about the two runs beyond the report itself."""
+
+    suite: str = "default"
+    base_name: str = "base"
+    head_name: str = "head"
+    comparison_url: str | None = None
+
+
+def suite_marker(suite: str) -> str:
+    """The hidden HTML comment that identifies this suite's comment on a pull request."""
+    if not _SUITE_RE.match(suite):
+        raise CommentError(
+            f"suite name {suite!r} is not usable in a comment marker: expected 1-100 characters "
+            "of letters, digits and ._:/+- starting with a letter or digit"
+        )
+    return f"<!-- cptrace:suite={suite} -->"
+
+
+def md_text(text: str) -> str:
+    """Escape free text for a markdown table cell: no HTML, no column breaks, one line."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def md_code(name: str) -> str:
+    """A helper or kernel name as inline code, safe inside a table cell."""
+    body = name.replace("\n", " ").replace("`", "'").replace("|", "\\|")
+    return f"`{body}`"
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _signed(value: float, digits: int = 2) -> str:
+    return f"{value:+,.{digits}f}"
+
+
+def _metric_rows(report: ComparisonReport) -> list[str]:
+    lines = []
+    for row in metric_rows(report):
+        name = f"{row.metric} ({row.unit})" if row.unit else row.metric
+        digits = 1 if not row.unit else 2 if row.metric.startswith("iteration") else 3
+        base = "" if row.base is None else _num(row.base, digits)
+        head = "" if row.head is None else _num(row.head, digits)
+        delta = _signed(row.delta, digits)
+        if row.delta_pct is not None:
+            delta += f" ({row.delta_pct / 100:+.1%})"
+        sig = f"**{row.significance}**" if row.significance == "significant" else row.significance
+        lines.append(f"| {name} | {base} | {head} | {delta} | {sig}: {md_text(row.detail)} |")
+    return lines
+
+
+def _helper_rows(helpers: Sequence[HelperDelta], limit: int) -> tuple[list[str], int]:
+    changed = [d for d in helpers if d.status != "unchanged"]
+    changed.sort(key=lambda d: (abs(d.delta_launches), abs(d.delta_gpu_time_ns)), reverse=True)
+    rows = [
+        f"| {md_code(d.helper)} | {md_text(d.category.value)} | {_num(d.base_launches, 1)} | "
+        f"{_num(d.head_launches, 1)} | {_signed(d.delta_launches, 1)} | "
+        f"{_signed(d.delta_gpu_time_ns / _NS_PER_MS, 3)} | {d.status} |"
+        for d in changed[:limit]
+    ]
+    return rows, max(0, len(changed) - limit)
+
+
+def _finding_line(finding: Finding, tag: str = "") -> str:
+    icon = _SEVERITY_ICON.get(finding.severity, "")
+    saving = ""
+    if finding.expected_saving_ms is not None:
+        saving = f" Expected saving: about {finding.expected_saving_ms:.2f} ms per iteration"
+        if finding.expected_saving_pct is not None:
+            saving += f" ({finding.expected_saving_pct:.1f}%)"
+        saving += "."
+    helper = f" ({md_code(finding.helper)})" if finding.helper else ""
+    refs = f" See {md_text(', '.join(finding.references))}." if finding.references else ""
+    return (
+        f"- {icon} {tag}**{md_text(finding.title)}**{helper}: "
+        f"{md_text(finding.recommendation)}{saving}{refs}"
+    )
+
+
+def _findings_section(report: ComparisonReport) -> list[str]:
+    base_rules = {f.rule for f in report.findings_base}
+    head_rules = {f.rule for f in report.findings_head}
+    lines = [
+        _finding_line(f, "new: " if f.rule not in base_rules else "") for f in report.findings_head
+    ]
+    lines += [
+        f"- :heavy_check_mark: resolved: ~~{md_text(f.title)}~~"
+        for f in report.findings_base
+        if f.rule not in head_rules
+    ]
+    return lines or ["No findings on either run."]
+
+
+def render_comment(
+    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
+) -> str:
+    """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
+    marker = suite_marker(context.suite)
+    icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+    lines = [
+        marker,
+        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
+        "",
+        md_text(report.summary),
+        "",
+        f"Base: {md_code(context.base_name)} ({md_text(report.base_label)}) · "
+        f"head: {md_code(context.head_name)} ({md_text(report.head_label)})",
+        "",
+        "| metric | base | head | delta | significance |",
+        "|---|---:|---:|---:|---|",
+        *_metric_rows(report),
+        "",
+    ]
+    helper_rows, more = _helper_rows(report.helpers, helper_limit)
+    if helper_rows:
+        lines += [
+            "#### Per-helper launch deltas (per step, summed over ranks)",
+            "",
+            "| helper | category | base | head | Δ launches | Δ GPU ms | status |",
+            "|---|---|---:|---:|---:|---:|---|",
+            *helper_rows,
+        ]
+        if more:
+            lines.append(f"\n…and {more} more changed helpers on the comparison page.")
+        lines.append("")
+    else:
+        lines += ["No helper changed its launch count or GPU time.", ""]
+    lines += ["#### Findings (head)", "", *_findings_section(report), ""]
+    if context.comparison_url:
+        lines.append(f"[Full comparison]({context.comparison_url})")
+    return cap_length("\n".join(lines) + "\n", context.comparison_url)
+
+
+def cap_length(body: str, link: str | None = None, limit: int = MAX_COMMENT_CHARS) -> str:
+    """Cut ``body`` at a line boundary so that it and a visible notice fit in ``limit``.
+
+    The marker on the first line always survives, so a truncated comment is still found and
+    updated on the next push.
+    """
+    if len(body) <= limit:
+        return body
+    where = f" The full comparison: {link}" if link else ""
+    notice_template = (
+        "\n\n> :scissors: **Truncated**: {cut:,} characters were cut to fit GitHub's "
+        f"{limit:,}-character limit.{where}\n"
+    )
+    room = limit - len(notice_template.format(cut=len(body)))
+    cut_at = body.rfind("\n", 0, room)
+    if cut_at <= 0:
+        cut_at = room
+    return body[:cut_at] + notice_template.format(cut=len(body) - cut_at)

@@ -1,0 +1,77 @@
+"""Post a rendered comparison to a pull request: one comment per suite, plus an optional status.
+
+Shared by ``cptrace pr-comment --post`` and the service endpoint, so both find and update the
+same comment. Rendering is :mod:`web.pr_comment` (pure); HTTP is :mod:`web.github`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from analyzers.report import ComparisonReport
+from web.github import (
+    CommentResult,
+    GitHubClient,
+    GitHubConfig,
+    GitHubError,
+    status_for_verdict,
+    upsert_comment,
+)
+from web.pr_comment import CommentContext, render_comment, suite_marker
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What was posted: the comment (created or updated) and the commit status, if any."""
+
+    body: str
+    comment: CommentResult
+    status_state: str | None = None
+
+
+def status_description(report: ComparisonReport) -> str:
+    """A commit-status line (GitHub shows at most 140 characters)."""
+    it = report.iterations
+    if it is None:
+        return f"cptrace: {report.verdict}"
+    return (
+        f"{report.verdict}: median {it.base.median_ms:.2f} -> {it.head.median_ms:.2f} ms "
+        f"({it.delta_median_pct:+.1f}%, p={it.p_value:.2g})"
+    )
+
+
+def publish(
+    report: ComparisonReport,
+    context: CommentContext,
+    *,
+    repo: str,
+    pr: int,
+    config: GitHubConfig,
+    head_sha: str | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> Published:
+    """Create or update the suite's comment; set a commit status on ``head_sha`` when given.
+
+    :raises GitHubError: GitHub refused a request, or the inputs are unusable.
+    """
+    body = render_comment(report, context)
+    marker = suite_marker(context.suite)
+    with GitHubClient(config, transport=transport) as client:
+        comment = upsert_comment(client, repo, pr, marker, body)
+        if head_sha is None:
+            return Published(body, comment)
+        state = status_for_verdict(report.verdict)
+        client.create_commit_status(
+            repo,
+            head_sha,
+            state,
+            context=f"cptrace/{context.suite}",
+            description=status_description(report),
+            target_url=context.comparison_url,
+        )
+    return Published(body, comment, state)
+
+
+__all__ = ["GitHubError", "Published", "publish", "status_description"]

@@ -1,0 +1,265 @@
+"""The dashboard pages and their ``.json`` twins (one APIRouter, included by ``create_app``).
+
+Each HTML route renders a template over the model its data function in :mod:`web.data` returns;
+the ``.json`` route returns that same model. ``.json`` routes are declared before the HTML route
+of the same path, because ``/runs/{run_id}`` would otherwise claim ``/runs/3.json``. Errors of the
+store (``service.core.errors.ApiError``: 404 unknown run, 409 not analysed yet) keep the API's
+JSON shape on ``.json`` routes and become an HTML error page with the same status on pages.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlencode
+
+import jinja2
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, ValidationError
+
+from service.api.deps import ReadAccess
+from service.core.errors import ApiError, BadRequest, NotFound
+from web import data
+from web.pr_routes import router as pr_router
+from web.store import RunId, StoreDep
+
+WEB_DIR = Path(__file__).parent
+STATIC_DIR = WEB_DIR / "static"
+PLOTLY_JS = "plotly.min.js"
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(WEB_DIR / "templates"),
+    autoescape=True,  # every name from a trace is untrusted text (C++ templates contain < >)
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+templates = Jinja2Templates(env=_env)
+router = APIRouter(tags=["pages"])
+T = TypeVar("T")
+
+
+def plotly_js_path() -> Path:
+    """plotly.js as shipped inside the installed plotly package (no CDN, no copy to keep fresh).
+
+    ``find_spec`` locates the package without importing it (importing plotly costs ~1 s).
+    """
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the plotly package is not installed; the dashboards need plotly.js")
+    return Path(next(iter(spec.submodule_search_locations))) / "package_data" / PLOTLY_JS
+
+
+def _fmt_ms(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _fmt_signed(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:+,.{digits}f}"
+
+
+_env.filters["ms"] = _fmt_ms
+_env.filters["signed"] = _fmt_signed
+_env.globals["compare_url"] = data.compare_url
+
+
+def _page(request: Request, template: str, model: BaseModel, **extra: Any) -> HTMLResponse:
+    context = {"page": model, "json_url": _json_url(request), **extra}
+    return templates.TemplateResponse(request, template, context)
+
+
+def _json_url(request: Request) -> str:
+    path = request.url.path.rstrip("/") or "/runs"
+    query = f"?{request.url.query}" if request.url.query else ""
+    return f"{path}.json{query}"
+
+
+def _html(request: Request, build: Callable[[], T]) -> T | HTMLResponse:
+    """Run a data function for an HTML page; store errors become an error page, not JSON."""
+    try:
+        return build()
+    except ApiError as exc:
+        return templates.TemplateResponse(
+            request, "error.html", {"status": exc.status, "message": exc.message},
+            status_code=exc.status,
+        )  # fmt: skip
+
+
+def _checked(build: Callable[[], T]) -> T:
+    """Page parameter errors are the client's: 400 in the API's error shape."""
+    try:
+        return build()
+    except (data.PageError, ValidationError) as exc:
+        raise BadRequest(str(exc)) from exc
+
+
+# ----------------------------------------------------------------------------------- static
+
+
+@router.get("/static/{filename}", include_in_schema=False)
+def static_file(filename: str) -> FileResponse:
+    """plotly.js from the plotly package, and the page script and stylesheet."""
+    if filename == PLOTLY_JS:
+        path = plotly_js_path()
+    elif filename in {p.name for p in STATIC_DIR.iterdir() if p.is_file()}:
+        path = STATIC_DIR / filename
+    else:
+        raise NotFound(f"no static file {filename!r}")
+    return FileResponse(path, headers={"Cache-Control": "public, max-age=3600"})
+
+
+@router.get("/", include_in_schema=False)
+def home() -> RedirectResponse:
+    """The dashboards start at the run list."""
+    return RedirectResponse("/runs", status_code=307)
+
+
+# --------------------------------------------------------------------------------------- runs
+
+RunsQueryDep = Annotated[data.RunsQuery, Query()]
+WindowQuery = Annotated[str | None, Query(max_length=200)]
+
+
+@router.get("/runs.json", response_model=data.RunsPage)
+def runs_json(store: StoreDep, query: RunsQueryDep, _: ReadAccess) -> data.RunsPage:
+    """The run list: filters, sort and page as query parameters."""
+    return _checked(lambda: data.runs_page(store, query))
+
+
+@router.get("/runs", response_class=HTMLResponse, include_in_schema=False)
+def runs_html(request: Request, store: StoreDep, _: ReadAccess) -> Response:
+    try:
+        query = data.RunsQuery.model_validate(dict(request.query_params))
+        page = data.runs_page(store, query)
+    except (data.PageError, ValidationError) as exc:
+        return _error(request, 400, str(exc))
+    return _page(request, "runs.html", page, **_runs_links(request, page))
+
+
+def _runs_links(request: Request, page: data.RunsPage) -> dict[str, Any]:
+    """Header links that sort (toggling the order on the current column) and pager links,
+    all keeping the current filters."""
+    current = dict(request.query_params)
+
+    def url(**changes: Any) -> str:
+        params = {k: v for k, v in {**current, **changes}.items() if v not in (None, "")}
+        return f"/runs?{urlencode(params)}" if params else "/runs"
+
+    sort_urls = {}
+    for key in data.SORT_KEYS:
+        same = page.query.sort == key
+        order = ("asc" if page.query.order == "desc" else "desc") if same else "desc"
+        sort_urls[key] = url(sort=key, order=order, page=None)
+    last_page = max(1, -(-page.total // page.query.per_page))
+    return {
+        "sort_urls": sort_urls,
+        "prev_url": url(page=page.query.page - 1) if page.query.page > 1 else None,
+        "next_url": url(page=page.query.page + 1) if page.query.page < last_page else None,
+    }
+
+
+def _error(request: Request, status: int, message: str) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "error.html", {"status": status, "message": message}, status_code=status
+    )
+
+
+@router.get("/runs/{run_id}.json", response_model=data.RunPage)
+def run_json(run_id: RunId, store: StoreDep, _: ReadAccess) -> data.RunPage:
+    """One run: summary, analysis report, findings and the figures of its page."""
+    return data.run_page(store, run_id)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+def run_html(run_id: RunId, request: Request, store: StoreDep, _: ReadAccess) -> Response:
+    page = _html(request, lambda: data.run_page(store, run_id))
+    if isinstance(page, Response):
+        return page
+    return _page(request, "run.html", page)
+
+
+# --------------------------------------------------------------------------------- comparison
+
+
+@router.get("/compare", include_in_schema=False)
+def compare_form(
+    base: Annotated[int, Query(ge=1)], head: Annotated[int, Query(ge=1)]
+) -> RedirectResponse:
+    """The run list's compare form lands here; the page itself has a path per pair."""
+    return RedirectResponse(data.compare_url(base, head, None, None), status_code=303)
+
+
+def _compare(
+    request: Request, store: StoreDep, base_id: int, head_id: int,
+    base_window: str | None, head_window: str | None,
+) -> data.ComparePage:  # fmt: skip
+    html_path = data.compare_url(base_id, head_id, base_window, head_window)
+    page_url = str(request.base_url).rstrip("/") + html_path
+    return data.compare_page(
+        store, base_id, head_id, base_window or None, head_window or None, page_url=page_url
+    )
+
+
+@router.get("/compare/{base_id}/{head_id}.json", response_model=data.ComparePage)
+def compare_json(
+    base_id: RunId, head_id: RunId, request: Request, store: StoreDep, _: ReadAccess,
+    base_window: WindowQuery = None, head_window: WindowQuery = None,
+) -> data.ComparePage:  # fmt: skip
+    """Base vs head: metric deltas with significance, per-helper deltas, verdict, figures."""
+    return _compare(request, store, base_id, head_id, base_window, head_window)
+
+
+@router.get("/compare/{base_id}/{head_id}", response_class=HTMLResponse, include_in_schema=False)
+def compare_html(
+    base_id: RunId, head_id: RunId, request: Request, store: StoreDep, _: ReadAccess,
+    base_window: WindowQuery = None, head_window: WindowQuery = None,
+) -> Response:  # fmt: skip
+    page = _html(
+        request, lambda: _compare(request, store, base_id, head_id, base_window, head_window)
+    )
+    if isinstance(page, Response):
+        return page
+    return _page(request, "compare.html", page)
+
+
+# ------------------------------------------------------------------------------------ history
+
+
+@router.get("/history.json", response_model=data.HistoryPage)
+def history_json(
+    store: StoreDep, _: ReadAccess, config_key: str | None = None,
+    metric: str = "iteration_median_ms", label: str | None = None,
+) -> data.HistoryPage:  # fmt: skip
+    """One metric over the runs of one configuration, oldest first, with its noise band."""
+    return data.history_page(store, config_key or None, metric, label)
+
+
+@router.get("/history", response_class=HTMLResponse, include_in_schema=False)
+def history_html(
+    request: Request, store: StoreDep, _: ReadAccess, config_key: str | None = None,
+    metric: str = "iteration_median_ms", label: str | None = None,
+) -> Response:  # fmt: skip
+    page = data.history_page(store, config_key or None, metric, label)
+    return _page(request, "history.html", page)
+
+
+# ------------------------------------------------------------------------------------ catalog
+
+
+@router.get("/catalog.json", response_model=data.CatalogPage)
+def catalog_json(store: StoreDep, _: ReadAccess) -> data.CatalogPage:
+    """The helper catalog the analysis attributes kernels with."""
+    return data.catalog_page(store.catalog())
+
+
+@router.get("/catalog", response_class=HTMLResponse, include_in_schema=False)
+def catalog_html(request: Request, store: StoreDep, _: ReadAccess) -> Response:
+    return _page(request, "catalog.html", data.catalog_page(store.catalog()))
+
+
+# The PR-comment endpoint rides along, so including this router is all ``create_app`` needs.
+router.include_router(pr_router)

@@ -1,0 +1,51 @@
+// Draws every chart of a page from the JSON block next to it, and wires the filter forms.
+// Figures arrive as <script type="application/json"> (escaped by the server), never as inline JS.
+"use strict";
+(function () {
+  function drawCharts() {
+    var charts = document.querySelectorAll(".chart[data-figure]");
+    if (!charts.length) {
+      document.body.dataset.chartsReady = "true";
+      return;
+    }
+    if (typeof Plotly === "undefined") {
+      console.error("cptrace: plotly.js did not load; charts cannot be drawn");
+      return;
+    }
+    var drawn = [];
+    charts.forEach(function (el) {
+      var source = document.getElementById(el.dataset.figure);
+      if (!source) return;
+      var fig = JSON.parse(source.textContent);
+      drawn.push(
+        Plotly.newPlot(el, fig.data, fig.layout, { responsive: true, displaylogo: false }).then(
+          function () {
+            el.on("plotly_click", function (event) {
+              var link = event.points && event.points[0] && event.points[0].customdata;
+              // only site-relative links: customdata comes from the server, but stay strict
+              if (typeof link === "string" && link.charAt(0) === "/" && link.charAt(1) !== "/") {
+                window.location.href = link;
+              }
+            });
+          }
+        )
+      );
+    });
+    Promise.all(drawn).then(function () {
+      document.body.dataset.chartsReady = "true";
+    });
+  }
+
+  function autosubmit() {
+    document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
+      select.addEventListener("change", function () {
+        select.form.submit();
+      });
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    autosubmit();
+    drawCharts();
+  });
+})();
