@@ -42,6 +42,7 @@ no launch with correlation 99, so only its name could match, and nothing does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -107,8 +108,8 @@ def _distinct(values: IntArray, limit: int = 64) -> IntArray:
     return np.sort(np.asarray(found, dtype=values.dtype))
 
 
-def _factorize(*columns: IntArray) -> list[IntArray]:
-    """Map values of several columns onto one dense code space."""
+def factorize(*columns: IntArray) -> list[IntArray]:
+    """Map values of several columns onto one dense code space (0..distinct-1, sorted)."""
     uniques = np.unique(np.concatenate([_distinct(c) for c in columns]))
     return [np.searchsorted(uniques, col).astype(np.int64) for col in columns]
 
@@ -156,7 +157,7 @@ def link_launches(trace: Trace) -> IntArray:
     if len(acts) == 0 or len(launches) == 0:
         return result
     has_corr = acts["correlation"] >= 0
-    a_proc, l_proc = _factorize(acts["process"].astype(np.int64), launches["process"])
+    a_proc, l_proc = factorize(acts["process"].astype(np.int64), launches["process"])
     a_corr = acts["correlation"].astype(np.int64)
     l_corr = launches["correlation"].astype(np.int64)
     # Compact composite key (process code, correlation) so _join can use a direct table.
@@ -247,27 +248,29 @@ class RangeIndex:
 
 def _query_order(thread: IntArray, time: IntArray) -> IntArray:
     """Permutation sorting queries by (thread, time); cheap when times are already sorted."""
-    (codes,) = _factorize(thread.astype(np.int64))
+    (codes,) = factorize(thread.astype(np.int64))
     if len(time) < 2 or bool(np.all(time[1:] >= time[:-1])):
         small = codes.astype(np.int16) if codes.max(initial=0) < 2**15 else codes
         return np.argsort(small, kind="stable")  # radix sort on small ints keeps time order
     return np.lexsort((time, codes))
 
 
-def _symbol_table(names: npt.NDArray[np.int32], size: int, match: object) -> npt.NDArray[np.int32]:
+def _symbol_table(
+    names: npt.NDArray[np.int32], size: int, match: Callable[[int], int]
+) -> npt.NDArray[np.int32]:
     """Per-symbol lookup array: catalog match for every symbol id that occurs in ``names``."""
     table = np.full(size, -1, dtype=np.int32)
     if len(names):
         present = np.flatnonzero(np.bincount(names, minlength=size))
         for sym in present:
-            table[sym] = match(int(sym))  # type: ignore[operator]
+            table[sym] = match(int(sym))
     return table
 
 
 def _range_index(trace: Trace, mask: npt.NDArray[np.bool_]) -> RangeIndex:
     rows = np.flatnonzero(mask).astype(np.int64)
-    r = trace.ranges[rows]
-    return RangeIndex(r["thread"], r["start"], r["end"], rows)
+    r = trace.ranges  # take three columns, not whole structured rows
+    return RangeIndex(r["thread"][rows], r["start"][rows], r["end"][rows], rows)
 
 
 @dataclass(slots=True)
@@ -376,6 +379,7 @@ __all__ = [
     "RangeHelpers",
     "RangeIndex",
     "attribute",
+    "factorize",
     "link_launches",
     "match_ranges",
 ]

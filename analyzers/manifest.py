@@ -112,6 +112,9 @@ class VariantManifest(_Model):
     """Fields of the run's workload this variant overrides."""
     iteration_ms: dict[int, list[float]] = Field(default_factory=dict)
     """rank -> measured iteration times in ms (CUDA events)."""
+    steps_per_window: int | None = Field(default=None, ge=1)
+    """Steps inside each occurrence of ``window`` when the trace marks no steps inside it (an nsys
+    capture of an arm's last N steps); per-step numbers divide by it."""
 
 
 class RunManifest(_Model):

@@ -12,15 +12,21 @@ over window groups, ranks and helpers, never over events.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import MATCHED_BY_LABELS, Attribution, RangeHelpers
+from analyzers.attribution import (
+    MATCHED_BY_LABELS,
+    Attribution,
+    RangeHelpers,
+    RangeIndex,
+    factorize,
+)
 from analyzers.catalog import Catalog
-from analyzers.model import ActivityKind, Trace
+from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
@@ -189,6 +195,21 @@ def _helper_stats(
     return out
 
 
+def _combined_codes(*columns: IntArray) -> tuple[npt.NDArray[np.int64], IntArray]:
+    """Distinct rows of a few low-cardinality columns and each input's row index into them.
+
+    Equivalent to ``np.unique(np.stack(columns, 1), axis=0, return_inverse=True)`` but through
+    one int64 code per row, which avoids numpy's slow structured sort on millions of rows.
+    """
+    codes = [factorize(c.astype(np.int64))[0] for c in columns]
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for code in codes:
+        combined = combined * (int(code.max(initial=0)) + 1) + code
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    keys = np.stack([c[first] for c in columns], axis=1).astype(np.int64)
+    return keys, inverse.reshape(-1)
+
+
 def _helper_calls(
     trace: Trace, ranges: RangeHelpers, group_windows: list[Window], rank_of_range: IntArray
 ) -> dict[tuple[int, int], tuple[int, int]]:
@@ -206,13 +227,17 @@ def _helper_calls(
     start = trace.ranges["start"][rows].astype(np.int64)
     dur = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
     w = assign_windows(rank_of_range[rows], start, group_windows)
-    result: dict[tuple[int, int], tuple[int, int]] = {}
-    ranks = rank_of_range[rows]
-    for i in np.flatnonzero(w >= 0):
-        key = (int(ranks[i]), int(helper[i]))
-        calls, host = result.get(key, (0, 0))
-        result[key] = (calls + 1, host + int(dur[i]))
-    return result
+    inside = w >= 0
+    if not inside.any():
+        return {}
+    keys, inverse = _combined_codes(rank_of_range[rows][inside], helper[inside])
+    calls = np.bincount(inverse, minlength=len(keys))
+    host = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(host, inverse, dur[inside])
+    return {
+        (int(rank), int(h)): (int(c), int(t))
+        for (rank, h), c, t in zip(keys.tolist(), calls.tolist(), host.tolist(), strict=True)
+    }
 
 
 def _stream_stats(trace: Trace, placed: _Placed) -> list[StreamStat]:
@@ -220,43 +245,34 @@ def _stream_stats(trace: Trace, placed: _Placed) -> list[StreamStat]:
     inside = np.flatnonzero(placed.window >= 0)
     if len(inside) == 0:
         return []
-    a = acts[inside]
-    keys = np.stack(
-        [
-            np.array([w.rank for w in placed.windows])[placed.window[inside]],
-            a["device"].astype(np.int64),
-            a["stream"].astype(np.int64),
-        ],
-        axis=1,
-    )
-    stream_keys, stream_id = np.unique(keys, axis=0, return_inverse=True)
-    stream_id = stream_id.reshape(-1)
-    seg = stream_id * len(placed.windows) + placed.window[inside]
-    busy, gaps, gap_ns = interval_union(
-        seg,
-        a["start"].astype(np.int64),
-        a["end"].astype(np.int64),
-        len(stream_keys) * len(placed.windows),
-    )
-    n_w = len(placed.windows)
-    out = []
-    for sid, (rank, device, stream) in enumerate(stream_keys.tolist()):
-        rows = stream_id == sid
-        out.append(
-            StreamStat(
-                rank=rank,
-                window=placed.group,
-                device=device,
-                stream=stream,
-                activities=int(rows.sum()),
-                busy_ns=int(busy[sid * n_w : (sid + 1) * n_w].sum()),
-                gaps=int(gaps[sid * n_w : (sid + 1) * n_w].sum()),
-                gap_ns=int(gap_ns[sid * n_w : (sid + 1) * n_w].sum()),
-                first_ns=int(a["start"][rows].min()),
-                last_ns=int(a["end"][rows].max()),
-            )
+    window = placed.window[inside]
+    rank = np.array([w.rank for w in placed.windows], dtype=np.int64)[window]
+    start = acts["start"][inside].astype(np.int64)
+    end = acts["end"][inside].astype(np.int64)
+    stream_keys, stream_id = _combined_codes(rank, acts["device"][inside], acts["stream"][inside])
+    n_s, n_w = len(stream_keys), len(placed.windows)
+    busy, gaps, gap_ns = interval_union(stream_id * n_w + window, start, end, n_s * n_w)
+    counts = np.bincount(stream_id, minlength=n_s)
+    first = np.full(n_s, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n_s, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, stream_id, start)
+    np.maximum.at(last, stream_id, end)
+    per_stream = [x.reshape(n_s, n_w).sum(axis=1) for x in (busy, gaps, gap_ns)]
+    return [
+        StreamStat(
+            rank=r,
+            window=placed.group,
+            device=device,
+            stream=stream,
+            activities=int(counts[sid]),
+            busy_ns=int(per_stream[0][sid]),
+            gaps=int(per_stream[1][sid]),
+            gap_ns=int(per_stream[2][sid]),
+            first_ns=int(first[sid]),
+            last_ns=int(last[sid]),
         )
-    return out
+        for sid, (r, device, stream) in enumerate(stream_keys.tolist())
+    ]
 
 
 def _busy_per_window(trace: Trace, placed: _Placed, mask: npt.NDArray[np.bool_]) -> IntArray:
@@ -344,6 +360,15 @@ def _sync_launch_rows(trace: Trace, catalog: Catalog, att: Attribution) -> IntAr
     return rows.astype(np.int64)
 
 
+def _sync_op_index(trace: Trace, catalog: Catalog) -> RangeIndex:
+    """CPU operator ranges that name a host sync (``aten::_local_scalar_dense`` for ``.item()``)."""
+    names = trace.ranges["name"]
+    symbols = [s for s in np.unique(names).tolist() if catalog.is_sync("ops", trace.strings[s])]
+    rows = np.flatnonzero(np.isin(names, symbols) & (trace.ranges["kind"] == RangeKind.CPU_OP))
+    r = trace.ranges[rows]
+    return RangeIndex(r["thread"], r["start"], r["end"], rows.astype(np.int64))
+
+
 def _host_syncs(
     trace: Trace,
     catalog: Catalog,
@@ -351,7 +376,10 @@ def _host_syncs(
     ranges: RangeHelpers,
     placed: _Placed,
     steps: dict[tuple[int, str], int],
+    sync_ops: RangeIndex,
 ) -> list[HostSyncStat]:
+    """Blocking calls per (rank, enclosing helper); each is labelled by the sync operator around
+    it (``aten::_local_scalar_dense``) when the trace has one, else by its API name."""
     launches = trace.launches
     rows = _sync_launch_rows(trace, catalog, att)
     if len(rows) == 0:
@@ -364,12 +392,15 @@ def _host_syncs(
     rows, w = rows[w >= 0], w[w >= 0]
     claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
     helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    op = sync_ops.lookup(launches["thread"][rows], launches["start"][rows])
+    label = np.where(op >= 0, trace.ranges["name"][np.maximum(op, 0)], launches["api"][rows])
     w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
     out = []
     for rank in np.unique(w_rank).tolist():
         for h in np.unique(helper[w_rank == rank]).tolist():
-            sel = rows[(w_rank == rank) & (helper == h)]
-            api = Counter(launches["api"][sel].tolist()).most_common(1)[0][0]
+            mask = (w_rank == rank) & (helper == h)
+            sel = rows[mask]
+            api = Counter(label[mask].tolist()).most_common(1)[0][0]
             out.append(
                 HostSyncStat(
                     rank=rank,
@@ -421,15 +452,26 @@ def compute_metrics(
     windows: list[Window],
     *,
     timeline_limit: int = TIMELINE_LIMIT,
+    steps_per_window: Mapping[str, int] | None = None,
 ) -> Metrics:
-    """Aggregate attributed activities into every window group of ``windows``."""
+    """Aggregate attributed activities into every window group of ``windows``.
+
+    ``steps_per_window`` (group -> steps) says how many steps one variant window holds when the
+    trace marks none inside it; step counts multiply and window durations divide by it.
+    """
     groups = group_names(windows)
-    steps = Counter((w.rank, w.group or w.name) for w in windows)
-    metrics = Metrics(windows=windows, groups=groups, steps=dict(steps))
+    per_window = steps_per_window or {}
+    steps: Counter[tuple[int, str]] = Counter()
+    metrics = Metrics(windows=windows, groups=groups, steps={})
     for w in windows:
-        metrics.durations_ms.setdefault((w.rank, w.group or w.name), []).append(
-            (w.end_ns - w.start_ns) / 1e6
+        group = w.group or w.name
+        k = per_window.get(group, 1) if w.kind == "window" else 1
+        steps[(w.rank, group)] += k
+        metrics.durations_ms.setdefault((w.rank, group), []).extend(
+            [(w.end_ns - w.start_ns) / 1e6 / k] * k
         )
+    metrics.steps = dict(steps)
+    sync_ops = _sync_op_index(trace, catalog)
     rank, time = _activity_points(trace, att)
     range_rank = trace.ranges["rank"].astype(np.int64)
     for group in groups:
@@ -441,7 +483,9 @@ def compute_metrics(
         summaries = _rank_summaries(trace, att, placed, metrics.steps)
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)
-        metrics.host_syncs += _host_syncs(trace, catalog, att, ranges, placed, metrics.steps)
+        metrics.host_syncs += _host_syncs(
+            trace, catalog, att, ranges, placed, metrics.steps, sync_ops
+        )
         if metrics.timeline is None and (group != WHOLE_TRACE or len(groups) == 1):
             metrics.timeline = _timeline(trace, att, placed, timeline_limit)
     metrics.helpers.sort(key=lambda h: (groups.index(h.window), h.rank, -h.gpu_time_ns))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from analyzers.model import Trace, merge_traces
 from analyzers.report import AnalysisReport, IterationStats, SourceInfo
 from analyzers.stats import iteration_stats
 from analyzers.windows import WHOLE_TRACE, find_windows
+
+if TYPE_CHECKING:
+    from analyzers.bundle import Bundle
 
 Progress = Callable[[str, float], None]
 """Called with a stage description and the fraction of the work done (0..1)."""
@@ -65,7 +69,7 @@ def _expand(
     return files, manifest if isinstance(manifest, RunManifest) else load_manifest(manifest)
 
 
-def _open_bundle(path: Path):  # type: ignore[no-untyped-def]
+def _open_bundle(path: Path) -> Bundle | None:
     """The bundle at ``path`` if the bundle reader is installed and it is one, else None."""
     try:
         from analyzers.bundle import is_bundle, read_bundle
@@ -192,7 +196,14 @@ def analyze_trace(
     windows = find_windows(trace, step_pattern, window_names)
     if progress:
         progress("metrics", 0.8)
-    metrics = compute_metrics(trace, att, ranges, catalog, windows)
+    steps_per_window = {
+        v.window: v.steps_per_window
+        for v in (manifest.variants if manifest else [])
+        if v.window and v.steps_per_window
+    }
+    metrics = compute_metrics(
+        trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
+    )
     iterations = _iterations(manifest, metrics)
     findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
     report = AnalysisReport(

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import socket
 import statistics
 import time
@@ -68,7 +69,7 @@ class Workload:
             self.local.append({n: partition_for_rank(t.detach(), self.meta, rank).contiguous()
                                .requires_grad_(n != "dout") for n, t in layer.items()})
 
-    def bundled(self, single: bool, **kw) -> Callable[[], None]:  # noqa: ANN003
+    def bundled(self, single: bool, **kw) -> Callable[[], None]:
         layers = self.full if single else self.local
         meta = self.single if single else self.meta
 
@@ -81,9 +82,9 @@ class Workload:
 
     def te(self, mode: str) -> Callable[[], None]:
         """A TE arm: ``stock``, ``explicit_false`` or ``adapter``."""
-        import transformer_engine.pytorch as te  # noqa: PLC0415
+        import transformer_engine.pytorch as te
 
-        from cp_attention.te_adapter import AdaptedDotProductAttention  # noqa: PLC0415
+        from cp_attention.te_adapter import AdaptedDotProductAttention
 
         cls = AdaptedDotProductAttention if mode == "adapter" else te.DotProductAttention
         stream = torch.cuda.Stream()
@@ -118,14 +119,18 @@ def build_arms(w: Workload) -> dict[str, Callable[[], None]]:
     arms: dict[str, Callable[[], None]] = {}
     for k in kernels:
         arms[f"bundled fixed ({k})"] = w.bundled(False, backend=k)
+    best = kernels[-1]
+    arms[f"bundled fixed, backward KV ring ({best})"] = w.bundled(False, backend=best,
+                                                                  save_remote_kv=False)
+    arms[f"bundled fixed, all_gather ({best})"] = w.bundled(False, backend=best, comm="all_gather")
     arms[f"bundled broken switches ({kernels[-1]})"] = w.bundled(
         False, backend=kernels[-1], broken_identity_padding=True, broken_always_zero_fill=True)
     for k in kernels:
         arms[f"single GPU no CP ({k})"] = w.bundled(True, backend=k)
     if w.device.type == "cuda" and not w.args.no_te:
         try:
-            import transformer_engine.pytorch  # noqa: F401, PLC0415
-        except Exception as exc:  # noqa: BLE001
+            import transformer_engine.pytorch  # noqa: F401
+        except Exception as exc:
             if w.rank == 0:
                 print(f"TE arms skipped: transformer_engine does not import ({exc})")
         else:
@@ -141,8 +146,8 @@ def _sync(device: torch.device) -> None:
 
 def count_kernels(fn: Callable[[], None], device: torch.device, trace: Path | None) -> dict:
     """Kernel launches of one call, total and inside the TE-style helper ranges."""
-    from torch.autograd import DeviceType  # noqa: PLC0415
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -153,7 +158,7 @@ def count_kernels(fn: Callable[[], None], device: torch.device, trace: Path | No
     events = prof.events()
     total = sum(1 for e in events if e.device_type == DeviceType.CUDA)
 
-    def under(e) -> int:  # noqa: ANN001
+    def under(e) -> int:
         return len(getattr(e, "kernels", [])) + sum(under(c) for c in e.cpu_children)
 
     helpers = {name: 0 for name in HELPER_RANGES}
@@ -175,7 +180,8 @@ def measure(arms: dict[str, Callable[[], None]], w: Workload) -> dict[str, list[
             _sync(w.device)
             dist.barrier()
             if w.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
                 start.record()
                 arms[name]()
                 end.record()
@@ -193,7 +199,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     if not args.cpu:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo" if args.cpu else "nccl", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300),
+                            device_id=None if args.cpu else device)
     try:
         w = Workload(args, rank, world, device)
         arms = build_arms(w)
@@ -236,10 +243,11 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
             "zero_fill_kernels": helper["cp_attention.grad_zero_fill"],
             "tflops_per_gpu": flops / gpus / (med * 1e-3) / 1e12,
         })
+    nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     print(f"workload: cp=2 seqlens={args.seqlens} heads={args.heads} dim={args.dim} "
-          f"layers={args.layers} iters={args.iters} (step = slower rank, ms)")
-    print("| arm | median ms | p10 | p90 | mean | kernels/layer fwd+bwd | metadata kernels/step "
-          "| zero-fill kernels/step | TFLOP/s per GPU |")
+          f"layers={args.layers} iters={args.iters} (step = slower rank, ms); env {nccl}")
+    print("| arm | median ms | p10 | p90 | mean | kernels/layer fwd+bwd | metadata kernels/iter "
+          "| zero-fill kernels/iter | TFLOP/s per GPU |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['arm']} | {r['median_ms']:.2f} | {r['p10_ms']:.2f} | {r['p90_ms']:.2f} | "

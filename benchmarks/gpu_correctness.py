@@ -58,15 +58,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
-def _run(q, k, v, dout, meta, backend, comm, causal, group, broken=False):  # noqa: ANN001, ANN202
+def _run(q, k, v, dout, meta, backend, comm, causal, group, broken=False, save_remote_kv=True):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     out = cp_attn(q, k, v, meta, group=group, comm=comm, causal=causal, backend=backend,
-                  broken_identity_padding=broken, broken_always_zero_fill=broken)
+                  broken_identity_padding=broken, broken_always_zero_fill=broken,
+                  save_remote_kv=save_remote_kv)
     out.backward(dout)
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def check_case(rank, cp, device, name, lengths, heads, kv_heads, backend, rows):  # noqa: ANN001, ANN201
+def check_case(rank, cp, device, name, lengths, heads, kv_heads, backend, rows):
     cu, cup = _offsets(lengths, cp)
     gen = torch.Generator().manual_seed(len(lengths) * 1000 + heads)
     total, dim = cup[-1], 128 if device.type == "cuda" else 16
@@ -77,27 +78,31 @@ def check_case(rank, cp, device, name, lengths, heads, kv_heads, backend, rows):
     refs = {}
     for causal in (True, False):
         refs[causal] = (
-            _run(full["q"], full["k"], full["v"], full["dout"], single, backend, "p2p", causal, None),
+            _run(*(full[n] for n in ("q", "k", "v", "dout")), single, backend, "p2p", causal, None),
             _run(*(full[n].double() for n in ("q", "k", "v", "dout")), single, "math", "p2p",
                  causal, None),
         )
     for comm, strategy, causal in COMBOS:
         meta = PackedBatch.from_cu_seqlens(cu, cup, cp_size=cp, strategy=strategy, device=device)
         local = {n: partition_for_rank(t, meta, rank).contiguous() for n, t in full.items()}
-        args = (local["q"], local["k"], local["v"], local["dout"], meta, backend, comm, causal, None)
+        args = (*(local[n] for n in ("q", "k", "v", "dout")), meta, backend, comm, causal, None)
         got = _run(*args)
         want, exact = refs[causal]
         errs = {n: _rel(got[n], partition_for_rank(want[n], meta, rank)) for n in got}
         errs_exact = {n: _rel(got[n], partition_for_rank(exact[n], meta, rank)) for n in got}
         broken = _run(*args[:-1], None, broken=True)
-        same = all(torch.equal(got[n], broken[n]) for n in got)
+        ring = _run(*args[:-1], None, save_remote_kv=False)
+        # Forward is deterministic: bit-equal. The flash/cuDNN backward accumulates dQ with
+        # atomics (run-to-run noise), so gradients are compared at bf16 rounding level.
+        same = torch.equal(got["out"], broken["out"]) and all(
+            _rel(broken[n], got[n]) < 1e-2 and _rel(ring[n], got[n]) < 1e-2 for n in got)
         sync_ok = _no_sync(args, device)
         ok = max(errs.values()) < TOL and max(errs_exact.values()) < TOL and same and sync_ok
         rows.append((backend, name, comm, strategy, causal, max(errs.values()),
                      max(errs_exact.values()), same, sync_ok, ok))
 
 
-def _no_sync(args, device) -> bool:  # noqa: ANN001
+def _no_sync(args, device) -> bool:
     """Whether a warm forward+backward runs with sync debug mode set to error."""
     if device.type != "cuda":
         return True
@@ -118,7 +123,8 @@ def worker(rank: int, cp: int, port: int, use_cpu: bool) -> None:
     if not use_cpu:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo" if use_cpu else "nccl", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=cp, timeout=datetime.timedelta(seconds=120))
+                            rank=rank, world_size=cp, timeout=datetime.timedelta(seconds=120),
+                            device_id=None if use_cpu else device)
     backends = ["math"] if use_cpu else ["flash"] + (["cudnn"] if cudnn_available() else [])
     rows: list[tuple] = []
     try:
@@ -126,7 +132,7 @@ def worker(rank: int, cp: int, port: int, use_cpu: bool) -> None:
             for name, lengths, heads, kv_heads in cases(16 if use_cpu else 1):
                 try:
                     check_case(rank, cp, device, name, lengths, heads, kv_heads, backend, rows)
-                except Exception as exc:  # noqa: BLE001 - report and continue with other cases
+                except Exception as exc:
                     rows.append((backend, name, "-", "-", "-", float("nan"), float("nan"),
                                  False, False, False))
                     print(f"rank {rank} {backend} {name}: {type(exc).__name__}: {exc}",
@@ -142,8 +148,8 @@ def worker(rank: int, cp: int, port: int, use_cpu: bool) -> None:
 
 
 def _print(gathered: list) -> None:
-    print("| kernel | case | comm | strategy | causal | max rel err vs 1-GPU | vs fp64 | broken "
-          "bit-equal | no host sync | ok |")
+    print("| kernel | case | comm | strategy | causal | max rel err vs 1-GPU | vs fp64 | "
+          "broken/ring-bwd agree | no host sync | ok |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for i, row in enumerate(gathered[0]):
         worst = [max(r[i][5] for r in gathered), max(r[i][6] for r in gathered)]

@@ -9,6 +9,7 @@ Usage::
 
     python benchmarks/nsys_throughput.py                       # 3-arm export + 2M-kernel export
     python benchmarks/nsys_throughput.py --export big.sqlite   # one given export
+    CPTRACE_NSYS_BACKEND=sqlite3 python benchmarks/nsys_throughput.py   # without the fast extra
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ sys.path.insert(0, str(REPO))
 
 SMALL = REPO / "tests/data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"
 LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
-COLUMNS = ("export", "kernels", "size MB", "read s", "attribute s", "kernels/s", "peak RSS MB")
+COLUMNS = (
+    "export",
+    "backend",
+    "kernels",
+    "size MB",
+    "read s",
+    "attribute s",
+    "kernels/s",
+    "peak RSS MB",
+)
 
 
 def measure(path: Path) -> dict[str, object]:
@@ -54,6 +64,7 @@ def measure(path: Path) -> dict[str, object]:
     total_s = read_s + (attribute_s or 0.0)
     return {
         "export": path.name,
+        "backend": trace.metadata.get("sqlite_backend", "?"),
         "kernels": kernels,
         "size MB": round(path.stat().st_size / 2**20, 1),
         "read s": round(read_s, 2),

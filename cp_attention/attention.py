@@ -39,6 +39,9 @@ class CPConfig:
     broken_identity_padding: bool = False
     broken_always_zero_fill: bool = False
     backend: str | None = None
+    #: P2P: keep the KV blocks received in forward for backward (memory: cp-1 local KV
+    #: blocks), so backward needs no KV ring and its dK/dV return overlaps the local step.
+    save_remote_kv: bool = True
 
     def __post_init__(self) -> None:
         if self.comm not in COMMS:
@@ -63,26 +66,29 @@ class _Step:
             call = recompute_step_cu(call, self.meta, self.rank)
         return call
 
-    def fwd(self, call: AttnCall, q, k, v):  # noqa: ANN001, ANN202 - tensors
+    def fwd(self, call: AttnCall, q, k, v):
         with phase("attn_fwd_step"):
             return self.kernel.fwd(
                 call.q_rows.take(q), call.k_rows.take(k), call.k_rows.take(v), call.cu_q,
                 call.cu_k, call.max_q, call.max_k, call.causal, self.scale, call.square,
+                cache=call.cache,
             )
 
-    def bwd(self, call: AttnCall, dout, q, k, v, out, lse):  # noqa: ANN001, ANN202 - tensors
+    def bwd(self, call: AttnCall, dout, q, k, v, out, lse):
         with phase("attn_bwd_step"):
             rows = call.q_rows
             return self.kernel.bwd(
                 rows.take(dout), rows.take(q), call.k_rows.take(k), call.k_rows.take(v),
                 rows.take(out), rows.take(lse), call.cu_q, call.cu_k, call.max_q, call.max_k,
-                call.causal, self.scale, call.square,
+                call.causal, self.scale, call.square, cache=call.cache,
             )
 
 
-def _ring_forward(s: _Step, q, k, v, ring: Ring | None):  # noqa: ANN001, ANN202
+def _ring_forward(s: _Step, q, k, v, ring: Ring | None):
+    """Returns ``(out, lse, kv blocks held at each step)``."""
     merger = OutputMerger(q)
     kv = [k, v]
+    blocks = [kv]
     for index in range(len(s.calls)):
         pending = ring.exchange(kv, kv) if ring is not None and index < ring.size - 1 else None
         call = s.call(index)
@@ -92,11 +98,48 @@ def _ring_forward(s: _Step, q, k, v, ring: Ring | None):  # noqa: ANN001, ANN202
                 merger.add(call.q_rows, out, lse)
         if pending is not None:
             kv = pending.wait()
+            blocks.append(kv)
     with phase("merge"):
-        return merger.result()
+        out, lse = merger.result()
+    return out, lse, blocks
 
 
-def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):  # noqa: ANN001, ANN202
+def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
+    """P2P backward over the KV blocks saved in forward.
+
+    Remote blocks go first; their dK/dV go straight back to their owners while the local
+    (diagonal) block, the largest, computes. Contributions are summed in a fixed order.
+    """
+    acc = accum_dtype(q.dtype)
+    k, v = blocks[0]
+    dq: torch.Tensor | None = None
+    sends: list[tuple[list[torch.Tensor], int]] = []
+    for index in range(len(s.calls) - 1, -1, -1):
+        if index == 0 and ring is not None and ring.size > 1:
+            # Owner of step i's block is rank - i; rank + i holds our block at its step i.
+            pending = ring.exchange_pairs(
+                sends, [([k, v], (ring.rank + i) % ring.size) for i in range(1, ring.size)])
+        call = s.call(index)
+        bk, bv = blocks[index]
+        grads = s.bwd(call, dout, q, bk, bv, out, lse) if call is not None else None
+        with phase("grad_reduce"):
+            if grads is not None:
+                dq = add_rows(dq, call.q_rows, grads[0], q, acc)
+            block = [_block_grad(None, call.k_rows if call else None,
+                                 grads[1 + i] if grads else None, (bk, bv)[i]) for i in range(2)]
+        if index > 0:
+            sends.append((block, (ring.rank - index) % ring.size))
+    if ring is not None and ring.size > 1:
+        received = pending.wait()
+        with phase("grad_reduce"):
+            for i in range(0, len(received), 2):
+                block[0] = block[0] + received[i]
+                block[1] = block[1] + received[i + 1]
+    dq = dq if dq is not None else torch.zeros_like(q, dtype=acc)
+    return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
+
+
+def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
     acc = accum_dtype(q.dtype)
     dq: torch.Tensor | None = None
     kv: list[torch.Tensor] = [k, v]
@@ -133,7 +176,7 @@ def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):  # noq
     return dq.to(q.dtype), dkv_out[0].to(k.dtype), dkv_out[1].to(v.dtype)
 
 
-def _block_grad(incoming, rows: Rows | None, contrib, like):  # noqa: ANN001, ANN202
+def _block_grad(incoming, rows: Rows | None, contrib, like):
     """Add this rank's contribution to a KV block's running gradient (block dtype on the wire)."""
     if contrib is None:
         return incoming if incoming is not None else torch.zeros_like(like)
@@ -149,7 +192,7 @@ def _block_grad(incoming, rows: Rows | None, contrib, like):  # noqa: ANN001, AN
     return incoming
 
 
-def _gather_forward(s: _Step, q, kg, vg):  # noqa: ANN001, ANN202
+def _gather_forward(s: _Step, q, kg, vg):
     merger = OutputMerger(q)
     call = s.call(0)
     if call is not None:
@@ -160,7 +203,7 @@ def _gather_forward(s: _Step, q, kg, vg):  # noqa: ANN001, ANN202
         return merger.result()
 
 
-def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):  # noqa: ANN001, ANN202
+def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
     acc = accum_dtype(q.dtype)
     call = s.call(0)
     if call is None:
@@ -171,14 +214,16 @@ def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):  # noqa: ANN00
             dq = add_rows(None, call.q_rows, dq_s, q, acc).to(q.dtype)
             dkg = add_rows(None, call.k_rows, dk_s, kg, acc)
             dvg = add_rows(None, call.k_rows, dv_s, vg, acc)
-    # Summing over ranks in the accumulator dtype, then casting, keeps bf16 rounding to one step.
-    dk, dv = reduce_scatter_tokens(dkg, group), reduce_scatter_tokens(dvg, group)
+    # Each rank's partial sum is exact in the accumulator dtype; the cross-rank sum travels in
+    # the input dtype (half the bytes of float32), as the P2P ring's dK/dV do.
+    dk = reduce_scatter_tokens(dkg.to(kg.dtype), group)
+    dv = reduce_scatter_tokens(dvg.to(vg.dtype), group)
     return dq, dk.to(kg.dtype), dv.to(vg.dtype)
 
 
 class _CPAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, meta: PackedBatch, cfg: CPConfig):  # noqa: ANN001, ANN205
+    def forward(ctx, q, k, v, meta: PackedBatch, cfg: CPConfig):
         distributed = dist.is_available() and dist.is_initialized() and meta.cp_size > 1
         rank = dist.get_rank(cfg.group) if distributed else 0
         step = _Step(
@@ -188,8 +233,10 @@ class _CPAttention(torch.autograd.Function):
         )
         ring = Ring(cfg.group) if distributed else None
         if cfg.comm == "p2p" or not distributed:
-            out, lse = _ring_forward(step, q, k, v, ring)
-            ctx.save_for_backward(q, k, v, out, lse)
+            out, lse, blocks = _ring_forward(step, q, k, v, ring)
+            if not cfg.save_remote_kv:
+                blocks = blocks[:1]
+            ctx.save_for_backward(q, out, lse, *[t for b in blocks for t in b])
         else:
             kg, vg = all_gather_tokens(k, cfg.group), all_gather_tokens(v, cfg.group)
             out, lse = _gather_forward(step, q, kg, vg)
@@ -198,13 +245,18 @@ class _CPAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):  # noqa: ANN001, ANN205
+    def backward(ctx, dout):
         step: _Step = ctx.step
-        q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
         if step.cfg.comm == "p2p" or not ctx.distributed:
-            dq, dk, dv = _ring_backward(step, dout, q, k, v, out, lse, ctx.ring)
+            q, out, lse, *flat = ctx.saved_tensors
+            blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
+            if len(blocks) == len(step.calls):
+                dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ctx.ring)
+            else:
+                dq, dk, dv = _ring_backward(step, dout, q, *blocks[0], out, lse, ctx.ring)
         else:
+            q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = _gather_backward(step, dout, q, k, v, out, lse, step.cfg.group)
         if step.cfg.broken_always_zero_fill:
             zero_fill_padding([dq, dk, dv], step.meta, step.rank)
@@ -224,6 +276,7 @@ def cp_attn(
     broken_identity_padding: bool = False,
     broken_always_zero_fill: bool = False,
     backend: str | None = None,
+    save_remote_kv: bool = True,
 ) -> torch.Tensor:
     """Attention of this rank's local THD queries over the whole packed batch.
 
@@ -235,11 +288,13 @@ def cp_attn(
     :param broken_identity_padding: reproduce TE's per-step device metadata (A/B runs only).
     :param broken_always_zero_fill: reproduce TE's unconditional gradient zero-fill.
     :param backend: local kernel (``math``, ``flash``, ``cudnn``); default picks per device.
+    :param save_remote_kv: P2P only: keep received KV blocks for backward (faster, uses
+        ``cp-1`` extra local KV blocks of memory); False runs the backward KV ring instead.
     :returns: the local output rows, padding rows zero.
     :raises ValueError: when shapes, devices or the group do not match the metadata.
     """
     cfg = CPConfig(group, comm, causal, softmax_scale, broken_identity_padding,
-                   broken_always_zero_fill, backend)
+                   broken_always_zero_fill, backend, save_remote_kv)
     _validate(q, k, v, meta, cfg)
     return _CPAttention.apply(q, k, v, meta, cfg)
 

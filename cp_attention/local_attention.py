@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-BACKENDS = ("auto", "math", "flash", "cudnn")
+BACKENDS = ("auto", "math", "flash", "cudnn", "cudnn_op")
 ENV_BACKEND = "CPTRACE_CP_KERNEL"
 
 
@@ -38,12 +38,14 @@ class LocalAttention(Protocol):
     def fwd(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
         cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float, square: bool,
+        cache: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def bwd(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
         max_q: int, max_k: int, causal: bool, scale: float, square: bool,
+        cache: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
@@ -51,7 +53,8 @@ def _segment_positions(cu: torch.Tensor, total: int) -> tuple[torch.Tensor, torc
     """Segment id and distance from the segment's end (``pos - len``) for each row."""
     cu = cu.long()
     lengths = cu[1:] - cu[:-1]
-    seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths, output_size=total)
+    ids = torch.arange(lengths.numel(), device=cu.device)
+    seg = torch.repeat_interleave(ids, lengths, output_size=total)
     pos = torch.arange(total, device=cu.device) - cu[seg]
     return seg, pos - lengths[seg]
 
@@ -83,13 +86,14 @@ class MathAttention:
         probs = torch.where(allowed, torch.exp(scores - lse_hq.nan_to_num(neginf=0.0)), 0.0)
         return probs, lse
 
-    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
         probs, lse = self._probs(q, k, cu_q, cu_k, causal, scale, None)
         out = torch.einsum("hqk,khd->qhd", probs, _expand(v, q).double())
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         return out.to(q.dtype), lse.to(acc)
 
-    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+            cache=None):
         probs, _ = self._probs(q, k, cu_q, cu_k, causal, scale, lse)
         do, o = dout.double(), out.double()
         dp = torch.einsum("qhd,khd->hqk", do, _expand(v, q).double())
@@ -123,13 +127,14 @@ class FlashAttention:
     def __init__(self) -> None:
         self._rng: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
         )
         return out, self._packed_lse(lse, cu_q, q.shape[0])
 
-    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+            cache=None):
         seed, offset = self._philox(q.device)
         kernel_lse = lse.transpose(0, 1).contiguous()
         if self._padded_lse.get(q.device, False):
@@ -174,21 +179,25 @@ def _packed_to_padded(lse_hq: torch.Tensor, cu_q: torch.Tensor, max_q: int) -> t
     return padded
 
 
-class CudnnAttention:
-    """cuDNN SDPA (ragged THD offsets, softmax stats) via ``nvidia-cudnn-frontend``'s torch ops.
+class CudnnOpAttention:
+    """cuDNN SDPA through ``nvidia-cudnn-frontend``'s own torch ops (``cudnn_op``).
+
+    Kept for comparison: the ops rebuild ragged metadata on every call, which makes them
+    host-bound inside a CP ring; the ``cudnn`` backend (:mod:`cp_attention.cudnn_graph`)
+    drives the same kernels from cached metadata.
 
     Importing ``cudnn.sdpa.fwd.torch_op`` registers ``torch.ops.cudnn.sdpa_fwd/sdpa_bwd``;
     the frontend caches one execution plan per shape.
     """
 
-    name = "cudnn"
+    name = "cudnn_op"
 
     def __init__(self) -> None:
-        from cudnn.sdpa.fwd import torch_op  # noqa: PLC0415 - optional dependency
+        from cudnn.sdpa.fwd import torch_op
 
         self._to_padded = torch_op.thd_lse_to_padded
 
-    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
         out, stats = torch.ops.cudnn.sdpa_fwd(
             q, k, v, scale, is_causal=causal, causal_bottom_right=causal and not square,
             cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max_q, max_seqlen_kv=max_k,
@@ -196,7 +205,8 @@ class CudnnAttention:
         )
         return out, stats.view(q.shape[0], q.shape[1])
 
-    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square):  # noqa: D102
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+            cache=None):
         padded = self._to_padded(lse.contiguous(), cu_q, max_q)
         return torch.ops.cudnn.sdpa_bwd(
             dout, q, k, v, out, padded, scale, is_causal=causal,
@@ -209,12 +219,13 @@ _CACHE: dict[tuple[str, str], LocalAttention] = {}
 
 
 def cudnn_available() -> bool:
-    """Whether the cuDNN frontend's SDPA torch ops import on this host."""
+    """Whether ``nvidia-cudnn-frontend`` (with its cuDNN library) imports on this host."""
     try:
-        from cudnn.sdpa.fwd import torch_op  # noqa: F401, PLC0415
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        import cudnn
+
+        return hasattr(cudnn, "pygraph")
+    except Exception:
         return False
-    return True
 
 
 def get_backend(device: torch.device, name: str | None = None) -> LocalAttention:
@@ -239,8 +250,16 @@ def get_backend(device: torch.device, name: str | None = None) -> LocalAttention
         raise ValueError(f"backend {choice!r} needs a CUDA device, got {device}")
     key = (choice, str(device))
     if key not in _CACHE:
-        _CACHE[key] = {"math": MathAttention, "flash": FlashAttention, "cudnn": CudnnAttention}[choice]()
+        _CACHE[key] = _construct(choice)
     return _CACHE[key]
+
+
+def _construct(choice: str) -> LocalAttention:
+    if choice == "cudnn":
+        from cp_attention.cudnn_graph import CudnnGraphAttention
+
+        return CudnnGraphAttention()
+    return {"math": MathAttention, "flash": FlashAttention, "cudnn_op": CudnnOpAttention}[choice]()
 
 
 def varlen_fwd(

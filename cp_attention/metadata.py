@@ -11,6 +11,7 @@ launches no metadata kernels and performs no device-to-host sync, so it is CUDA-
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -66,7 +67,7 @@ class PackedBatch:
     #: Device copies of the offsets, used only by the TE-style A/B path.
     cu_seqlens_tensor: torch.Tensor = field(repr=False)
     cu_seqlens_padded_tensor: torch.Tensor = field(repr=False)
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
     def from_cu_seqlens(
@@ -90,7 +91,8 @@ class PackedBatch:
             if not isinstance(cp_size, int) or cp_size < 1:
                 raise ValueError(f"cp_size must be a positive int, got {cp_size!r}")
             cu = as_offsets(cu_seqlens, "cu_seqlens")
-            cup = cu if cu_seqlens_padded is None else as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
+            cup = (cu if cu_seqlens_padded is None
+                   else as_offsets(cu_seqlens_padded, "cu_seqlens_padded"))
             real_len = _check_lengths(cu, cup)
             _check_divisible(cup, cp_size, strategy)
             total = int(cup[-1])
@@ -146,7 +148,7 @@ class PackedBatch:
     def real_lengths(self) -> tuple[int, ...]:
         """Real length of every sequence."""
         cu = self.cu_seqlens
-        return tuple(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+        return tuple(b - a for a, b in itertools.pairwise(cu))
 
 
 def _check_lengths(cu: np.ndarray, cup: np.ndarray) -> np.ndarray:

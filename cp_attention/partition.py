@@ -34,7 +34,9 @@ def as_offsets(values: Sequence[int] | torch.Tensor | np.ndarray, name: str) -> 
         if values.device.type != "cpu":
             # Reading a device tensor here would be a hidden device->host sync; the data loader
             # has these values on the host already.
-            raise ValueError(f"{name} must be a list or a CPU tensor, got a tensor on {values.device}")
+            raise ValueError(
+                f"{name} must be a list or a CPU tensor, got a tensor on {values.device}"
+            )
         values = values.tolist()
     arr = np.asarray(values, dtype=np.int64)
     if arr.ndim != 1 or arr.size < 2:
@@ -130,7 +132,8 @@ def dual_chunk_swap_index(cu_padded: np.ndarray, cp_size: int, rank: int) -> np.
     Transformer Engine's ``thd_get_partitioned_indices`` produces).
     """
     chunk = np.diff(cu_padded) // (2 * cp_size)
-    starts = np.stack([cu_padded[:-1] + rank * chunk, cu_padded[:-1] + (2 * cp_size - 1 - rank) * chunk], 1)
+    back = 2 * cp_size - 1 - rank
+    starts = np.stack([cu_padded[:-1] + rank * chunk, cu_padded[:-1] + back * chunk], 1)
     return ranges_to_index(starts, np.stack([chunk, chunk], 1))
 
 

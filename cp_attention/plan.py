@@ -22,7 +22,7 @@ matches both the same-block diagonal step and the all-gather prefix attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -79,6 +79,8 @@ class AttnCall:
     #: Q/KV side holds, when the call's cu_seqlens are exactly that fraction (else None).
     q_chunks: int | None = None
     k_chunks: int | None = None
+    #: Metadata a kernel backend derives from this call once (e.g. cuDNN ragged offsets).
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: torch.device) -> AttnCall:
         """Move every tensor to ``device`` (host values stay as they are)."""

@@ -55,6 +55,30 @@ class Ring:
         return Pending(list(works), received)
 
 
+    def exchange_pairs(
+        self,
+        sends: list[tuple[list[torch.Tensor], int]],
+        recvs: list[tuple[list[torch.Tensor], int]],
+    ) -> Pending:
+        """Send tensor lists to group ranks and receive lists shaped like the given ones.
+
+        Every ordered pair of ranks exchanges at most one list, so gloo's in-order matching
+        is unambiguous. Received tensors come back flattened in ``recvs`` order.
+        """
+        with phase("comm_send_recv"):
+            ops, received = [], []
+            for tensors, peer in sends:
+                dst = _global_rank(self.group, peer)
+                ops += [dist.P2POp(dist.isend, t.contiguous(), dst, self.group) for t in tensors]
+            for like, peer in recvs:
+                src = _global_rank(self.group, peer)
+                bufs = [torch.empty_like(t) for t in like]
+                received += bufs
+                ops += [dist.P2POp(dist.irecv, t, src, self.group) for t in bufs]
+            works = dist.batch_isend_irecv(ops) if ops else []
+        return Pending(list(works), received)
+
+
 def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
     """P2POp wants global ranks."""
     if group is None or group is dist.GroupMember.WORLD:

@@ -29,8 +29,8 @@ class TransformerEngineUnavailable(ImportError):
 
 def _te_dot_product_attention() -> type:
     try:
-        from transformer_engine.pytorch import DotProductAttention  # noqa: PLC0415
-    except Exception as exc:  # noqa: BLE001 - any import failure means TE is unusable
+        from transformer_engine.pytorch import DotProductAttention
+    except Exception as exc:
         raise TransformerEngineUnavailable(
             "AdaptedDotProductAttention needs transformer_engine[pytorch] >= 2.18 "
             f"(pip install 'cptrace[te]'); importing it failed: {exc}"

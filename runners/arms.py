@@ -183,9 +183,13 @@ def build_te(
 ) -> Arm:
     """Stock TE ``DotProductAttention`` (or the adapter) with P2P/all-gather CP over THD."""
     if adapter:
-        from cp_attention.te_adapter import AdaptedDotProductAttention as Attention
+        from cp_attention.te_adapter import AdaptedDotProductAttention
+
+        attention_cls: Any = AdaptedDotProductAttention
     else:
-        from transformer_engine.pytorch import DotProductAttention as Attention
+        from transformer_engine.pytorch import DotProductAttention
+
+        attention_cls = DotProductAttention
 
     cu, cu_padded = _metadata_tensors(workload, layout, ctx.device)
     index = _te_partition_index(workload, cu_padded, layout.total_tokens, ctx)
@@ -202,7 +206,7 @@ def build_te(
         lb["load_balancing_strategy"] = CPLoadBalancingStrategy(workload.strategy)
     modules = []
     for _ in range(workload.layers):
-        attn = Attention(
+        attn = attention_cls(
             workload.heads,
             workload.head_dim,
             num_gqa_groups=workload.kv_heads or workload.heads,
@@ -223,14 +227,38 @@ def build_te(
     )
     if workload.pad_between_seqs is not None:
         kwargs["pad_between_seqs"] = workload.pad_between_seqs
+    holder: dict[str, Any] = {}
+    if adapter:
+        # The adapter decides padding from a host-side PackedBatch (built once per step, as a
+        # training loop would per batch) and fills every cu_seqlens argument itself.
+        from cp_attention import PackedBatch
+
+        cu_host, cu_padded_host = _metadata_tensors(workload, layout, torch.device("cpu"))
+        kwargs = {}
+
+        def refresh() -> None:
+            holder["packed_batch"] = PackedBatch.from_cu_seqlens(
+                cu_host,
+                cu_seqlens_padded=cu_padded_host,
+                cp_size=ctx.world,
+                strategy=workload.strategy,
+                device=ctx.device,
+            )
+    else:
+
+        def refresh() -> None:
+            pass
 
     def layer_fn(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda x: module(x, k, v, **kwargs)
+        return lambda x: module(x, k, v, **kwargs, **holder)
 
-    layers = [layer_fn(m) for m in modules]
-    return Arm(
-        name=name, workload=workload, layout=layout, step=_chain_backward(layers, q, k, v, dout)
-    )
+    chained = _chain_backward([layer_fn(m) for m in modules], q, k, v, dout)
+
+    def step() -> None:
+        refresh()
+        chained()
+
+    return Arm(name=name, workload=workload, layout=layout, step=step)
 
 
 def build_arm(

@@ -48,7 +48,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         raw = min(self.max_s, self.base_s * 2**attempt)
-        return raw * random.uniform(0.75, 1.25)
+        return float(raw * random.uniform(0.75, 1.25))
 
 
 @dataclass(frozen=True, slots=True)

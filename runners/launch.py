@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from analyzers.bundle import MANIFEST_NAME
 from runners import bundle as bundle_writer
 from runners import nsys as nsys_cmds
 from runners.manifest import build_manifest_parts
@@ -227,7 +228,7 @@ def run_spec(spec: RunSpec, out: Path, options: LaunchOptions | None = None) -> 
         )
     except BaseException:
         # Leave logs for diagnosis, but never a manifest that claims a complete run.
-        (out / bundle_writer.MANIFEST_NAME).unlink(missing_ok=True)
+        (out / MANIFEST_NAME).unlink(missing_ok=True)
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -61,11 +61,17 @@ def variant_facts(workload: Workload, layout: PackedLayout) -> dict[str, Any]:
     if workload.implementation == "bundled":
         # The bundled implementation zero-fills only real padding unless told to be broken.
         zero_fill = workload.broken_always_zero_fill or not layout.padded_equals_unpadded
+    same_object = workload.metadata == "same_object"
+    pad_between_seqs = workload.pad_between_seqs
+    if workload.implementation == "te_adapter":
+        # What the adapter hands TE: one object and False without padding, else True.
+        same_object = layout.padded_equals_unpadded
+        pad_between_seqs = not layout.padded_equals_unpadded
     return {
         "cu_seqlens": list(layout.cu_seqlens),
         "cu_seqlens_padded": list(layout.cu_seqlens_padded),
-        "padded_is_same_object": workload.metadata == "same_object",
-        "pad_between_seqs": workload.pad_between_seqs,
+        "padded_is_same_object": same_object,
+        "pad_between_seqs": pad_between_seqs,
         "total_tokens": layout.total_tokens,
         "token_alignment": workload.token_alignment,
         "zero_fill_grad_tails": zero_fill,
@@ -77,7 +83,7 @@ def facts_summary(workload: Workload, layout: PackedLayout) -> dict[str, Any]:
     alignment = workload.token_alignment
     return {
         "padded_equals_unpadded": layout.padded_equals_unpadded,
-        "same_object": workload.metadata == "same_object",
+        "same_object": variant_facts(workload, layout)["padded_is_same_object"],
         "metadata": workload.metadata,
         "total_tokens": layout.total_tokens,
         "real_tokens": layout.cu_seqlens[-1],
@@ -116,7 +122,9 @@ def build_manifest_parts(spec: RunSpec, results: list[dict[str, Any]]) -> Manife
         variants.append(variant_entry(spec, name, iteration_ms=timings))
         workload = spec.variant_workload(name)
         summaries[name] = facts_summary(workload, layout_for(workload, spec.ranks))
-    environment = next((r["environment"] for r in results if "environment" in r), {})
+    environment: dict[str, Any] = next(
+        (r["environment"] for r in results if "environment" in r), {}
+    )
     return ManifestParts(
         fields={
             "workload": manifest_workload(spec, ranks=spec.ranks),

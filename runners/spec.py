@@ -202,6 +202,10 @@ class Workload(_Strict):
                 "field broken_identity_padding/broken_always_zero_fill: apply to implementation "
                 f"'bundled' only, not {self.implementation!r}"
             )
+        if self.implementation == "te_adapter" and self.pad_between_seqs is not None:
+            raise ValueError(
+                "field pad_between_seqs: te_adapter decides it from values; leave it null"
+            )
         return self
 
     def resolved_seqlens(self) -> list[int]:

@@ -81,7 +81,9 @@ def _init_distributed(spec: RunSpec) -> RankContext:
     world = dist.get_world_size()
     if world != spec.ranks:
         raise RuntimeError(f"spec says ranks={spec.ranks} but the launcher started {world}")
-    return RankContext(rank=dist.get_rank(), world=world, group=dist.group.WORLD, device=device)
+    group = dist.group.WORLD
+    assert group is not None  # set by init_process_group above
+    return RankContext(rank=dist.get_rank(), world=world, group=group, device=device)
 
 
 def build_arms(spec: RunSpec, ctx: RankContext) -> list[Arm]:

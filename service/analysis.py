@@ -58,7 +58,9 @@ def _expire_leases(conn: sqlite3.Connection, now: float, max_attempts: int) -> N
     ).fetchall()
     for task_id, run_id, attempts in stale:
         if attempts >= max_attempts:
-            reason = f"analysis worker lost its lease {attempts} time(s) (killed or hung); giving up"
+            reason = (
+                f"analysis worker lost its lease {attempts} time(s) (killed or hung); giving up"
+            )
             _finish(conn, task_id, run_id, status="failed", error=reason)
         else:
             conn.execute(
@@ -72,14 +74,18 @@ def _expire_leases(conn: sqlite3.Connection, now: float, max_attempts: int) -> N
             )
 
 
-def claim_analysis(conn: sqlite3.Connection, *, worker: str, lease_s: float,
-                   max_attempts: int) -> ClaimedTask | None:
+def claim_analysis(
+    conn: sqlite3.Connection, *, worker: str, lease_s: float, max_attempts: int
+) -> ClaimedTask | None:
     """Take the oldest queued task (conditional update inside ``BEGIN IMMEDIATE``)."""
     now = time.time()
     with immediate(conn):
         _expire_leases(conn, now, max_attempts)
-        row = one(conn, "SELECT id, run_id, attempts FROM analysis_tasks WHERE status = 'queued' "
-                  "ORDER BY id LIMIT 1")
+        row = one(
+            conn,
+            "SELECT id, run_id, attempts FROM analysis_tasks WHERE status = 'queued' "
+            "ORDER BY id LIMIT 1",
+        )
         if row is None:
             return None
         cur = conn.execute(
@@ -97,8 +103,9 @@ def claim_analysis(conn: sqlite3.Connection, *, worker: str, lease_s: float,
     return ClaimedTask(row["id"], row["run_id"], row["attempts"] + 1)
 
 
-def record_progress(conn: sqlite3.Connection, task: ClaimedTask, message: str, *,
-                    lease_s: float) -> None:
+def record_progress(
+    conn: sqlite3.Connection, task: ClaimedTask, message: str, *, lease_s: float
+) -> None:
     """Show progress on the run and extend the task's lease (it is alive)."""
     with immediate(conn):
         conn.execute(
@@ -112,8 +119,9 @@ def record_progress(conn: sqlite3.Connection, task: ClaimedTask, message: str, *
         )
 
 
-def _finish(conn: sqlite3.Connection, task_id: int, run_id: int, *, status: str,
-            error: str | None) -> None:
+def _finish(
+    conn: sqlite3.Connection, task_id: int, run_id: int, *, status: str, error: str | None
+) -> None:
     now = now_iso()
     conn.execute(
         "UPDATE analysis_tasks SET status = ?, error = ?, lease_expires_at = NULL, updated_at = ? "
@@ -145,13 +153,17 @@ def report_metrics(report: AnalysisReport) -> list[tuple[str, str, float]]:
         acc[1] += summary.gpu_busy_ns / steps / 1e6
         acc[2] += summary.span_ns / steps / 1e6
     for window, (kernels, busy_ms, span_ms) in per_window.items():
-        out += [("kernels_per_step", window, kernels), ("gpu_busy_ms_per_step", window, busy_ms),
-                ("span_ms_per_step", window, span_ms)]
+        out += [
+            ("kernels_per_step", window, kernels),
+            ("gpu_busy_ms_per_step", window, busy_ms),
+            ("span_ms_per_step", window, span_ms),
+        ]
     return out
 
 
-def complete_analysis(conn: sqlite3.Connection, task: ClaimedTask, report: AnalysisReport,
-                      duration_s: float) -> bool:
+def complete_analysis(
+    conn: sqlite3.Connection, task: ClaimedTask, report: AnalysisReport, duration_s: float
+) -> bool:
     """Store the report and metrics; False when the task was taken away meanwhile."""
     with immediate(conn):
         held = one(conn, "SELECT status FROM analysis_tasks WHERE id = ?", (task.id,))
@@ -162,8 +174,14 @@ def complete_analysis(conn: sqlite3.Connection, task: ClaimedTask, report: Analy
         conn.execute(
             "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
             " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (task.run_id, report.schema_version, report.catalog_version,
-             report.model_dump_json(), duration_s, now_iso()),
+            (
+                task.run_id,
+                report.schema_version,
+                report.catalog_version,
+                report.model_dump_json(),
+                duration_s,
+                now_iso(),
+            ),
         )
         conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (task.run_id,))
         conn.executemany(
@@ -171,8 +189,10 @@ def complete_analysis(conn: sqlite3.Connection, task: ClaimedTask, report: Analy
             [(task.run_id, m, label, v) for m, label, v in report_metrics(report)],
         )
         # Comparisons computed from the previous report are stale now.
-        conn.execute("DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?",
-                     (task.run_id, task.run_id))
+        conn.execute(
+            "DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?",
+            (task.run_id, task.run_id),
+        )
         _finish(conn, task.id, task.run_id, status="analysed", error=None)
     return True
 
@@ -200,9 +220,15 @@ def requeue_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) ->
 
 def task_inputs(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], Any]:
     """The trace files and the manifest of a run."""
-    files = [dict(r) for r in conn.execute(
-        "SELECT id, name, format, rank, sha256 FROM run_files WHERE run_id = ? AND role = 'trace' "
-        "ORDER BY id", (run_id,))]
+    files = [
+        dict(r)
+        for r in conn.execute(
+            "SELECT id, name, format, rank, sha256 FROM run_files "
+            "WHERE run_id = ? AND role = 'trace' "
+            "ORDER BY id",
+            (run_id,),
+        )
+    ]
     row = one(conn, "SELECT manifest_json FROM runs WHERE id = ?", (run_id,))
     manifest = json.loads(row["manifest_json"]) if row and row["manifest_json"] else None
     return files, manifest

@@ -62,4 +62,6 @@ def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
     """How many tokens exist (of one role)."""
     if role is None:
         return int(conn.execute("SELECT count(*) FROM tokens").fetchone()[0])
-    return int(conn.execute("SELECT count(*) FROM tokens WHERE role = ?", (role.value,)).fetchone()[0])
+    return int(
+        conn.execute("SELECT count(*) FROM tokens WHERE role = ?", (role.value,)).fetchone()[0]
+    )

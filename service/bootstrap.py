@@ -8,19 +8,21 @@ any upload, so starting the server twice ingests nothing twice.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from service.auth import Role, count_tokens, create_token
 from service.core.config import Settings
-from service.ingest import Limits, record_run, stage_bundle
+from service.ingest import Limits, StagedRun, record_run, stage_bundle
 from service.storage.database import Database, immediate
 
 
 def ensure_admin_token(db: Database) -> str | None:
     """Create an admin token if there is none; returns its secret, or None if one existed."""
 
-    def create(conn):  # type: ignore[no-untyped-def]
+    def create(conn: sqlite3.Connection) -> str | None:
         with immediate(conn):
             if count_tokens(conn, Role.ADMIN) > 0:
                 return None
@@ -47,15 +49,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _known_run(conn: sqlite3.Connection, key: str) -> int | None:
+    row = conn.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedResult]:
     """Ingest every ``*.tar.gz`` bundle in ``bundle_dir`` once (queued for analysis)."""
     results = []
     limits = Limits(settings.max_decompressed_bytes, settings.max_bundle_members)
     for path in sorted(bundle_dir.glob("*.tar.gz")):
         key = f"bundle:{_sha256(path)}"
-        known = db.read(lambda c, k=key: c.execute("SELECT run_id FROM uploads WHERE key = ?", (k,)).fetchone())
+        known = db.read(partial(_known_run, key=key))
         if known is not None:
-            results.append(SeedResult(path, known[0], False))
+            results.append(SeedResult(path, known, False))
             continue
         try:
             staged = stage_bundle(path, settings.blob_dir, settings.tmp_dir, limits)
@@ -63,7 +70,9 @@ def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedRe
             results.append(SeedResult(path, None, False, str(exc)))
             continue
 
-        def record(conn, staged=staged, key=key):  # type: ignore[no-untyped-def]
+        def record(
+            conn: sqlite3.Connection, staged: StagedRun = staged, key: str = key
+        ) -> tuple[int, bool]:
             with immediate(conn):
                 return record_run(conn, staged, key=key, source="demo")
 

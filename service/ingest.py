@@ -91,8 +91,16 @@ def _parse_manifest(blob: Path) -> dict[str, Any]:
     return raw
 
 
-def _check_trace(path: Path, sha: str, size: int, name: str, limits: Limits, tmp_dir: Path,
-                 rank: int | None, expected_format: str | None) -> StagedFile:
+def _check_trace(
+    path: Path,
+    sha: str,
+    size: int,
+    name: str,
+    limits: Limits,
+    tmp_dir: Path,
+    rank: int | None,
+    expected_format: str | None,
+) -> StagedFile:
     kind = sniff_trace(path, cap=limits.max_decompressed_bytes, label=name)
     if expected_format and expected_format != kind.format:
         raise UnprocessableEntity(
@@ -102,31 +110,44 @@ def _check_trace(path: Path, sha: str, size: int, name: str, limits: Limits, tmp
     return StagedFile("trace", name, sha, size, kind.format, kind.gzipped, rank)
 
 
-def _trace_entries(manifest: dict[str, Any], members: dict[str, tuple[str, int]]) -> list[dict[str, Any]]:
+def _trace_entries(
+    manifest: dict[str, Any], members: dict[str, tuple[str, int]]
+) -> list[dict[str, Any]]:
     entries = manifest.get("traces")
     if entries is None:  # no list: every file under traces/ is a trace of unknown rank
         return [{"path": n} for n in sorted(members) if n.startswith("traces/")]
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and "path" in e for e in entries):
-        raise UnprocessableEntity("manifest.json: field traces: expected a list of {path, ...} objects")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and "path" in e for e in entries
+    ):
+        raise UnprocessableEntity(
+            "manifest.json: field traces: expected a list of {path, ...} objects"
+        )
     listed = {str(e["path"]) for e in entries}
     for name in members:
         if name.startswith("traces/") and name not in listed:
-            raise UnprocessableEntity(f"manifest.json: {name} is in the bundle but not listed in traces")
+            raise UnprocessableEntity(
+                f"manifest.json: {name} is in the bundle but not listed in traces"
+            )
     return entries
 
 
-def _check_entry(entry: dict[str, Any], members: dict[str, tuple[str, int]]) -> tuple[str, int, int | None]:
+def _check_entry(
+    entry: dict[str, Any], members: dict[str, tuple[str, int]]
+) -> tuple[str, int, int | None]:
     path = str(entry["path"])
     if path not in members:
         raise UnprocessableEntity(f"manifest.json: trace {path!r} is not in the bundle")
     sha, size = members[path]
     if entry.get("sha256") and entry["sha256"] != sha:
         raise UnprocessableEntity(
-            f"manifest.json: trace {path!r}: sha256 {entry['sha256']} does not match the content ({sha})"
+            f"manifest.json: trace {path!r}: sha256 {entry['sha256']} does not match the "
+            f"content ({sha})"
         )
     rank = entry.get("rank")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
-        raise UnprocessableEntity(f"manifest.json: trace {path!r}: rank must be a non-negative integer")
+        raise UnprocessableEntity(
+            f"manifest.json: trace {path!r}: rank must be a non-negative integer"
+        )
     return sha, size, rank
 
 
@@ -150,8 +171,9 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
             blob.discard()  # no-op for committed blobs (their temp file was renamed)
 
 
-def _read_members(bundle: Path, blobs: BlobStore, limits: Limits,
-                  pending: dict[str, PendingBlob]) -> None:
+def _read_members(
+    bundle: Path, blobs: BlobStore, limits: Limits, pending: dict[str, PendingBlob]
+) -> None:
     with bundle.open("rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
@@ -162,8 +184,9 @@ def _read_members(bundle: Path, blobs: BlobStore, limits: Limits,
             pending[name] = blobs.stage_file(reader, limit=limits.max_decompressed_bytes)
 
 
-def _stage_members(bundle: Path, blobs: BlobStore, limits: Limits,
-                   pending: dict[str, PendingBlob]) -> StagedRun:
+def _stage_members(
+    bundle: Path, blobs: BlobStore, limits: Limits, pending: dict[str, PendingBlob]
+) -> StagedRun:
     _read_members(bundle, blobs, limits, pending)
     members = {name: (p.sha256, p.size) for name, p in pending.items()}
     if "manifest.json" not in pending:
@@ -176,9 +199,14 @@ def _stage_members(bundle: Path, blobs: BlobStore, limits: Limits,
     for entry in entries:
         sha, size, rank = _check_entry(entry, members)
         path = str(entry["path"])
-        files.append(_check_trace(pending[path].path, sha, size, path, limits, blobs.tmp, rank,
-                                  entry.get("format")))
-    files += [StagedFile("log", n, s, z) for n, (s, z) in sorted(members.items()) if n.startswith("logs/")]
+        files.append(
+            _check_trace(
+                pending[path].path, sha, size, path, limits, blobs.tmp, rank, entry.get("format")
+            )
+        )
+    files += [
+        StagedFile("log", n, s, z) for n, (s, z) in sorted(members.items()) if n.startswith("logs/")
+    ]
     _reader_check(bundle, blobs.tmp, limits)
     run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
     assert isinstance(run, dict)
@@ -208,30 +236,35 @@ def _reader_check(bundle: Path, tmp_dir: Path, limits: Limits) -> None:
     from analyzers.manifest import ManifestError
 
     try:
-        result = read_bundle(bundle, extract_to=tmp_dir, max_total_bytes=limits.max_decompressed_bytes)
+        result = read_bundle(
+            bundle, extract_to=tmp_dir, max_total_bytes=limits.max_decompressed_bytes
+        )
     except (TraceError, ManifestError) as exc:
         raise UnprocessableEntity(f"bundle: {str(exc).replace(str(bundle), 'bundle')}") from exc
     with contextlib.suppress(Exception):
         result.close()
 
 
-def stage_trace(upload: Path, name: str, blob_root: Path, tmp_dir: Path, limits: Limits,
-                rank: int | None = None) -> StagedRun:
+def stage_trace(
+    upload: Path, name: str, blob_root: Path, tmp_dir: Path, limits: Limits, rank: int | None = None
+) -> StagedRun:
     """Validate one uploaded trace file, then store it as a blob."""
     blobs = BlobStore(blob_root, tmp_dir)
     with upload.open("rb") as fh:
         pending = blobs.stage_file(fh)
     try:
-        staged = _check_trace(pending.path, pending.sha256, pending.size, name, limits, tmp_dir,
-                              rank, None)
+        staged = _check_trace(
+            pending.path, pending.sha256, pending.size, name, limits, tmp_dir, rank, None
+        )
         blobs.commit_pending(pending)
     finally:
         pending.discard()
     return StagedRun(name=name, files=[staged])
 
 
-def record_run(conn: sqlite3.Connection, staged: StagedRun, *, key: str, source: str,
-               run_id: int | None = None) -> tuple[int, bool]:
+def record_run(
+    conn: sqlite3.Connection, staged: StagedRun, *, key: str, source: str, run_id: int | None = None
+) -> tuple[int, bool]:
     """Insert the run (or add files to ``run_id``) plus an analysis task; one transaction.
 
     Returns ``(run_id, created)``; ``created`` is False when ``key`` was seen before.
@@ -246,8 +279,19 @@ def record_run(conn: sqlite3.Connection, staged: StagedRun, *, key: str, source:
         cur = conn.execute(
             "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
             "manifest_json, spec_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (staged.name, staged.branch, staged.commit, staged.host, source, "queued",
-             staged.config_key, _dump(staged.manifest), _dump(staged.spec), now, now),
+            (
+                staged.name,
+                staged.branch,
+                staged.commit,
+                staged.host,
+                source,
+                "queued",
+                staged.config_key,
+                _dump(staged.manifest),
+                _dump(staged.spec),
+                now,
+                now,
+            ),
         )
         run_id = int(cur.lastrowid or 0)
     for f in staged.files:
@@ -260,7 +304,9 @@ def record_run(conn: sqlite3.Connection, staged: StagedRun, *, key: str, source:
             "VALUES (?,?,?,?,?,?,?)",
             (run_id, f.role, f.name, _file_format(f), f.rank, f.sha256, f.size),
         )
-    conn.execute("INSERT INTO uploads (key, run_id, created_at) VALUES (?, ?, ?)", (key, run_id, now))
+    conn.execute(
+        "INSERT INTO uploads (key, run_id, created_at) VALUES (?, ?, ?)", (key, run_id, now)
+    )
     enqueue_analysis(conn, run_id)
     return run_id, True
 

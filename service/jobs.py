@@ -23,8 +23,15 @@ PUBLIC_COLUMNS = (
 )
 
 
-def submit_job(conn: sqlite3.Connection, *, spec: dict[str, Any], spec_yaml: str | None,
-               name: str, gpus: int, max_attempts: int) -> int:
+def submit_job(
+    conn: sqlite3.Connection,
+    *,
+    spec: dict[str, Any],
+    spec_yaml: str | None,
+    name: str,
+    gpus: int,
+    max_attempts: int,
+) -> int:
     """Queue a validated workload spec."""
     now = now_iso()
     with immediate(conn):
@@ -36,8 +43,9 @@ def submit_job(conn: sqlite3.Connection, *, spec: dict[str, Any], spec_yaml: str
     return int(cur.lastrowid or 0)
 
 
-def touch_runner(conn: sqlite3.Connection, runner: str, *, gpus: int | None = None,
-                 job_id: int | None = None) -> None:
+def touch_runner(
+    conn: sqlite3.Connection, runner: str, *, gpus: int | None = None, job_id: int | None = None
+) -> None:
     """Record that a runner was seen (registration is implicit in its first claim)."""
     now = now_iso()
     conn.execute(
@@ -50,29 +58,44 @@ def touch_runner(conn: sqlite3.Connection, runner: str, *, gpus: int | None = No
 
 def expire_leases(conn: sqlite3.Connection, now: float) -> int:
     """Requeue (or fail, when out of attempts) running jobs whose lease ran out."""
-    stale = rows(conn, "SELECT id, attempts, max_attempts, runner FROM jobs "
-                 "WHERE status = 'running' AND lease_expires_at < ?", (now,))
+    stale = rows(
+        conn,
+        "SELECT id, attempts, max_attempts, runner FROM jobs "
+        "WHERE status = 'running' AND lease_expires_at < ?",
+        (now,),
+    )
     for job in stale:
         if job["attempts"] >= job["max_attempts"]:
-            reason = (f"lease expired on runner {job['runner']!r}; gave up after "
-                      f"{job['attempts']} attempt(s)")
-            conn.execute("UPDATE jobs SET status = 'failed', reason = ?, lease_expires_at = NULL, "
-                         "updated_at = ? WHERE id = ?", (reason, now_iso(), job["id"]))
+            reason = (
+                f"lease expired on runner {job['runner']!r}; gave up after "
+                f"{job['attempts']} attempt(s)"
+            )
+            conn.execute(
+                "UPDATE jobs SET status = 'failed', reason = ?, lease_expires_at = NULL, "
+                "updated_at = ? WHERE id = ?",
+                (reason, now_iso(), job["id"]),
+            )
         else:
-            conn.execute("UPDATE jobs SET status = 'queued', runner = NULL, lease_expires_at = NULL,"
-                         " reason = ?, updated_at = ? WHERE id = ?",
-                         (f"requeued: lease expired on runner {job['runner']!r}", now_iso(), job["id"]))
+            conn.execute(
+                "UPDATE jobs SET status = 'queued', runner = NULL, lease_expires_at = NULL,"
+                " reason = ?, updated_at = ? WHERE id = ?",
+                (f"requeued: lease expired on runner {job['runner']!r}", now_iso(), job["id"]),
+            )
     return len(stale)
 
 
-def claim_job(conn: sqlite3.Connection, *, runner: str, gpus: int,
-              lease_s: float) -> dict[str, Any] | None:
+def claim_job(
+    conn: sqlite3.Connection, *, runner: str, gpus: int, lease_s: float
+) -> dict[str, Any] | None:
     """Give the oldest queued job that fits ``gpus`` to ``runner``; None when there is none."""
     now = time.time()
     with immediate(conn):
         expire_leases(conn, now)
-        job = one(conn, "SELECT id FROM jobs WHERE status = 'queued' AND gpus <= ? ORDER BY id "
-                  "LIMIT 1", (gpus,))
+        job = one(
+            conn,
+            "SELECT id FROM jobs WHERE status = 'queued' AND gpus <= ? ORDER BY id LIMIT 1",
+            (gpus,),
+        )
         claimed = None
         if job is not None:
             cur = conn.execute(
@@ -81,13 +104,19 @@ def claim_job(conn: sqlite3.Connection, *, runner: str, gpus: int,
                 (runner, now + lease_s, now_iso(), job["id"]),
             )
             if cur.rowcount == 1:
-                claimed = one(conn, "SELECT id, spec_json, lease_expires_at FROM jobs WHERE id = ?",
-                              (job["id"],))
+                claimed = one(
+                    conn,
+                    "SELECT id, spec_json, lease_expires_at FROM jobs WHERE id = ?",
+                    (job["id"],),
+                )
         touch_runner(conn, runner, gpus=gpus, job_id=claimed["id"] if claimed else None)
     if claimed is None:
         return None
-    return {"id": claimed["id"], "spec": json.loads(claimed["spec_json"]),
-            "lease_expires_at": claimed["lease_expires_at"]}
+    return {
+        "id": claimed["id"],
+        "spec": json.loads(claimed["spec_json"]),
+        "lease_expires_at": claimed["lease_expires_at"],
+    }
 
 
 def _held(conn: sqlite3.Connection, job_id: int, runner: str | None) -> dict[str, Any]:
@@ -101,21 +130,31 @@ def _held(conn: sqlite3.Connection, job_id: int, runner: str | None) -> dict[str
     return job
 
 
-def heartbeat_job(conn: sqlite3.Connection, job_id: int, *, lease_s: float,
-                  runner: str | None = None) -> float:
+def heartbeat_job(
+    conn: sqlite3.Connection, job_id: int, *, lease_s: float, runner: str | None = None
+) -> float:
     """Extend a live lease; :raises Conflict: the lease was lost (the runner must stop)."""
     with immediate(conn):
         job = _held(conn, job_id, runner)
         expires = time.time() + lease_s
-        conn.execute("UPDATE jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ?",
-                     (expires, now_iso(), job_id))
+        conn.execute(
+            "UPDATE jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ?",
+            (expires, now_iso(), job_id),
+        )
         touch_runner(conn, job["runner"], job_id=job_id)
     return expires
 
 
-def finish_job(conn: sqlite3.Connection, job_id: int, *, status: str, run_id: int | None = None,
-               reason: str | None = None, log_tail: str | None = None,
-               runner: str | None = None) -> None:
+def finish_job(
+    conn: sqlite3.Connection,
+    job_id: int,
+    *,
+    status: str,
+    run_id: int | None = None,
+    reason: str | None = None,
+    log_tail: str | None = None,
+    runner: str | None = None,
+) -> None:
     """Mark a held job completed or failed."""
     with immediate(conn):
         job = _held(conn, job_id, runner)

@@ -32,8 +32,11 @@ log = logging.getLogger("cptrace.service")
 def open_database(settings: Settings) -> Database:
     """Create the data directory, open the database and bring its schema up to date."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_path, busy_timeout_ms=settings.busy_timeout_ms,
-                  read_time_limit_ms=settings.read_time_limit_ms)
+    db = Database(
+        settings.db_path,
+        busy_timeout_ms=settings.busy_timeout_ms,
+        read_time_limit_ms=settings.read_time_limit_ms,
+    )
     db.start()
     db.write(apply_migrations)
     return db
@@ -79,11 +82,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(error_body(status, message, errors), status_code=status, headers=headers)
+        return JSONResponse(
+            error_body(status, message, errors), status_code=status, headers=headers
+        )
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
@@ -111,9 +119,10 @@ def _include_web(app: FastAPI) -> None:
         log.info("web.routes not available; serving the JSON API only")
         return
     app.include_router(web_router)
-    with contextlib.suppress(ImportError):
-        from web.routes import mount_static
+    import web.routes
 
+    mount_static = getattr(web.routes, "mount_static", None)  # plotly.js etc., when provided
+    if callable(mount_static):
         mount_static(app)
 
 

@@ -51,8 +51,12 @@ class _Collector:
     def callbacks(self) -> dict[str, object]:
         return {
             "on_part_begin": self.part_begin,
-            "on_header_field": lambda d, s, e: setattr(self, "header_field", self.header_field + d[s:e]),
-            "on_header_value": lambda d, s, e: setattr(self, "header_value", self.header_value + d[s:e]),
+            "on_header_field": lambda d, s, e: setattr(
+                self, "header_field", self.header_field + d[s:e]
+            ),
+            "on_header_value": lambda d, s, e: setattr(
+                self, "header_value", self.header_value + d[s:e]
+            ),
             "on_header_end": self.header_end,
             "on_headers_finished": self.headers_finished,
             "on_part_data": self.part_data,
@@ -87,7 +91,9 @@ class _Collector:
         elif self.text is not None:
             self.text += chunk
             if len(self.text) > MAX_TEXT_FIELD:
-                raise PayloadTooLarge(f"form field '{self.current}' is longer than {MAX_TEXT_FIELD} bytes")
+                raise PayloadTooLarge(
+                    f"form field '{self.current}' is longer than {MAX_TEXT_FIELD} bytes"
+                )
 
     def part_end(self) -> None:
         if self.current and self.current != self.file_field and self.text is not None:
@@ -100,14 +106,18 @@ class _Collector:
             self.path.unlink(missing_ok=True)
 
 
-async def receive_file(request: Request, *, field: str, blobs: BlobStore, limit: int) -> ReceivedFile:
+async def receive_file(
+    request: Request, *, field: str, blobs: BlobStore, limit: int
+) -> ReceivedFile:
     """Parse the body, stream the ``field`` file part into a temp file; 400/413 on bad input."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise BadRequest(f"expected a multipart/form-data body with a file field '{field}'")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body ({declared} bytes) is larger than the limit of {limit} bytes")
+        raise PayloadTooLarge(
+            f"request body ({declared} bytes) is larger than the limit of {limit} bytes"
+        )
     collector = _Collector(blobs, field)
     parser = MultipartParser(params[b"boundary"], collector.callbacks())  # type: ignore[arg-type]
     try:
@@ -126,5 +136,9 @@ async def receive_file(request: Request, *, field: str, blobs: BlobStore, limit:
         collector.discard()
         raise BadRequest(f"the file field '{field}' is empty")
     return ReceivedFile(
-        collector.path, collector.digest.hexdigest(), collector.size, collector.filename, collector.fields
+        collector.path,
+        collector.digest.hexdigest(),
+        collector.size,
+        collector.filename,
+        collector.fields,
     )

@@ -90,7 +90,7 @@ class CappedGzipReader:
     def read(self, size: int = -1) -> bytes:
         try:
             if size is None or size < 0:
-                chunks = []
+                chunks: list[bytes] = []
                 while True:
                     chunk = self.read(1 << 20)
                     if not chunk:
@@ -152,7 +152,7 @@ class _RootFolder:
             return "."
         if not name.startswith(self.prefix):
             raise BadRequest(f"bundle member {name!r}: outside the bundle folder {self.prefix!r}")
-        return name[len(self.prefix):]
+        return name[len(self.prefix) :]
 
 
 def iter_tar_members(
@@ -271,7 +271,8 @@ def check_sqlite_file(path: Path, *, label: str) -> None:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables and "StringIds" not in tables:
             raise UnprocessableEntity(
-                f"{label}: SQLite file is not an Nsight Systems export (no CUPTI_ACTIVITY_KIND_KERNEL"
+                f"{label}: SQLite file is not an Nsight Systems export (no "
+                "CUPTI_ACTIVITY_KIND_KERNEL"
                 " or StringIds table)"
             )
         if conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":

@@ -138,7 +138,9 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
         params.append(filters.name)
     if filters.commit:
         clauses.append("r.commit_sha LIKE ? ESCAPE '\\'")
-        params.append(filters.commit.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        params.append(
+            filters.commit.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        )
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
@@ -161,7 +163,9 @@ def list_runs(
 def count_runs(db: Database, *, filters: RunFilters | None = None) -> int:
     """How many runs match ``filters`` (for paging)."""
     where, params = _where(filters or RunFilters())
-    return int(db.read(lambda c: c.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0]))
+    return int(
+        db.read(lambda c: c.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0])
+    )
 
 
 def _load_json(text: str | None) -> Any:
@@ -179,8 +183,12 @@ def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
     duration = one(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
     if task is None:
         status = "done" if duration else "none"
-        return AnalysisStatus(run_id=run_id, status=status, progress=run.get("progress"),
-                              duration_s=(duration or {}).get("duration_s"))
+        return AnalysisStatus(
+            run_id=run_id,
+            status=status,
+            progress=run.get("progress"),
+            duration_s=(duration or {}).get("duration_s"),
+        )
     return AnalysisStatus(
         run_id=run_id,
         status=task["status"],
@@ -211,46 +219,49 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     return AnalysisReport.model_validate_json(row["report_json"])
 
 
-def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDetail:
-    """One run with files, manifest, analysis status and report. :raises NotFound:."""
-
-    def read(conn: sqlite3.Connection) -> tuple[dict[str, Any], list[dict[str, Any]], Any, Any]:
-        row = one(conn, f"{_SUMMARY_SQL} WHERE r.id = ?", (run_id,))
-        if row is None:
-            raise NotFound(f"run {run_id} does not exist")
-        extra = one(conn, "SELECT manifest_json, spec_json FROM runs WHERE id = ?", (run_id,))
-        files = rows(
-            conn,
-            "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
-            "ORDER BY id",
-            (run_id,),
-        )
-        labels = [
-            r["label"]
-            for r in rows(
-                conn,
-                "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND "
-                "metric = 'gpu_busy_ms_per_step' ORDER BY label",
-                (run_id,),
-            )
-        ]
-        return {**row, **(extra or {}), "window_groups": labels}, files, _analysis_status(conn, run_id), None
-
-    row, files, analysis, _ = db.read(read)
-    detail = _summary(dict(row)).model_dump()
+def _run_detail(conn: sqlite3.Connection, run_id: int) -> RunDetail:
+    """Everything but the report, read in one go on one connection (a consistent snapshot)."""
+    row = one(conn, f"{_SUMMARY_SQL} WHERE r.id = ?", (run_id,))
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    extra = one(conn, "SELECT manifest_json, spec_json FROM runs WHERE id = ?", (run_id,)) or {}
+    files = rows(
+        conn,
+        "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
+        "ORDER BY id",
+        (run_id,),
+    )
+    groups = rows(
+        conn,
+        "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND "
+        "metric = 'gpu_busy_ms_per_step' ORDER BY label",
+        (run_id,),
+    )
+    detail = _summary(row).model_dump()
     detail.update(
-        manifest=_load_json(row.get("manifest_json")),
-        spec=_load_json(row.get("spec_json")),
+        manifest=_load_json(extra.get("manifest_json")),
+        spec=_load_json(extra.get("spec_json")),
         files=[RunFile.model_validate(f) for f in files],
-        analysis=analysis,
-        window_groups=row["window_groups"],
-        report=get_report(db, run_id) if include_report else None,
+        analysis=_analysis_status(conn, run_id),
+        window_groups=[g["label"] for g in groups],
     )
     return RunDetail.model_validate(detail)
 
 
+def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDetail:
+    """One run with files, manifest, analysis status and report. :raises NotFound:."""
+    detail = db.read(lambda conn: _run_detail(conn, run_id))
+    if include_report:
+        detail.report = get_report(db, run_id)
+    return detail
+
+
 def find_comparison(
-    db: Database, base_id: int, head_id: int, *, base_window: str | None = None,
+    db: Database,
+    base_id: int,
+    head_id: int,
+    *,
+    base_window: str | None = None,
     head_window: str | None = None,
 ) -> ComparisonRecord | None:
     """A stored comparison of exactly these runs and windows, or None."""
@@ -287,8 +298,9 @@ def _record(row: dict[str, Any]) -> ComparisonRecord:
     )
 
 
-def list_comparisons(db: Database, *, run_id: int | None = None, limit: int = 50,
-                     offset: int = 0) -> list[dict[str, Any]]:
+def list_comparisons(
+    db: Database, *, run_id: int | None = None, limit: int = 50, offset: int = 0
+) -> list[dict[str, Any]]:
     """Stored comparisons (without their reports), newest first."""
     where, params = "", []
     if run_id is not None:
@@ -301,7 +313,11 @@ def list_comparisons(db: Database, *, run_id: int | None = None, limit: int = 50
 
 
 def get_comparison(
-    db: Database, base_id: int, head_id: int, *, base_window: str | None = None,
+    db: Database,
+    base_id: int,
+    head_id: int,
+    *,
+    base_window: str | None = None,
     head_window: str | None = None,
 ) -> ComparisonReport:
     """Base vs head: the stored comparison, else computed now from the two stored reports.
@@ -325,11 +341,12 @@ def _require_report(db: Database, run_id: int) -> AnalysisReport:
     return report
 
 
-def metric_history(db: Database, *, config_key: str, metric: str,
-                   label: str | None = None, limit: int = 500) -> list[HistoryPoint]:
+def metric_history(
+    db: Database, *, config_key: str, metric: str, label: str | None = None, limit: int = 500
+) -> list[HistoryPoint]:
     """One metric across the runs of one workload configuration, oldest first."""
     sql = (
-        "SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS \"commit\", m.label, "
+        'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
         "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )

@@ -4,7 +4,9 @@ decoding, gzip) never stalls the API's event loop or its read threads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -12,6 +14,8 @@ from typing import Any, TypeVar
 from fastapi import FastAPI
 
 T = TypeVar("T")
+
+BACKGROUND_NICE = 10
 
 
 def _executor(app: FastAPI) -> Executor:
@@ -24,10 +28,18 @@ def _executor(app: FastAPI) -> Executor:
             # spawn, not fork: the API process has threads (writer, readers) a fork would copy
             # in whatever state they were in.
             executor = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=lower_priority,
             )
         app.state.ingest_executor = executor
     return executor
+
+
+def lower_priority() -> None:
+    """Background work (validation, analysis) yields the CPU to request handling."""
+    with contextlib.suppress(OSError):
+        os.nice(BACKGROUND_NICE)
 
 
 async def run_staging(app: FastAPI, fn: Callable[..., T], *args: Any) -> T:

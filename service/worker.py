@@ -25,7 +25,12 @@ from service.storage.database import connect
 
 log = logging.getLogger("cptrace.worker")
 
-_SUFFIX = {"nsys": ".sqlite", "nsys+gzip": ".sqlite.gz", "kineto": ".json", "kineto+gzip": ".json.gz"}
+_SUFFIX = {
+    "nsys": ".sqlite",
+    "nsys+gzip": ".sqlite.gz",
+    "kineto": ".json",
+    "kineto+gzip": ".json.gz",
+}
 
 AnalyzeFn = Callable[..., Any]
 
@@ -39,8 +44,9 @@ def _default_analyze() -> AnalyzeFn:
 class AnalysisWorker:
     """Claims analysis tasks and runs them; one task at a time per process."""
 
-    def __init__(self, settings: Settings, *, analyze: AnalyzeFn | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, analyze: AnalyzeFn | None = None, name: str | None = None
+    ) -> None:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
@@ -59,7 +65,9 @@ class AnalysisWorker:
     def run_once(self) -> bool:
         """Claim and run one task; False when the queue was empty."""
         task = analysis.claim_analysis(
-            self.conn, worker=self.name, lease_s=self.settings.analysis_lease_s,
+            self.conn,
+            worker=self.name,
+            lease_s=self.settings.analysis_lease_s,
             max_attempts=self.settings.analysis_max_attempts,
         )
         if task is None:
@@ -158,8 +166,9 @@ class _Heartbeat:
                 self._changed.clear()
                 if self._stop.is_set():
                     break
-                analysis.record_progress(conn, self.task, self.message,
-                                         lease_s=self.settings.analysis_lease_s)
+                analysis.record_progress(
+                    conn, self.task, self.message, lease_s=self.settings.analysis_lease_s
+                )
                 self._stop.wait(0.25)  # at most ~4 progress writes a second
         except Exception as exc:  # a missed heartbeat only risks a requeue
             log.warning("heartbeat for task %s stopped: %s", self.task.id, exc)

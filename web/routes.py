@@ -64,7 +64,6 @@ def _fmt_signed(value: float | None, digits: int = 2) -> str:
 
 _env.filters["ms"] = _fmt_ms
 _env.filters["signed"] = _fmt_signed
-_env.globals["compare_url"] = data.compare_url
 
 
 def _page(request: Request, template: str, model: BaseModel, **extra: Any) -> HTMLResponse:
@@ -78,15 +77,18 @@ def _json_url(request: Request) -> str:
     return f"{path}.json{query}"
 
 
+def _error(request: Request, status: int, message: str) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "error.html", {"status": status, "message": message}, status_code=status
+    )
+
+
 def _html(request: Request, build: Callable[[], T]) -> T | HTMLResponse:
     """Run a data function for an HTML page; store errors become an error page, not JSON."""
     try:
         return build()
     except ApiError as exc:
-        return templates.TemplateResponse(
-            request, "error.html", {"status": exc.status, "message": exc.message},
-            status_code=exc.status,
-        )  # fmt: skip
+        return _error(request, exc.status, exc.message)
 
 
 def _checked(build: Callable[[], T]) -> T:
@@ -121,7 +123,8 @@ def home() -> RedirectResponse:
 # --------------------------------------------------------------------------------------- runs
 
 RunsQueryDep = Annotated[data.RunsQuery, Query()]
-WindowQuery = Annotated[str | None, Query(max_length=200)]
+WindowQuery = Annotated[str | None, Query(max_length=200)]  # window, label or config key
+MetricQuery = Annotated[str, Query(min_length=1, max_length=100)]
 
 
 @router.get("/runs.json", response_model=data.RunsPage)
@@ -160,12 +163,6 @@ def _runs_links(request: Request, page: data.RunsPage) -> dict[str, Any]:
         "prev_url": url(page=page.query.page - 1) if page.query.page > 1 else None,
         "next_url": url(page=page.query.page + 1) if page.query.page < last_page else None,
     }
-
-
-def _error(request: Request, status: int, message: str) -> HTMLResponse:
-    return templates.TemplateResponse(
-        request, "error.html", {"status": status, "message": message}, status_code=status
-    )
 
 
 @router.get("/runs/{run_id}.json", response_model=data.RunPage)
@@ -231,8 +228,8 @@ def compare_html(
 
 @router.get("/history.json", response_model=data.HistoryPage)
 def history_json(
-    store: StoreDep, _: ReadAccess, config_key: str | None = None,
-    metric: str = "iteration_median_ms", label: str | None = None,
+    store: StoreDep, _: ReadAccess, config_key: WindowQuery = None,
+    metric: MetricQuery = "iteration_median_ms", label: WindowQuery = None,
 ) -> data.HistoryPage:  # fmt: skip
     """One metric over the runs of one configuration, oldest first, with its noise band."""
     return data.history_page(store, config_key or None, metric, label)
@@ -240,8 +237,8 @@ def history_json(
 
 @router.get("/history", response_class=HTMLResponse, include_in_schema=False)
 def history_html(
-    request: Request, store: StoreDep, _: ReadAccess, config_key: str | None = None,
-    metric: str = "iteration_median_ms", label: str | None = None,
+    request: Request, store: StoreDep, _: ReadAccess, config_key: WindowQuery = None,
+    metric: MetricQuery = "iteration_median_ms", label: WindowQuery = None,
 ) -> Response:  # fmt: skip
     page = data.history_page(store, config_key or None, metric, label)
     return _page(request, "history.html", page)

@@ -15,6 +15,7 @@ Chrome "JSON Array Format") is accepted as a bare event list.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -23,7 +24,7 @@ from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 CHUNK_CHARS = 1 << 20
 MAX_VALUE_CHARS = 64 << 20
 """Largest single event or header value; bounds memory when the text is malformed."""
-_WHITESPACE = " \t\n\r"
+_SKIP_WHITESPACE = re.compile(r"[ \t\n\r]*").match
 
 
 class _Buffer:
@@ -57,8 +58,8 @@ class _Buffer:
     def peek(self) -> str:
         """Next non-whitespace character ('' at end of input), without consuming it."""
         while True:
-            while self.pos < len(self.text) and self.text[self.pos] in _WHITESPACE:
-                self.pos += 1
+            skipped = _SKIP_WHITESPACE(self.text, self.pos)
+            self.pos = skipped.end() if skipped else self.pos  # the pattern always matches
             if self.pos < len(self.text):
                 return self.text[self.pos]
             if not self.fill():

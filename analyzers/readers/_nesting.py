@@ -98,7 +98,8 @@ def _open_count(seg: I64, seg_start: I64, s: I64, e: I64) -> I64:
         ended = np.searchsorted(end_keys, seg * rank_width + inverse[:n], side="right")
     ended -= seg_start
     position = np.arange(n, dtype=np.int64) - seg_start
-    return np.maximum(position - ended, 0)
+    open_count: I64 = np.maximum(position - ended, 0)
+    return open_count
 
 
 def _parent_at_depth(seg: I64, depth: I64, s: I64, e: I64) -> I64:

@@ -34,8 +34,10 @@ _RANGE_TYPES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "N
 _DOMAIN_CREATE = "NvtxDomainCreate"
 _KNOWN_TYPE_IDS = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, _DOMAIN_CREATE: 75}
 _TID_BITS = 0xFFFFFF
-_MAX_INLINE_NAMES = 16000
-"""Two SQL parameters per distinct name must stay under SQLite's 32766-variable limit."""
+_CASE_NAMES = 64
+"""Up to this many distinct inline names, a CASE maps text to symbol; above, a join."""
+_MAX_INLINE_NAMES = 1_000_000
+"""More distinct inline names than this is not an annotation scheme; the file is refused."""
 _RAW = np.dtype(
     [
         ("start", np.int64),
@@ -93,9 +95,9 @@ def _fetch_ranges(
     """Rows of the range event types plus their interned names.
 
     Inline ``text`` values repeat a few hundred distinct names over millions of rows, so the
-    distinct values are interned first and SQLite maps each row's text to its symbol id through
-    a VALUES table: rows then leave SQLite as integers only. ``textId`` names are mapped
-    through StringIds afterwards.
+    distinct values are interned first and SQLite maps each row's text to its symbol id (a
+    CASE, or a VALUES table for many names): rows then leave SQLite as integers only.
+    ``textId`` names are mapped through StringIds afterwards.
     """
     if not range_types:
         return np.empty(0, _RAW), np.empty(0, np.int32)
@@ -110,17 +112,9 @@ def _fetch_ranges(
             f"{src.label}: {NVTX} has {len(texts)} distinct inline range names (more than "
             f"{_MAX_INLINE_NAMES}); NVTX names are expected to repeat"
         )
-    params: list[object] = []
-    for text in texts:
-        params += [text, src.strings.intern(text)]
-    names_cte = ",".join("(?, ?)" for _ in texts) or "(NULL, -1)"
-    head = f'WITH inline_names(t, sym) AS (VALUES {names_cte}) SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
-    tail = (
-        f" FROM {NVTX} AS e LEFT JOIN inline_names AS n"
-        f" ON n.t = {'e.text' if texts else 'NULL'} {where.replace('WHERE ', 'WHERE e.')}"
-    )
+    head, inline, tail = _inline_name_sql(src, texts, where)
     out = src.allocate((NVTX,), _RAW)
-    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, tail, params))
+    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
     raw = shrink(out, filled)
     names = raw["inline"].astype(np.int32)
     by_id = (names < 0) & (raw["text_id"] >= 0)
@@ -129,28 +123,53 @@ def _fetch_ranges(
     return raw, names
 
 
-def _range_queries(
-    src: NsysSource, head: str, tail: str, params: list[object]
-) -> list[tuple[Query, Fill]]:
+def _inline_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str]:
+    """SQL pieces (head, inline-symbol expression, tail) that map ``text`` to symbol ids.
+
+    Texts go in as hex blob literals cast to TEXT: whatever bytes a crafted file holds, they
+    cannot end the literal, and no bound parameters are needed (the Arrow path has none). A
+    CASE is about twice as fast as a join for the usual few dozen names; many names use a
+    VALUES table joined on the text.
+    """
+    literals = [
+        (
+            f"CAST(X'{text.encode('utf-8', 'surrogatepass').hex()}' AS TEXT)",
+            src.strings.intern(text),
+        )
+        for text in texts
+    ]
+    head = f'SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
+    tail = f" FROM {NVTX} AS e {where.replace('WHERE ', 'WHERE e.')}"
+    if not literals:
+        return head, "NULL", tail
+    if len(literals) <= _CASE_NAMES:
+        whens = " ".join(f"WHEN {literal} THEN {symbol}" for literal, symbol in literals)
+        return head, f'CASE e."text" {whens} END', tail
+    values = ",".join(f"({literal}, {symbol})" for literal, symbol in literals)
+    head = f"WITH inline_names(t, sym) AS (VALUES {values}) {head}"
+    join = 'LEFT JOIN inline_names AS n ON n.t = e."text"'
+    tail = f" FROM {NVTX} AS e {join} {where.replace('WHERE ', 'WHERE e.')}"
+    return head, "n.sym", tail
+
+
+def _range_queries(src: NsysSource, head: str, inline: str, tail: str) -> list[tuple[Query, Fill]]:
     """Packed: ``domainId << 40 | eventType << 32 | name key`` in one value, where the key is
     ``2**31 + symbol`` for inline text, the ``textId`` below ``2**31 - 1``, or ``2**31 - 1``
     for no name. Plain: one column each."""
     domain, text_id = src.column(NVTX, "domainId", "0"), src.column(NVTX, "textId")
     key = (
-        f"CASE WHEN n.sym IS NOT NULL THEN 2147483648 + n.sym"
+        f"CASE WHEN {inline} IS NOT NULL THEN 2147483648 + {inline}"
         f" WHEN {text_id} BETWEEN 0 AND 2147483646 THEN {text_id} ELSE 2147483647 END"
     )
     packed = Query(
         f'{head}, CASE WHEN {domain} BETWEEN 0 AND 8388607 AND e."eventType" BETWEEN 0 AND 255'
         f' THEN ({domain} << 40) | (e."eventType" << 32) | {key} END{tail}',
         ("start", "end", "tid", "packed"),
-        params,
         packed=True,
     )
     plain = Query(
-        f'{head}, {domain}, e."eventType", {text_id}, ifnull(n.sym, -1){tail}',
+        f'{head}, {domain}, e."eventType", {text_id}, ifnull({inline}, -1){tail}',
         ("start", "end", "tid", "domain", "event_type", "text_id", "inline"),
-        params,
     )
 
     def fill_packed(cols: Columns, rows: npt.NDArray[np.void]) -> None:

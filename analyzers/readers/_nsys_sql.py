@@ -17,6 +17,7 @@ import numpy.typing as npt
 from analyzers.errors import CorruptTraceError
 from analyzers.model import SymbolTable
 from analyzers.readers._arrays import factorize
+from analyzers.readers._arrow_sqlite import ArrowSqlite
 from analyzers.readers._sqlite_guard import Schema
 
 CHUNK_ROWS = 1 << 16
@@ -55,6 +56,23 @@ class _DoesNotPack(Exception):
     """A packed query met a value outside its bit budget (a NULL from its guard)."""
 
 
+class _ArrowFallback(Exception):
+    """The Arrow path cannot carry this result; the stdlib cursor path takes over."""
+
+
+def _store(
+    out: npt.NDArray[np.void], filled: int, columns: Columns, fill: Fill
+) -> tuple[npt.NDArray[np.void], int]:
+    """Convert one chunk into ``out[filled:]``, growing ``out`` if the bound was short."""
+    end = filled + len(next(iter(columns.values())))
+    if end > len(out):
+        grown = np.empty(max(end, 2 * len(out)), dtype=out.dtype)
+        grown[:filled] = out[:filled]
+        out = grown
+    fill(columns, out[filled:end])
+    return out, end
+
+
 @dataclass(slots=True)
 class NsysSource:
     """An open export plus what the reader learns while reading it."""
@@ -68,6 +86,8 @@ class NsysSource:
     metadata: dict[str, object] = field(default_factory=dict)
     file_bytes: int = 1 << 40
     """Size of the export on disk; bounds row-count claims of a crafted file."""
+    arrow: ArrowSqlite | None = None
+    """Fast column reader for the big queries, when the ``fast`` extra is installed."""
 
     def column(self, table: str, name: str, default: str = "-1") -> str:
         """SQL for ``table.name`` with NULL read as ``default``, or ``default`` when absent.
@@ -123,19 +143,46 @@ class NsysSource:
     def _fetch_chunks(
         self, out: npt.NDArray[np.void], filled: int, table: str, query: Query, fill: Fill
     ) -> tuple[npt.NDArray[np.void], int]:
+        """Arrow batches when that path is available and the query fits it, else the cursor."""
+        if self.arrow is not None and not query.params:
+            try:
+                return self._fetch_arrow(out, filled, query, fill)
+            except _ArrowFallback:
+                if query.packed:
+                    raise _DoesNotPack from None
+                # a plain query the Arrow path cannot carry: the stdlib path says what is wrong
+        return self._fetch_cursor(out, filled, table, query, fill)
+
+    def _fetch_arrow(
+        self, out: npt.NDArray[np.void], filled: int, query: Query, fill: Fill
+    ) -> tuple[npt.NDArray[np.void], int]:
+        assert self.arrow is not None
+        try:
+            for batch in self.arrow.batches(query.sql, CHUNK_ROWS):
+                if any(has_nulls for _, has_nulls in batch):
+                    raise _ArrowFallback("NULL in a result column")
+                columns = {
+                    name: values for name, (values, _) in zip(query.columns, batch, strict=True)
+                }
+                out, filled = _store(out, filled, columns, fill)
+        except _ArrowFallback:
+            raise
+        except Exception as exc:  # driver errors (type inference, I/O): retry on the stdlib path
+            raise _ArrowFallback(str(exc)) from exc
+        return out, filled
+
+    def _fetch_cursor(
+        self, out: npt.NDArray[np.void], filled: int, table: str, query: Query, fill: Fill
+    ) -> tuple[npt.NDArray[np.void], int]:
         """Rows leave the cursor ``CHUNK_ROWS`` at a time as one 2-D int64 array per chunk."""
         try:
             cursor = self.conn.execute(query.sql, query.params)
             while rows := cursor.fetchmany(CHUNK_ROWS):
                 chunk = np.array(rows, dtype=np.int64).reshape(len(rows), len(query.columns))
                 del rows
-                end = filled + len(chunk)
-                if end > len(out):
-                    grown = np.empty(max(end, 2 * len(out)), dtype=out.dtype)
-                    grown[:filled] = out[:filled]
-                    out = grown
-                fill(dict(zip(query.columns, chunk.T, strict=True)), out[filled:end])
-                filled = end
+                out, filled = _store(
+                    out, filled, dict(zip(query.columns, chunk.T, strict=True)), fill
+                )
         except sqlite3.DatabaseError as exc:
             raise CorruptTraceError(f"{self.label}: cannot read table {table} ({exc})") from exc
         except (TypeError, ValueError, OverflowError) as exc:

@@ -32,7 +32,7 @@ import gzip
 import io
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +91,7 @@ class _Tables:
     )
     thread_names: dict[int, str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    launch_names: dict[str, bool] = field(default_factory=dict)
 
     def add(self, table: str, row: tuple[object, ...]) -> None:
         rows = self.pending[table]
@@ -139,7 +140,7 @@ def _open_text(path: Path) -> Iterator[TextIO]:
     with open(path, "rb") as raw:
         compressed = raw.read(2) == GZIP_MAGIC
     binary = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
-    stream = io.TextIOWrapper(binary, encoding="utf-8")  # type: ignore[arg-type]
+    stream = io.TextIOWrapper(binary, encoding="utf-8")
     try:
         yield stream
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -166,21 +167,22 @@ def _take(event: object, tables: _Tables) -> None:
         return
     if phase != "X":
         return
-    cat = str(event.get("cat", "")).lower()
-    try:
-        if cat in ACTIVITY_CATS:
-            _activity(event, ACTIVITY_CATS[cat], tables)
-        elif cat in LAUNCH_CATS:
-            _launch(event, tables)
-        elif cat in RANGE_CATS:
-            _range(event, RANGE_CATS[cat], tables)
-        elif cat == "gpu_user_annotation":
+    cat = event.get("cat")
+    route = _ROUTES.get(cat) if isinstance(cat, str) else None
+    if route is None and isinstance(cat, str):
+        route = _ROUTES.get(cat.lower())
+    if route is None:
+        if cat == "gpu_user_annotation":
             tables.skip("gpu_user_annotation (GPU-side, not a CPU range)")
+        return
+    handler, kind = route
+    try:
+        handler(event, kind, tables)
     except (KeyError, TypeError, ValueError, OverflowError):
         tables.skip(f"{cat} event without numeric ts/dur/pid/tid")
 
 
-def _activity(event: dict[str, object], kind: ActivityKind, tables: _Tables) -> None:
+def _activity(event: dict[str, object], kind: int, tables: _Tables) -> None:
     args = event.get("args") or {}
     assert isinstance(args, dict)
     start = _ns(event["ts"])
@@ -191,7 +193,7 @@ def _activity(event: dict[str, object], kind: ActivityKind, tables: _Tables) -> 
             kind,
             -1,
             -1,  # process: filled from the launch that owns the correlation id
-            int(device),  # type: ignore[call-overload]
+            int(device),
             int(args.get("stream", event.get("tid", -1))),
             start,
             start + _ns(event.get("dur", 0)),
@@ -202,12 +204,17 @@ def _activity(event: dict[str, object], kind: ActivityKind, tables: _Tables) -> 
     )
 
 
-def _launch(event: dict[str, object], tables: _Tables) -> None:
+def _launch(event: dict[str, object], _kind: int, tables: _Tables) -> None:
     name = str(event.get("name", ""))
     args = event.get("args") or {}
     assert isinstance(args, dict)
     correlation = args.get("correlation")
-    if correlation is None or not is_launch_api(name):
+    if correlation is None:
+        return
+    launch = tables.launch_names.get(name)
+    if launch is None:  # a handful of API names repeat over millions of calls
+        launch = tables.launch_names[name] = is_launch_api(name)
+    if not launch:
         return
     start = _ns(event["ts"])
     tables.add(
@@ -224,11 +231,12 @@ def _launch(event: dict[str, object], tables: _Tables) -> None:
     )
 
 
-def _range(event: dict[str, object], kind: RangeKind, tables: _Tables) -> None:
+def _range(event: dict[str, object], kind: int, tables: _Tables) -> None:
+    # The hot path: Python frames are most of a with_stack trace, so no helper calls here.
     name = str(event.get("name", ""))
-    if kind == RangeKind.RECORD_FUNCTION and STEP_NAME.match(name):
-        kind = RangeKind.STEP
-    start = _ns(event["ts"])
+    if kind == _RECORD_FUNCTION and STEP_NAME.match(name):
+        kind = _STEP
+    start = round(float(event["ts"]) * 1000)  # type: ignore[arg-type]
     tables.add(
         "ranges",
         (
@@ -237,7 +245,7 @@ def _range(event: dict[str, object], kind: RangeKind, tables: _Tables) -> None:
             int(event["pid"]),  # type: ignore[call-overload]
             int(event["tid"]),  # type: ignore[call-overload]
             start,
-            start + _ns(event.get("dur", 0)),
+            start + round(float(event.get("dur", 0)) * 1000),  # type: ignore[arg-type]
             tables.strings.intern(name),
             -1,
             0,
@@ -349,3 +357,13 @@ def _metadata(header: dict[str, object], tables: _Tables) -> dict[str, object]:
     facts["device_names"] = names
     facts["skipped_events"] = dict(tables.skipped)
     return facts
+
+
+_RECORD_FUNCTION, _STEP = int(RangeKind.RECORD_FUNCTION), int(RangeKind.STEP)
+_Handler = Callable[[dict[str, object], int, _Tables], None]
+_ROUTES: dict[str, tuple[_Handler, int]] = {
+    **{cat: (_activity, int(kind)) for cat, kind in ACTIVITY_CATS.items()},
+    **{cat: (_launch, -1) for cat in LAUNCH_CATS},
+    **{cat: (_range, int(kind)) for cat, kind in RANGE_CATS.items()},
+}
+"""Kineto ``cat`` (lower case) -> (row builder, kind); other categories are not rows."""

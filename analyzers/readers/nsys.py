@@ -41,6 +41,7 @@ from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.model import ActivityKind, Trace
 from analyzers.readers import _nsys_ranges
 from analyzers.readers._arrays import factorize
+from analyzers.readers._arrow_sqlite import open_arrow
 from analyzers.readers._files import decompressed_copy, is_gzip
 from analyzers.readers._nsys_activities import KERNEL, MEMCPY, MEMSET, read_activities
 from analyzers.readers._nsys_launches import DRIVER, RUNTIME, read_launches
@@ -114,14 +115,20 @@ def read_sqlite(db_path: Path, *, label: str | None = None) -> Trace:
     """Read an uncompressed export; ``label`` is the name used in messages and ``source``."""
     name = label or str(db_path)
     conn = open_readonly(db_path)
+    arrow = None
     try:
         schema = inspect_schema(conn, Path(name), READ_TABLES)
         src = NsysSource(conn=conn, schema=schema, label=name, file_bytes=db_path.stat().st_size)
         _require_nsys(src)
+        # Only after the schema passed inspection may a second connection read the file.
+        src.arrow = arrow = open_arrow(db_path)
+        src.metadata["sqlite_backend"] = "adbc" if arrow is not None else "sqlite3"
         return _read_all(src)
     except sqlite3.DatabaseError as exc:
         raise CorruptTraceError(f"{name}: SQLite error while reading the export ({exc})") from exc
     finally:
+        if arrow is not None:
+            arrow.close()
         conn.close()
 
 
@@ -174,11 +181,13 @@ def _assign_ranks(activities: npt.NDArray[np.void]) -> tuple[dict[int, int], str
     kernel_process = activities["process"][mask]
     # globalPid keeps its low 24 bits zero, so >> 24 gives small dense keys (no sort needed).
     process_keys, process_index = factorize(kernel_process >> 24)
+    process_value = np.empty(len(process_keys), dtype=np.int64)
+    process_value[process_index] = kernel_process  # the key's actual process value
     # One int key per (process, device) pair; device ids are int16, shifted to be >= 0.
     device = activities["device"][mask].astype(np.int64) + 65536
     pair_keys, _ = factorize(process_index.astype(np.int64) << 17 | device)
     del device, process_index
-    processes = process_keys[pair_keys >> 17] << 24
+    processes = process_value[pair_keys >> 17]
     devices = (pair_keys & 0x1FFFF) - 65536
     one_each = len(np.unique(processes)) == len(processes) == len(np.unique(devices))
     if one_each:

@@ -59,9 +59,10 @@ def _run_analyze(
     size = sum(p.stat().st_size for p in paths if p.is_file())
     if not show_progress or size < LARGE_INPUT_BYTES:
         return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat)
+    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(transient=True) as bar:
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("analyzing", total=1.0)
 
         def update(stage: str, fraction: float) -> None:

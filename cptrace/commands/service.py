@@ -29,7 +29,9 @@ def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
 def _start_worker(data_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CPTRACE_DATA_DIR": str(data_dir)}
     code = "from cptrace.cli import main; main()"
-    return subprocess.Popen([sys.executable, "-c", code, "worker", "--data-dir", str(data_dir)], env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "worker", "--data-dir", str(data_dir)], env=env
+    )
 
 
 def _stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -71,7 +73,9 @@ def serve(
         typer.echo(f"Admin token (shown once, stored hashed): {token}")
     if seed_demo:
         for result in seed(app.state.db, settings, default_demo_dir()):
-            what = result.error or (f"run {result.run_id}" + ("" if result.created else " (already there)"))
+            what = result.error or (
+                f"run {result.run_id}" + ("" if result.created else " (already there)")
+            )
             typer.echo(f"demo {result.path.name}: {what}")
     proc = _start_worker(data_dir) if worker else None
     typer.echo(f"Dashboard: http://{host}:{port}/")
@@ -93,8 +97,10 @@ def worker(
     import logging
 
     from service.main import open_database
+    from service.uploads_exec import lower_priority
     from service.worker import AnalysisWorker
 
+    lower_priority()  # analyses yield the CPU to the API when they share a machine
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = _settings(data_dir)
     open_database(settings).close()  # schema up to date before the first claim
@@ -126,7 +132,9 @@ def token_create(
     try:
         parsed = Role(role)
     except ValueError:
-        raise typer.BadParameter(f"role must be one of admin, runner, viewer (got {role!r})") from None
+        raise typer.BadParameter(
+            f"role must be one of admin, runner, viewer (got {role!r})"
+        ) from None
     db = open_database(_settings(data_dir))
     try:
         token = db.write_tx(lambda c: create_token(c, role=parsed, name=name))

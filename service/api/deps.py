@@ -23,17 +23,20 @@ _bearer = HTTPBearer(auto_error=False, description="A cptrace token: `cptrace to
 
 def get_db(request: Request) -> Database:
     """The app's database (one writer thread, per-thread readers)."""
-    return request.app.state.db
+    db: Database = request.app.state.db
+    return db
 
 
 def get_settings(request: Request) -> Settings:
     """The settings the app was created with."""
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def get_blobs(request: Request) -> BlobStore:
     """The content-addressed blob store."""
-    return request.app.state.blobs
+    blobs: BlobStore = request.app.state.blobs
+    return blobs
 
 
 DbDep = Annotated[Database, Depends(get_db)]

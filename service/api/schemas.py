@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.store import RunSummary
 
-
 MAX_ID = 2**53 - 1  # exact in JSON numbers (and in SQLite INTEGER): larger ids are a 422
 
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="run id")]

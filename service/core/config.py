@@ -24,7 +24,9 @@ class Settings(BaseSettings):
         default=True, description="Allow reads (GET) without a token; writes always need one."
     )
     max_upload_bytes: int = Field(
-        default=1024 * MiB, ge=1, description="Largest accepted request body, checked while streaming."
+        default=1024 * MiB,
+        ge=1,
+        description="Largest accepted request body, checked while streaming.",
     )
     max_decompressed_bytes: int = Field(
         default=4096 * MiB,

@@ -1,1 +1,1 @@
-"""Persistence: SQLite (sqlite-utils) with one writer, schema migrations, content-addressed blobs."""
+"""Persistence: SQLite (sqlite-utils), one writer, schema migrations, content-addressed blobs."""

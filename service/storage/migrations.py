@@ -18,7 +18,7 @@ migrations = Migrations("cptrace")
 @migrations()
 def m001_initial(db: sqlite_utils.Database) -> None:
     """Runs, their files, blobs, uploads, analyses, comparisons, jobs, runners, tokens."""
-    db["blobs"].create({"sha256": str, "size": int, "created_at": str}, pk="sha256")
+    db.table("blobs").create({"sha256": str, "size": int, "created_at": str}, pk="sha256")
     # AUTOINCREMENT: a deleted run's id is never handed out again, so links in PR comments and
     # dashboards cannot silently point at a different run.
     db.execute(
@@ -27,59 +27,76 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         " error TEXT, config_key TEXT, manifest_json TEXT, spec_json TEXT, job_id INTEGER,"
         " created_at TEXT NOT NULL, updated_at TEXT)"
     )
-    db["runs"].create_index(["created_at"])
-    db["runs"].create_index(["branch"])
-    db["runs"].create_index(["config_key"])
-    db["runs"].create_index(["status"])
-    db["run_files"].create(
+    db.table("runs").create_index(["created_at"])
+    db.table("runs").create_index(["branch"])
+    db.table("runs").create_index(["config_key"])
+    db.table("runs").create_index(["status"])
+    db.table("run_files").create(
         {
-            "id": int, "run_id": int, "role": str, "name": str, "format": str, "rank": int,
-            "sha256": str, "size": int,
+            "id": int,
+            "run_id": int,
+            "role": str,
+            "name": str,
+            "format": str,
+            "rank": int,
+            "sha256": str,
+            "size": int,
         },
         pk="id",
         foreign_keys=[("run_id", "runs", "id"), ("sha256", "blobs", "sha256")],
         not_null={"run_id", "role", "name", "sha256"},
     )
-    db["run_files"].create_index(["run_id"])
-    db["run_files"].create_index(["sha256"])
+    db.table("run_files").create_index(["run_id"])
+    db.table("run_files").create_index(["sha256"])
     # Idempotency: the sha256 of an uploaded body (plus its target) -> the run it created.
-    db["uploads"].create(
+    db.table("uploads").create(
         {"key": str, "run_id": int, "created_at": str},
         pk="key",
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["analysis_tasks"].create(
+    db.table("analysis_tasks").create(
         {
-            "id": int, "run_id": int, "status": str, "attempts": int, "worker": str,
-            "lease_expires_at": float, "error": str, "created_at": str, "updated_at": str,
+            "id": int,
+            "run_id": int,
+            "status": str,
+            "attempts": int,
+            "worker": str,
+            "lease_expires_at": float,
+            "error": str,
+            "created_at": str,
+            "updated_at": str,
         },
         pk="id",
         foreign_keys=[("run_id", "runs", "id")],
         not_null={"run_id", "status"},
     )
-    db["analysis_tasks"].create_index(["status", "id"])
-    db["analysis_tasks"].create_index(["run_id"])
-    db["reports"].create(
+    db.table("analysis_tasks").create_index(["status", "id"])
+    db.table("analysis_tasks").create_index(["run_id"])
+    db.table("reports").create(
         {
-            "run_id": int, "schema_version": int, "catalog_version": str, "report_json": str,
-            "duration_s": float, "created_at": str,
+            "run_id": int,
+            "schema_version": int,
+            "catalog_version": str,
+            "report_json": str,
+            "duration_s": float,
+            "created_at": str,
         },
         pk="run_id",
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["run_metrics"].create(
+    db.table("run_metrics").create(
         {"run_id": int, "metric": str, "label": str, "value": float},
         pk=("run_id", "metric", "label"),
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["run_metrics"].create_index(["metric"])
+    db.table("run_metrics").create_index(["metric"])
     db.execute(
         "CREATE TABLE comparisons (id INTEGER PRIMARY KEY AUTOINCREMENT,"
         " base_run_id INTEGER REFERENCES runs(id), head_run_id INTEGER REFERENCES runs(id),"
         " base_window TEXT, head_window TEXT, verdict TEXT, summary TEXT, report_json TEXT,"
         " created_at TEXT)"
     )
-    db["comparisons"].create_index(
+    db.table("comparisons").create_index(
         ["base_run_id", "head_run_id", "base_window", "head_window"], unique=True
     )
     db.execute(
@@ -88,17 +105,17 @@ def m001_initial(db: sqlite_utils.Database) -> None:
         " attempts INTEGER, max_attempts INTEGER, runner TEXT, lease_expires_at FLOAT,"
         " run_id INTEGER, reason TEXT, log_tail TEXT, created_at TEXT, updated_at TEXT)"
     )
-    db["jobs"].create_index(["status", "id"])
-    db["runners"].create(
+    db.table("jobs").create_index(["status", "id"])
+    db.table("runners").create(
         {"name": str, "gpus": int, "first_seen": str, "last_seen": str, "current_job_id": int},
         pk="name",
     )
-    db["tokens"].create(
+    db.table("tokens").create(
         {"id": int, "name": str, "role": str, "token_hash": str, "created_at": str},
         pk="id",
         not_null={"role", "token_hash"},
     )
-    db["tokens"].create_index(["token_hash"], unique=True)
+    db.table("tokens").create_index(["token_hash"], unique=True)
 
 
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:

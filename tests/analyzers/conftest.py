@@ -34,7 +34,9 @@ WORKLOAD = {
 }
 
 
-def te_manifest(prefix: str, cu_padded: list[int] | None = None) -> RunManifest:
+def te_manifest(
+    prefix: str, cu_padded: list[int] | None = None, steps_per_window: int | None = None
+) -> RunManifest:
     """The 3-arm run as README describes it; ``cu_padded`` replaces the padded values."""
     padded = cu_padded or EQUAL_CU
     arms = [
@@ -55,6 +57,7 @@ def te_manifest(prefix: str, cu_padded: list[int] | None = None) -> RunManifest:
                         "padded_is_same_object": same,
                         "pad_between_seqs": pad,
                     },
+                    "steps_per_window": steps_per_window,
                 }
                 for name, same, pad in arms
             ],
@@ -64,7 +67,8 @@ def te_manifest(prefix: str, cu_padded: list[int] | None = None) -> RunManifest:
 
 @pytest.fixture(scope="session")
 def nsys_3arms() -> Analysis:
-    return run_analysis(NSYS_3ARMS, manifest=te_manifest("nsys_arm"))
+    # Each nsys_arm:<name> range holds the arm's last three steps (tests/data/README.md).
+    return run_analysis(NSYS_3ARMS, manifest=te_manifest("nsys_arm", steps_per_window=3))
 
 
 @pytest.fixture(scope="session")

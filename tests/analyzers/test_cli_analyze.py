@@ -175,3 +175,28 @@ def test_analyze_a_bundle_directory_and_tar(tmp_path: Path) -> None:
         out.add(bundle, arcname="bundle")
     report = json.loads(_invoke("analyze", str(tar), "--json").output)
     assert report["ranks"] == [0, 1]
+
+
+def test_progress_bar_on_large_inputs_goes_to_stderr(monkeypatch) -> None:
+    import cptrace.commands.analyze as command
+
+    stages: list[str] = []
+    monkeypatch.setattr(command, "LARGE_INPUT_BYTES", 0)  # every input counts as large
+    from analyzers import pipeline
+
+    original = pipeline.run_analysis
+
+    def spy(*args, **kwargs):
+        progress = kwargs["progress"]
+        assert progress is not None
+
+        def record(stage: str, fraction: float) -> None:
+            stages.append(stage)
+            progress(stage, fraction)
+
+        return original(*args, **{**kwargs, "progress": record})
+
+    monkeypatch.setattr(pipeline, "run_analysis", spy)
+    result = RUNNER.invoke(app, ["analyze", str(SYNTHETIC / "nsys_single.sqlite.gz")])
+    assert result.exit_code == 0, result.output
+    assert stages[0].startswith("reading") and stages[-1] == "done"

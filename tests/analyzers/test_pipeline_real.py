@@ -54,7 +54,11 @@ def test_nsys_helper_only_in_the_padded_arm(nsys_3arms: Analysis) -> None:
             assert not inside.any()
     slow = [h for h in report.helpers if h.window == "nsys_arm:auto_clone" and h.helper == HELPER]
     # The last three steps of the arm: 4 layers x 2 CP steps x 2 calls per step = 16 per step.
-    assert [(h.rank, h.launches, h.calls) for h in slow] == [(0, 48, 48), (1, 48, 48)]
+    assert [(h.rank, h.steps, h.launches, h.calls) for h in slow] == [
+        (0, 3, 48, 48),
+        (1, 3, 48, 48),
+    ]
+    assert per_step(slow) == 32  # same per-step count as the Kineto capture
 
 
 def test_kineto_helper_through_python_frames_only_in_auto_clone(kineto_3arms: Analysis) -> None:

@@ -221,3 +221,63 @@ def test_duplicate_runtime_rows_are_dropped(tmp_path: Path) -> None:
     assert trace.metadata["duplicate_launch_rows"] == 121
     assert len(trace.launches) == len(clean.launches)
     assert np.array_equal(np.sort(trace.launches["start"]), np.sort(clean.launches["start"]))
+
+
+def test_both_sqlite_backends_read_the_same(monkeypatch: pytest.MonkeyPatch, arms: Trace) -> None:
+    """The Arrow (ADBC) fast path, when installed, must equal the stdlib sqlite3 path."""
+    monkeypatch.setenv("CPTRACE_NSYS_BACKEND", "sqlite3")
+    plain = read_nsys(THREE_ARMS)
+    assert plain.metadata["sqlite_backend"] == "sqlite3"
+    for table in ("activities", "launches", "ranges"):
+        assert np.array_equal(getattr(plain, table), getattr(arms, table))
+    assert plain.strings.names == arms.strings.names
+
+
+@pytest.mark.parametrize("backend", ["sqlite3", "default"])
+def test_values_outside_the_packed_bits_fall_back_to_plain_queries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    if backend == "sqlite3":
+        monkeypatch.setenv("CPTRACE_NSYS_BACKEND", "sqlite3")
+    db = _edited_copy(
+        tmp_path,
+        # a device id above 255 and a stream id above 65535 do not fit the packed column
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 300, streamId = 70000 "
+        "WHERE rowid = (SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)",
+        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = correlationId + 5000000000 "
+        "WHERE rowid = (SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId "
+        "IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL))",
+    )
+    trace = read_nsys(db)
+    kernels = trace.activities[trace.activities["kind"] == ActivityKind.KERNEL]
+    assert len(kernels) == 121
+    assert set(kernels["device"].tolist()) == {0, 300}
+    assert 70000 in kernels["stream"].tolist()
+    assert int(trace.launches["correlation"].max()) > 5_000_000_000
+
+
+def test_many_distinct_inline_names(tmp_path: Path) -> None:
+    """Beyond a few dozen distinct texts the reader maps names with a join instead of CASE."""
+    db = _edited_copy(
+        tmp_path,
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) "
+        "SELECT start, end, 59, (SELECT globalTid FROM NVTX_EVENTS LIMIT 1), "
+        "'kernel range ' || rowid || ' it''s quoted' FROM CUPTI_ACTIVITY_KIND_KERNEL",
+    )
+    trace = read_nsys(db)
+    names = Counter(trace.strings[int(i)] for i in trace.ranges["name"])
+    assert len(trace.ranges) == 40 + 121
+    assert (
+        sum(1 for n in names if n.startswith("kernel range ") and n.endswith("it's quoted")) == 121
+    )
+    assert names["get_cu_seqlens_on_cp_rank"] == 20
+
+
+def test_process_on_two_devices_ranks_by_process_order(tmp_path: Path) -> None:
+    db = _edited_copy(
+        tmp_path, "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 1 WHERE rowid % 2 = 0"
+    )
+    trace = read_nsys(db)
+    assert "process order" in str(trace.metadata["rank_source"])
+    assert list(trace.ranks.values()) == [0]
+    assert (trace.activities["rank"] == 0).all()

@@ -10,7 +10,7 @@ import pytest
 from analyzers.attribution import attribute, match_ranges
 from analyzers.catalog import builtin_catalog
 from analyzers.metrics import GAP_THRESHOLD_NS, compute_metrics, interval_union
-from analyzers.model import RangeKind
+from analyzers.model import ActivityKind, RangeKind
 from analyzers.windows import WHOLE_TRACE, find_windows, step_group_name
 from tests.analyzers.factories import TraceBuilder
 
@@ -144,3 +144,63 @@ def test_timeline_is_decimated_to_longest() -> None:
     m = compute_metrics(trace, att, ranges, CATALOG, find_windows(trace), timeline_limit=10)
     assert m.timeline is not None and m.timeline.dropped == 40
     assert sorted(e.end_ns - e.start_ns for e in m.timeline.events) == list(range(41, 51))
+
+
+def test_host_syncs_are_found_labelled_and_attributed() -> None:
+    b = TraceBuilder()
+    b.range("ProfilerStep#1", 0, 1000 * US)
+    b.range(
+        "megatron/utils.py(10): get_batch_on_this_cp_rank", 10 * US, 200 * US, kind=RangeKind.PYTHON
+    )
+    b.range("aten::_local_scalar_dense", 20 * US, 120 * US, kind=RangeKind.CPU_OP)
+    b.kernel(
+        "Memcpy DtoH (Device -> Pageable)",
+        30 * US,
+        40 * US,
+        5 * US,
+        kind=ActivityKind.MEMCPY,
+        api="cudaMemcpyAsync",
+    )
+    b.api_call("cudaStreamSynchronize", 500 * US, 700 * US)  # outside any helper
+    b.kernel(
+        "Memcpy DtoH (Device -> Pageable)",
+        2000 * US,
+        2010 * US,
+        5 * US,
+        kind=ActivityKind.MEMCPY,
+        api="cudaMemcpyAsync",
+    )  # outside the step
+    trace = b.build()
+    ranges = match_ranges(trace, CATALOG)
+    att = attribute(trace, CATALOG, ranges)
+    m = compute_metrics(trace, att, ranges, CATALOG, find_windows(trace))
+    step = {s.helper: s for s in m.host_syncs if s.window == "ProfilerStep"}
+    assert step["get_batch_on_this_cp_rank"].calls == 1
+    assert step["get_batch_on_this_cp_rank"].api == "aten::_local_scalar_dense"
+    assert step["(unattributed)"].api == "cudaStreamSynchronize"
+    assert step["(unattributed)"].blocked_ns == 200 * US
+    whole = sum(s.calls for s in m.host_syncs if s.window == WHOLE_TRACE)
+    assert whole == 3
+
+
+def test_steps_per_window_divides_per_step_numbers() -> None:
+    b = TraceBuilder(fmt="nsys")
+    b.range("nsys_arm:x", 0, 4000 * US, kind=RangeKind.NVTX)  # four steps, none marked
+    b.range("cp_attention.merge", 10 * US, 20 * US, kind=RangeKind.NVTX)
+    b.kernel("k", 15 * US, 100 * US, 10 * US)
+    trace = b.build()
+    ranges = match_ranges(trace, CATALOG)
+    att = attribute(trace, CATALOG, ranges)
+    windows = find_windows(trace, window_names=["nsys_arm:x"])
+    m = compute_metrics(trace, att, ranges, CATALOG, windows, steps_per_window={"nsys_arm:x": 4})
+    assert m.steps[(0, "nsys_arm:x")] == 4
+    assert m.durations_ms[(0, "nsys_arm:x")] == [1.0] * 4
+    assert m.helper_stats("nsys_arm:x", "cp_attention.merge")[0].steps == 4
+    # Steps marked inside the window win over the manifest's count.
+    b.range("ProfilerStep#1", 0, 1000 * US, kind=RangeKind.STEP)
+    trace = b.build()
+    ranges = match_ranges(trace, CATALOG)
+    att = attribute(trace, CATALOG, ranges)
+    windows = find_windows(trace, window_names=["nsys_arm:x"])
+    m = compute_metrics(trace, att, ranges, CATALOG, windows, steps_per_window={"nsys_arm:x": 4})
+    assert m.steps[(0, "nsys_arm:x")] == 1

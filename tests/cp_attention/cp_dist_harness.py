@@ -53,7 +53,7 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
 
 
 def run_one(case: Case, comm: str, strategy: str, causal: bool, rank: int, cp: int,
-            broken: bool = False) -> dict[str, torch.Tensor]:
+            broken: bool = False, save_remote_kv: bool = True) -> dict[str, torch.Tensor]:
     """This rank's out, dq, dk, dv (float32) for one configuration."""
     meta = PackedBatch.from_cu_seqlens(case.cu_seqlens, case.cu_seqlens_padded, cp_size=cp,
                                        strategy=strategy)
@@ -61,7 +61,7 @@ def run_one(case: Case, comm: str, strategy: str, causal: bool, rank: int, cp: i
     local = {n: partition_for_rank(t, meta, rank).float().contiguous() for n, t in full.items()}
     q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
     out = cp_attn(q, k, v, meta, comm=comm, causal=causal, broken_identity_padding=broken,
-                  broken_always_zero_fill=broken)
+                  broken_always_zero_fill=broken, save_remote_kv=save_remote_kv)
     out.backward(local["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -77,10 +77,14 @@ def _worker(rank: int, cp: int, port: int, cases: list[Case], out_dir: str) -> N
                 key = f"{case.name}|{comm}|{strategy}|{causal}"
                 fixed = run_one(case, comm, strategy, causal, rank, cp)
                 broken = run_one(case, comm, strategy, causal, rank, cp, broken=True)
+                ring = run_one(case, comm, strategy, causal, rank, cp, save_remote_kv=False)
                 again = run_one(case, comm, strategy, causal, rank, cp)
                 results[key] = fixed
-                results[key + "|broken_equal"] = all(torch.equal(fixed[n], broken[n]) for n in fixed)
-                results[key + "|repeat_equal"] = all(torch.equal(fixed[n], again[n]) for n in fixed)
+                results[key + "|ring_bwd"] = ring
+                results[key + "|broken_equal"] = all(torch.equal(fixed[n], broken[n])
+                                                     for n in fixed)
+                results[key + "|repeat_equal"] = all(torch.equal(fixed[n], again[n])
+                                                     for n in fixed)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -93,7 +97,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_distributed(cp: int, cases: list[Case], out_dir: Path, timeout_s: float = 150) -> list[dict]:
+def run_distributed(
+    cp: int, cases: list[Case], out_dir: Path, timeout_s: float = 150
+) -> list[dict]:
     """Spawn ``cp`` gloo ranks over ``cases``; returns each rank's results.
 
     :raises TimeoutError: when the ranks do not finish in time (they are terminated).

@@ -29,6 +29,7 @@ def reference_attention(
             mask = torch.ones(n, n, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, -math.inf)
         probs = torch.softmax(scores, -1)
-        out = out.index_put((torch.arange(start, start + n),), torch.einsum("hqk,khd->qhd", probs, vs))
+        rows = (torch.arange(start, start + n),)
+        out = out.index_put(rows, torch.einsum("hqk,khd->qhd", probs, vs))
     out.backward(dout.double())
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}

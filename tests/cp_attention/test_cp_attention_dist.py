@@ -61,11 +61,12 @@ def test_every_combination_matches_reference(dist_results) -> None:
                                                cp_size=cp, strategy=strategy)
             want = reference_attention(full["q"], full["k"], full["v"], full["dout"],
                                        case.cu_seqlens, case.cu_seqlens_padded, causal)
-            for name in ("out", "dq", "dk", "dv"):
-                got = unpartition([r[key][name] for r in per_rank], meta)
-                err = _rel_err(got, want[name])
-                if not err < TOL:
-                    failures.append(f"{key} {name}: rel err {err:.2e}")
+            for variant in ("", "|ring_bwd"):
+                for name in ("out", "dq", "dk", "dv"):
+                    got = unpartition([r[key + variant][name] for r in per_rank], meta)
+                    err = _rel_err(got, want[name])
+                    if not err < TOL:
+                        failures.append(f"{key}{variant} {name}: rel err {err:.2e}")
     assert not failures, "\n".join(failures)
 
 

@@ -56,6 +56,8 @@ BASE = {"name": "t"}
          "field seqlens: token_alignment 128 pads the total 16 to 128"),
         ({**BASE, "implementation": "te", "broken_identity_padding": True},
          "apply to implementation 'bundled' only"),
+        ({**BASE, "implementation": "te_adapter", "pad_between_seqs": False},
+         "te_adapter decides it from values"),
         ({**BASE, "profilers": {"mode": "perf"}}, "field profilers.mode: Input should be"),
         ({**BASE, "variants": {"a": {"ranks": 4}}},
          "field variants.a: overrides run-level field\\(s\\) \\['ranks'\\]"),

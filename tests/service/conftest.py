@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from service_factories import auth
 
 from service.auth import Role, create_token
 from service.core.config import Settings
 from service.main import create_app
-from service_factories import auth
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -23,8 +23,11 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 @pytest.fixture(scope="module")
 def app_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data_dir = tmp_path_factory.mktemp("service")
-    app = create_app(make_settings(data_dir, max_upload_bytes=8 * 1024 * 1024,
-                                   max_decompressed_bytes=64 * 1024 * 1024))
+    app = create_app(
+        make_settings(
+            data_dir, max_upload_bytes=8 * 1024 * 1024, max_decompressed_bytes=64 * 1024 * 1024
+        )
+    )
     db = app.state.db
     tokens = {role.value: db.write_tx(lambda c, r=role: create_token(c, role=r)) for role in Role}
     with TestClient(app) as client:

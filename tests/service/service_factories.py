@@ -22,14 +22,25 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def manifest_for(traces: list[tuple[str, bytes, str, int | None]], *, name: str = "demo",
-                 branch: str = "main", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def manifest_for(
+    traces: list[tuple[str, bytes, str, int | None]],
+    *,
+    name: str = "demo",
+    branch: str = "main",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A bundle manifest (format version 1) listing ``traces``."""
     return {
         "schema_version": 1,
         "bundle_version": 1,
-        "run": {"name": name, "branch": branch, "commit": "abc123", "created_at": "2026-01-01",
-                "spec": {"name": name}, "host": "test"},
+        "run": {
+            "name": name,
+            "branch": branch,
+            "commit": "abc123",
+            "created_at": "2026-01-01",
+            "spec": {"name": name},
+            "host": "test",
+        },
         "workload": {"implementation": "te", "cp_size": 2, "seqlens": [8192, 4096, 2048, 2048]},
         "traces": [
             {"path": path, "format": fmt, "rank": rank, "sha256": sha256(data)}
@@ -112,12 +123,24 @@ head_dim: 16
 KINETO_3ARMS = [DATA / "te-2.20.2-h200x2" / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 CU = [0, 8192, 12288, 14336, 16384]
 ARMS = {
-    "auto_clone": {"cu_seqlens": CU, "cu_seqlens_padded": CU, "padded_is_same_object": False,
-                   "pad_between_seqs": None},
-    "explicit_false": {"cu_seqlens": CU, "cu_seqlens_padded": CU, "padded_is_same_object": False,
-                       "pad_between_seqs": False},
-    "auto_same": {"cu_seqlens": CU, "cu_seqlens_padded": CU, "padded_is_same_object": True,
-                  "pad_between_seqs": None},
+    "auto_clone": {
+        "cu_seqlens": CU,
+        "cu_seqlens_padded": CU,
+        "padded_is_same_object": False,
+        "pad_between_seqs": None,
+    },
+    "explicit_false": {
+        "cu_seqlens": CU,
+        "cu_seqlens_padded": CU,
+        "padded_is_same_object": False,
+        "pad_between_seqs": False,
+    },
+    "auto_same": {
+        "cu_seqlens": CU,
+        "cu_seqlens_padded": CU,
+        "padded_is_same_object": True,
+        "pad_between_seqs": None,
+    },
 }
 
 
@@ -126,11 +149,20 @@ def te_3arms_bundle(*, name: str = "te-3arms", branch: str = "main") -> bytes:
     data = [p.read_bytes() for p in KINETO_3ARMS]
     traces = [(f"traces/rank{r}.json.gz", d, "kineto", r) for r, d in enumerate(data)]
     manifest = manifest_for(traces, name=name, branch=branch)
-    manifest["workload"] = {"implementation": "te", "cp_size": 2, "cp_comm": "p2p",
-                            "strategy": "dual_chunk_swap", "causal": True, "heads": 16,
-                            "head_dim": 128, "dtype": "bf16", "layers": 4,
-                            "seqlens": [8192, 4096, 2048, 2048]}
-    manifest["variants"] = [{"name": arm, "window": f"arm:{arm}", "facts": facts}
-                            for arm, facts in ARMS.items()]
+    manifest["workload"] = {
+        "implementation": "te",
+        "cp_size": 2,
+        "cp_comm": "p2p",
+        "strategy": "dual_chunk_swap",
+        "causal": True,
+        "heads": 16,
+        "head_dim": 128,
+        "dtype": "bf16",
+        "layers": 4,
+        "seqlens": [8192, 4096, 2048, 2048],
+    }
+    manifest["variants"] = [
+        {"name": arm, "window": f"arm:{arm}", "facts": facts} for arm, facts in ARMS.items()
+    ]
     members = [("manifest.json", json.dumps(manifest).encode())]
     return tar_gz(members + [(p, d) for p, d, _, _ in traces])

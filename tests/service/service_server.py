@@ -36,12 +36,28 @@ class Server:
         self.log = data_dir / f"server-{self.port}.log"
 
     def start(self, timeout: float = 60) -> Server:
-        args = [sys.executable, "-c", "from cptrace.cli import main; main()", "serve", "--host",
-                "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir)]
+        args = [
+            sys.executable,
+            "-c",
+            "from cptrace.cli import main; main()",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+        ]
         if not self.worker:
             args.append("--no-worker")
-        self.proc = subprocess.Popen(args, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     text=True, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -78,6 +94,16 @@ class Server:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def group_alive(server: Server) -> bool:
+    """Whether any process of the server's group (API or worker) still exists."""
+    assert server.proc is not None
+    try:
+        os.killpg(server.proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def db_state(data_dir: Path) -> dict[str, Any]:

@@ -28,8 +28,11 @@ def _assert_error(resp: Any, status: int) -> dict[str, Any]:
 def seeded(client: TestClient, runner: dict[str, str]) -> list[int]:
     ids = []
     for i, branch in enumerate(["main", "main", "feature/x"]):
-        resp = client.post("/api/v1/runs", json={"name": f"seed-{i}", "branch": branch,
-                                                 "commit": f"c0ffee{i}"}, headers=runner)
+        resp = client.post(
+            "/api/v1/runs",
+            json={"name": f"seed-{i}", "branch": branch, "commit": f"c0ffee{i}"},
+            headers=runner,
+        )
         ids.append(resp.json()["id"])
     return ids
 
@@ -52,8 +55,9 @@ def test_list_filters_and_paging(client: TestClient, seeded: list[int]) -> None:
     assert {r["id"] for r in status["items"]} >= set(seeded)
 
 
-def test_detail_and_delete(client: TestClient, admin: dict[str, str], runner: dict[str, str],
-                           seeded: list[int]) -> None:
+def test_detail_and_delete(
+    client: TestClient, admin: dict[str, str], runner: dict[str, str], seeded: list[int]
+) -> None:
     detail = client.get(f"/api/v1/runs/{seeded[0]}").json()
     assert detail["name"] == "seed-0" and detail["files"] == [] and detail["report"] is None
     _assert_error(client.delete(f"/api/v1/runs/{seeded[0]}", headers=runner), 403)
@@ -63,7 +67,8 @@ def test_detail_and_delete(client: TestClient, admin: dict[str, str], runner: di
 
 
 def test_delete_removes_an_uploaded_run_and_allows_reupload(
-        client: TestClient, admin: dict[str, str], runner: dict[str, str]) -> None:
+    client: TestClient, admin: dict[str, str], runner: dict[str, str]
+) -> None:
     data = kineto_bundle(salt="delete-me")
     files = {"bundle": ("b.tar.gz", data)}
     first = client.post("/api/v1/uploads/bundles", files=files, headers=runner).json()
@@ -84,8 +89,9 @@ def test_delete_removes_an_uploaded_run_and_allows_reupload(
         ("post", "/api/v1/runs/1/analysis", None),
     ],
 )
-def test_writes_need_the_right_token(client: TestClient, viewer: dict[str, str], method: str,
-                                     path: str, body: Any) -> None:
+def test_writes_need_the_right_token(
+    client: TestClient, viewer: dict[str, str], method: str, path: str, body: Any
+) -> None:
     kwargs = {"json": body} if body is not None else {}
     missing = _assert_error(getattr(client, method)(path, **kwargs), 401)
     assert "bearer token" in missing["error"]
@@ -99,8 +105,9 @@ def test_uploads_need_a_token(client: TestClient, viewer: dict[str, str]) -> Non
     files = {"bundle": ("b.tar.gz", b"x")}
     _assert_error(client.post("/api/v1/uploads/bundles", files=files), 401)
     _assert_error(client.post("/api/v1/uploads/bundles", files=files, headers=viewer), 403)
-    _assert_error(client.post("/api/v1/uploads/traces", files={"trace": ("t", b"x")},
-                              headers=viewer), 403)
+    _assert_error(
+        client.post("/api/v1/uploads/traces", files={"trace": ("t", b"x")}, headers=viewer), 403
+    )
 
 
 @pytest.mark.parametrize(
@@ -113,21 +120,43 @@ def test_uploads_need_a_token(client: TestClient, viewer: dict[str, str]) -> Non
         ("get", "/api/v1/jobs/999999", {}, 404),
         ("get", "/api/v1/comparisons/999999", {}, 404),
         ("get", "/api/v1/no-such-thing", {}, 404),
-        ("post", "/api/v1/runs", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422),
+        (
+            "post",
+            "/api/v1/runs",
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            422,
+        ),
         ("post", "/api/v1/jobs/claim", {"json": {"runner": ""}}, 422),
         ("put", "/api/v1/health", {}, 405),
     ],
 )
-def test_error_shape(client: TestClient, admin: dict[str, str], method: str, path: str,
-                     kwargs: dict[str, Any], status: int) -> None:
+def test_error_shape(
+    client: TestClient,
+    admin: dict[str, str],
+    method: str,
+    path: str,
+    kwargs: dict[str, Any],
+    status: int,
+) -> None:
     headers = {**admin, **kwargs.pop("headers", {})}
     _assert_error(getattr(client, method)(path, headers=headers, **kwargs), status)
 
 
 def test_invalid_manifest_on_create(client: TestClient, runner: dict[str, str]) -> None:
-    body = _assert_error(client.post("/api/v1/runs", json={"name": "m", "manifest": {
-        "schema_version": 1, "variants": [{"name": "a", "facts": {"cu_seqlens": [5, 1]}}]}},
-        headers=runner), 422)
+    body = _assert_error(
+        client.post(
+            "/api/v1/runs",
+            json={
+                "name": "m",
+                "manifest": {
+                    "schema_version": 1,
+                    "variants": [{"name": "a", "facts": {"cu_seqlens": [5, 1]}}],
+                },
+            },
+            headers=runner,
+        ),
+        422,
+    )
     assert "cu_seqlens" in body["error"]
 
 

@@ -29,28 +29,35 @@ def _drain(client: TestClient, runner: dict[str, str]) -> None:
         resp = client.post("/api/v1/jobs/claim", json={"runner": "drain"}, headers=runner)
         if resp.status_code == 204:
             return
-        client.post(f"/api/v1/jobs/{resp.json()['id']}/fail", json={"reason": "drain"},
-                    headers=runner)
+        client.post(
+            f"/api/v1/jobs/{resp.json()['id']}/fail", json={"reason": "drain"}, headers=runner
+        )
 
 
-def test_submit_validates_the_spec(client: TestClient, admin: dict[str, str],
-                                   runner: dict[str, str]) -> None:
+def test_submit_validates_the_spec(
+    client: TestClient, admin: dict[str, str], runner: dict[str, str]
+) -> None:
     job = _submit(client, admin)
     assert job["status"] == "queued" and job["name"] == "test-job"
     assert job["spec"]["seqlens"] == [256, 128]
-    bad = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML + "pad_between_seq: false\n"},
-                      headers=admin)
+    bad = client.post(
+        "/api/v1/jobs", json={"spec_yaml": SPEC_YAML + "pad_between_seq: false\n"}, headers=admin
+    )
     assert bad.status_code == 422 and "pad_between_seq" in bad.json()["error"]
     broken = client.post("/api/v1/jobs", json={"spec_yaml": "name: [unclosed"}, headers=admin)
     assert broken.status_code == 400 and "YAML" in broken.json()["error"]
     both = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML, "spec": {}}, headers=admin)
     assert both.status_code == 400
-    assert client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML}, headers=runner).status_code == 403
+    assert (
+        client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML}, headers=runner).status_code
+        == 403
+    )
     _drain(client, runner)
 
 
-def test_claim_heartbeat_complete(client: TestClient, admin: dict[str, str],
-                                  runner: dict[str, str]) -> None:
+def test_claim_heartbeat_complete(
+    client: TestClient, admin: dict[str, str], runner: dict[str, str]
+) -> None:
     _drain(client, runner)
     job = _submit(client, admin, gpus=2)
     small = client.post("/api/v1/jobs/claim", json={"runner": "r1", "gpus": 1}, headers=runner)
@@ -62,8 +69,9 @@ def test_claim_heartbeat_complete(client: TestClient, admin: dict[str, str],
     beat = client.post(f"/api/v1/jobs/{job['id']}/heartbeat", json={}, headers=runner)
     assert beat.status_code == 200 and beat.json()["lease_expires_at"] >= body["lease_expires_at"]
     run = client.post("/api/v1/runs", json={"name": "from-job"}, headers=runner).json()
-    done = client.post(f"/api/v1/jobs/{job['id']}/complete", json={"run_id": run["id"]},
-                       headers=runner)
+    done = client.post(
+        f"/api/v1/jobs/{job['id']}/complete", json={"run_id": run["id"]}, headers=runner
+    )
     assert done.status_code == 200
     final = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert final["status"] == "completed" and final["run_id"] == run["id"]
@@ -74,17 +82,25 @@ def test_claim_heartbeat_complete(client: TestClient, admin: dict[str, str],
     assert any(r["name"] == "r1" and r["gpus"] == 8 for r in runners)
 
 
-def test_fail_and_release(client: TestClient, admin: dict[str, str], runner: dict[str, str]) -> None:
+def test_fail_and_release(
+    client: TestClient, admin: dict[str, str], runner: dict[str, str]
+) -> None:
     _drain(client, runner)
     job = _submit(client, admin)
     first = client.post("/api/v1/jobs/claim", json={"runner": "r2"}, headers=runner).json()
-    assert client.post(f"/api/v1/jobs/{first['id']}/release", json={}, headers=runner).status_code == 200
+    assert (
+        client.post(f"/api/v1/jobs/{first['id']}/release", json={}, headers=runner).status_code
+        == 200
+    )
     again = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert again["status"] == "queued" and again["attempts"] == 0
     second = client.post("/api/v1/jobs/claim", json={"runner": "r3"}, headers=runner).json()
     assert second["id"] == job["id"]
-    fail = client.post(f"/api/v1/jobs/{job['id']}/fail",
-                       json={"reason": "CUDA OOM", "log_tail": "...out of memory"}, headers=runner)
+    fail = client.post(
+        f"/api/v1/jobs/{job['id']}/fail",
+        json={"reason": "CUDA OOM", "log_tail": "...out of memory"},
+        headers=runner,
+    )
     assert fail.status_code == 200
     final = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert final["status"] == "failed" and final["reason"] == "CUDA OOM"
@@ -111,8 +127,9 @@ def test_concurrent_claims_never_share_a_job(tmp_path: Path) -> None:
     """8 threads with their own connections (as 8 runner requests across processes would)."""
     path, conn = _queue(tmp_path)
     for i in range(40):
-        jobs.submit_job(conn, spec={"name": f"j{i}"}, spec_yaml=None, name=f"j{i}", gpus=0,
-                        max_attempts=3)
+        jobs.submit_job(
+            conn, spec={"name": f"j{i}"}, spec_yaml=None, name=f"j{i}", gpus=0, max_attempts=3
+        )
     got: dict[str, list[int]] = {}
     barrier = threading.Barrier(8)
 
@@ -137,8 +154,9 @@ def test_concurrent_claims_never_share_a_job(tmp_path: Path) -> None:
 
 def test_expired_lease_requeues_then_fails(tmp_path: Path) -> None:
     _, conn = _queue(tmp_path)
-    job_id = jobs.submit_job(conn, spec={"name": "x"}, spec_yaml=None, name="x", gpus=0,
-                             max_attempts=2)
+    job_id = jobs.submit_job(
+        conn, spec={"name": "x"}, spec_yaml=None, name="x", gpus=0, max_attempts=2
+    )
     first = jobs.claim_job(conn, runner="dead", gpus=0, lease_s=0.05)
     assert first is not None and first["id"] == job_id
     time.sleep(0.1)
@@ -148,5 +166,7 @@ def test_expired_lease_requeues_then_fails(tmp_path: Path) -> None:
     assert tuple(row) == (2, "alive")
     time.sleep(0.1)
     assert jobs.claim_job(conn, runner="third", gpus=0, lease_s=60) is None
-    status, reason = conn.execute("SELECT status, reason FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    status, reason = conn.execute(
+        "SELECT status, reason FROM jobs WHERE id = ?", (job_id,)
+    ).fetchone()
     assert status == "failed" and "lease expired" in reason and "2 attempt" in reason

@@ -5,13 +5,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
 from service_factories import (
     KINETO_RANK0,
     NSYS_SINGLE,
@@ -30,8 +29,12 @@ TRACES = "/api/v1/uploads/traces"
 def _stored(app_env: dict[str, Any]) -> dict[str, int]:
     """What is persisted: rows that make runs visible, blob files on disk, leftover temp files."""
     db = app_env["db"]
-    counts = db.read(lambda c: {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                                for t in ("runs", "run_files", "uploads", "analysis_tasks")})
+    counts = db.read(
+        lambda c: {
+            t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("runs", "run_files", "uploads", "analysis_tasks")
+        }
+    )
     data_dir: Path = app_env["data_dir"]
     counts["blob_files"] = sum(1 for p in (data_dir / "blobs").rglob("*") if p.is_file())
     counts["tmp_files"] = sum(1 for p in (data_dir / "tmp").rglob("*") if p.is_file())
@@ -39,12 +42,14 @@ def _stored(app_env: dict[str, Any]) -> dict[str, int]:
 
 
 def post_bundle(client: TestClient, data: bytes, headers: dict[str, str], **kw: Any) -> Any:
-    return client.post(BUNDLES, files={"bundle": ("b.tar.gz", data, "application/gzip")},
-                       headers=headers, **kw)
+    return client.post(
+        BUNDLES, files={"bundle": ("b.tar.gz", data, "application/gzip")}, headers=headers, **kw
+    )
 
 
-def test_bundle_upload_creates_run_once(client: TestClient, runner: dict[str, str],
-                                        app_env: dict[str, Any]) -> None:
+def test_bundle_upload_creates_run_once(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
     data = kineto_bundle(name="upload-once", salt="once")
     key = {"Idempotency-Key": hashlib.sha256(data).hexdigest()}
     first = post_bundle(client, data, {**runner, **key})
@@ -61,13 +66,16 @@ def test_bundle_upload_creates_run_once(client: TestClient, runner: dict[str, st
     assert run["branch"] == "main"
     traces = [f for f in run["files"] if f["role"] == "trace"]
     assert [(f["name"], f["format"], f["rank"]) for f in traces] == [
-        ("traces/rank0.json.gz", "kineto+gzip", 0), ("traces/rank1.json.gz", "kineto+gzip", 1)]
+        ("traces/rank0.json.gz", "kineto+gzip", 0),
+        ("traces/rank1.json.gz", "kineto+gzip", 1),
+    ]
     assert run["analysis"]["status"] == "queued"
     assert run["config_key"]
 
 
-def test_identical_traces_are_one_blob(client: TestClient, runner: dict[str, str],
-                                       app_env: dict[str, Any]) -> None:
+def test_identical_traces_are_one_blob(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
     before = _stored(app_env)
     # same traces, different manifest: a new run, one new blob (the manifest), no trace copies
     resp = post_bundle(client, kineto_bundle(name="dedup", salt="other"), runner)
@@ -79,8 +87,9 @@ def test_identical_traces_are_one_blob(client: TestClient, runner: dict[str, str
 
 def test_single_trace_upload_new_run_and_attach(client: TestClient, runner: dict[str, str]) -> None:
     data = NSYS_SINGLE.read_bytes()
-    resp = client.post(TRACES, files={"trace": ("../../etc/passwd", data)}, data={"rank": "0"},
-                       headers=runner)
+    resp = client.post(
+        TRACES, files={"trace": ("../../etc/passwd", data)}, data={"rank": "0"}, headers=runner
+    )
     assert resp.status_code == 201, resp.text
     run = client.get(f"/api/v1/runs/{resp.json()['run_id']}").json()
     assert run["files"][0]["format"] == "nsys+gzip"
@@ -88,8 +97,11 @@ def test_single_trace_upload_new_run_and_attach(client: TestClient, runner: dict
     created = client.post("/api/v1/runs", json={"name": "by-hand"}, headers=runner)
     assert created.status_code == 201 and created.json()["status"] == "empty"
     run_id = created.json()["id"]
-    attach = client.post(f"{TRACES}?run_id={run_id}",
-                         files={"trace": ("r0.json.gz", KINETO_RANK0.read_bytes())}, headers=runner)
+    attach = client.post(
+        f"{TRACES}?run_id={run_id}",
+        files={"trace": ("r0.json.gz", KINETO_RANK0.read_bytes())},
+        headers=runner,
+    )
     assert attach.status_code == 201 and attach.json()["run_id"] == run_id
     assert client.get(f"/api/v1/runs/{run_id}/analysis").json()["status"] == "queued"
 
@@ -102,36 +114,82 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
     return {
         "truncated gzip": lambda: (truncated[: len(truncated) // 2], 400, "truncated"),
         "not gzip or tar": lambda: (b"hello, not a bundle" * 10, 400, "tar"),
-        "invalid trace JSON": lambda: (bundle_with("traces/r0.json", b'{"traceEvents": [1, 2', "kineto"),
-                               400, "invalid JSON"),
-        "invalid manifest JSON": lambda: (tar_gz([("manifest.json", b"{not json"),
-                                          ("traces/r0.json.gz", kineto)]), 400, "manifest.json"),
-        "manifest field": lambda: (tar_gz([("manifest.json", json.dumps(
-            {**json.loads(good_manifest), "schema_version": "x"}).encode()),
-            ("traces/r0.json.gz", kineto)]), 422, "schema_version"),
-        "sqlite with trigger": lambda: (bundle_with("traces/a.sqlite", sqlite_with(tmp, trigger=True), "nsys"),
-                                422, "trigger"),
-        "sqlite with view": lambda: (bundle_with("traces/a.sqlite", sqlite_with(tmp, view=True), "nsys"),
-                             422, "view"),
-        "path traversal": lambda: (tar_gz([("manifest.json", good_manifest),
-                                   ("traces/../../evil.json.gz", kineto)]), 400, "traversal"),
-        "absolute path": lambda: (tar_gz([("manifest.json", good_manifest), ("/etc/x", kineto)]), 400,
-                          "absolute"),
-        "symlink": lambda: (tar_gz([("manifest.json", good_manifest), ("traces/r0.json.gz", kineto)],
-                           links=[("traces/link", "/etc/passwd")]), 400, "symlink"),
-        "sha mismatch": lambda: (tar_gz([("manifest.json", good_manifest),
-                                 ("traces/r0.json.gz", gzip.compress(b"{}"))]), 422, "sha256"),
+        "invalid trace JSON": lambda: (
+            bundle_with("traces/r0.json", b'{"traceEvents": [1, 2', "kineto"),
+            400,
+            "invalid JSON",
+        ),
+        "invalid manifest JSON": lambda: (
+            tar_gz([("manifest.json", b"{not json"), ("traces/r0.json.gz", kineto)]),
+            400,
+            "manifest.json",
+        ),
+        "manifest field": lambda: (
+            tar_gz(
+                [
+                    (
+                        "manifest.json",
+                        json.dumps({**json.loads(good_manifest), "schema_version": "x"}).encode(),
+                    ),
+                    ("traces/r0.json.gz", kineto),
+                ]
+            ),
+            422,
+            "schema_version",
+        ),
+        "sqlite with trigger": lambda: (
+            bundle_with("traces/a.sqlite", sqlite_with(tmp, trigger=True), "nsys"),
+            422,
+            "trigger",
+        ),
+        "sqlite with view": lambda: (
+            bundle_with("traces/a.sqlite", sqlite_with(tmp, view=True), "nsys"),
+            422,
+            "view",
+        ),
+        "path traversal": lambda: (
+            tar_gz([("manifest.json", good_manifest), ("traces/../../evil.json.gz", kineto)]),
+            400,
+            "traversal",
+        ),
+        "absolute path": lambda: (
+            tar_gz([("manifest.json", good_manifest), ("/etc/x", kineto)]),
+            400,
+            "absolute",
+        ),
+        "symlink": lambda: (
+            tar_gz(
+                [("manifest.json", good_manifest), ("traces/r0.json.gz", kineto)],
+                links=[("traces/link", "/etc/passwd")],
+            ),
+            400,
+            "symlink",
+        ),
+        "sha mismatch": lambda: (
+            tar_gz([("manifest.json", good_manifest), ("traces/r0.json.gz", gzip.compress(b"{}"))]),
+            422,
+            "sha256",
+        ),
         "no manifest": lambda: (tar_gz([("traces/r0.json.gz", kineto)]), 400, "manifest.json"),
-        "gzip bomb trace": lambda: (bundle_with("traces/r0.json.gz", gzip_bomb(80 * 1024 * 1024), "kineto"),
-                            413, "limit"),
-        "gzip bomb bundle": lambda: (tar_gz([("manifest.json", good_manifest),
-                                     ("traces/r0.json", b" " * (80 * 1024 * 1024))]), 413, "limit"),
+        "gzip bomb trace": lambda: (
+            bundle_with("traces/r0.json.gz", gzip_bomb(80 * 1024 * 1024), "kineto"),
+            413,
+            "limit",
+        ),
+        "gzip bomb bundle": lambda: (
+            tar_gz(
+                [("manifest.json", good_manifest), ("traces/r0.json", b" " * (80 * 1024 * 1024))]
+            ),
+            413,
+            "limit",
+        ),
     }
 
 
 @pytest.mark.parametrize("case", list(_bad_bundles(Path("/tmp")).keys()))
-def test_bad_bundle_is_refused_and_nothing_stored(case: str, client: TestClient, runner: dict[str, str],
-                                                  app_env: dict[str, Any], tmp_path: Path) -> None:
+def test_bad_bundle_is_refused_and_nothing_stored(
+    case: str, client: TestClient, runner: dict[str, str], app_env: dict[str, Any], tmp_path: Path
+) -> None:
     data, status, words = _bad_bundles(tmp_path)[case]()
     before = _stored(app_env)
     resp = post_bundle(client, data, runner)
@@ -142,8 +200,9 @@ def test_bad_bundle_is_refused_and_nothing_stored(case: str, client: TestClient,
     assert _stored(app_env) == before
 
 
-def test_oversized_upload_is_413(client: TestClient, runner: dict[str, str],
-                                 app_env: dict[str, Any]) -> None:
+def test_oversized_upload_is_413(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
     before = _stored(app_env)
     big = b"\x1f\x8b" + b"x" * (9 * 1024 * 1024)  # over the module's 8 MiB limit
     resp = post_bundle(client, big, runner)
@@ -152,8 +211,9 @@ def test_oversized_upload_is_413(client: TestClient, runner: dict[str, str],
     assert _stored(app_env) == before
 
 
-def test_bad_single_traces(client: TestClient, runner: dict[str, str], app_env: dict[str, Any],
-                           tmp_path: Path) -> None:
+def test_bad_single_traces(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any], tmp_path: Path
+) -> None:
     before = _stored(app_env)
     cases = [
         (gzip.compress(b"[1, 2, 3")[:-6], 400, "truncated"),
@@ -165,11 +225,19 @@ def test_bad_single_traces(client: TestClient, runner: dict[str, str], app_env: 
         resp = client.post(TRACES, files={"trace": ("t", data)}, headers=runner)
         assert resp.status_code == status, (words, resp.text)
         assert words in resp.json()["error"].lower()
-    bad_rank = client.post(TRACES, files={"trace": ("t", KINETO_RANK0.read_bytes())},
-                           data={"rank": "-1"}, headers=runner)
+    bad_rank = client.post(
+        TRACES,
+        files={"trace": ("t", KINETO_RANK0.read_bytes())},
+        data={"rank": "-1"},
+        headers=runner,
+    )
     assert bad_rank.status_code == 400 and "rank" in bad_rank.json()["error"]
-    assert client.post(TRACES, files={"trace": ("t", b"x")}, headers=runner,
-                       params={"run_id": 999999}).status_code == 404
+    assert (
+        client.post(
+            TRACES, files={"trace": ("t", b"x")}, headers=runner, params={"run_id": 999999}
+        ).status_code
+        == 404
+    )
     assert _stored(app_env) == before
 
 
@@ -179,7 +247,9 @@ def test_wrong_idempotency_key(client: TestClient, runner: dict[str, str]) -> No
 
 
 def test_not_multipart(client: TestClient, runner: dict[str, str]) -> None:
-    resp = client.post(BUNDLES, content=b"raw", headers={**runner, "Content-Type": "application/gzip"})
+    resp = client.post(
+        BUNDLES, content=b"raw", headers={**runner, "Content-Type": "application/gzip"}
+    )
     assert resp.status_code == 400 and "multipart" in resp.json()["error"]
     resp = client.post(BUNDLES, files={"other": ("x", b"data")}, headers=runner)
     assert resp.status_code == 400 and "'bundle'" in resp.json()["error"]

@@ -17,8 +17,9 @@ from service.worker import AnalysisWorker
 
 
 def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
-    resp = client.post("/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", data)},
-                       headers=runner)
+    resp = client.post(
+        "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", data)}, headers=runner
+    )
     assert resp.status_code in (200, 201), resp.text
     return resp.json()["run_id"]
 
@@ -42,7 +43,9 @@ def test_worker_analyses_a_real_run(client: TestClient, te_run: int) -> None:
     status = client.get(f"/api/v1/runs/{te_run}/analysis").json()
     assert status["status"] == "done", status
     assert status["duration_s"] > 0
-    report = AnalysisReport.model_validate(client.get(f"/api/v1/runs/{te_run}/analysis/result").json())
+    report = AnalysisReport.model_validate(
+        client.get(f"/api/v1/runs/{te_run}/analysis/result").json()
+    )
     assert report.ranks == [0, 1]
     helpers = {h.helper for h in report.helpers}
     assert "get_cu_seqlens_on_cp_rank" in helpers
@@ -52,9 +55,15 @@ def test_worker_analyses_a_real_run(client: TestClient, te_run: int) -> None:
     assert run["findings"] == len(report.findings)
 
 
-def test_compare_two_arms_of_one_run(client: TestClient, runner: dict[str, str], te_run: int) -> None:
-    body = {"base_run_id": te_run, "head_run_id": te_run, "base_window": "arm:auto_clone",
-            "head_window": "arm:explicit_false"}
+def test_compare_two_arms_of_one_run(
+    client: TestClient, runner: dict[str, str], te_run: int
+) -> None:
+    body = {
+        "base_run_id": te_run,
+        "head_run_id": te_run,
+        "base_window": "arm:auto_clone",
+        "head_window": "arm:explicit_false",
+    }
     first = client.post("/api/v1/comparisons", json=body, headers=runner)
     assert first.status_code == 201, first.text
     record = first.json()
@@ -70,14 +79,17 @@ def test_compare_two_arms_of_one_run(client: TestClient, runner: dict[str, str],
     assert stored["report"]["summary"] == record["report"]["summary"]
 
 
-def test_compare_two_runs_and_refuse_unanalysed(client: TestClient, runner: dict[str, str],
-                                                te_run: int) -> None:
+def test_compare_two_runs_and_refuse_unanalysed(
+    client: TestClient, runner: dict[str, str], te_run: int
+) -> None:
     pending = client.post("/api/v1/runs", json={"name": "pending"}, headers=runner).json()["id"]
-    resp = client.post("/api/v1/comparisons", json={"base_run_id": te_run, "head_run_id": pending},
-                       headers=runner)
+    resp = client.post(
+        "/api/v1/comparisons", json={"base_run_id": te_run, "head_run_id": pending}, headers=runner
+    )
     assert resp.status_code == 409 and "no analysis result" in resp.json()["error"]
-    resp = client.post("/api/v1/comparisons", json={"base_run_id": te_run, "head_run_id": 999999},
-                       headers=runner)
+    resp = client.post(
+        "/api/v1/comparisons", json={"base_run_id": te_run, "head_run_id": 999999}, headers=runner
+    )
     assert resp.status_code == 404
     computed = client.get("/api/v1/comparisons/compute", params={"base": te_run, "head": te_run})
     assert computed.status_code == 200 and computed.json()["verdict"]
@@ -85,17 +97,20 @@ def test_compare_two_runs_and_refuse_unanalysed(client: TestClient, runner: dict
 
 def test_history_of_a_config(client: TestClient, te_run: int) -> None:
     key = client.get(f"/api/v1/runs/{te_run}").json()["config_key"]
-    points = client.get("/api/v1/metrics/history",
-                        params={"config_key": key, "metric": "gpu_busy_ms_per_step",
-                                "label": "arm:auto_clone"}).json()
+    points = client.get(
+        "/api/v1/metrics/history",
+        params={"config_key": key, "metric": "gpu_busy_ms_per_step", "label": "arm:auto_clone"},
+    ).json()
     assert [p["run_id"] for p in points] == [te_run] and points[0]["value"] > 0
 
 
-def test_bad_trace_fails_the_run_with_the_reason(client: TestClient, runner: dict[str, str],
-                                                 app_env: dict[str, Any]) -> None:
+def test_bad_trace_fails_the_run_with_the_reason(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
     # valid JSON, so the upload accepts it; the Kineto reader then finds no events
-    resp = client.post("/api/v1/uploads/traces", files={"trace": ("empty.json", b'{"foo": 1}')},
-                       headers=runner)
+    resp = client.post(
+        "/api/v1/uploads/traces", files={"trace": ("empty.json", b'{"foo": 1}')}, headers=runner
+    )
     run_id = resp.json()["run_id"]
     _drain(app_env)
     run = client.get(f"/api/v1/runs/{run_id}").json()
@@ -106,8 +121,9 @@ def test_bad_trace_fails_the_run_with_the_reason(client: TestClient, runner: dic
     assert result.status_code == 409 and run["error"] in result.json()["error"]
 
 
-def test_reanalyse_and_progress(client: TestClient, admin: dict[str, str], app_env: dict[str, Any],
-                                te_run: int) -> None:
+def test_reanalyse_and_progress(
+    client: TestClient, admin: dict[str, str], app_env: dict[str, Any], te_run: int
+) -> None:
     resp = client.post(f"/api/v1/runs/{te_run}/analysis", headers=admin)
     assert resp.status_code == 202 and resp.json()["status"] == "queued"
     seen: list[str] = []
@@ -125,15 +141,17 @@ def test_reanalyse_and_progress(client: TestClient, admin: dict[str, str], app_e
     assert client.get(f"/api/v1/runs/{te_run}").json()["status"] == "analysed"
 
 
-def test_killed_worker_lease_requeues_then_gives_up(client: TestClient, runner: dict[str, str],
-                                                    app_env: dict[str, Any]) -> None:
+def test_killed_worker_lease_requeues_then_gives_up(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
     run_id = _upload(client, runner, kineto_bundle(salt="lease"))
     settings = app_env["app"].state.settings
     conn = connect(settings.db_path, busy_timeout_ms=5000)
     try:
         for attempt in (1, 2):  # a worker claims, then "dies" (never finishes)
-            task = analysis.claim_analysis(conn, worker=f"dead{attempt}", lease_s=0.05,
-                                           max_attempts=2)
+            task = analysis.claim_analysis(
+                conn, worker=f"dead{attempt}", lease_s=0.05, max_attempts=2
+            )
             assert task is not None and task.run_id == run_id and task.attempt == attempt
             time.sleep(0.1)
         assert analysis.claim_analysis(conn, worker="x", lease_s=60, max_attempts=2) is None

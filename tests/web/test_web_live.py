@@ -36,6 +36,10 @@ def live(tmp_path_factory):
             pass
     finally:
         worker.close()
+    from service.store import list_runs
+
+    failed = [(r.name, r.error) for r in list_runs(app.state.db) if r.status != "analysed"]
+    assert not failed, f"demo runs the worker could not analyse: {failed}"
     runs = {r.path.name.removesuffix(".tar.gz"): r.run_id for r in seeded}
     with serve(app) as url:
         yield url, runs

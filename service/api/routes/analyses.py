@@ -12,7 +12,13 @@ from service.analysis import enqueue_analysis
 from service.api.deps import AdminAccess, DbDep, ReadAccess
 from service.api.schemas import RunId
 from service.core.errors import Conflict, NotFound
-from service.store import AnalysisStatus, HistoryPoint, get_analysis_status, get_report, metric_history
+from service.store import (
+    AnalysisStatus,
+    HistoryPoint,
+    get_analysis_status,
+    get_report,
+    metric_history,
+)
 
 router = APIRouter(tags=["analyses"])
 
@@ -41,8 +47,12 @@ def reanalyse(run_id: RunId, db: DbDep, _: AdminAccess) -> AnalysisStatus:
     def queue(conn: sqlite3.Connection) -> None:
         if conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
             raise NotFound(f"run {run_id} does not exist")
-        if conn.execute("SELECT 1 FROM run_files WHERE run_id = ? AND role = 'trace'",
-                        (run_id,)).fetchone() is None:
+        if (
+            conn.execute(
+                "SELECT 1 FROM run_files WHERE run_id = ? AND role = 'trace'", (run_id,)
+            ).fetchone()
+            is None
+        ):
             raise Conflict(f"run {run_id} has no traces to analyse")
         enqueue_analysis(conn, run_id)
 

@@ -34,7 +34,8 @@ def _plain(value: Any) -> Any:
 def _catalog() -> dict[str, Any]:
     from analyzers.catalog import load_catalog
 
-    return _plain(load_catalog())
+    plain: dict[str, Any] = _plain(load_catalog())
+    return plain
 
 
 @router.get("", response_model=dict[str, Any])

@@ -28,8 +28,9 @@ router = APIRouter(prefix="/comparisons", tags=["comparisons"])
     status_code=201,
     responses={200: {"model": ComparisonRecord, "description": "already stored"}},
 )
-def create_comparison(body: ComparisonCreate, response: Response, db: DbDep,
-                      _: RunnerAccess) -> ComparisonRecord:
+def create_comparison(
+    body: ComparisonCreate, response: Response, db: DbDep, _: RunnerAccess
+) -> ComparisonRecord:
     """Compare head against base (medians, spread, CI + rank test, helper deltas) and store it."""
     windows = {"base_window": body.base_window, "head_window": body.head_window}
     stored = find_comparison(db, body.base_run_id, body.head_run_id, **windows)
@@ -42,8 +43,16 @@ def create_comparison(body: ComparisonCreate, response: Response, db: DbDep,
         conn.execute(
             "INSERT OR IGNORE INTO comparisons (base_run_id, head_run_id, base_window, "
             "head_window, verdict, summary, report_json, created_at) VALUES (?,?,?,?,?,?,?,?)",
-            (body.base_run_id, body.head_run_id, body.base_window or "", body.head_window or "",
-             report.verdict, report.summary, report.model_dump_json(), now_iso()),
+            (
+                body.base_run_id,
+                body.head_run_id,
+                body.base_window or "",
+                body.head_window or "",
+                report.verdict,
+                report.summary,
+                report.model_dump_json(),
+                now_iso(),
+            ),
         )
 
     db.write_tx(insert)
@@ -56,15 +65,20 @@ def create_comparison(body: ComparisonCreate, response: Response, db: DbDep,
 def read_comparisons(
     db: DbDep,
     _: ReadAccess,
-    run_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="comparisons involving this run")] = None,
+    run_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="comparisons involving this run")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
 ) -> list[ComparisonSummary]:
     """Stored comparisons, newest first."""
     found = list_comparisons(db, run_id=run_id, limit=limit, offset=offset)
-    return [ComparisonSummary.model_validate({**r, "base_window": r["base_window"] or None,
-                                              "head_window": r["head_window"] or None})
-            for r in found]
+    return [
+        ComparisonSummary.model_validate(
+            {**r, "base_window": r["base_window"] or None, "head_window": r["head_window"] or None}
+        )
+        for r in found
+    ]
 
 
 @router.get("/compute", response_model=ComparisonReport)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 from fastapi import APIRouter
 
 from cptrace import __version__
@@ -15,11 +17,16 @@ router = APIRouter(prefix="/health", tags=["health"])
 def health(db: DbDep) -> Health:
     """Service is up and the database answers."""
 
-    def counts(conn):  # type: ignore[no-untyped-def]
-        q = "SELECT (SELECT count(*) FROM runs), " \
-            "(SELECT count(*) FROM analysis_tasks WHERE status = 'queued'), " \
+    def counts(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        q = (
+            "SELECT (SELECT count(*) FROM runs), "
+            "(SELECT count(*) FROM analysis_tasks WHERE status = 'queued'), "
             "(SELECT count(*) FROM jobs WHERE status = 'queued')"
-        return conn.execute(q).fetchone()
+        )
+        runs, analyses, jobs = conn.execute(q).fetchone()
+        return int(runs), int(analyses), int(jobs)
 
     runs, analyses, jobs = db.read(counts)
-    return Health(ok=True, version=__version__, runs=runs, analyses_queued=analyses, jobs_queued=jobs)
+    return Health(
+        ok=True, version=__version__, runs=runs, analyses_queued=analyses, jobs_queued=jobs
+    )

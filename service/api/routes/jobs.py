@@ -12,8 +12,18 @@ from fastapi import APIRouter, Query, Response
 
 from service import jobs
 from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerAccess, SettingsDep
-from service.api.schemas import JobId, Offset
-from service.api.schemas import ClaimedJob, ClaimRequest, Job, JobComplete, JobFail, JobSubmit, Lease, OkBody
+from service.api.schemas import (
+    ClaimedJob,
+    ClaimRequest,
+    Job,
+    JobComplete,
+    JobFail,
+    JobId,
+    JobSubmit,
+    Lease,
+    Offset,
+    OkBody,
+)
 from service.core.errors import BadRequest, NotFound, UnprocessableEntity
 from service.storage.database import one, rows
 
@@ -56,9 +66,16 @@ def submit(body: JobSubmit, db: DbDep, settings: SettingsDep, _: AdminAccess) ->
     """Queue a workload spec for the runners."""
     spec, spec_yaml = validate_spec(body)
     name = body.name or str(spec.get("name") or "job")
-    job_id = db.write(lambda c: jobs.submit_job(
-        c, spec=spec, spec_yaml=spec_yaml, name=name, gpus=body.gpus,
-        max_attempts=body.max_attempts or settings.job_max_attempts))
+    job_id = db.write(
+        lambda c: jobs.submit_job(
+            c,
+            spec=spec,
+            spec_yaml=spec_yaml,
+            name=name,
+            gpus=body.gpus,
+            max_attempts=body.max_attempts or settings.job_max_attempts,
+        )
+    )
     return read_job(job_id, db, None)
 
 
@@ -85,14 +102,18 @@ def read_job(job_id: JobId, db: DbDep, _: ReadAccess) -> Job:
     return _job(row, full=True)
 
 
-@router.post("/claim", response_model=ClaimedJob,
-             responses={204: {"description": "no job within wait_s"}})
+@router.post(
+    "/claim", response_model=ClaimedJob, responses={204: {"description": "no job within wait_s"}}
+)
 async def claim(body: ClaimRequest, db: DbDep, settings: SettingsDep, _: RunnerAccess) -> Any:
     """Take the oldest queued job that fits `gpus`, waiting up to `wait_s` (long poll)."""
     deadline = time.monotonic() + min(body.wait_s, settings.claim_max_wait_s)
     while True:
         claimed = await db.awrite(
-            lambda c: jobs.claim_job(c, runner=body.runner, gpus=body.gpus, lease_s=settings.job_lease_s))
+            lambda c: jobs.claim_job(
+                c, runner=body.runner, gpus=body.gpus, lease_s=settings.job_lease_s
+            )
+        )
         if claimed is not None:
             return ClaimedJob.model_validate(claimed)
         remaining = deadline - time.monotonic()
@@ -118,8 +139,11 @@ def complete(job_id: JobId, body: JobComplete, db: DbDep, _: RunnerAccess) -> Ok
 @router.post("/{job_id}/fail", response_model=OkBody)
 def fail(job_id: JobId, body: JobFail, db: DbDep, _: RunnerAccess) -> OkBody:
     """The job failed; the reason and log tail are kept on the job."""
-    db.write(lambda c: jobs.finish_job(c, job_id, status="failed", reason=body.reason,
-                                       log_tail=body.log_tail))
+    db.write(
+        lambda c: jobs.finish_job(
+            c, job_id, status="failed", reason=body.reason, log_tail=body.log_tail
+        )
+    )
     return OkBody()
 
 

@@ -31,8 +31,16 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
         cur = conn.execute(
             "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
             "manifest_json, created_at, updated_at) VALUES (?,?,?,?, 'api', 'empty', ?,?,?,?)",
-            (body.name, body.branch, body.commit, body.host, config_key(body.manifest),
-             json.dumps(body.manifest) if body.manifest is not None else None, now, now),
+            (
+                body.name,
+                body.branch,
+                body.commit,
+                body.host,
+                config_key(body.manifest),
+                json.dumps(body.manifest) if body.manifest is not None else None,
+                now,
+                now,
+            ),
         )
         return int(cur.lastrowid or 0)
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
+from service.core.config import Settings
 from service.core.errors import BadRequest, NotFound
-from service.ingest import Limits, record_run, stage_bundle, stage_trace
+from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import receive_file
+from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
 router = APIRouter(prefix="/uploads", tags=["uploads"])
@@ -22,9 +25,15 @@ def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> 
     return {
         "requestBody": {
             "required": True,
-            "content": {"multipart/form-data": {"schema": {
-                "type": "object", "required": [field], "properties": properties,
-            }}},
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": [field],
+                        "properties": properties,
+                    }
+                }
+            },
         }
     }
 
@@ -37,12 +46,18 @@ def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> 
     openapi_extra=_form("bundle", "a run bundle (.tar.gz): manifest.json, traces/, logs/"),
 )
 async def upload_bundle(
-    request: Request, response: Response, db: DbDep, blobs: BlobsDep, settings: SettingsDep,
+    request: Request,
+    response: Response,
+    db: DbDep,
+    blobs: BlobsDep,
+    settings: SettingsDep,
     _: RunnerAccess,
     idempotency_key: Annotated[str | None, Header(description="sha256 of the bundle bytes")] = None,
 ) -> UploadResult:
     """Upload a run bundle; 201 creates a run, 200 when this content was uploaded before."""
-    received = await receive_file(request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes)
+    received = await receive_file(
+        request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes
+    )
     try:
         if idempotency_key and idempotency_key.lower() != received.sha256:
             raise BadRequest(
@@ -50,12 +65,18 @@ async def upload_bundle(
                 f"({received.sha256}); the upload was corrupted or the key is wrong"
             )
         key = f"bundle:{received.sha256}"
-        known = db.read(lambda c: c.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone())
+        known = db.read(
+            lambda c: c.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
+        )
         if known is not None:
             response.status_code = 200
             return UploadResult(run_id=known[0], created=False, sha256=received.sha256)
         staged = await run_staging(
-            request.app, stage_bundle, received.path, settings.blob_dir, settings.tmp_dir,
+            request.app,
+            stage_bundle,
+            received.path,
+            settings.blob_dir,
+            settings.tmp_dir,
             _limits(settings),
         )
     finally:
@@ -71,27 +92,46 @@ async def upload_bundle(
     status_code=201,
     responses={200: {"model": UploadResult, "description": "the same trace was uploaded before"}},
     openapi_extra=_form(
-        "trace", "an nsys SQLite export or PyTorch profiler JSON, optionally gzipped",
+        "trace",
+        "an nsys SQLite export or PyTorch profiler JSON, optionally gzipped",
         {"name": {"type": "string", "maxLength": 200}, "rank": {"type": "integer", "minimum": 0}},
     ),
 )
 async def upload_trace(
-    request: Request, response: Response, db: DbDep, blobs: BlobsDep, settings: SettingsDep,
+    request: Request,
+    response: Response,
+    db: DbDep,
+    blobs: BlobsDep,
+    settings: SettingsDep,
     _: RunnerAccess,
-    run_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="add the trace to this run")] = None,
+    run_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="add the trace to this run")
+    ] = None,
 ) -> UploadResult:
     """Upload one trace: a new run, or another file of `run_id` (re-analysed)."""
-    received = await receive_file(request, field="trace", blobs=blobs, limit=settings.max_upload_bytes)
+    received = await receive_file(
+        request, field="trace", blobs=blobs, limit=settings.max_upload_bytes
+    )
     try:
         rank = _rank(received.fields.get("rank"))
         name = (received.fields.get("name") or received.filename or "trace")[:200]
-        if run_id is not None and db.read(
-            lambda c: c.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
-        ) is None:
+        if (
+            run_id is not None
+            and db.read(
+                lambda c: c.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
+            )
+            is None
+        ):
             raise NotFound(f"run {run_id} does not exist")
         staged = await run_staging(
-            request.app, stage_trace, received.path, name, settings.blob_dir, settings.tmp_dir,
-            _limits(settings), rank,
+            request.app,
+            stage_trace,
+            received.path,
+            name,
+            settings.blob_dir,
+            settings.tmp_dir,
+            _limits(settings),
+            rank,
         )
     finally:
         received.path.unlink(missing_ok=True)
@@ -101,11 +141,15 @@ async def upload_trace(
     return UploadResult(run_id=new_id, created=created, sha256=received.sha256)
 
 
-def _record(conn: Any, staged: Any, key: str, source: str, run_id: int | None) -> tuple[int, bool]:
-    from service.storage.database import immediate
-
+def _record(
+    conn: sqlite3.Connection, staged: StagedRun, key: str, source: str, run_id: int | None
+) -> tuple[int, bool]:
+    """On the writer: the run (or the files added to ``run_id``), atomically."""
     with immediate(conn):
-        if run_id is not None and conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+        if (
+            run_id is not None
+            and conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None
+        ):
             raise NotFound(f"run {run_id} does not exist")
         return record_run(conn, staged, key=key, source=source, run_id=run_id)
 
@@ -118,5 +162,5 @@ def _rank(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _limits(settings: Any) -> Limits:
+def _limits(settings: Settings) -> Limits:
     return Limits(settings.max_decompressed_bytes, settings.max_bundle_members)

@@ -1,0 +1,93 @@
+"""Optional fast path: pull integer columns out of SQLite as Arrow buffers (ADBC + nanoarrow).
+
+Why: the standard ``sqlite3`` module builds a Python tuple and one Python int per value, then
+numpy converts each back; that costs about half a microsecond per value and dominates reading
+a multi-million-kernel export. The ADBC SQLite driver copies values straight into Arrow column
+buffers in C, and nanoarrow exposes those buffers to numpy without a copy per value: about 5x
+faster on the kernel table. Installed with the ``fast`` extra (``adbc-driver-sqlite``,
+``nanoarrow``); without it, or with ``CPTRACE_NSYS_BACKEND=sqlite3``, the stdlib path runs.
+
+Safety is unchanged: this connection only runs the reader's whitelisted SELECTs, and only after
+the stdlib connection has inspected the schema (no triggers, views, virtual tables or generated
+columns). It opens the same read-only, immutable URI and sets ``trusted_schema=OFF`` too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+BACKEND_ENV = "CPTRACE_NSYS_BACKEND"
+"""``sqlite3`` forces the stdlib path; anything else (or unset) uses Arrow when installed."""
+
+
+class ArrowUnavailable(Exception):
+    """A batch that the Arrow path cannot represent as int64 columns (NULLs, other types)."""
+
+
+class ArrowSqlite:
+    """A read-only ADBC connection to one export."""
+
+    def __init__(self, database: Any, connection: Any, manager: Any, nanoarrow: Any) -> None:
+        self._database = database
+        self._connection = connection
+        self._manager = manager
+        self._na = nanoarrow
+
+    def batches(self, sql: str, rows: int) -> Iterator[list[tuple[npt.NDArray[np.int64], bool]]]:
+        """Yield each result batch as ``[(int64 column, has_nulls), ...]``.
+
+        :raises ArrowUnavailable: a column is not int64 (e.g. REAL or TEXT values).
+        """
+        statement = self._manager.AdbcStatement(self._connection)
+        try:
+            statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
+            statement.set_sql_query(sql)
+            stream, _ = statement.execute_query()
+            for batch in self._na.c_array_stream(stream):
+                yield [self._column(batch.child(i)) for i in range(batch.n_children)]
+        finally:
+            statement.close()
+
+    def _column(self, child: Any) -> tuple[npt.NDArray[np.int64], bool]:
+        if child.schema.format != "l":
+            raise ArrowUnavailable(f"column type {child.schema.format!r} is not int64")
+        array = self._na.Array(child)
+        start, length = child.offset, child.length
+        values = np.asarray(array.buffer(1)).view(np.int64)[start : start + length]
+        validity = np.asarray(array.buffer(0)).view(np.uint8)
+        if not len(validity):
+            return values, False
+        bits = np.unpackbits(validity, bitorder="little")[start : start + length]
+        return values, bool((bits == 0).any())
+
+    def close(self) -> None:
+        self._connection.close()
+        self._database.close()
+
+
+def open_arrow(db_path: Path) -> ArrowSqlite | None:
+    """An Arrow connection to ``db_path``, or None when the extra is missing or disabled."""
+    if os.environ.get(BACKEND_ENV, "").lower() == "sqlite3":
+        return None
+    try:
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+        import nanoarrow
+    except ImportError:
+        return None
+    uri = f"{db_path.resolve().as_uri()}?mode=ro&immutable=1"
+    database = adbc_driver_sqlite.connect(uri)
+    connection = adbc_driver_manager.AdbcConnection(database)
+    statement = adbc_driver_manager.AdbcStatement(connection)
+    try:
+        statement.set_sql_query("PRAGMA trusted_schema=OFF")
+        statement.execute_update()
+    finally:
+        statement.close()
+    return ArrowSqlite(database, connection, adbc_driver_manager, nanoarrow)

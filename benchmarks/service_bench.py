@@ -1,0 +1,386 @@
+"""Service benchmark: read latency under load while ingesting, upload throughput, time to analysis.
+
+What it measures (issue 5), against a real ``cptrace serve`` (uvicorn + worker) on loopback:
+
+1. With ``--runs`` (10,000) runs stored: p50/p99 latency of the run list (``GET /runs?limit=50``)
+   and the run detail (``GET /runs/{id}``) from ``--readers`` (100) concurrent readers, while
+   another client keeps uploading 3-arm Kineto bundles (each one is validated: gunzip + full
+   JSON decode of ~60 MB). Readers run closed-loop (no think time: the worst case, every reader
+   always has a request in flight, so latency is queueing: readers / throughput) and, in a
+   second pass, with a random think time (mean ``--think`` s) between requests, readers arriving
+   spread over one think time (people clicking through dashboards).
+2. Upload throughput (MB/s of bundle bytes, upload to stored run) for the 4.7 MB Kineto bundle,
+   one client and four clients.
+3. Time from uploading the 3-arm nsys export to a finished analysis (upload, validation, queue,
+   worker analysis, report stored), polled every 10 ms.
+
+Readers use a minimal asyncio HTTP/1.1 keep-alive client in their own process so the load
+generator costs little CPU next to the server. Everything shares one machine; the table states
+its core count. A benchmark prints numbers; it asserts nothing.
+
+Usage::
+
+    python benchmarks/service_bench.py                 # full run (~2 minutes on 2 cores)
+    python benchmarks/service_bench.py --runs 1000 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+DATA = REPO / "tests" / "data" / "te-2.20.2-h200x2"
+KINETO = [DATA / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
+NSYS = DATA / "nsys_3arms.sqlite.gz"
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+def kineto_bundle(salt: str) -> bytes:
+    """A real 3-arm Kineto bundle; ``salt`` makes its bytes (and its run) unique."""
+    traces = [(f"traces/rank{r}.json.gz", p.read_bytes(), r) for r, p in enumerate(KINETO)]
+    manifest = {
+        "schema_version": 1,
+        "bundle_version": 1,
+        "run": {"name": f"bench-{salt}", "branch": "main", "commit": salt},
+        "workload": {"implementation": "te", "cp_size": 2, "seqlens": [8192, 4096, 2048, 2048]},
+        "traces": [
+            {"path": p, "format": "kineto", "rank": r, "sha256": hashlib.sha256(d).hexdigest()}
+            for p, d, r in traces
+        ],
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in [("manifest.json", json.dumps(manifest).encode())] + [
+            (p, d) for p, d, _ in traces
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def populate(data_dir: Path, runs: int) -> None:
+    """Insert ``runs`` runs (2 trace files and 6 metrics each) straight into a migrated DB."""
+    from service.core.config import Settings
+    from service.main import open_database
+
+    open_database(Settings(data_dir=data_dir)).close()
+    conn = sqlite3.connect(data_dir / "cptrace.db")
+    now = "2026-01-01T00:00:00.000+00:00"
+    blob = hashlib.sha256(b"bench").hexdigest()
+    conn.execute("INSERT INTO blobs VALUES (?, 1, ?)", (blob, now))
+    with conn:
+        for i in range(1, runs + 1):
+            conn.execute(
+                "INSERT INTO runs (id, name, branch, commit_sha, source, status, config_key, "
+                "manifest_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    i,
+                    f"run-{i}",
+                    "main" if i % 3 else "feature",
+                    f"{i:040x}",
+                    "bundle",
+                    "analysed",
+                    f"cfg{i % 7}",
+                    json.dumps({"workload": {"cp_size": 2}}),
+                    now,
+                    now,
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO run_files (run_id, role, name, format, rank, sha256, size) "
+                "VALUES (?, 'trace', ?, 'kineto+gzip', ?, ?, 1)",
+                [(i, f"traces/rank{r}.json.gz", r, blob) for r in (0, 1)],
+            )
+            conn.executemany(
+                "INSERT INTO run_metrics VALUES (?, ?, ?, ?)",
+                [
+                    (i, "findings", "", 2.0),
+                    (i, "iteration_median_ms", "", 20.0 + i % 5),
+                    (i, "kernels_per_step", "whole trace", 900.0),
+                    (i, "gpu_busy_ms_per_step", "whole trace", 17.0),
+                    (i, "span_ms_per_step", "whole trace", 21.0),
+                    (i, "iteration_median_ms", "arm:auto_clone", 21.3),
+                ],
+            )
+    conn.close()
+
+
+# -- server ---------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+    env = {**os.environ, "CPTRACE_WORKER_POLL_S": "0.05"}
+    args = [
+        sys.executable,
+        "-c",
+        "from cptrace.cli import main; main()",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+    ]
+    log = (data_dir / "server.log").open("wb")
+    proc = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    import httpx
+
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    text = (data_dir / "server.log").read_text()
+    token = text.split("stored hashed): ", 1)[1].split()[0]
+    return proc, token
+
+
+# -- readers (own process) ------------------------------------------------------------------------
+async def _reader(
+    port: int,
+    paths: list[str],
+    stop_at: float,
+    think: float,
+    out: dict[str, list[float]],
+    rng: random.Random,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if think:  # readers arrive spread over one think time, not as one synchronized burst
+        await asyncio.sleep(rng.uniform(0, 2 * think))
+    try:
+        while time.perf_counter() < stop_at:
+            kind = rng.choice(("list", "detail"))
+            path = "/api/v1/runs?limit=50" if kind == "list" else rng.choice(paths)
+            started = time.perf_counter()
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(
+                next(
+                    line.split(b":")[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+            )
+            await reader.readexactly(length)
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"{path}: {head[:40]!r}")
+            out[kind].append((time.perf_counter() - started) * 1000)
+            if think:
+                await asyncio.sleep(rng.uniform(0, 2 * think))
+    finally:
+        writer.close()
+
+
+def read_load(port: int, runs: int, readers: int, seconds: float, think: float, queue: Any) -> None:
+    """Entry of the reader process: ``readers`` coroutines for ``seconds``; latencies to queue."""
+    rng = random.Random(0)
+    paths = [f"/api/v1/runs/{rng.randint(1, runs)}" for _ in range(1000)]
+    out: dict[str, list[float]] = {"list": [], "detail": []}
+
+    async def main() -> None:
+        stop_at = time.perf_counter() + seconds
+        await asyncio.gather(
+            *(_reader(port, paths, stop_at, think, out, random.Random(i)) for i in range(readers))
+        )
+
+    asyncio.run(main())
+    queue.put(out)
+
+
+# -- measurements ---------------------------------------------------------------------------------
+def upload(base: str, token: str, data: bytes) -> dict[str, Any]:
+    import httpx
+
+    resp = httpx.post(
+        f"{base}/uploads/bundles",
+        files={"bundle": ("b.tar.gz", data)},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=300,
+    )
+    resp.raise_for_status()
+    return resp.json()
+
+
+def latency_under_ingest(
+    port: int, token: str, args: argparse.Namespace, think: float, bundles: list[bytes]
+) -> tuple[dict[str, list[float]], int, float]:
+    base = f"http://127.0.0.1:{port}/api/v1"
+    queue: Any = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=read_load, args=(port, args.runs, args.readers, args.seconds, think, queue)
+    )
+    stop = threading.Event()
+    ingested = [0, 0.0]
+
+    def ingest() -> None:
+        while not stop.is_set() and bundles:
+            started = time.perf_counter()
+            upload(base, token, bundles.pop())
+            ingested[0] += 1
+            ingested[1] += time.perf_counter() - started
+
+    proc.start()
+    time.sleep(1.0)  # the reader process is importing; start ingesting once it is loading
+    thread = threading.Thread(target=ingest)
+    thread.start()
+    result = queue.get(timeout=args.seconds + 120)
+    stop.set()
+    proc.join()
+    thread.join()
+    return result, int(ingested[0]), float(ingested[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def throughput(base: str, token: str, bundles: list[bytes], clients: int) -> float:
+    size = sum(len(b) for b in bundles)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda b: upload(base, token, b), bundles))
+    return size / 1e6 / (time.perf_counter() - started)
+
+
+def wait_idle(base: str) -> None:
+    """Let the worker finish the analyses the load passes queued."""
+    import httpx
+
+    while True:
+        health = httpx.get(f"{base}/health", timeout=30).json()
+        running = httpx.get(f"{base}/runs", params={"status": "analysing"}, timeout=30).json()
+        if health["analyses_queued"] == 0 and running["total"] == 0:
+            return
+        time.sleep(0.5)
+
+
+def time_to_analysis(base: str, token: str) -> tuple[float, float, float]:
+    """(upload s, upload -> analysis done s, worker analysis s) for the 3-arm nsys export.
+
+    The run is deleted afterwards, so the next repetition uploads (and analyses) it anew.
+    """
+    import httpx
+
+    wait_idle(base)
+    headers = {"Authorization": f"Bearer {token}"}
+    started = time.perf_counter()
+    resp = httpx.post(
+        f"{base}/uploads/traces",
+        files={"trace": ("nsys_3arms.sqlite.gz", NSYS.read_bytes())},
+        headers=headers,
+        timeout=300,
+    )
+    resp.raise_for_status()
+    uploaded = time.perf_counter() - started
+    run_id = resp.json()["run_id"]
+    while True:
+        status = httpx.get(f"{base}/runs/{run_id}/analysis", timeout=30).json()
+        if status["status"] in ("done", "failed"):
+            break
+        time.sleep(0.01)
+    if status["status"] != "done":
+        raise RuntimeError(f"analysis failed: {status['error']}")
+    total = time.perf_counter() - started
+    httpx.delete(f"{base}/runs/{run_id}", headers=headers, timeout=30).raise_for_status()
+    return uploaded, total, status["duration_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--readers", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--think", type=float, default=1.0, help="mean think time, 2nd pass (s)")
+    args = parser.parse_args()
+
+    data_dir = Path(tempfile.mkdtemp(prefix="cptrace-bench-"))
+    populate(data_dir, args.runs)
+    port = free_port()
+    proc, token = start_server(data_dir, port)
+    base = f"http://127.0.0.1:{port}/api/v1"
+    rows: list[tuple[str, str]] = []
+    try:
+        upload(base, token, kineto_bundle("warmup"))  # start the ingest process
+        for label, think in (("closed loop", 0.0), (f"think {args.think:g} s", args.think)):
+            bundles = [kineto_bundle(f"{label}-{i}") for i in range(40)]
+            lat, n, busy = latency_under_ingest(port, token, args, think, bundles)
+            for kind in ("list", "detail"):
+                values = lat[kind]
+                rows.append(
+                    (
+                        f"run {kind}, {args.readers} readers, {label}, ingesting",
+                        f"p50 {pct(values, 0.5):.1f} ms, p99 {pct(values, 0.99):.1f} ms, "
+                        f"{len(values) / args.seconds:.0f} req/s",
+                    )
+                )
+            rows.append((f"  bundles ingested meanwhile ({label})", f"{n} in {busy:.1f} s"))
+        for clients in (1, 4):
+            bundles = [kineto_bundle(f"tp{clients}-{i}") for i in range(8)]
+            rows.append(
+                (
+                    f"upload throughput, 4.7 MB bundles, {clients} client(s)",
+                    f"{throughput(base, token, bundles, clients):.1f} MB/s",
+                )
+            )
+        runs = []
+        for _ in range(3):
+            runs.append(time_to_analysis(base, token))
+        up, total, worker = (statistics.median(x) for x in zip(*runs, strict=True))
+        rows.append(
+            (
+                "3-arm nsys export: upload -> analysis done (median of 3)",
+                f"{total:.2f} s (upload+validate {up:.2f} s, analysis {worker:.2f} s)",
+            )
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    width = max(len(r[0]) for r in rows)
+    print(
+        f"cptrace service benchmark: {args.runs} runs stored, {os.cpu_count()} CPU cores, "
+        f"{args.seconds:g} s per load pass"
+    )
+    print(f"| {'measurement'.ljust(width)} | result |")
+    print(f"|{'-' * (width + 2)}|--------|")
+    for name, value in rows:
+        print(f"| {name.ljust(width)} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

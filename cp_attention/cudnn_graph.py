@@ -1,0 +1,266 @@
+"""cuDNN fused attention (SDPA) graphs for ragged THD, driven directly from CP metadata.
+
+``nvidia-cudnn-frontend`` also ships ``torch.ops.cudnn.sdpa_fwd/bwd``, but those rebuild the
+ragged offsets and sequence lengths from ``cu_seqlens`` with small device kernels on every call
+and cost ~0.5-0.9 ms of host time per call, which the 4-calls-per-layer CP ring cannot afford.
+This backend builds each graph once per shape (cached), derives the ragged offsets once per
+planned call (cached on the :class:`~cp_attention.plan.AttnCall`, i.e. once per batch), and then
+only executes the graph.
+
+Layout: packed ``[T, H, D]`` tensors are described as ``[B, H, S_max, D]`` with the token
+stride and a per-sequence ragged offset (element offset of each sequence's first token). The
+softmax stats (log-sum-exp, natural log) come back ragged ``[T, H]``; the backward graph takes
+them ragged where the GPU accepts it (Hopper/Blackwell) and padded otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+_FWD, _BWD = "fwd", "bwd"
+# Graph tensor ids.
+Q, K, V, OUT, STATS, DO, DQ, DK, DV = 1, 2, 3, 4, 5, 6, 7, 8, 9
+LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_STATS, R_DQ, R_DK, R_DV = range(20, 30)
+
+
+def _round64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def _desc_stride(t: torch.Tensor, s_max: int) -> list[int]:
+    """``[B, H, S, D]`` descriptor strides of a packed ``[T, H, D]`` tensor (batch via ragged)."""
+    s_t, s_h, s_d = t.stride()
+    return [s_max * s_t, s_h, s_t, s_d]
+
+
+class CudnnGraphAttention:
+    """The ``cudnn`` local-attention backend (see module docstring)."""
+
+    name = "cudnn"
+
+    def __init__(self) -> None:
+        import cudnn
+
+        self._cudnn = cudnn
+        self._graphs: dict[tuple, tuple[Any, int, list[int]]] = {}
+        self._lock = threading.Lock()
+        self._handles: dict[int, Any] = {}
+        self._ragged_stats_bwd: bool | None = None
+
+    # -- host-side plumbing -------------------------------------------------------------
+    def _handle(self, device: torch.device) -> Any:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._handles:
+            with torch.cuda.device(index):
+                self._handles[index] = self._cudnn.create_handle()
+        handle = self._handles[index]
+        self._cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+        return handle
+
+    def _graph(self, key: tuple, build) -> tuple[Any, int, list[int]]:
+        hit = self._graphs.get(key)
+        if hit is None:
+            with self._lock:
+                hit = self._graphs.get(key)
+                if hit is None:
+                    hit = self._graphs[key] = build()
+        return hit
+
+    @staticmethod
+    def _ragged(cache: dict | None, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                strides: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        """Sequence lengths and element offsets, computed once per planned call and strides."""
+        key = ("cudnn_ragged", strides)
+        if cache is not None and key in cache:
+            return cache[key]
+        q64, k64 = cu_q.to(torch.int64), cu_k.to(torch.int64)
+        sq, so, sst, sdq, sk, sv, sdk, sdv = strides
+        out = {
+            "len_q": (cu_q[1:] - cu_q[:-1]).to(torch.int32).view(-1, 1, 1, 1),
+            "len_k": (cu_k[1:] - cu_k[:-1]).to(torch.int32).view(-1, 1, 1, 1),
+            "q": (q64 * sq).view(-1, 1, 1, 1), "o": (q64 * so).view(-1, 1, 1, 1),
+            "stats": (q64 * sst).view(-1, 1, 1, 1), "dq": (q64 * sdq).view(-1, 1, 1, 1),
+            "k": (k64 * sk).view(-1, 1, 1, 1), "v": (k64 * sv).view(-1, 1, 1, 1),
+            "dk": (k64 * sdk).view(-1, 1, 1, 1), "dv": (k64 * sdv).view(-1, 1, 1, 1),
+        }
+        if cache is not None:
+            cache[key] = out
+        return out
+
+    def _strides(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
+        hq, d = q.shape[1], q.shape[2]
+        return (q.stride(0), hq * d, hq, hq * d, k.stride(0), v.stride(0), k.shape[1] * d,
+                v.shape[1] * v.shape[2])
+
+    # -- graphs -------------------------------------------------------------------------
+    def _new_graph(self, dtype: torch.dtype, handle: Any) -> Any:
+        c = self._cudnn
+        io = {torch.bfloat16: c.data_type.BFLOAT16, torch.float16: c.data_type.HALF}[dtype]
+        graph = c.pygraph(handle=handle, io_data_type=io, intermediate_data_type=c.data_type.FLOAT,
+                          compute_data_type=c.data_type.FLOAT)
+        return graph, io
+
+    def _offset(self, g: Any, name: str, b: int, uid: int) -> Any:
+        return g.tensor(name=name, dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1],
+                        data_type=self._cudnn.data_type.INT64, uid=uid)
+
+    def _lengths(self, g: Any, b: int) -> tuple[Any, Any]:
+        i32 = self._cudnn.data_type.INT32
+        return (g.tensor(name="len_q", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32,
+                         uid=LEN_Q),
+                g.tensor(name="len_k", dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32,
+                         uid=LEN_K))
+
+    def _mask(self, causal: bool, square: bool) -> dict[str, Any]:
+        c = self._cudnn
+        align = c.diagonal_alignment.TOP_LEFT if square else c.diagonal_alignment.BOTTOM_RIGHT
+        return {"diagonal_alignment": align,
+                "diagonal_band_right_bound": 0 if causal else None}
+
+    @staticmethod
+    def _finish(g: Any, uids: list[int]) -> tuple[Any, int, list[int]]:
+        g.validate()
+        g.build_operation_graph()
+        import cudnn
+
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return g, g.get_workspace_size(), uids
+
+    def _build_fwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle):
+        g, io = self._new_graph(q.dtype, handle)
+        hq, d = q.shape[1], q.shape[2]
+        qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc_stride(q, s_q), data_type=io,
+                      uid=Q)
+        kt = g.tensor(name="k", dim=[b, k.shape[1], s_k, d], stride=_desc_stride(k, s_k),
+                      data_type=io, uid=K)
+        vt = g.tensor(name="v", dim=[b, v.shape[1], s_k, v.shape[2]], stride=_desc_stride(v, s_k),
+                      data_type=io, uid=V)
+        qt.set_ragged_offset(self._offset(g, "rq", b, R_Q))
+        kt.set_ragged_offset(self._offset(g, "rk", b, R_K))
+        vt.set_ragged_offset(self._offset(g, "rv", b, R_V))
+        len_q, len_k = self._lengths(g, b)
+        ot, st = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, generate_stats=True, attn_scale=scale,
+                        use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_k,
+                        **self._mask(causal, square))
+        ot.set_uid(OUT).set_output(True).set_dim([b, hq, s_q, v.shape[2]]).set_stride(
+            [s_q * hq * d, d, hq * d, 1]).set_data_type(io)
+        ot.set_ragged_offset(self._offset(g, "ro", b, R_O))
+        st.set_uid(STATS).set_output(True).set_dim([b, hq, s_q, 1]).set_stride(
+            [s_q * hq, 1, hq, 1]).set_data_type(self._cudnn.data_type.FLOAT)
+        st.set_ragged_offset(self._offset(g, "rs", b, R_STATS))
+        return self._finish(g, [Q, K, V, OUT, STATS, LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_STATS])
+
+    def _build_bwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle, ragged_stats):
+        g, io = self._new_graph(q.dtype, handle)
+        hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
+        qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc_stride(q, s_q), data_type=io,
+                      uid=Q)
+        kt = g.tensor(name="k", dim=[b, hk, s_k, d], stride=_desc_stride(k, s_k), data_type=io,
+                      uid=K)
+        vt = g.tensor(name="v", dim=[b, hv, s_k, dv], stride=_desc_stride(v, s_k), data_type=io,
+                      uid=V)
+        packed = [s_q * hq * dv, dv, hq * dv, 1]
+        ot = g.tensor(name="o", dim=[b, hq, s_q, dv], stride=packed, data_type=io, uid=OUT)
+        dot = g.tensor(name="do", dim=[b, hq, s_q, dv], stride=packed, data_type=io, uid=DO)
+        stats_stride = [s_q * hq, 1, hq, 1] if ragged_stats else [hq * s_q, s_q, 1, 1]
+        st = g.tensor(name="stats", dim=[b, hq, s_q, 1], stride=stats_stride,
+                      data_type=self._cudnn.data_type.FLOAT, uid=STATS)
+        qt.set_ragged_offset(self._offset(g, "rq", b, R_Q))
+        kt.set_ragged_offset(self._offset(g, "rk", b, R_K))
+        vt.set_ragged_offset(self._offset(g, "rv", b, R_V))
+        r_o = self._offset(g, "ro", b, R_O)
+        ot.set_ragged_offset(r_o)
+        dot.set_ragged_offset(r_o)  # dO is laid out like O
+        len_q, len_k = self._lengths(g, b)
+        if ragged_stats:
+            st.set_ragged_offset(self._offset(g, "rs", b, R_STATS))
+        dqt, dkt, dvt = g.sdpa_backward(
+            name="sdpa_bwd", q=qt, k=kt, v=vt, o=ot, dO=dot, stats=st, attn_scale=scale,
+            use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_k,
+            max_total_seq_len_q=_round64(q.shape[0]), max_total_seq_len_kv=_round64(k.shape[0]),
+            **self._mask(causal, square))
+        for t, uid, dims, r_name, r_uid in (
+            (dqt, DQ, [b, hq, s_q, d], "rdq", R_DQ), (dkt, DK, [b, hk, s_k, d], "rdk", R_DK),
+            (dvt, DV, [b, hv, s_k, dv], "rdv", R_DV),
+        ):
+            t.set_uid(uid).set_output(True).set_dim(dims).set_stride(
+                [dims[2] * dims[1] * dims[3], dims[3], dims[1] * dims[3], 1]).set_data_type(io)
+            t.set_ragged_offset(self._offset(g, r_name, b, r_uid))
+        uids = [Q, K, V, OUT, DO, STATS, DQ, DK, DV, LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_DQ, R_DK,
+                R_DV] + ([R_STATS] if ragged_stats else [])
+        return self._finish(g, uids)
+
+    # -- interface ----------------------------------------------------------------------
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
+        b = cu_q.numel() - 1
+        handle = self._handle(q.device)
+        key = (_FWD, q.dtype, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
+               v.stride(), max_q, max_k, causal, square, scale, q.device)
+        g, ws, uids = self._graph(key, lambda: self._build_fwd(q, k, v, b, max_q, max_k, causal,
+                                                              square, scale, handle))
+        r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+        stats = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+        pack = {Q: q, K: k, V: v, OUT: out, STATS: stats, LEN_Q: r["len_q"], LEN_K: r["len_k"],
+                R_Q: r["q"], R_K: r["k"], R_V: r["v"], R_O: r["o"], R_STATS: r["stats"]}
+        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
+        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        return out, stats
+
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+            cache=None):
+        b = cu_q.numel() - 1
+        handle = self._handle(q.device)
+        key = (_BWD, q.dtype, b, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+               max_q, max_k, causal, square, scale, q.device)
+        if self._ragged_stats_bwd is None:
+            major = torch.cuda.get_device_capability(q.device)[0]
+            self._ragged_stats_bwd = major in (9, 10)
+        ragged = self._ragged_stats_bwd
+        try:
+            g, ws, uids = self._graph((*key, ragged), lambda: self._build_bwd(
+                q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
+        except Exception:
+            if not ragged:
+                raise
+            self._ragged_stats_bwd = ragged = False
+            g, ws, uids = self._graph((*key, ragged), lambda: self._build_bwd(
+                q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
+        r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
+        dout, out = dout.contiguous(), out.contiguous()
+        stats = lse.contiguous() if ragged else _padded_stats(lse, cu_q, max_q, cache)
+        dq = torch.empty_like(q)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        pack = {Q: q, K: k, V: v, OUT: out, DO: dout, STATS: stats, DQ: dq, DK: dk, DV: dv,
+                LEN_Q: r["len_q"], LEN_K: r["len_k"], R_Q: r["q"], R_K: r["k"], R_V: r["v"],
+                R_O: r["o"], R_DQ: r["dq"], R_DK: r["dk"], R_DV: r["dv"], R_STATS: r["stats"]}
+        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
+        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        return dq, dk, dv
+
+
+def _padded_stats(lse: torch.Tensor, cu_q: torch.Tensor, max_q: int, cache: dict | None):
+    """Ragged ``[T, H]`` LSE to padded ``[B, H, S, 1]`` through a cached flat index."""
+    tokens, heads = lse.shape
+    b = cu_q.numel() - 1
+    key = ("cudnn_pad_index", heads, max_q)
+    index = cache.get(key) if cache is not None else None
+    if index is None:
+        cu = cu_q.long()
+        lengths = cu[1:] - cu[:-1]
+        ids = torch.arange(b, device=lse.device)
+        seq = torch.repeat_interleave(ids, lengths, output_size=tokens)
+        pos = torch.arange(tokens, device=lse.device) - cu[seq]
+        h = torch.arange(heads, device=lse.device)
+        index = ((seq[:, None] * heads + h[None, :]) * max_q + pos[:, None]).reshape(-1)
+        if cache is not None:
+            cache[key] = index
+    padded = lse.new_zeros(b * heads * max_q)
+    padded.index_copy_(0, index, lse.reshape(-1))
+    return padded.view(b, heads, max_q, 1)
