@@ -108,9 +108,9 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
     """P2P backward over the KV blocks saved in forward.
 
     Remote blocks go first; their dK/dV go straight back to their owners while the local
-    (diagonal) block, the largest, computes. Contributions are summed in a fixed order.
+    (diagonal) block, the largest, computes. Contributions are summed in a fixed order, in the
+    input dtype (one rounding per added block, as TE does).
     """
-    acc = accum_dtype(q.dtype)
     k, v = blocks[0]
     dq: torch.Tensor | None = None
     sends: list[tuple[list[torch.Tensor], int]] = []
@@ -124,7 +124,7 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         grads = s.bwd(call, dout, q, bk, bv, out, lse) if call is not None else None
         with phase("grad_reduce"):
             if grads is not None:
-                dq = add_rows(dq, call.q_rows, grads[0], q, acc)
+                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype)
             block = [_block_grad(None, call.k_rows if call else None,
                                  grads[1 + i] if grads else None, (bk, bv)[i]) for i in range(2)]
         if index > 0:
@@ -133,14 +133,13 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         received = pending.wait()
         with phase("grad_reduce"):
             for i in range(0, len(received), 2):
-                block[0] = block[0] + received[i]
-                block[1] = block[1] + received[i + 1]
-    dq = dq if dq is not None else torch.zeros_like(q, dtype=acc)
+                block[0] += received[i]
+                block[1] += received[i + 1]
+    dq = dq if dq is not None else torch.zeros_like(q)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
 
 
 def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
-    acc = accum_dtype(q.dtype)
     dq: torch.Tensor | None = None
     kv: list[torch.Tensor] = [k, v]
     dkv_out: list[torch.Tensor] = []
@@ -159,7 +158,7 @@ def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
         if call is not None:
             grads = s.bwd(call, dout, q, kv[0], kv[1], out, lse)
             with phase("grad_reduce"):
-                dq = add_rows(dq, call.q_rows, grads[0], q, acc)
+                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype)
         received = pending.wait() if pending is not None else []
         incoming = received[-2:] if index > 0 else [None, None]
         with phase("grad_reduce"):
@@ -172,7 +171,7 @@ def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
     if ring is not None and ring.size > 1:
         # Final hop: every block's gradient returns to its owner.
         dkv_out = ring.exchange(dkv_out, [k, v]).wait()
-    dq = dq if dq is not None else torch.zeros_like(q, dtype=acc)
+    dq = dq if dq is not None else torch.zeros_like(q)
     return dq.to(q.dtype), dkv_out[0].to(k.dtype), dkv_out[1].to(v.dtype)
 
 
@@ -211,7 +210,7 @@ def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
     else:
         dq_s, dk_s, dv_s = s.bwd(call, dout, q, kg, vg, out, lse)
         with phase("grad_reduce"):
-            dq = add_rows(None, call.q_rows, dq_s, q, acc).to(q.dtype)
+            dq = add_rows(None, call.q_rows, dq_s, q, q.dtype)
             dkg = add_rows(None, call.k_rows, dk_s, kg, acc)
             dvg = add_rows(None, call.k_rows, dv_s, vg, acc)
     # Each rank's partial sum is exact in the accumulator dtype; the cross-rank sum travels in

@@ -2,8 +2,10 @@
 
 A CP step attends some query rows to one block of keys; the true output of a row is the
 softmax-weighted mix of its partial outputs: ``lse = logaddexp(lse_a, lse_b)`` and
-``out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)``. Accumulation is float32
-(float64 for float64 inputs) so bf16 partials lose nothing before the final cast.
+``out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)``. The correction arithmetic and
+the LSE are float32 (float64 for float64 inputs); the running output is stored in the input
+dtype, like each kernel's own output, so the common case (the first step covers every row)
+costs no conversion copies: one bf16 rounding per merge, as in TE.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ class OutputMerger:
 
     def _init_empty(self) -> None:
         q = self._q
-        self.out = torch.zeros(q.shape, dtype=self._dtype, device=q.device)
+        self.out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
         self.lse = torch.full(q.shape[:2], -math.inf, dtype=self._dtype, device=q.device)
 
     def add(self, rows: Rows, out: torch.Tensor, lse: torch.Tensor) -> None:
         """Merge one step's partial output for ``rows``."""
         if self.out is None and rows.covers(self._q.shape[0]):
             # First step covering every row: adopt it, no merge arithmetic needed.
-            self.out, self.lse = out.to(self._dtype), lse.to(self._dtype)
+            self.out, self.lse = out, lse.to(self._dtype)
             return
         if self.out is None:
             self._init_empty()
@@ -50,8 +52,8 @@ class OutputMerger:
         old_out, old_lse = rows.take(self.out), rows.take(self.lse)
         lse = lse.to(self._dtype)
         new_lse = torch.logaddexp(old_lse, lse)
-        new_out = old_out * torch.exp(old_lse - new_lse).unsqueeze(-1)
-        new_out += out.to(self._dtype) * torch.exp(lse - new_lse).unsqueeze(-1)
+        new_out = old_out * torch.exp(old_lse - new_lse).unsqueeze(-1)  # promotes to float32
+        new_out += out * torch.exp(lse - new_lse).unsqueeze(-1)
         write_rows(self.out, rows, new_out)
         write_rows(self.lse, rows, new_lse)
 

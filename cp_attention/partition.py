@@ -70,20 +70,21 @@ def pad_sequences_to_multiple(cu_seqlens: Sequence[int] | torch.Tensor, multiple
 def pad_to_multiple(
     cu_seqlens_padded: Sequence[int] | torch.Tensor, multiple: int, *, cp_size: int = 1
 ) -> list[int]:
-    """Grow the packed buffer so its token count divides by ``multiple`` (FP8/FSDP alignment).
+    """Grow the packed buffer so every CP rank's token count divides by ``multiple``.
 
     FP8 GEMMs need the token dimension divisible by 8 (16 for some layouts, 128 for blockwise
     scaling); one rank raising while the others wait in a collective looks like a hang (TE
-    issue #1795). The extra tokens become tail padding of the last sequence, so they are
-    described in ``cu_seqlens_padded`` and every strategy treats them as padding. The total is
-    rounded to ``lcm(multiple, 2*cp_size)`` so DualChunkSwap divisibility survives.
+    issue #1795). It is each rank's *local* token count (``total / cp``) that reaches the
+    GEMMs, so the total is rounded to ``lcm(multiple * cp_size, 2 * cp_size)``, which also keeps
+    DualChunkSwap's ``2*cp`` divisibility. The extra tokens become tail padding of the last
+    sequence, described in ``cu_seqlens_padded``, and every strategy treats them as padding.
 
     :raises ValueError: for an alignment other than 8, 16 or 128.
     """
     if multiple not in ALIGNMENTS:
         raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {multiple}")
     cu = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
-    step = math.lcm(multiple, 2 * cp_size)
+    step = math.lcm(multiple * cp_size, 2 * cp_size)
     total = int(cu[-1])
     target = -(-total // step) * step
     out = cu.tolist()

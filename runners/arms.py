@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from runners.packing import PackedLayout
 from runners.spec import Workload
+from runners.te_import import import_transformer_engine
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -157,6 +158,7 @@ def _te_partition_index(
     workload: Workload, cu_padded: torch.Tensor, total: int, ctx: RankContext
 ) -> torch.Tensor:
     """TE's own THD partition indices, so inputs match what TE's CP expects."""
+    import_transformer_engine()
     from transformer_engine.pytorch.attention.dot_product_attention import context_parallel
 
     fn = getattr(context_parallel, "get_thd_partitioned_indices", None)
@@ -182,6 +184,7 @@ def build_te(
     adapter: bool = False,
 ) -> Arm:
     """Stock TE ``DotProductAttention`` (or the adapter) with P2P/all-gather CP over THD."""
+    import_transformer_engine()
     if adapter:
         from cp_attention.te_adapter import AdaptedDotProductAttention
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from analyzers.report import AnalysisReport
+from analyzers.report import REPORT_SCHEMA_VERSION, AnalysisReport
 from service.auth import now_iso
 from service.storage.database import immediate, one
 
@@ -201,6 +201,24 @@ def fail_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) -> No
     """Record why the analysis failed (bad input is final: no retry)."""
     with immediate(conn):
         _finish(conn, task.id, task.run_id, status="failed", error=error[:4000])
+
+
+def requeue_stale_reports(conn: sqlite3.Connection) -> list[int]:
+    """Queue runs whose stored report predates this ``REPORT_SCHEMA_VERSION`` (reports are
+    re-analysed, never patched). Runs already queued or running are left alone."""
+    with immediate(conn):
+        stale = [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT p.run_id FROM reports p WHERE p.schema_version < ? AND NOT EXISTS ("
+                "SELECT 1 FROM analysis_tasks t WHERE t.run_id = p.run_id "
+                "AND t.status IN ('queued', 'running'))",
+                (REPORT_SCHEMA_VERSION,),
+            )
+        ]
+        for run_id in stale:
+            enqueue_analysis(conn, run_id)
+    return stale
 
 
 def requeue_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) -> None:

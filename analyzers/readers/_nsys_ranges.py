@@ -16,6 +16,7 @@ How the rows look in an nsys export (checked on the 2025.3 export in tests/data)
 from __future__ import annotations
 
 import re
+import sqlite3
 
 import numpy as np
 import numpy.typing as npt
@@ -23,7 +24,15 @@ import numpy.typing as npt
 from analyzers.errors import CorruptTraceError
 from analyzers.model import RANGE_DTYPE, RangeKind
 from analyzers.readers._nesting import nest
-from analyzers.readers._nsys_sql import Columns, Fill, NsysSource, Query, shrink
+from analyzers.readers._nsys_sql import (
+    CHUNK_ROWS,
+    Columns,
+    Fill,
+    NsysSource,
+    Query,
+    shrink,
+    store_chunk,
+)
 
 NVTX = "NVTX_EVENTS"
 PYTHON_NVTX_DOMAINS = frozenset({"Python NVTX"})
@@ -35,20 +44,10 @@ _DOMAIN_CREATE = "NvtxDomainCreate"
 _KNOWN_TYPE_IDS = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, _DOMAIN_CREATE: 75}
 _TID_BITS = 0xFFFFFF
 _CASE_NAMES = 64
-"""Up to this many distinct inline names, a CASE maps text to symbol; above, a join."""
-_MAX_INLINE_NAMES = 1_000_000
-"""More distinct inline names than this is not an annotation scheme; the file is refused."""
-_RAW = np.dtype(
-    [
-        ("start", np.int64),
-        ("end", np.int64),
-        ("tid", np.int64),
-        ("domain", np.int64),
-        ("event_type", np.int64),
-        ("text_id", np.int64),
-        ("inline", np.int64),
-    ]
-)
+"""Up to this many distinct inline names SQLite maps text to symbol with a CASE; beyond, the
+texts come out row by row and are interned in Python (a SQL join would be O(rows x names))."""
+_RAW_FIELDS = ("start", "end", "tid", "domain", "event_type", "text_id", "inline")
+_RAW = np.dtype([(name, np.int64) for name in _RAW_FIELDS])
 
 
 def read_ranges(src: NsysSource, span: tuple[int, int]) -> npt.NDArray[np.void]:
@@ -105,17 +104,18 @@ def _fetch_ranges(
     where = f'WHERE "eventType" IN ({types})'
     texts: list[str] = []
     if src.schema.has(NVTX, "text"):
-        distinct = f'SELECT DISTINCT "text" FROM {NVTX} {where} AND "text" IS NOT NULL'
-        texts = [str(row[0]) for row in src.conn.execute(distinct)]
-    if len(texts) > _MAX_INLINE_NAMES:
-        raise CorruptTraceError(
-            f"{src.label}: {NVTX} has {len(texts)} distinct inline range names (more than "
-            f"{_MAX_INLINE_NAMES}); NVTX names are expected to repeat"
+        distinct = (
+            f'SELECT DISTINCT "text" FROM {NVTX} {where} AND "text" IS NOT NULL'
+            f" LIMIT {_CASE_NAMES + 1}"
         )
-    head, inline, tail = _inline_name_sql(src, texts, where)
-    out = src.allocate((NVTX,), _RAW)
-    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
-    raw = shrink(out, filled)
+        texts = [str(row[0]) for row in src.conn.execute(distinct)]
+    if len(texts) > _CASE_NAMES:
+        raw = _fetch_ranges_by_row(src, where)
+    else:
+        head, inline, tail = _case_name_sql(src, texts, where)
+        out = src.allocate((NVTX,), _RAW)
+        out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
+        raw = shrink(out, filled)
     names = raw["inline"].astype(np.int32)
     by_id = (names < 0) & (raw["text_id"] >= 0)
     names[by_id] = src.intern_ids(raw["text_id"][by_id])
@@ -123,33 +123,52 @@ def _fetch_ranges(
     return raw, names
 
 
-def _inline_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str]:
+def _case_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str]:
     """SQL pieces (head, inline-symbol expression, tail) that map ``text`` to symbol ids.
 
     Texts go in as hex blob literals cast to TEXT: whatever bytes a crafted file holds, they
-    cannot end the literal, and no bound parameters are needed (the Arrow path has none). A
-    CASE is about twice as fast as a join for the usual few dozen names; many names use a
-    VALUES table joined on the text.
+    cannot end the literal, and no bound parameters are needed (the Arrow path has none).
     """
-    literals = [
-        (
-            f"CAST(X'{text.encode('utf-8', 'surrogatepass').hex()}' AS TEXT)",
-            src.strings.intern(text),
-        )
-        for text in texts
-    ]
     head = f'SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
     tail = f" FROM {NVTX} AS e {where.replace('WHERE ', 'WHERE e.')}"
-    if not literals:
+    if not texts:
         return head, "NULL", tail
-    if len(literals) <= _CASE_NAMES:
-        whens = " ".join(f"WHEN {literal} THEN {symbol}" for literal, symbol in literals)
-        return head, f'CASE e."text" {whens} END', tail
-    values = ",".join(f"({literal}, {symbol})" for literal, symbol in literals)
-    head = f"WITH inline_names(t, sym) AS (VALUES {values}) {head}"
-    join = 'LEFT JOIN inline_names AS n ON n.t = e."text"'
-    tail = f" FROM {NVTX} AS e {join} {where.replace('WHERE ', 'WHERE e.')}"
-    return head, "n.sym", tail
+    whens = " ".join(
+        f"WHEN CAST(X'{text.encode('utf-8', 'surrogatepass').hex()}' AS TEXT)"
+        f" THEN {src.strings.intern(text)}"
+        for text in texts
+    )
+    return head, f'CASE e."text" {whens} END', tail
+
+
+def _copy_raw(cols: Columns, rows: npt.NDArray[np.void]) -> None:
+    for name in _RAW_FIELDS:
+        rows[name] = cols[name]
+
+
+def _fetch_ranges_by_row(src: NsysSource, where: str) -> npt.NDArray[np.void]:
+    """Ranges with many distinct inline names: texts leave SQLite and are interned here."""
+    sql = (
+        f'SELECT "start", {src.column(NVTX, "end")}, "globalTid", '
+        f'{src.column(NVTX, "domainId", "0")}, "eventType", {src.column(NVTX, "textId")}, '
+        f'"text" FROM {NVTX} {where}'
+    )
+    out = src.allocate((NVTX,), _RAW)
+    filled = 0
+    intern = src.strings.intern
+    try:
+        cursor = src.conn.execute(sql)
+        while rows := cursor.fetchmany(CHUNK_ROWS):
+            ints = np.array([row[:6] for row in rows], dtype=np.int64).reshape(len(rows), 6)
+            names = [-1 if row[6] is None else intern(str(row[6])) for row in rows]
+            columns = dict(zip(_RAW_FIELDS[:6], ints.T, strict=True))
+            columns["inline"] = np.array(names, dtype=np.int64)
+            out, filled = store_chunk(out, filled, columns, _copy_raw)
+    except sqlite3.DatabaseError as exc:
+        raise CorruptTraceError(f"{src.label}: cannot read table {NVTX} ({exc})") from exc
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CorruptTraceError(f"{src.label}: {NVTX} holds a non-integer value ({exc})") from exc
+    return shrink(out, filled)
 
 
 def _range_queries(src: NsysSource, head: str, inline: str, tail: str) -> list[tuple[Query, Fill]]:

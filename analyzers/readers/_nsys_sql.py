@@ -60,7 +60,7 @@ class _ArrowFallback(Exception):
     """The Arrow path cannot carry this result; the stdlib cursor path takes over."""
 
 
-def _store(
+def store_chunk(
     out: npt.NDArray[np.void], filled: int, columns: Columns, fill: Fill
 ) -> tuple[npt.NDArray[np.void], int]:
     """Convert one chunk into ``out[filled:]``, growing ``out`` if the bound was short."""
@@ -164,7 +164,7 @@ class NsysSource:
                 columns = {
                     name: values for name, (values, _) in zip(query.columns, batch, strict=True)
                 }
-                out, filled = _store(out, filled, columns, fill)
+                out, filled = store_chunk(out, filled, columns, fill)
         except _ArrowFallback:
             raise
         except Exception as exc:  # driver errors (type inference, I/O): retry on the stdlib path
@@ -180,7 +180,7 @@ class NsysSource:
             while rows := cursor.fetchmany(CHUNK_ROWS):
                 chunk = np.array(rows, dtype=np.int64).reshape(len(rows), len(query.columns))
                 del rows
-                out, filled = _store(
+                out, filled = store_chunk(
                     out, filled, dict(zip(query.columns, chunk.T, strict=True)), fill
                 )
         except sqlite3.DatabaseError as exc:

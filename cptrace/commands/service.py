@@ -96,6 +96,7 @@ def worker(
     """
     import logging
 
+    from service.analysis import requeue_stale_reports
     from service.main import open_database
     from service.uploads_exec import lower_priority
     from service.worker import AnalysisWorker
@@ -105,6 +106,11 @@ def worker(
     settings = _settings(data_dir)
     open_database(settings).close()  # schema up to date before the first claim
     runner = AnalysisWorker(settings)
+    stale = requeue_stale_reports(runner.conn)
+    if stale:
+        logging.getLogger("cptrace.worker").info(
+            "re-analysing %d run(s) with old reports", len(stale)
+        )
     signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
     try:

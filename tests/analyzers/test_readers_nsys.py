@@ -257,7 +257,7 @@ def test_values_outside_the_packed_bits_fall_back_to_plain_queries(
 
 
 def test_many_distinct_inline_names(tmp_path: Path) -> None:
-    """Beyond a few dozen distinct texts the reader maps names with a join instead of CASE."""
+    """Beyond 64 distinct texts, names leave SQLite row by row and are interned in Python."""
     db = _edited_copy(
         tmp_path,
         "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cp_dist_harness import COMBOS, Case, make_inputs, run_distributed
-from reference import reference_attention
+from cp_reference import reference_attention
 
 from cp_attention import PackedBatch, pad_sequences_to_multiple, pad_to_multiple, unpartition
 

@@ -141,6 +141,20 @@ def test_reanalyse_and_progress(
     assert client.get(f"/api/v1/runs/{te_run}").json()["status"] == "analysed"
 
 
+def test_old_reports_are_reanalysed(
+    client: TestClient, app_env: dict[str, Any], te_run: int
+) -> None:
+    db = app_env["db"]
+    db.write_tx(
+        lambda c: c.execute("UPDATE reports SET schema_version = 0 WHERE run_id = ?", (te_run,))
+    )
+    assert db.write(analysis.requeue_stale_reports) == [te_run]
+    assert db.write(analysis.requeue_stale_reports) == []  # already queued
+    _drain(app_env)
+    assert client.get(f"/api/v1/runs/{te_run}/analysis").json()["status"] == "done"
+    assert db.write(analysis.requeue_stale_reports) == []
+
+
 def test_killed_worker_lease_requeues_then_gives_up(
     client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
 ) -> None:

@@ -55,3 +55,33 @@ def test_single_rank_step_opens_named_ranges() -> None:
     for expected in ("cp_attention.attn_fwd_step", "cp_attention.attn_bwd_step",
                      "cp_attention.merge", "cp_attention.grad_zero_fill"):
         assert expected in names
+
+
+def test_decision_from_caller_tensors_uses_values() -> None:
+    from cp_attention.te_adapter import _decide_from_tensors
+
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    same = _decide_from_tensors({"cu_seqlens_q": cu, "cu_seqlens_q_padded": cu.clone(),
+                                 "cu_seqlens_kv": cu, "cu_seqlens_kv_padded": cu.clone()})
+    assert same["cu_seqlens_q_padded"] is cu and same["pad_between_seqs"] is False
+    tail = torch.tensor([0, 8, 15], dtype=torch.int32)
+    padded = _decide_from_tensors({"cu_seqlens_q": tail, "cu_seqlens_q_padded": cu,
+                                   "cu_seqlens_kv": tail, "cu_seqlens_kv_padded": cu})
+    assert padded == {"pad_between_seqs": True}
+    # An explicit caller choice is respected.
+    assert "pad_between_seqs" not in _decide_from_tensors(
+        {"cu_seqlens_q": tail, "cu_seqlens_q_padded": cu, "pad_between_seqs": True})
+
+
+def test_range_names_match_the_te_catalog_helper_on_the_ab_path() -> None:
+    from cp_attention.broken import TE_HELPER_RANGE, recompute_step_cu
+
+    meta = PackedBatch.from_cu_seqlens([0, 8, 16], cp_size=2)
+    call = meta.calls_for("p2p", True, 0)[1]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        redone = recompute_step_cu(call, meta, 0)
+    names = [e.name for e in prof.events()]
+    assert names.count(TE_HELPER_RANGE) == 2 and "cp_attention.metadata_step" in names
+    # Whole-chunk calls use the device-recomputed offsets, which equal the planned ones.
+    assert redone.cu_q is not call.cu_q and torch.equal(redone.cu_q, call.cu_q)
+    assert torch.equal(redone.cu_k, call.cu_k)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import reference_attention
+from cp_reference import reference_attention
 
 from cp_attention import varlen_bwd, varlen_fwd
 from cp_attention.local_attention import get_backend

@@ -50,11 +50,15 @@ def test_pad_sequences_and_repack() -> None:
 
 
 @pytest.mark.parametrize("multiple", [8, 16, 128])
-def test_pad_to_multiple_aligns_tokens_as_tail_padding(multiple: int) -> None:
-    cup = pad_to_multiple([0, 4, 12], multiple, cp_size=2)
-    assert cup[-1] % multiple == 0 and cup[:-1] == [0, 4]
-    meta = PackedBatch.from_cu_seqlens([0, 3, 8], cup, cp_size=2)
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_pad_to_multiple_aligns_every_rank_as_tail_padding(multiple: int, cp: int) -> None:
+    cup = pad_to_multiple(pad_sequences_to_multiple([0, 3, 8], 2 * cp), multiple, cp_size=cp)
+    meta = PackedBatch.from_cu_seqlens([0, 3, 8], cup, cp_size=cp)
+    # What reaches each rank's FP8 GEMM is the local token count.
+    assert meta.local_tokens % multiple == 0
     assert meta.has_padding and meta.total_tokens == cup[-1]
+    for strategy in ("dual_chunk_swap", "no_load_balance"):
+        PackedBatch.from_cu_seqlens([0, 3, 8], cup, cp_size=cp, strategy=strategy)
 
 
 def test_pad_to_multiple_lists_valid_alignments() -> None:

@@ -31,21 +31,23 @@ def test_nccl_correctness_script_passes() -> None:
                     or importlib.util.find_spec("transformer_engine") is None,
                     reason="needs CUDA and transformer_engine")
 def test_adapter_matches_te_without_cp() -> None:
-    import transformer_engine.pytorch as te  # noqa: PLC0415
+    import transformer_engine.pytorch as te
 
-    from cp_attention.te_adapter import AdaptedDotProductAttention  # noqa: PLC0415
+    from cp_attention.te_adapter import AdaptedDotProductAttention
 
     device = torch.device("cuda")
     cu = [0, 256, 384, 512]
     meta = PackedBatch.from_cu_seqlens(cu, cp_size=1, device=device)
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(512, 8, 64, generator=gen).to(device, torch.bfloat16)
+    q, k, v = (torch.randn(512, 8, 128, generator=gen).to(device, torch.bfloat16)
                for _ in range(3))
     q, k, v = (partition_for_rank(t, meta, 0) for t in (q, k, v))
     kwargs = {"qkv_format": "thd", "attn_mask_type": "padding_causal"}
     cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
-    want = te.DotProductAttention(8, 64, **kwargs)(
-        q, k, v, cu_seqlens_q=cu_t, cu_seqlens_kv=cu_t, cu_seqlens_q_padded=cu_t.clone(),
-        cu_seqlens_kv_padded=cu_t.clone(), max_seqlen_q=256, max_seqlen_kv=256)
-    got = AdaptedDotProductAttention(8, 64, **kwargs)(q, k, v, packed_batch=meta)
+    # Stock TE on its fast path (one object for padded and unpadded): without CP its padded THD
+    # path has no backend on H200 for these inputs ("No dot product attention backend").
+    want = te.DotProductAttention(8, 128, **kwargs)(
+        q, k, v, cu_seqlens_q=cu_t, cu_seqlens_kv=cu_t, cu_seqlens_q_padded=cu_t,
+        cu_seqlens_kv_padded=cu_t, max_seqlen_q=256, max_seqlen_kv=256)
+    got = AdaptedDotProductAttention(8, 128, **kwargs)(q, k, v, packed_batch=meta)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
