@@ -12,8 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import typer
+
+from cptrace.errors import CommandError
 
 token_app = typer.Typer(help="Manage API tokens (stored hashed; shown once).", no_args_is_help=True)
 
@@ -145,7 +146,7 @@ def token_create(
     try:
         token = db.write_tx(lambda c: create_token(c, role=parsed, name=name))
     except Exception as exc:
-        raise click.ClickException(f"cannot create the token: {exc}") from exc
+        raise CommandError(f"cannot create the token: {exc}") from exc
     finally:
         db.close()
     typer.echo(token)

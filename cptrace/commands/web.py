@@ -2,7 +2,7 @@
 
 httpx, playwright and the web package are imported inside the commands, so ``cptrace`` starts on
 a GPU host that has none of them. Library errors (``GitHubError``, ``CommentError``,
-``ScreenshotError``) become ``click.ClickException`` here and nowhere else.
+``ScreenshotError``) become ``CommandError`` here and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
+
+from cptrace.errors import CommandError
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
@@ -32,13 +33,13 @@ def _fetch_comparison(
     try:
         response = httpx.get(url, headers=headers, timeout=120)
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach the cptrace server at {server}: {exc}") from exc
+        raise CommandError(f"cannot reach the cptrace server at {server}: {exc}") from exc
     if response.status_code != 200:
         try:
             detail = response.json().get("error", response.text)
         except ValueError:
             detail = response.text
-        raise click.ClickException(f"GET {url} answered {response.status_code}: {detail}")
+        raise CommandError(f"GET {url} answered {response.status_code}: {detail}")
     return dict(response.json())
 
 
@@ -90,13 +91,13 @@ def pr_comment(
             return
         head_sha = page["head"].get("commit") if status else None
         if status and not head_sha:
-            raise click.ClickException(f"run {head} has no commit sha to set a status on")
+            raise CommandError(f"run {head} has no commit sha to set a status on")
         published = publish(
             report, context, repo=repo or "", pr=pr or 0, config=GitHubConfig.from_env(),
             head_sha=head_sha,
         )  # fmt: skip
     except (CommentError, GitHubError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     where = published.comment.url or f"comment {published.comment.comment_id}"
     typer.echo(f"{published.comment.action} {where} on {repo}#{pr}")
     if published.status_state:
@@ -129,7 +130,7 @@ def screenshots(
     try:
         written = take_screenshots(server, out, width=width)
     except ScreenshotError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     for path in written:
         typer.echo(str(path))
 
