@@ -53,9 +53,6 @@ from analyzers.catalog import Catalog
 from analyzers.model import Trace
 from analyzers.report import UNATTRIBUTED, Category
 
-_CORRELATION_BITS = 40
-_CORRELATION_MASK = (1 << _CORRELATION_BITS) - 1
-
 IntArray = npt.NDArray[np.int64]
 
 
@@ -114,32 +111,6 @@ def factorize(*columns: IntArray) -> list[IntArray]:
     return [np.searchsorted(uniques, col).astype(np.int64) for col in columns]
 
 
-_DIRECT_TABLE_LIMIT = 16 * 1024 * 1024
-"""Largest key range joined through a lookup table instead of a sort (4 bytes per slot)."""
-
-
-def _join(keys: IntArray, targets: IntArray) -> IntArray:
-    """Index of the first ``targets`` row equal to each key, -1 when absent.
-
-    CUPTI correlation ids are dense counters, so the key range is usually a small multiple of
-    the row count: then a direct lookup table joins in O(n) without sorting.
-    """
-    if len(targets) == 0 or len(keys) == 0:
-        return np.full(len(keys), -1, dtype=np.int64)
-    low = int(targets.min())
-    size = int(targets.max()) - low + 1
-    if size <= max(_DIRECT_TABLE_LIMIT, 4 * len(targets)) and len(targets) < 2**31:
-        table = np.full(size, -1, dtype=np.int32)
-        rows = np.arange(len(targets) - 1, -1, -1, dtype=np.int32)
-        table[targets[::-1] - low] = rows  # reversed: the first row of a duplicate key wins
-        inside = (keys >= low) & (keys < low + size)
-        return np.where(inside, table[np.clip(keys - low, 0, size - 1)], -1).astype(np.int64)
-    order = np.argsort(targets, kind="stable")
-    sorted_targets = targets[order]
-    pos = np.minimum(_search(sorted_targets, keys, "left"), len(order) - 1)
-    return np.where(sorted_targets[pos] == keys, order[pos], -1)
-
-
 def _search(sorted_values: IntArray, keys: IntArray, side: str) -> IntArray:
     """``searchsorted`` that sorts the keys first: sorted keys walk the array cache-friendly."""
     if len(keys) < 2 or bool(np.all(keys[1:] >= keys[:-1])):
@@ -150,34 +121,99 @@ def _search(sorted_values: IntArray, keys: IntArray, side: str) -> IntArray:
     return out
 
 
+_GROUP_LOOP_LIMIT = 64
+"""Up to this many processes (or ranks) the join runs once per group with a boolean mask."""
+
+
+def _join_in_group(
+    a_rows: IntArray, a_corr: IntArray, l_rows: IntArray, l_corr: IntArray, result: IntArray
+) -> None:
+    """Write into ``result[a_rows]`` the first ``l_rows`` entry whose correlation matches.
+
+    Within one process nsys appends runtime rows in correlation order, so ``l_corr`` is
+    usually sorted already and no sort (and no sort-sized temporary) is needed; otherwise a
+    stable argsort keeps the first of duplicate ids first. ``searchsorted`` then needs no
+    table as large as the id range (ids count every API call, not only launches).
+    """
+    if not len(a_rows) or not len(l_rows):
+        return
+    if len(l_corr) > 1 and not bool(np.all(l_corr[1:] >= l_corr[:-1])):
+        order = np.argsort(l_corr, kind="stable")
+        l_rows, l_corr = l_rows[order], l_corr[order]
+        del order
+    pos = _search(l_corr, a_corr, "left")
+    np.minimum(pos, len(l_corr) - 1, out=pos)
+    hit = l_corr[pos] == a_corr
+    result[a_rows[hit]] = l_rows[pos[hit]]
+
+
+def _join_by_group(
+    a_group: IntArray,
+    a_corr: IntArray,
+    a_mask: npt.NDArray[np.bool_],
+    l_group: IntArray,
+    l_corr: IntArray,
+    result: IntArray,
+) -> None:
+    """Join activities (where ``a_mask``) to launches on ``(group, correlation)``.
+
+    One pass per distinct launch group (processes and ranks are few): only the rows of that
+    group are copied out, so the temporaries are a fraction of the tables.
+    """
+    groups = _distinct(l_group, _GROUP_LOOP_LIMIT + 1)
+    if len(groups) > _GROUP_LOOP_LIMIT:  # many processes (synthetic input): composite keys
+        _join_composite(a_group, a_corr, a_mask, l_group, l_corr, result)
+        return
+    for group in groups:
+        l_rows = np.flatnonzero(l_group == group)
+        a_rows = np.flatnonzero((a_group == group) & a_mask)
+        _join_in_group(a_rows, a_corr[a_rows], l_rows, l_corr[l_rows], result)
+
+
+def _join_composite(
+    a_group: IntArray,
+    a_corr: IntArray,
+    a_mask: npt.NDArray[np.bool_],
+    l_group: IntArray,
+    l_corr: IntArray,
+    result: IntArray,
+) -> None:
+    """The general join for many groups: rows sorted by group once, then joined per group."""
+    a_code, l_code = factorize(a_group.astype(np.int64), l_group.astype(np.int64))
+    codes = np.arange(int(max(a_code.max(), l_code.max())) + 2)
+    l_order = np.lexsort((l_corr, l_code))  # by group, then id; ties keep row order
+    l_bounds = np.searchsorted(l_code[l_order], codes)
+    a_rows = np.flatnonzero(a_mask)
+    a_rows = a_rows[np.argsort(a_code[a_rows], kind="stable")]
+    a_bounds = np.searchsorted(a_code[a_rows], codes)
+    del a_code, l_code
+    for code in range(len(codes) - 1):
+        l_rows = l_order[l_bounds[code] : l_bounds[code + 1]]
+        a_part = a_rows[a_bounds[code] : a_bounds[code + 1]]
+        _join_in_group(a_part, a_corr[a_part], l_rows, l_corr[l_rows], result)
+
+
 def link_launches(trace: Trace) -> IntArray:
-    """Row of ``trace.launches`` for each activity (-1 when none), by correlation id."""
+    """Row of ``trace.launches`` for each activity (-1 when none), by correlation id.
+
+    Memory matters here (a multi-million-kernel export): columns are read as strided views
+    of the structured arrays, and only one process's rows are copied out at a time.
+    """
     acts, launches = trace.activities, trace.launches
     result = np.full(len(acts), -1, dtype=np.int64)
     if len(acts) == 0 or len(launches) == 0:
         return result
-    has_corr = acts["correlation"] >= 0
-    a_proc, l_proc = factorize(acts["process"].astype(np.int64), launches["process"])
-    a_corr = acts["correlation"].astype(np.int64)
-    l_corr = launches["correlation"].astype(np.int64)
-    # Compact composite key (process code, correlation) so _join can use a direct table.
-    low = min(int(a_corr.min()), int(l_corr.min()))
-    width = max(int(a_corr.max()), int(l_corr.max())) - low + 1
-    if width * (int(max(a_proc.max(), l_proc.max())) + 1) >= 1 << 62:
-        low, width = 0, 1 << _CORRELATION_BITS
-        a_corr, l_corr = a_corr & _CORRELATION_MASK, l_corr & _CORRELATION_MASK
-    by_process = _join(a_proc * width + (a_corr - low), l_proc * width + (l_corr - low))
-    result = np.where(has_corr, by_process, -1)
+    a_corr, l_corr = acts["correlation"], launches["correlation"]
+    a_process, l_process = acts["process"], launches["process"]
+    has_corr = a_corr >= 0
+    _join_by_group(a_process, a_corr, has_corr, l_process, l_corr, result)
     # Fallback for activities whose process key never launches anything (Kineto device pids).
-    launching = np.isin(a_proc, _distinct(l_proc))
+    launching = np.isin(a_process, _distinct(l_process))
     retry = has_corr & (result < 0) & ~launching & (acts["rank"] >= 0)
+    del launching, has_corr
     if retry.any():
-        # Rank codes: -1 (unknown) launches get code 0 and can never match a retried activity.
-        a_rank = acts["rank"][retry].astype(np.int64) + 1
-        l_rank = np.maximum(launches["rank"].astype(np.int64) + 1, 0)
-        result[retry] = _join(
-            a_rank * width + (a_corr[retry] - low), l_rank * width + (l_corr - low)
-        )
+        # Launches of unknown rank (-1) never match: a retried activity has a rank >= 0.
+        _join_by_group(acts["rank"], a_corr, retry, launches["rank"], l_corr, result)
     return result
 
 
@@ -220,18 +256,23 @@ class RangeIndex:
 
     def lookup(self, thread: IntArray, time: IntArray) -> IntArray:
         """Row (in the original range table) of the innermost range containing each query."""
-        result = np.full(len(thread), -1, dtype=np.int64)
         if len(self.rows) == 0 or len(thread) == 0:
-            return result
+            return np.full(len(thread), -1, dtype=np.int64)
+        # In-place arithmetic and early ``del``: queries number in the millions.
         t_idx = np.searchsorted(self.threads, thread)  # few threads: cheap
         known = (t_idx < len(self.threads)) & (
             self.threads[np.minimum(t_idx, len(self.threads) - 1)] == thread
         )
-        key = t_idx * self._span + (time - self._base)
-        cand = _search(self.key_start, key, "right") - 1
-        cand = np.where(known, cand, -1)
-        valid = cand >= 0
-        cand = np.where(valid & (self.thread_idx[np.maximum(cand, 0)] == t_idx), cand, -1)
+        key = t_idx * self._span
+        key += time
+        key -= self._base
+        cand = _search(self.key_start, key, "right")
+        cand -= 1
+        cand[~known] = -1
+        del known
+        ok = np.flatnonzero(cand >= 0)
+        cand[ok[self.thread_idx[cand[ok]] != t_idx[ok]]] = -1
+        del ok, t_idx
         active = np.flatnonzero(cand >= 0)
         while len(active):
             c = cand[active]
@@ -241,9 +282,10 @@ class RangeIndex:
             moving = active[outside]
             cand[moving] = self.parent[cand[moving]]
             active = moving[cand[moving] >= 0]
-        hit = cand >= 0
-        result[hit] = self.rows[cand[hit]]
-        return result
+        del key, active
+        hit = np.flatnonzero(cand >= 0)
+        cand[hit] = self.rows[cand[hit]]
+        return cand
 
 
 def _query_order(thread: IntArray, time: IntArray) -> IntArray:
@@ -316,57 +358,64 @@ def _within_mask(
     return ok
 
 
+def _spread(found: IntArray, rows: IntArray, launch: IntArray, n_launches: int) -> IntArray:
+    """Per-activity range rows from per-launch answers (``found[i]`` for launch ``rows[i]``)."""
+    by_launch = np.full(n_launches + 1, -1, dtype=np.int64)
+    by_launch[rows] = found
+    return by_launch[launch]  # launch -1 (none) reads the trailing -1
+
+
 def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None) -> Attribution:
     """Attribute each activity of ``trace`` to a catalog helper (see the module docstring)."""
     acts = trace.activities
     n = len(acts)
     ranges = ranges if ranges is not None else match_ranges(trace, catalog)
     launch = link_launches(trace)
-    has_launch = launch >= 0
     # Each launch row is looked up once, in (thread, time) order (cache-friendly searches),
     # and the answers are spread back to every activity of that launch (CUDA graphs).
-    rows = np.flatnonzero(np.bincount(launch[has_launch], minlength=len(trace.launches)))
-    order = _query_order(trace.launches["thread"][rows], trace.launches["start"][rows])
-    rows = rows[order]
+    # Temporaries are freed as soon as used: this runs on multi-million-row tables.
+    used = np.zeros(len(trace.launches) + 1, dtype=bool)
+    used[launch] = True  # launch -1 marks the trailing slot, dropped below
+    rows = np.flatnonzero(used[:-1])
+    del used
+    rows = rows[_query_order(trace.launches["thread"][rows], trace.launches["start"][rows])]
     thread, time = trace.launches["thread"][rows], trace.launches["start"][rows]
-    by_launch_specific = np.full(len(trace.launches) + 1, -1, dtype=np.int64)
-    by_launch_container = np.full(len(trace.launches) + 1, -1, dtype=np.int64)
-    by_launch_specific[rows] = ranges.specific.lookup(thread, time)
-    by_launch_container[rows] = ranges.container.lookup(thread, time)
-    specific = by_launch_specific[launch]  # launch -1 reads the trailing -1
-    container = by_launch_container[launch]
+    n_launches = len(trace.launches)
+    specific = _spread(ranges.specific.lookup(thread, time), rows, launch, n_launches)
+    container = _spread(ranges.container.lookup(thread, time), rows, launch, n_launches)
+    del thread, time, rows
 
     range_helper = np.append(ranges.helper, np.int32(-1))  # index -1 -> -1
-    range_python = np.append(ranges.via_python, False)
-    specific_helper = range_helper[specific]
     container_helper = range_helper[container]
     kernel_by_symbol = _symbol_table(
         acts["name"], len(trace.strings), lambda s: catalog.match_kernel(trace.strings[s])
     )
     kernel_helper = kernel_by_symbol[acts["name"]] if n else np.empty(0, dtype=np.int32)
-    kernel_helper = np.where(
-        _within_mask(catalog, kernel_helper, container_helper), kernel_helper, -1
-    )
+    kernel_helper[~_within_mask(catalog, kernel_helper, container_helper)] = -1
 
+    # Precedence, lowest first, each step overwriting: container, kernel name, specific range.
+    helper = np.where(container >= 0, container_helper, np.int32(-1)).astype(np.int32)
+    del container_helper
+    claimed_range = container
+    use_kernel = kernel_helper >= 0
+    helper[use_kernel] = kernel_helper[use_kernel]
+    claimed_range[use_kernel] = -1
+    del kernel_helper
     use_specific = specific >= 0
-    use_kernel = ~use_specific & (kernel_helper >= 0)
-    use_container = ~use_specific & ~use_kernel & (container >= 0)
-    helper = np.where(
-        use_specific,
-        specific_helper,
-        np.where(use_kernel, kernel_helper, np.where(use_container, container_helper, -1)),
-    ).astype(np.int32)
-    claimed_range = np.where(use_specific, specific, np.where(use_container, container, -1))
-    via_python = range_python[claimed_range]
+    helper[use_specific] = range_helper[specific[use_specific]]
+    claimed_range[use_specific] = specific[use_specific]
+    del specific, use_specific
     matched_by = np.full(n, MatchedBy.NONE, dtype=np.int8)
-    matched_by[use_specific | use_container] = MatchedBy.RANGE
-    matched_by[(use_specific | use_container) & via_python] = MatchedBy.PYTHON
-    matched_by[use_kernel] = MatchedBy.KERNEL_NAME
+    by_range = claimed_range >= 0
+    matched_by[by_range] = MatchedBy.RANGE
+    range_python = np.append(ranges.via_python, False)
+    matched_by[by_range & range_python[claimed_range]] = MatchedBy.PYTHON
+    matched_by[use_kernel & ~by_range] = MatchedBy.KERNEL_NAME
     return Attribution(
         helper=helper,
         matched_by=matched_by,
         launch=launch,
-        range_row=claimed_range.astype(np.int64),
+        range_row=claimed_range.astype(np.int64, copy=False),
         helper_names=tuple(h.name for h in catalog.helpers),
         categories=tuple(h.category for h in catalog.helpers),
     )

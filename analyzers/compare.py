@@ -176,9 +176,19 @@ def compare_reports(
     b_rows = [r for r in base.rank_summaries if r.window == base_window]
     h_rows = [r for r in head.rank_summaries if r.window == head_window]
     b_it, h_it = _iterations(base, base_window), _iterations(head, head_window)
-    iterations = compare_samples(b_it, h_it) if b_it and h_it and b_it.n and h_it.n else None
+    # Timed (CUDA events, no profiler) and profiled (window durations under the profiler)
+    # iterations are not comparable: the profiler inflates the latter several-fold.
+    mixed = bool(b_it and h_it and b_it.source and h_it.source and b_it.source != h_it.source)
+    iterations = (
+        compare_samples(b_it, h_it) if b_it and h_it and b_it.n and h_it.n and not mixed else None
+    )
     labels = (base_window, head_window)
     summary = _summary(deltas, iterations, labels)
+    if mixed and b_it and h_it:
+        summary += (
+            f"; iterations not compared: {base_window} is {b_it.source}, {head_window} is "
+            f"{h_it.source}"
+        )
     launch_delta = sum(d.delta_launches for d in deltas)
     verdict = (
         iterations.verdict

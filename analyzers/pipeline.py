@@ -109,9 +109,16 @@ def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list
     return merge_traces(traces), sources
 
 
+TIMED = "timed"
+PROFILED = "profiled"
+
+
 def _iterations(manifest: RunManifest | None, metrics: Metrics) -> list[IterationStats]:
     """Iteration times from the manifest's CUDA-event timings, else from window durations.
 
+    Timed iterations (``source="timed"``) come first; a group without them gets the durations
+    of its profiled windows (``source="profiled"``): those ran under the profiler and are
+    several-fold slower with Python stacks, so rules never take savings from them.
     The all-ranks row (``rank=None``) takes the slowest rank per iteration when every rank has
     the same number of samples (a step ends when its slowest rank does); else it pools them.
     """
@@ -126,16 +133,20 @@ def _iterations(manifest: RunManifest | None, metrics: Metrics) -> list[Iteratio
         if group != WHOLE_TRACE and group not in measured:
             from_windows.setdefault(group, {})[rank] = durations
     out = []
-    for group, by_rank in [*measured.items(), *from_windows.items()]:
-        by_rank = {r: v for r, v in by_rank.items() if v}
-        if not by_rank:
-            continue
-        out += [iteration_stats(group, v, rank=r) for r, v in sorted(by_rank.items())]
-        if len({len(v) for v in by_rank.values()}) == 1:
-            combined = np.max(np.array(list(by_rank.values())), axis=0).tolist()
-        else:
-            combined = [x for v in by_rank.values() for x in v]
-        out.append(iteration_stats(group, combined, rank=None))
+    sources = [(TIMED, measured), (PROFILED, from_windows)]
+    for source, groups in sources:
+        for group, by_rank in groups.items():
+            by_rank = {r: v for r, v in by_rank.items() if v}
+            if not by_rank:
+                continue
+            out += [
+                iteration_stats(group, v, rank=r, source=source) for r, v in sorted(by_rank.items())
+            ]
+            if len({len(v) for v in by_rank.values()}) == 1:
+                combined = np.max(np.array(list(by_rank.values())), axis=0).tolist()
+            else:
+                combined = [x for v in by_rank.values() for x in v]
+            out.append(iteration_stats(group, combined, rank=None, source=source))
     return out
 
 
@@ -152,9 +163,21 @@ def _world_size(trace: Trace) -> int | None:
     return max(sizes) if sizes else None
 
 
-def _notes(trace: Trace, manifest: RunManifest | None, metrics: Metrics) -> list[str]:
-    """What the report cannot cover: reader notes, empty input, missing windows or ranks."""
+def _notes(
+    trace: Trace,
+    manifest: RunManifest | None,
+    metrics: Metrics,
+    iterations: Sequence[IterationStats] = (),
+) -> list[str]:
+    """What the report cannot cover: reader notes, empty input, missing windows or ranks,
+    iteration times that only come from profiled steps."""
     notes = list(trace.notes)
+    profiled = [it.label for it in iterations if it.rank is None and it.source == PROFILED]
+    if profiled:
+        notes.append(
+            f"no timed iterations for {', '.join(profiled)}: their iteration times are durations "
+            f"of profiled steps (inflated by the profiler); add iteration_ms to the manifest"
+        )
     if len(trace.activities) == 0:
         notes.append("the traces hold no GPU activity: nothing to attribute")
     variants = manifest.variants if manifest else []
@@ -218,7 +241,7 @@ def analyze_trace(
         iterations=iterations,
         findings=findings,
         timeline=metrics.timeline,
-        notes=_notes(trace, manifest, metrics),
+        notes=_notes(trace, manifest, metrics, iterations),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
     )

@@ -183,6 +183,9 @@ class Finding(_Model):
     expected_saving_ms: float | None = None  # per iteration, when it can be estimated
     expected_saving_pct: float | None = None
     references: list[str] = Field(default_factory=list)  # e.g. "TE issue #3331"
+    saving_basis: str | None = None
+    """How ``expected_saving_ms`` was obtained: "measured" (median difference of timed arms of
+    the same run) or "estimate" (helper GPU time plus launches x a per-launch host cost)."""
 
 
 class IterationStats(_Model):
@@ -199,6 +202,9 @@ class IterationStats(_Model):
     min_ms: float
     max_ms: float
     samples_ms: list[float]
+    source: str | None = None
+    """"timed": the manifest's CUDA-event iterations (no profiler attached); "profiled": window
+    durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
 class AnalysisReport(_Model):

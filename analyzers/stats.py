@@ -31,9 +31,12 @@ DEFAULT_RESAMPLES = 2_000
 
 
 def iteration_stats(
-    label: str, samples: Sequence[float], rank: int | None = None
+    label: str, samples: Sequence[float], rank: int | None = None, source: str | None = None
 ) -> IterationStats:
     """Median, p10/p90, IQR, mean, min and max of ``samples`` (ms).
+
+    ``source`` says where the samples come from ("timed" CUDA-event iterations or "profiled"
+    window durations); savings are only taken from timed ones.
 
     :raises ValueError: when ``samples`` is empty.
     """
@@ -53,6 +56,7 @@ def iteration_stats(
         min_ms=float(values.min()),
         max_ms=float(values.max()),
         samples_ms=[float(v) for v in values],
+        source=source,
     )
 
 

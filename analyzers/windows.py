@@ -6,8 +6,11 @@ only mean something per step of one variant. Sources, per rank, in this order:
 * variant windows named by the manifest (``window_names``, e.g. ``"arm:auto_clone"``): every
   range with exactly that name;
 * steps: ranges named ``ProfilerStep#N`` or, when ``step_pattern`` is given, ranges whose name
-  the regular expression finds. A step inside a variant window is grouped under that variant;
-  otherwise under its name with the trailing step number removed ("ProfilerStep");
+  the regular expression finds. A step is grouped under the variant that encloses it or, when
+  the step encloses the variant instead (``ProfilerStep#4`` around ``arm:explicit_false``, as
+  ``runners`` records profiled A/B steps), under the one variant it wraps; otherwise under its
+  name with the trailing step number removed ("ProfilerStep"). A step wrapping windows of two
+  different variants stays in the step group (it mixes arms);
 * a variant window with no step inside counts as one step of its own group;
 * one "whole trace" window per rank, always (the span of that rank's rows).
 
@@ -90,11 +93,22 @@ def _whole_trace(trace: Trace, rank: int) -> Window:
     )
 
 
+def _overlap(w: Window, start: int, end: int) -> int:
+    return max(0, min(w.end_ns, end) - max(w.start_ns, start))
+
+
 def _variant_of(variants: list[Window], rank: int, start: int, end: int) -> str | None:
-    for w in variants:
-        if w.rank == rank and w.start_ns <= start and end <= w.end_ns:
+    """The variant enclosing the step, else the single variant the step wraps.
+
+    "Wraps" means the step covers more than half of the variant window: a profiler step opened
+    just before the arm's range and closed just after it.
+    """
+    mine = [w for w in variants if w.rank == rank]
+    for w in mine:
+        if w.start_ns <= start and end <= w.end_ns:
             return w.name
-    return None
+    wrapped = {w.name for w in mine if 2 * _overlap(w, start, end) > w.end_ns - w.start_ns}
+    return wrapped.pop() if len(wrapped) == 1 else None
 
 
 def find_windows(
@@ -134,10 +148,7 @@ def find_windows(
         )
     for v in variants:
         holds_steps = any(
-            w.rank == v.rank
-            and w.group == v.name
-            and v.start_ns <= w.start_ns
-            and w.end_ns <= v.end_ns
+            w.rank == v.rank and w.group == v.name and _overlap(v, w.start_ns, w.end_ns) > 0
             for w in windows
         )
         if not holds_steps:

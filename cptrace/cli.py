@@ -19,6 +19,8 @@ app = typer.Typer(
     help="Find out why context-parallel attention on packed sequences is slow, and what to change.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain "Error: ..." lines: rich's error panel cuts long messages (file paths, URLs) short.
+    rich_markup_mode=None,
 )
 
 

@@ -3,14 +3,23 @@
 Every function takes the ``Database`` the ``DbDep`` dependency gives (``service.api.deps``) and
 runs its SQL on the calling thread's read connection under the read time limit. They return
 pydantic models, so the JSON API and the HTML pages are built from the same data.
+
+The two hottest API reads (run list, run detail) also have ``*_json`` twins that build the
+response bytes straight from the rows with orjson: the same dicts the models are validated from
+(``_summary_row``, ``_detail_row``), so both paths give the same JSON (a test checks it), minus
+two rounds of pydantic validation and FastAPI's encoder per request. Each twin returns the
+database state tag (``Database.read_tagged``) for the ETag, and skips the query when the
+caller's tag is still current.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Container
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, Field
 
 from analyzers.report import AnalysisReport, ComparisonReport
@@ -109,7 +118,7 @@ class ComparisonRecord(BaseModel):
     report: ComparisonReport
 
 
-_SUMMARY_SQL = """
+_SUMMARY_COLUMNS = """
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
@@ -117,8 +126,10 @@ SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.sta
          WHERE m.run_id = r.id AND m.metric = 'findings' AND m.label = '') AS findings,
        (SELECT value FROM run_metrics m
          WHERE m.run_id = r.id AND m.metric = 'iteration_median_ms' AND m.label = '') AS median_ms
-FROM runs r
 """
+_SUMMARY_SQL = f"{_SUMMARY_COLUMNS}FROM runs r\n"
+# The detail adds the stored JSON texts to the summary columns (one row read, not two).
+_DETAIL_SQL = f"{_SUMMARY_COLUMNS}, r.manifest_json, r.spec_json FROM runs r WHERE r.id = ?"
 
 
 def _where(filters: RunFilters) -> tuple[str, list[Any]]:
@@ -144,28 +155,75 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
-def _summary(row: dict[str, Any]) -> RunSummary:
+def _summary_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``_SUMMARY_SQL`` row as ``RunSummary`` fields (metrics are stored as REAL)."""
     if row.get("findings") is not None:
         row["findings"] = int(row["findings"])
-    return RunSummary.model_validate(row)
+    return row
+
+
+def _summary(row: dict[str, Any]) -> RunSummary:
+    return RunSummary.model_validate(_summary_row(row))
+
+
+def _list_rows(
+    conn: sqlite3.Connection, filters: RunFilters, limit: int, offset: int
+) -> list[dict[str, Any]]:
+    where, params = _where(filters)
+    sql = f"{_SUMMARY_SQL}{where} ORDER BY r.id DESC LIMIT ? OFFSET ?"
+    return [_summary_row(r) for r in rows(conn, sql, [*params, int(limit), int(offset)])]
+
+
+def _count(conn: sqlite3.Connection, filters: RunFilters) -> int:
+    where, params = _where(filters)
+    return int(conn.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0])
 
 
 def list_runs(
     db: Database, *, filters: RunFilters | None = None, limit: int = 50, offset: int = 0
 ) -> list[RunSummary]:
     """Runs matching ``filters``, newest first."""
-    where, params = _where(filters or RunFilters())
-    sql = f"{_SUMMARY_SQL}{where} ORDER BY r.id DESC LIMIT ? OFFSET ?"
-    found = db.read(lambda c: rows(c, sql, [*params, int(limit), int(offset)]))
-    return [_summary(r) for r in found]
+    found = db.read(lambda c: _list_rows(c, filters or RunFilters(), limit, offset))
+    return [RunSummary.model_validate(r) for r in found]
 
 
 def count_runs(db: Database, *, filters: RunFilters | None = None) -> int:
     """How many runs match ``filters`` (for paging)."""
-    where, params = _where(filters or RunFilters())
-    return int(
-        db.read(lambda c: c.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0])
-    )
+    return db.read(lambda c: _count(c, filters or RunFilters()))
+
+
+def scans_runs(filters: RunFilters) -> bool:
+    """True when ``filters`` need a full scan of the runs table (substring or prefix match):
+    those reads grow with the store, so the API runs them off the event loop."""
+    return bool(filters.name or filters.commit)
+
+
+def run_page_json(
+    db: Database,
+    *,
+    filters: RunFilters | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    unless: Container[str] = (),
+) -> tuple[str, bytes | None]:
+    """``(tag, body)``: the run list page as ``RunPage`` JSON, read in one go on one connection.
+
+    ``body`` is None when ``tag`` is in ``unless`` (the caller's copy is current: no query runs).
+    """
+    flt = filters or RunFilters()
+
+    def read(conn: sqlite3.Connection, tag: str) -> tuple[str, bytes | None]:
+        if tag in unless:
+            return tag, None
+        page = {
+            "items": _list_rows(conn, flt, limit, offset),
+            "total": _count(conn, flt),
+            "limit": limit,
+            "offset": offset,
+        }
+        return tag, orjson.dumps(page)
+
+    return db.read_tagged(read)
 
 
 def _load_json(text: str | None) -> Any:
@@ -173,6 +231,11 @@ def _load_json(text: str | None) -> Any:
 
 
 def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
+    return AnalysisStatus.model_validate(_analysis_row(conn, run_id))
+
+
+def _analysis_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+    """``AnalysisStatus`` fields of one run: its latest task, else whether a report exists."""
     task = one(
         conn,
         "SELECT status, attempts, error, updated_at FROM analysis_tasks WHERE run_id = ? "
@@ -182,22 +245,24 @@ def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
     run = one(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,)) or {}
     duration = one(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
     if task is None:
-        status = "done" if duration else "none"
-        return AnalysisStatus(
-            run_id=run_id,
-            status=status,
-            progress=run.get("progress"),
-            duration_s=(duration or {}).get("duration_s"),
-        )
-    return AnalysisStatus(
-        run_id=run_id,
-        status=task["status"],
-        attempts=task["attempts"] or 0,
-        progress=run.get("progress"),
-        error=task["error"] or run.get("error"),
-        updated_at=task["updated_at"],
-        duration_s=(duration or {}).get("duration_s"),
-    )
+        return {
+            "run_id": run_id,
+            "status": "done" if duration else "none",
+            "attempts": 0,
+            "progress": run.get("progress"),
+            "error": None,
+            "updated_at": None,
+            "duration_s": (duration or {}).get("duration_s"),
+        }
+    return {
+        "run_id": run_id,
+        "status": task["status"],
+        "attempts": task["attempts"] or 0,
+        "progress": run.get("progress"),
+        "error": task["error"] or run.get("error"),
+        "updated_at": task["updated_at"],
+        "duration_s": (duration or {}).get("duration_s"),
+    }
 
 
 def get_analysis_status(db: Database, run_id: int) -> AnalysisStatus:
@@ -219,33 +284,68 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     return AnalysisReport.model_validate_json(row["report_json"])
 
 
-def _run_detail(conn: sqlite3.Connection, run_id: int) -> RunDetail:
-    """Everything but the report, read in one go on one connection (a consistent snapshot)."""
-    row = one(conn, f"{_SUMMARY_SQL} WHERE r.id = ?", (run_id,))
+def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+    """``RunDetail`` fields but the report, read on one connection; ``manifest`` and ``spec``
+    stay the stored JSON text (the JSON path embeds it as is, the model path parses it).
+
+    :raises NotFound: no such run.
+    """
+    row = one(conn, _DETAIL_SQL, (run_id,))
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
-    extra = one(conn, "SELECT manifest_json, spec_json FROM runs WHERE id = ?", (run_id,)) or {}
     files = rows(
         conn,
         "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
         "ORDER BY id",
         (run_id,),
     )
-    groups = rows(
-        conn,
+    groups = conn.execute(
         "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND "
         "metric = 'gpu_busy_ms_per_step' ORDER BY label",
         (run_id,),
-    )
-    detail = _summary(row).model_dump()
+    ).fetchall()
+    detail = _summary_row(row)
+    detail["manifest"] = detail.pop("manifest_json") or None
+    detail["spec"] = detail.pop("spec_json") or None
     detail.update(
-        manifest=_load_json(extra.get("manifest_json")),
-        spec=_load_json(extra.get("spec_json")),
-        files=[RunFile.model_validate(f) for f in files],
-        analysis=_analysis_status(conn, run_id),
-        window_groups=[g["label"] for g in groups],
+        files=files,
+        analysis=_analysis_row(conn, run_id),
+        report=None,
+        window_groups=[g[0] for g in groups],
     )
+    return detail
+
+
+def _run_detail(conn: sqlite3.Connection, run_id: int) -> RunDetail:
+    """Everything but the report, read in one go on one connection (a consistent snapshot)."""
+    detail = _detail_row(conn, run_id)
+    detail["manifest"] = _load_json(detail["manifest"])
+    detail["spec"] = _load_json(detail["spec"])
     return RunDetail.model_validate(detail)
+
+
+def run_detail_json(
+    db: Database, run_id: int, *, unless: Container[str] = ()
+) -> tuple[str, bytes | None]:
+    """``(tag, body)``: ``RunDetail`` JSON of one run without its report (``report: null``).
+
+    ``body`` is None when ``tag`` is in ``unless`` and the run exists (the caller's copy is
+    current). :raises NotFound: no such run.
+    """
+
+    def read(conn: sqlite3.Connection, tag: str) -> tuple[str, bytes | None]:
+        if tag in unless:
+            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+                raise NotFound(f"run {run_id} does not exist")
+            return tag, None
+        detail = _detail_row(conn, run_id)
+        # The stored manifest and spec were written by json.dumps: embed the text, no re-parse.
+        for key in ("manifest", "spec"):
+            if detail[key] is not None:
+                detail[key] = orjson.Fragment(detail[key])
+        return tag, orjson.dumps(detail)
+
+    return db.read_tagged(read)
 
 
 def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDetail:

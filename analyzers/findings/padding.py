@@ -14,11 +14,10 @@ from typing import Any
 from analyzers.findings.context import (
     RuleContext,
     Target,
+    expected_saving,
     helper_evidence,
-    measured_cost_ms,
     padding_differences,
     real_seqlens,
-    saving_from_arms,
 )
 from analyzers.metrics import per_step
 from analyzers.report import Category, Evidence, Finding, Severity
@@ -47,25 +46,23 @@ def _tail_unaligned(target: Target) -> list[int]:
     return [s for s in seqlens if s % (2 * _cp(target))]
 
 
-def _saving(
-    ctx: RuleContext, target: Target, helpers: list[str]
-) -> tuple[float, float | None, list[Evidence]]:
-    stats = ctx.stats(target.group, helpers)
-    cost = measured_cost_ms(stats)
-    evidence: list[Evidence] = []
-    arm = saving_from_arms(ctx, target, helpers)
-    if arm is not None:
-        cost = arm[0]
-        evidence.append(
-            Evidence(
-                name=f"median iteration difference to arm {arm[1]!r}",
-                value=round(arm[0], 3),
-                unit="ms",
-                window=target.group,
-            )
-        )
-    median = ctx.iteration_median(target.group)
-    return cost, (100.0 * cost / median if median else None), evidence
+def _implementation(target: Target) -> str:
+    """ "te", "te-adapter" or "bundled" (unknown counts as TE: the rules were written for it)."""
+    return (target.workload.implementation or "te").replace("_", "-")
+
+
+def _forced(target: Target, flag: str) -> bool:
+    """Whether the bundled implementation was told to reproduce TE's behaviour (``broken_*``)."""
+    extra = target.workload.model_extra or {}
+    return bool(extra.get(flag))
+
+
+def _saving_fields(saving: Any) -> dict[str, Any]:
+    return {
+        "expected_saving_ms": round(saving.ms, 4),
+        "expected_saving_pct": None if saving.pct is None else round(saving.pct, 2),
+        "saving_basis": saving.basis,
+    }
 
 
 def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
@@ -114,30 +111,41 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
                 **base,
             )
         ]
-    saving, pct, more = _saving(ctx, target, helpers)
+    saving = expected_saving(ctx, target, helpers)
+    if _implementation(target) == "bundled":
+        who = "The bundled cp_attn ran the padded THD path"
+        recommendation = (
+            "cu_seqlens_padded equals cu_seqlens in every entry (the last included); cp_attn "
+            "decides padding from values and skips the per-step metadata kernels, unless it is "
+            "told to reproduce TE's identity check (broken_identity_padding"
+            + (", set in this arm" if _forced(target, "broken_identity_padding") else "")
+            + "): turn that off."
+        )
+    else:
+        who = "TE ran the padded THD path"
+        recommendation = (
+            "cu_seqlens_padded equals cu_seqlens in every entry (the last included), so pass "
+            "pad_between_seqs=False to DotProductAttention.forward, or pass the same "
+            "tensor object "
+            f"for cu_seqlens_q_padded/cu_seqlens_kv_padded, or use {ADAPTER}, which "
+            f"decides from values."
+        )
     return [
         Finding(
             rule=PADDED_PATH,
             severity=Severity.WARNING,
             evidence=[
                 *evidence,
-                *more,
+                *saving.evidence,
                 Evidence(
                     name="cu_seqlens == cu_seqlens_padded in every entry",
                     value=True,
                     window=target.group,
                 ),
             ],
-            title=f"TE ran the padded THD path in {target.label!r} although nothing is padded",
-            recommendation=(
-                "cu_seqlens_padded equals cu_seqlens in every entry (the last included), so pass "
-                "pad_between_seqs=False to DotProductAttention.forward, or pass the same "
-                "tensor object "
-                f"for cu_seqlens_q_padded/cu_seqlens_kv_padded, or use {ADAPTER}, which "
-                f"decides from values."
-            ),
-            expected_saving_ms=round(saving, 4),
-            expected_saving_pct=None if pct is None else round(pct, 2),
+            title=f"{who} in {target.label!r} although nothing is padded",
+            recommendation=recommendation,
+            **_saving_fields(saving),
             **base,
         )
     ]
@@ -146,6 +154,8 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
 def _fast_path(ctx: RuleContext, target: Target) -> str | None:
     """Why this group took TE's unpadded P2P path, or None."""
     facts = target.facts
+    if _implementation(target) == "bundled":
+        return None  # cp_attn decides from values; it has no unpadded-path shortcut to misuse
     if facts.pad_between_seqs is False:
         return "pad_between_seqs=False was passed"
     if facts.pad_between_seqs is None and facts.padded_is_same_object:
@@ -229,7 +239,7 @@ def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]
     differences = padding_differences(target.facts)
     if differences is None or differences or _tail_unaligned(target):
         return []  # padded (zero-fill is needed) or unknown (padded_path says what is missing)
-    saving, pct, more = _saving(ctx, target, helpers)
+    saving = expected_saving(ctx, target, helpers)
     return [
         Finding(
             rule=ZERO_FILL,
@@ -238,18 +248,72 @@ def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]
             helper=", ".join(sorted({s.helper for s in stats})),
             ranks=sorted({s.rank for s in stats}),
             title=f"Backward zero-fills gradient padding in {target.label!r} but there is none",
-            evidence=[*helper_evidence(stats, target.group), *more],
-            recommendation=(
-                "Nothing needs clearing: cu_seqlens_padded equals cu_seqlens. TE 2.20 runs "
-                "_zero_thd_padding/get_thd_padding_mask on every THD backward (2.18-2.19: an "
-                "inline "
-                f"arange/compare/masked_fill block); use {ADAPTER} or the bundled cp_attn, which "
-                "zero-fill only when the padded and unpadded cu_seqlens differ."
-            ),
-            expected_saving_ms=round(saving, 4),
-            expected_saving_pct=None if pct is None else round(pct, 2),
+            evidence=[
+                *helper_evidence(stats, target.group),
+                *_zero_fill_elsewhere(ctx, target, helpers),
+                *saving.evidence,
+            ],
+            recommendation=_zero_fill_recommendation(ctx, target, helpers),
+            **_saving_fields(saving),
         )
     ]
+
+
+def _fast_path_arms(ctx: RuleContext, target: Target, helpers: list[str]) -> list[str]:
+    """TE arms of this run that took the unpadded path (or used the adapter) and still
+    zero-filled: proof that the TE version zero-fills unconditionally."""
+    out = []
+    for other in ctx.targets():
+        if _implementation(other) == "bundled" or other.label in out:
+            continue
+        unpadded = (
+            other.facts.pad_between_seqs is False
+            or (other.facts.pad_between_seqs is None and other.facts.padded_is_same_object)
+            or _implementation(other) == "te-adapter"
+        )
+        if unpadded and per_step(ctx.stats(other.group, helpers)) > 0:
+            out.append(other.label)
+    return out
+
+
+def _zero_fill_elsewhere(ctx: RuleContext, target: Target, helpers: list[str]) -> list[Evidence]:
+    arms = _fast_path_arms(ctx, target, helpers)
+    if not arms or _implementation(target) == "bundled":
+        return []
+    return [
+        Evidence(
+            name="arms of this run on TE's unpadded path that zero-fill too",
+            value=", ".join(arms),
+            window=target.group,
+        )
+    ]
+
+
+def _zero_fill_recommendation(ctx: RuleContext, target: Target, helpers: list[str]) -> str:
+    implementation = _implementation(target)
+    if implementation == "bundled":
+        return (
+            "Nothing needs clearing: cu_seqlens_padded equals cu_seqlens. cp_attn zero-fills "
+            "gradient padding only when the padded and unpadded cu_seqlens differ, unless it is "
+            "told to reproduce TE's unconditional zero-fill (broken_always_zero_fill"
+            + (", set in this arm" if _forced(target, "broken_always_zero_fill") else "")
+            + "): turn that off."
+        )
+    arms = _fast_path_arms(ctx, target, helpers)
+    proof = (
+        f" (this run's arms {', '.join(repr(a) for a in arms)} take the unpadded path and still "
+        f"zero-fill)"
+        if arms
+        else ""
+    )
+    return (
+        "Nothing needs clearing: cu_seqlens_padded equals cu_seqlens. TE 2.20 runs "
+        "_zero_thd_padding/get_thd_padding_mask on every THD backward (2.18-2.19: an inline "
+        "arange/compare/masked_fill block) whatever pad_between_seqs says, so neither "
+        f"pad_between_seqs=False, the same tensor object nor {ADAPTER} removes it{proof}. "
+        "Use the bundled cp_attn (implementation 'bundled'), which zero-fills only when the "
+        "padded and unpadded cu_seqlens differ, or skip the zero-fill in TE when they are equal."
+    )
 
 
 RULES = (padded_path, fast_path_with_padding, zero_fill_without_padding)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzers.findings.context import RuleContext, Target, real_seqlens
-from analyzers.report import Evidence, Finding, Severity
+from analyzers.findings.context import RuleContext, Target, real_seqlens, timed_stats
+from analyzers.report import Category, Evidence, Finding, Severity
 
 ALIGNMENT = "token-alignment"
 DIVISIBILITY = "seqlen-not-divisible"
@@ -168,79 +168,184 @@ def _ratio(values: list[float]) -> float:
     return max(values) / low if low > 0 else float("inf")
 
 
-def causal_balance(ctx: RuleContext, target: Target) -> list[Finding]:
-    """(g) Measured busy imbalance, and what NoLoadBalance all-gather would trade away."""
-    out = []
-    for item in ctx.metrics.imbalance:
-        if (
-            item.window == target.group
-            and item.metric == "compute_busy_ns"
-            and item.max_over_min > IMBALANCE_LIMIT
-        ):
-            slow = max(item.per_rank, key=lambda r: item.per_rank[r])
-            out.append(
-                Finding(
-                    rule=IMBALANCE,
-                    severity=Severity.WARNING,
-                    window=target.group,
-                    ranks=sorted(item.per_rank),
-                    title=(
-                        f"GPU compute time (communication excluded) differs "
-                        f"{item.max_over_min:.2f}x across ranks in {target.label!r}"
-                    ),
-                    evidence=[
-                        Evidence(
-                            name="GPU compute busy per step",
-                            value=round(v / 1e6, 3),
-                            unit="ms",
-                            rank=r,
-                            window=target.group,
-                        )
-                        for r, v in sorted(item.per_rank.items())
-                    ],
-                    recommendation=(
-                        f"Rank {slow} does the most work and the others wait for it; with causal "
-                        "attention use DualChunkSwap P2P (balanced by construction), and "
-                        "check that "
-                        "every rank holds the same number of tokens."
-                    ),
-                )
-            )
-    cp, seqlens = target.workload.cp_size or 1, real_seqlens(target.facts, target.workload)
-    if cp < 2 or not seqlens or target.workload.causal is False:
-        return out
-    nlb = _ratio(causal_work_per_rank(seqlens, cp, "no_load_balance"))
+def attention_gpu_per_rank(ctx: RuleContext, group: str) -> dict[int, float]:
+    """GPU time (ms per step) of attention-compute helpers per rank: the work the partition
+    strategy balances. Busy time would mix in collectives (and reductions) that spin while they
+    wait for the slower rank, hiding the very imbalance they wait for."""
+    out: dict[int, float] = {}
+    for h in ctx.metrics.helpers:
+        if h.window == group and h.category == Category.ATTENTION:
+            out[h.rank] = out.get(h.rank, 0.0) + h.gpu_time_ns / max(h.steps, 1) / 1e6
+    return out
+
+
+def _balanced_arm(ctx: RuleContext, target: Target) -> tuple[str, float, int, int] | None:
+    """A timed DualChunkSwap arm of the same run: (label, my median - its median, n, n)."""
+    mine = timed_stats(ctx, target.group)
+    if mine is None:
+        return None
+    for other in ctx.targets():
+        if other.group == target.group or other.workload.strategy == "no_load_balance":
+            continue
+        if other.workload.cp_comm != target.workload.cp_comm:
+            continue
+        theirs = timed_stats(ctx, other.group)
+        if theirs is not None:
+            return other.label, mine.median_ms - theirs.median_ms, mine.n, theirs.n
+    return None
+
+
+def _measured_evidence(
+    ctx: RuleContext, target: Target, attention: dict[int, float]
+) -> list[Evidence]:
     evidence = [
         Evidence(
-            name="causal work max/min under NoLoadBalance", value=round(nlb, 3), window=target.group
+            name="attention GPU time per step",
+            value=round(v, 3),
+            unit="ms",
+            rank=r,
+            window=target.group,
         )
+        for r, v in sorted(attention.items())
     ]
-    if target.workload.strategy == "no_load_balance" and nlb > IMBALANCE_LIMIT:
+    for item in ctx.metrics.imbalance:
+        if item.window == target.group and item.metric == "compute_busy_ns":
+            evidence += [
+                Evidence(
+                    name="GPU compute busy per step",
+                    value=round(v / 1e6, 3),
+                    unit="ms",
+                    rank=r,
+                    window=target.group,
+                )
+                for r, v in sorted(item.per_rank.items())
+            ]
+    return evidence
+
+
+def causal_balance(ctx: RuleContext, target: Target) -> list[Finding]:
+    """(g) Measured attention imbalance, and what NoLoadBalance all-gather would trade away."""
+    out = []
+    attention = attention_gpu_per_rank(ctx, target.group)
+    measured = _ratio(list(attention.values())) if len(attention) > 1 else None
+    nlb_arm = target.workload.strategy == "no_load_balance"
+    cp, seqlens = target.workload.cp_size or 1, real_seqlens(target.facts, target.workload)
+    predicted = (
+        _ratio(causal_work_per_rank(seqlens, cp, "no_load_balance"))
+        if cp >= 2 and seqlens and target.workload.causal is not False
+        else None
+    )
+    measured_evidence = _measured_evidence(ctx, target, attention) if measured else []
+    measured_ratio = (
+        [
+            Evidence(
+                name="attention GPU time max/min (measured)",
+                value=round(measured, 3),
+                window=target.group,
+            )
+        ]
+        if measured
+        else []
+    )
+    if nlb_arm and predicted is not None and predicted > IMBALANCE_LIMIT:
+        work = causal_work_per_rank(seqlens or [], cp, "no_load_balance")
+        heavy = max(range(cp), key=lambda r: work[r])
+        evidence = [
+            Evidence(
+                name="causal work max/min under NoLoadBalance (from seqlens)",
+                value=round(predicted, 3),
+                window=target.group,
+            ),
+            *measured_ratio,
+            *measured_evidence,
+        ]
+        fields: dict[str, Any] = {}
+        arm = _balanced_arm(ctx, target)
+        if arm is not None:
+            label, diff, _, _ = arm
+            evidence.append(
+                Evidence(
+                    name=f"median iteration difference to arm {label!r} (DualChunkSwap)",
+                    value=round(diff, 3),
+                    unit="ms",
+                    window=target.group,
+                )
+            )
+            if diff > 0:
+                fields = {
+                    "expected_saving_ms": round(diff, 4),
+                    "saving_basis": "measured",
+                    "expected_saving_pct": round(100.0 * diff / (diff + _median(ctx, label)), 2)
+                    if _median(ctx, label)
+                    else None,
+                }
+        seen = f" (measured attention GPU time: {measured:.2f}x)" if measured else ""
         out.append(
             Finding(
                 rule=IMBALANCE,
                 severity=Severity.WARNING,
                 window=target.group,
+                ranks=sorted(attention) or list(range(cp)),
                 evidence=evidence,
                 title=(
-                    f"NoLoadBalance gives one rank {nlb:.2f}x the causal work of another in "
-                    f"{target.label!r}"
+                    f"NoLoadBalance gives rank {heavy} {predicted:.2f}x the causal work of the "
+                    f"lightest rank in {target.label!r}{seen}"
                 ),
                 recommendation=(
-                    "Use DualChunkSwap P2P CP (pad lengths to multiples of 2*cp) to balance "
-                    "causal work."
+                    "Rank "
+                    f"{heavy} holds the longest sequences' late tokens and the others wait for it. "
+                    "Use DualChunkSwap (pad lengths to multiples of 2*cp) to balance causal work, "
+                    "unless the timed arms show NoLoadBalance's single attention step per rank "
+                    "winning anyway."
+                ),
+                references=["TE PR #3221"],
+                **fields,
+            )
+        )
+    elif measured is not None and measured > IMBALANCE_LIMIT:
+        slow = max(attention, key=lambda r: attention[r])
+        out.append(
+            Finding(
+                rule=IMBALANCE,
+                severity=Severity.WARNING,
+                window=target.group,
+                ranks=sorted(attention),
+                title=(
+                    f"Attention GPU time differs {measured:.2f}x across ranks in {target.label!r}"
+                ),
+                evidence=[*measured_ratio, *measured_evidence],
+                recommendation=(
+                    f"Rank {slow} does the most attention work and the others wait for it. "
+                    + (
+                        "DualChunkSwap balances causal work by construction, so check that "
+                        "every rank holds the same number of tokens and the same sequences' "
+                        "chunk pairs."
+                        if target.workload.strategy == "dual_chunk_swap"
+                        else "With causal attention use DualChunkSwap (balanced by "
+                        "construction), and check that every rank holds the same number of "
+                        "tokens."
+                    )
                 ),
             )
         )
-    elif target.workload.strategy != "no_load_balance" and nlb <= 1.10:
+    if predicted is None or nlb_arm:
+        return out
+    if predicted <= 1.10:
         out.append(
             Finding(
                 rule=NLB_CANDIDATE,
                 severity=Severity.INFO,
                 window=target.group,
-                evidence=evidence,
+                evidence=[
+                    Evidence(
+                        name="causal work max/min under NoLoadBalance",
+                        value=round(predicted, 3),
+                        window=target.group,
+                    )
+                ],
                 title=(
-                    f"NoLoadBalance all-gather would stay balanced ({nlb:.2f}x) for these lengths"
+                    f"NoLoadBalance all-gather would stay balanced ({predicted:.2f}x) for these "
+                    f"lengths"
                 ),
                 recommendation=(
                     "Consider NoLoadBalance all-gather CP (TE PR #3221): one attention step "
@@ -252,6 +357,14 @@ def causal_balance(ctx: RuleContext, target: Target) -> list[Finding]:
             )
         )
     return out
+
+
+def _median(ctx: RuleContext, label: str) -> float | None:
+    for target in ctx.targets():
+        if target.label == label:
+            stats = timed_stats(ctx, target.group)
+            return stats.median_ms if stats else None
+    return None
 
 
 RULES = (token_alignment, seqlen_divisibility, causal_balance)

@@ -3,9 +3,9 @@
 Most of a large export's read time is spent turning SQLite values into Python ints and those
 into numpy, roughly per value. So the fast query packs small columns with SQL arithmetic
 (``correlationId << 32 | name id``; ``globalPid | deviceId << 16 | streamId``, since a
-globalPid's low 24 bits are zero) and drops ``graphNodeId`` when no row has one: 4 values per
-row instead of 8. Guards turn any value that does not fit into NULL, and the plain query runs
-instead.
+globalPid's low 24 bits are zero): 4 values per
+row instead of 8 (5 with ``graphNodeId``, which is read in the same pass rather than probed
+for). Guards turn any value that does not fit into NULL, and the plain query runs instead.
 """
 
 from __future__ import annotations
@@ -77,17 +77,12 @@ def _read_table(
     return out, filled
 
 
-def _has_graph_nodes(src: NsysSource, table: str) -> bool:
-    if not src.schema.has(table, "graphNodeId"):
-        return False
-    probe = f'SELECT 1 FROM {table} WHERE "graphNodeId" IS NOT NULL LIMIT 1'
-    return src.conn.execute(probe).fetchone() is not None
-
-
 def _packed(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tuple[Query, Fill]:
     pid, device = src.column(table, "globalPid"), src.column(table, "deviceId")
     stream = src.column(table, "streamId")
-    graph = _has_graph_nodes(src, table)
+    # graphNodeId is read with the rows even though it is usually NULL: probing for a non-NULL
+    # value first scans the whole table when there is none (about twice the in-query cost).
+    graph = src.schema.has(table, "graphNodeId")
     sql = (
         f'SELECT "start", "end", CASE WHEN "correlationId" {_U32} AND {label} {_U32}'
         f' THEN ("correlationId" << 32) | {label} END,'

@@ -22,16 +22,19 @@ Timestamps are float microseconds; they become integer ns with ``round(ts * 1000
 while ``ts`` stays below 2**53 / 1000 µs (about 104 days of epoch-relative time: Kineto's
 clock starts at boot, far below that).
 
+Two parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
+line layout with numpy (the fast path, about 10x faster than building a dict per event), and any
+file not in that layout is read by the general streaming scanner ``_json_stream`` (compact or
+re-indented JSON, other writers), which also reports malformed JSON precisely.
+
 The rank comes from ``distributedInfo.rank``, else from ``rank<N>`` in the file name, else the
 read fails: a trace set whose ranks are guessed would compare the wrong ranks.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
+import codecs
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,8 +56,13 @@ from analyzers.model import (
     Trace,
 )
 from analyzers.readers._cuda_api import is_launch_api
-from analyzers.readers._files import GZIP_MAGIC
 from analyzers.readers._json_stream import iter_events
+from analyzers.readers._kineto_layout import (
+    LayoutMismatch,
+    RangeSink,
+    decompressed_blocks,
+    read_layout,
+)
 from analyzers.readers._nesting import nest
 
 ACTIVITY_CATS = {
@@ -76,6 +84,8 @@ STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
+LAYOUT_FAST_PATH = True
+"""Try Kineto's fixed layout first; tests switch it off to compare with the scanner."""
 
 
 @dataclass(slots=True)
@@ -92,11 +102,13 @@ class _Tables:
     thread_names: dict[int, str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     launch_names: dict[str, bool] = field(default_factory=dict)
+    flush_rows: int = FLUSH_ROWS
+    step_ids: dict[int, bool] = field(default_factory=dict)
 
     def add(self, table: str, row: tuple[object, ...]) -> None:
         rows = self.pending[table]
         rows.append(row)
-        if len(rows) >= FLUSH_ROWS:
+        if len(rows) >= self.flush_rows:
             self.flush(table)
 
     def flush(self, table: str) -> None:
@@ -124,31 +136,93 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
     source = Path(path)
     header: dict[str, object] = {}
     tables = _Tables()
-    with _open_text(source) as stream:
-        for event in iter_events(stream, str(source), header):
-            _take(event, tables)
+    try:
+        if not LAYOUT_FAST_PATH:
+            raise LayoutMismatch("fast path switched off")
+        _read_layout(source, header, tables)
+        parser = "kineto-layout"
+    except LayoutMismatch:
+        # Not Kineto's own layout (or malformed): start over with the general scanner, which
+        # accepts any JSON formatting and names the exact position of a syntax error.
+        header, tables = {}, _Tables()
+        with _open_text(source) as stream:
+            for event in iter_events(stream, str(source), header):
+                _take(event, tables)
+        parser = "json-scanner"
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not (len(tables.activities) or len(tables.launches) or len(tables.ranges)):
         raise CorruptTraceError(f"{source}: Kineto trace has no events (traceEvents is empty)")
-    return _finish(source, header, tables, _rank(source, header, rank))
+    trace = _finish(source, header, tables, _rank(source, header, rank))
+    trace.metadata["json_parser"] = parser
+    return trace
+
+
+def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
+    """The fast path: vectorized ranges, every other event through ``_take``."""
+    tables.flush_rows = 1 << 62  # range rows of one chunk are drained by the layout reader
+
+    def emit_ranges(rows: npt.NDArray[np.void]) -> None:
+        steps = rows["kind"] == _RECORD_FUNCTION
+        if steps.any():
+            steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
+            rows["kind"][steps] = _STEP
+        tables.ranges.extend(rows)
+        for name in ("activities", "launches"):
+            if len(tables.pending[name]) >= FLUSH_ROWS:
+                tables.flush(name)
+
+    sink = RangeSink(
+        strings=tables.strings,
+        take=lambda event: _take(event, tables),
+        slow_ranges=lambda: tables.pending["ranges"],
+        emit_ranges=emit_ranges,
+        name_ids={},
+    )
+    read_layout(decompressed_blocks(source), header, sink)
+
+
+def _is_step(name_id: int, tables: _Tables) -> bool:
+    found = tables.step_ids.get(name_id)
+    if found is None:
+        found = tables.step_ids[name_id] = bool(STEP_NAME.match(tables.strings[name_id]))
+    return found
+
+
+class _BlockText:
+    """``read(n)`` text over the capped decompressed blocks, for the streaming scanner."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks = blocks
+        self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self._text = ""
+        self._pos = 0
+        self._decoded = 0  # bytes decoded before the current text, for error positions
+
+    def read(self, size: int) -> str:
+        while self._pos >= len(self._text):
+            block = next(self._blocks, None)
+            try:
+                text = self._decoder.decode(block or b"", final=block is None)
+            except UnicodeDecodeError as exc:
+                exc.start += self._decoded
+                raise
+            self._decoded += len(block or b"")
+            self._text, self._pos = text, 0
+            if block is None and not text:
+                return ""
+        out = self._text[self._pos : self._pos + size]
+        self._pos += size
+        return out
 
 
 @contextmanager
 def _open_text(path: Path) -> Iterator[TextIO]:
-    """Text stream over the file, gunzipping by content; decoding errors name the file."""
-    with open(path, "rb") as raw:
-        compressed = raw.read(2) == GZIP_MAGIC
-    binary = gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
-    stream = io.TextIOWrapper(binary, encoding="utf-8")
+    """Text stream over the file, gunzipped by content; decoding errors name the file."""
     try:
-        yield stream
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise CorruptTraceError(f"{path}: gzip stream is truncated or damaged ({exc})") from exc
+        yield _BlockText(decompressed_blocks(path))  # type: ignore[misc]
     except UnicodeDecodeError as exc:
         raise CorruptTraceError(f"{path}: not UTF-8 text at byte {exc.start} ({exc})") from exc
-    finally:
-        stream.close()
 
 
 def _ns(value: object) -> int:

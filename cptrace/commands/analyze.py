@@ -243,7 +243,10 @@ def render_report(report: Any) -> None:
         )
     for group in report.groups:
         rows = [h for h in report.helpers if h.window == group]
-        table = Table(title=f"{group}: helpers per step", title_justify="left")
+        # The whole-trace window is one window per rank: its numbers are totals (all arms,
+        # warm-up and the time between steps), not a step.
+        per = "totals over the trace" if group == "whole trace" else "per step"
+        table = Table(title=f"{group}: helpers {per}", title_justify="left")
         for col in ("rank", "helper", "category", "launches", "GPU ms", "host ms", "matched by"):
             table.add_column(
                 col, justify="right" if col in ("rank", "launches", "GPU ms", "host ms") else "left"
@@ -262,14 +265,15 @@ def render_report(report: Any) -> None:
                 h.matched_by,
             )
         console.print(table)
-        totals = Table(title=f"{group}: ranks", title_justify="left")
+        totals = Table(title=f"{group}: ranks ({per})", title_justify="left")
+        unit = "" if group == "whole trace" else "/step"
         for col in (
             "rank",
             "steps",
-            "span ms/step",
-            "GPU busy ms/step",
+            f"span ms{unit}",
+            f"GPU busy ms{unit}",
             "compute busy",
-            "kernels/step",
+            f"kernels{unit}",
             "attributed",
         ):
             totals.add_column(col, justify="right")
@@ -277,7 +281,7 @@ def render_report(report: Any) -> None:
             steps = max(s.steps, 1)
             totals.add_row(
                 str(s.rank),
-                str(s.steps),
+                "-" if group == "whole trace" else str(s.steps),
                 _ms(s.span_ns / steps),
                 _ms(s.gpu_busy_ns / steps),
                 _ms(s.compute_busy_ns / steps),
@@ -298,11 +302,15 @@ def _render_iterations(console: Any, iterations: list[Any]) -> None:
     if not rows:
         return
     table = Table(title="Iteration time (ms, slowest rank per iteration)", title_justify="left")
-    for col in ("window", "n", "median", "p10", "p90", "IQR"):
-        table.add_column(col, justify="left" if col == "window" else "right")
+    for col in ("window", "source", "n", "median", "p10", "p90", "IQR"):
+        table.add_column(col, justify="left" if col in ("window", "source") else "right")
     for it in rows:
+        # "timed": CUDA-event iterations without a profiler; "profiled": durations of profiled
+        # steps, inflated by the profiler (several-fold with Python stacks).
+        source = getattr(it, "source", None) or "?"
         table.add_row(
             it.label,
+            source,
             str(it.n),
             f"{it.median_ms:.3f}",
             f"{it.p10_ms:.3f}",
@@ -321,12 +329,16 @@ def _render_findings(console: Any, findings: list[Any], title: str) -> None:
     console.print(f"[bold]{title}:[/]")
     for f in findings:
         style = _SEVERITY_STYLE.get(f.severity.value, "")
+        basis = getattr(f, "saving_basis", None)
         saving = (
-            f" (expected saving {f.expected_saving_ms:.3f} ms/iter)" if f.expected_saving_ms else ""
+            f" (expected saving {f.expected_saving_ms:.3f} ms/iter"
+            + (f", {basis})" if basis else ")")
+            if f.expected_saving_ms
+            else ""
         )
         head = escape(f"[{f.rule}] {f.title}{saving}")
         console.print(f"  [{style}]{f.severity.value.upper()}[/] {head}", highlight=False)
-        for e in f.evidence[:6]:
+        for e in f.evidence[:12]:
             where = f" rank {e.rank}" if e.rank is not None else ""
             console.print(
                 escape(f"      {e.name}{where}: {e.value} {e.unit}".rstrip()), highlight=False

@@ -3,16 +3,24 @@
 ``DbDep`` gives the app's ``Database`` (pass it to the ``service.store`` read functions);
 ``ReadAccess`` / ``RunnerAccess`` / ``AdminAccess`` check the bearer token's role. Reads are
 anonymous when ``CPTRACE_PUBLIC_READ`` is true; writes never are.
+
+Every dependency here is ``async def``: FastAPI runs a plain ``def`` dependency in the thread
+pool, and a hop there and back costs more than the work these do (an attribute read, a dict
+lookup). The one that can touch SQLite, ``token_role``, asks ``TokenCache`` first; a miss is an
+indexed lookup of one row (tens of microseconds), cheaper inline than a thread hop.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import Role, lookup_token, role_allows
+from service.auth import Role, hash_token, lookup_token, role_allows
 from service.core.config import Settings
 from service.core.errors import Forbidden, Unauthorized
 from service.storage.blobs import BlobStore
@@ -21,19 +29,19 @@ from service.storage.database import Database
 _bearer = HTTPBearer(auto_error=False, description="A cptrace token: `cptrace token create`.")
 
 
-def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> Database:
     """The app's database (one writer thread, per-thread readers)."""
     db: Database = request.app.state.db
     return db
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The settings the app was created with."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_blobs(request: Request) -> BlobStore:
+async def get_blobs(request: Request) -> BlobStore:
     """The content-addressed blob store."""
     blobs: BlobStore = request.app.state.blobs
     return blobs
@@ -45,16 +53,73 @@ BlobsDep = Annotated[BlobStore, Depends(get_blobs)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def token_role(db: DbDep, credentials: Credentials) -> Role | None:
+class TokenCache:
+    """Roles of recently verified tokens, by token hash, for ``ttl_s`` seconds.
+
+    Only tokens that verified are kept: an unknown token is looked up every time, so a token
+    created a moment ago works at once and random tokens cannot fill the cache. A token deleted
+    or demoted in the database keeps its cached role for at most ``ttl_s``; code that revokes a
+    token in this process calls ``forget`` (or ``clear``) so it takes effect at once.
+    """
+
+    def __init__(self, *, ttl_s: float = 5.0, max_entries: int = 1024) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._roles: dict[str, tuple[Role, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token_hash: str) -> Role | None:
+        """The cached role, or None when absent or older than the TTL."""
+        entry = self._roles.get(token_hash)
+        if entry is None or time.monotonic() - entry[1] > self.ttl_s:
+            return None
+        return entry[0]
+
+    def put(self, token_hash: str, role: Role) -> None:
+        with self._lock:
+            if len(self._roles) >= self.max_entries:
+                self._roles.clear()  # a handful of live tokens refill it in one TTL
+            self._roles[token_hash] = (role, time.monotonic())
+
+    def forget(self, token_hash: str) -> None:
+        """Drop one token (after revoking or demoting it)."""
+        with self._lock:
+            self._roles.pop(token_hash, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._roles.clear()
+
+
+# One cache per database: two apps (tests) over two databases never share verified tokens.
+_token_caches: weakref.WeakKeyDictionary[Database, TokenCache] = weakref.WeakKeyDictionary()
+
+
+def token_cache(db: Database) -> TokenCache:
+    """The token cache of ``db`` (created on first use)."""
+    cache = _token_caches.get(db)
+    if cache is None:
+        cache = _token_caches.setdefault(db, TokenCache())
+    return cache
+
+
+async def token_role(db: DbDep, credentials: Credentials) -> Role | None:
     """The role of the presented token; None when none was presented.
 
     :raises Unauthorized: a token was presented but is not known.
     """
     if credentials is None:
         return None
-    role = db.read(lambda c: lookup_token(c, credentials.credentials))
+    token = credentials.credentials
+    cache = token_cache(db)
+    token_hash = hash_token(token)
+    role = cache.get(token_hash)
+    if role is not None:
+        return role
+    role = db.read(lambda c: lookup_token(c, token))
     if role is None:
         raise Unauthorized("the bearer token is not valid")
+    cache.put(token_hash, role)
     return role
 
 
@@ -69,19 +134,19 @@ def _require(needed: Role, role: Role | None, *, action: str) -> Role:
     return role
 
 
-def read_access(settings: SettingsDep, role: TokenRole) -> Role | None:
+async def read_access(settings: SettingsDep, role: TokenRole) -> Role | None:
     """Reads: anonymous when public reads are on, else any valid token."""
     if settings.public_read:
         return role
     return _require(Role.VIEWER, role, action="reading")
 
 
-def runner_access(role: TokenRole) -> Role:
+async def runner_access(role: TokenRole) -> Role:
     """Uploads and job work: runner or admin."""
     return _require(Role.RUNNER, role, action="this write")
 
 
-def admin_access(role: TokenRole) -> Role:
+async def admin_access(role: TokenRole) -> Role:
     """Deleting, submitting jobs, re-analysing: admin only."""
     return _require(Role.ADMIN, role, action="this write")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import secrets
 import sqlite3
 import threading
 import time
@@ -147,6 +148,9 @@ class Database:
         if conn is None:
             conn = connect(self.path, busy_timeout_ms=self.busy_timeout_ms)
             self._local.conn = conn
+            # ``PRAGMA data_version`` is only comparable on one connection and restarts on a new
+            # one, so a state tag carries a random id of the connection it was read on.
+            self._local.nonce = secrets.token_hex(6)
             with self._readers_lock:
                 self._readers.append(conn)
         return conn
@@ -156,6 +160,22 @@ class Database:
         conn = self._reader()
         with time_limit(conn, time_limit_ms or self.read_time_limit_ms):
             return fn(conn)
+
+    def read_tagged(
+        self, fn: Callable[[sqlite3.Connection, str], T], *, time_limit_ms: int | None = None
+    ) -> T:
+        """``read``, and ``fn`` also gets a tag of the database state this connection sees.
+
+        The tag is ``<connection id>.<PRAGMA data_version>``: it changes whenever any other
+        connection (the writer thread, the analysis worker) commits, so equal tags mean no data
+        changed in between, which is what an HTTP ETag needs. The version is read *before*
+        ``fn`` queries: a commit landing in between can only make the tag older than the data
+        (the next request then answers in full), never newer (which would hide a change).
+        """
+        conn = self._reader()
+        with time_limit(conn, time_limit_ms or self.read_time_limit_ms):
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            return fn(conn, f"{self._local.nonce}.{version}")
 
     def read_db(self) -> sqlite_utils.Database:
         """A sqlite-utils view of this thread's read connection (no time limit: for tools)."""
@@ -179,8 +199,18 @@ class Database:
 
 
 def rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
-    """Run a query and return plain dicts."""
-    return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    """Run a query and return plain dicts.
+
+    Plain tuples zipped with the column names: ``dict(sqlite3.Row)`` goes through the row's
+    mapping protocol per column and cost more than the query itself on the run list page.
+    """
+    cur = conn.cursor()
+    cur.row_factory = None
+    cur.execute(sql, params)
+    if cur.description is None:  # not a query: nothing to return
+        return []
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def one(conn: sqlite3.Connection, sql: str, params: Any = ()) -> dict[str, Any] | None:

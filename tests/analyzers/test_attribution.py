@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+from collections import Counter
+from pathlib import Path
 
-from analyzers.attribution import MATCHED_BY_LABELS, RangeIndex, attribute
+import numpy as np
+import pytest
+
+from analyzers import attribution
+from analyzers.attribution import MATCHED_BY_LABELS, RangeIndex, attribute, link_launches
 from analyzers.catalog import builtin_catalog
-from analyzers.model import RangeKind
+from analyzers.model import RangeKind, Trace
+from analyzers.readers import read_nsys
 from tests.analyzers.factories import TraceBuilder
 
 CATALOG = builtin_catalog()
@@ -15,6 +22,76 @@ HELPER_RANGE = (
     "transformer_engine.pytorch.attention.dot_product_attention.context_parallel."
     "get_cu_seqlens_on_cp_rank"
 )
+
+
+NSYS_3ARMS = Path(__file__).resolve().parents[1] / "data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"
+
+
+@pytest.fixture(scope="module")
+def nsys_trace() -> Trace:
+    return read_nsys(NSYS_3ARMS)
+
+
+def _reference_links(trace: Trace) -> list[int]:
+    """The join written the obvious way: a dict of (process, correlation) -> first launch row,
+    then (rank, correlation) for activities whose process launches nothing."""
+    by_process: dict[tuple[int, int], int] = {}
+    by_rank: dict[tuple[int, int], int] = {}
+    launches = trace.launches
+    for row, (proc, rank, corr) in enumerate(
+        zip(
+            launches["process"].tolist(),
+            launches["rank"].tolist(),
+            launches["correlation"].tolist(),
+            strict=True,
+        )
+    ):
+        by_process.setdefault((proc, corr), row)
+        if rank >= 0:
+            by_rank.setdefault((rank, corr), row)
+    launching = set(launches["process"].tolist())
+    acts = trace.activities
+    out = []
+    for proc, rank, corr in zip(
+        acts["process"].tolist(), acts["rank"].tolist(), acts["correlation"].tolist(), strict=True
+    ):
+        found = by_process.get((proc, corr), -1) if corr >= 0 else -1
+        if found < 0 and corr >= 0 and proc not in launching and rank >= 0:
+            found = by_rank.get((rank, corr), -1)
+        out.append(found)
+    return out
+
+
+def test_link_launches_equals_reference_join_on_real_export(nsys_trace: Trace) -> None:
+    links = link_launches(nsys_trace)
+    assert links.tolist() == _reference_links(nsys_trace)
+    assert (links >= 0).all()  # every kernel/memcpy/memset of the export has its launch
+
+
+def test_link_launches_unsorted_duplicated_and_many_processes(
+    nsys_trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Shuffled launch rows (ids no longer sorted per process), the first 50 rows repeated at
+    # the end (the first copy must win), and kernels moved to a device pid that launches
+    # nothing (the rank fallback, as in Kineto traces).
+    rng = np.random.default_rng(7)
+    launches = nsys_trace.launches[rng.permutation(len(nsys_trace.launches))]
+    launches = np.concatenate([launches, launches[:50]])
+    acts = nsys_trace.activities.copy()
+    acts["process"][::3] = 12345
+    trace = dataclasses.replace(nsys_trace, activities=acts, launches=launches)
+    expected = _reference_links(trace)
+    assert link_launches(trace).tolist() == expected
+    monkeypatch.setattr(attribution, "_GROUP_LOOP_LIMIT", 0)  # the many-process path
+    assert link_launches(trace).tolist() == expected
+
+
+def test_helper_ranges_each_claim_exactly_one_kernel_on_real_export(nsys_trace: Trace) -> None:
+    att = attribute(nsys_trace, CATALOG)
+    helper = CATALOG.index("get_cu_seqlens_on_cp_rank")
+    claimed = Counter(att.range_row[att.helper == helper].tolist())
+    assert len(claimed) == 256
+    assert set(claimed.values()) == {1}
 
 
 def _names(trace, attribution):

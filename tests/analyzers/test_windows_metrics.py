@@ -79,6 +79,29 @@ def test_variant_window_without_steps_is_its_own_step() -> None:
     ]
 
 
+def test_profiler_step_wrapping_an_arm_is_a_step_of_that_arm() -> None:
+    """``runners`` records each profiled A/B step as ``ProfilerStep#N`` around ``arm:<name>``:
+    the step belongs to the arm, and no mixed "ProfilerStep" group appears."""
+    b = TraceBuilder()
+    for step, (arm, start) in enumerate((("arm:a", 0), ("arm:a", 1000), ("arm:b", 2000)), 1):
+        b.range(f"ProfilerStep#{step}", start, start + 1000, kind=RangeKind.STEP)
+        b.range(arm, start + 20, start + 990)
+        b.kernel("k", start + 30, start + 40, 5)
+    b.range("ProfilerStep#4", 3000, 5000, kind=RangeKind.STEP)  # wraps both arms: mixed
+    b.range("arm:a", 3010, 3900)
+    b.range("arm:b", 4010, 4900)
+    windows = find_windows(b.build(), window_names=["arm:a", "arm:b"])
+    got = [(w.name, w.group, w.kind) for w in windows if w.kind != "trace"]
+    assert got == [
+        ("ProfilerStep#1", "arm:a", "step"),
+        ("ProfilerStep#2", "arm:a", "step"),
+        ("arm:a", "arm:a", "window"),  # inside the mixed step: counted as a window of its own
+        ("ProfilerStep#3", "arm:b", "step"),
+        ("arm:b", "arm:b", "window"),
+        ("ProfilerStep#4", "ProfilerStep", "step"),
+    ]
+
+
 def test_gpu_mirror_of_annotation_is_not_a_second_step() -> None:
     b = TraceBuilder()
     b.range("ProfilerStep#1", 0, 100, thread=1)

@@ -133,11 +133,11 @@ def test_cli_prints_and_posts(github, monkeypatch) -> None:
         missing = runner.invoke(
             cli_app, ["pr-comment", "--base", "1", "--head", "99", "--server", server]
         )
-        assert missing.exit_code == 1 and "run 99 does not exist" in str(missing.exception)
+        assert missing.exit_code == 1 and "run 99 does not exist" in missing.output
         no_repo = runner.invoke(
             cli_app, ["pr-comment", "--base", "1", "--head", "2", "--server", server, "--post"]
         )
         assert no_repo.exit_code == 2  # usage error: --post without --repo/--pr
         monkeypatch.delenv("GITHUB_TOKEN")
         no_token = runner.invoke(cli_app, args)
-        assert no_token.exit_code == 1 and "GITHUB_TOKEN is not set" in str(no_token.exception)
+        assert no_token.exit_code == 1 and "GITHUB_TOKEN is not set" in no_token.output

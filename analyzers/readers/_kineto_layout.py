@@ -1,0 +1,504 @@
+"""Fast path of the Kineto reader: Kineto's fixed JSON layout, parsed with numpy, not per event.
+
+Why: a PyTorch-profiler trace with ``with_stack`` is mostly Python-frame and op ranges (three
+quarters of the events of the reference traces), and any JSON parser spends about 2 µs per
+event building dicts that the reader throws away after copying six fields. Kineto writes every
+event with the same line layout (``libkineto/src/output_json.cpp``)::
+
+      {
+        "ph": "X", "cat": "python_function", "name": "threading.py(1030): _bootstrap", "pid": 1,
+        "ts": 5146681463270.626, "dur": 449648.301,
+        "args": {
+          "Python parent id": null, "Python id": 1, "Ev Idx": 11424
+        }
+      },
+
+so the range fields can be cut out of the decompressed bytes with a few vectorized searches
+(line starts, quotes, commas) and parsed as numbers in numpy. Everything else is handed to the
+caller as parsed JSON objects, in file order, batched per chunk through ``orjson``: GPU
+activities and launches (their args vary), metadata events, and any range event whose text
+does not match the layout exactly (an escaped quote in the name, a string pid, an exponent).
+Flow and instant events (``ph`` other than ``X``/``M``) are dropped by a byte test: the reader
+ignores them anyway.
+
+Memory stays at one chunk (``CHUNK_BYTES`` of text plus its index arrays) plus the output rows.
+
+Anything that is not this layout raises ``LayoutMismatch`` and the caller re-reads the file with
+the general streaming scanner (``_json_stream``), which also produces the precise error for a
+malformed file. Numbers are converted exactly like the scanner path: ``round(float(text) * 1000)``
+(the mantissa and the power of ten are exact doubles, so their quotient is the correctly
+rounded ``float(text)``; numbers whose digits exceed 2**53 go to the JSON path).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from analyzers.errors import CorruptTraceError, HostileTraceError
+from analyzers.model import RANGE_DTYPE, RangeKind, SymbolTable
+from analyzers.readers._files import GZIP_MAGIC, max_decompressed_bytes
+
+CHUNK_BYTES = 2 << 20
+"""Decompressed text handled per vectorized pass (whole events only)."""
+READ_BYTES = 1 << 20
+"""Compressed bytes read per system call."""
+MAX_HEADER_BYTES = 64 << 20
+"""Text before ``traceEvents`` (device properties, ...) larger than this: not Kineto's layout."""
+MAX_EVENT_BYTES = 64 << 20
+"""One event larger than this: not Kineto's layout (and bounds memory on odd input)."""
+
+EVENTS_OPEN = b'"traceEvents": [\n'
+SEPARATOR = b"\n  },\n  {\n"
+EVENTS_CLOSE = b"\n  }\n  ]"
+X_PREFIX = b'    "ph": "X", "cat": "'
+PH_PREFIX = b'    "ph": "'
+TS_PREFIX = b'    "ts": '
+ARGS_OPEN = b'    "args": {'
+ARGS_CLOSE = b"    }"
+NAME_KEY = b'", "name": "'
+PID_KEY = b'", "pid": '
+TID_KEY = b', "tid": '
+DUR_KEY = b', "dur": '
+FAST_CATS = {
+    b"python_function": int(RangeKind.PYTHON),
+    b"cpu_op": int(RangeKind.CPU_OP),
+    b"user_annotation": int(RangeKind.RECORD_FUNCTION),
+}
+"""Range categories cut out by the vectorized path (exact spelling; others go the JSON way)."""
+_MAX_DIGITS = 18  # int64-safe decimal digits
+_EXACT = 2**53
+
+
+class LayoutMismatch(Exception):
+    """The text is not Kineto's fixed layout: read the file with the general scanner."""
+
+
+def decompressed_blocks(path: Path) -> Iterator[bytes]:
+    """The file's bytes, gunzipped by content in blocks, under the decompression cap.
+
+    Why not ``gzip.open``: its Python-level buffering costs more than inflating itself; a
+    ``zlib`` inflater fed megabyte reads is about twice as fast.
+
+    :raises CorruptTraceError: the gzip stream is truncated or damaged.
+    :raises HostileTraceError: the text exceeds ``max_decompressed_bytes()``.
+    """
+    limit = max_decompressed_bytes()
+    total = 0
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if compressed else None
+        while data := raw.read(READ_BYTES):
+            while data:
+                if inflater is None:
+                    out, data = data, b""
+                else:
+                    out, data, inflater = _inflate(inflater, data, path, total)
+                total += len(out)
+                if total > limit:
+                    raise HostileTraceError(
+                        f"{path}: decompresses to more than {limit} bytes (the cap); raise "
+                        "CPTRACE_MAX_DECOMPRESSED_BYTES if this trace is genuine"
+                    )
+                if out:
+                    yield out
+        if inflater is not None and not inflater.eof:
+            raise CorruptTraceError(
+                f"{path}: gzip stream is truncated or damaged (ended after {total} bytes of "
+                "text, before the end of the gzip member)"
+            )
+
+
+def _inflate(
+    inflater: zlib._Decompress, data: bytes, path: Path, total: int
+) -> tuple[bytes, bytes, zlib._Decompress]:
+    """One bounded inflate step; starts a new inflater at a concatenated gzip member."""
+    if inflater.eof:
+        if not data.startswith(GZIP_MAGIC):
+            raise CorruptTraceError(f"{path}: trailing bytes after the gzip stream (not gzip)")
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, READ_BYTES * 4)
+    except zlib.error as exc:
+        raise CorruptTraceError(
+            f"{path}: gzip stream is truncated or damaged after {total} bytes ({exc})"
+        ) from exc
+    rest = inflater.unconsumed_tail if not inflater.eof else inflater.unused_data
+    return out, rest, inflater
+
+
+@dataclass(slots=True)
+class RangeSink:
+    """Where the vectorized rows go; ``take`` receives every other event (a parsed dict)."""
+
+    strings: SymbolTable
+    take: Callable[[object], None]
+    slow_ranges: Callable[[], list[tuple[object, ...]]]
+    """The list ``take`` appends range rows to (drained after each chunk, kept in file order)."""
+    emit_ranges: Callable[[npt.NDArray[np.void]], None]
+    name_ids: dict[bytes, int]
+
+
+def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RangeSink) -> None:
+    """Parse a Kineto-layout trace from its text blocks; fill ``header`` and the sink.
+
+    :raises LayoutMismatch: the text is not in Kineto's layout (the caller starts over).
+    """
+    buf = b""
+    for block in blocks:
+        buf += block
+        if EVENTS_OPEN in buf or len(buf) > MAX_HEADER_BYTES:
+            break
+    found = buf.find(EVENTS_OPEN)
+    if found < 0:
+        raise LayoutMismatch("no traceEvents array in Kineto's layout")
+    header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
+    buf = buf[found + len(EVENTS_OPEN) :]
+    done = False
+    while True:
+        while not done and len(buf) < CHUNK_BYTES:
+            block = next(blocks, None)
+            if block is None:
+                done = True
+            else:
+                buf += block
+        if done:
+            end = buf.rfind(EVENTS_CLOSE)
+            if end < 0:
+                raise LayoutMismatch("the traceEvents array does not end in Kineto's layout")
+            _chunk(buf[: end + 5], sink)  # through "  }\n"
+            _tail(buf[end + len(EVENTS_CLOSE) :], header)
+            return
+        cut = buf.rfind(SEPARATOR)
+        if cut < 0:
+            if len(buf) > MAX_EVENT_BYTES:
+                raise LayoutMismatch("no event separator in Kineto's layout")
+            block = next(blocks, None)
+            if block is None:
+                done = True
+            else:
+                buf += block
+            continue
+        _chunk(buf[: cut + 6], sink)  # through "  },\n"
+        buf = buf[cut + 6 :]
+
+
+def _object_text(text: bytes, close: bytes) -> dict[str, object]:
+    """Parse the header (text before the events, an open object) or the trailer."""
+    try:
+        value = orjson.loads(text + close)
+    except orjson.JSONDecodeError as exc:
+        raise LayoutMismatch(f"header or trailer is not Kineto's layout ({exc})") from exc
+    if not isinstance(value, dict):
+        raise LayoutMismatch("header is not a JSON object")
+    return value
+
+
+def _tail(text: bytes, header: dict[str, object]) -> None:
+    """Top-level keys after the events (Kineto writes ``traceName`` there)."""
+    rest = text.strip()
+    if rest == b"}":
+        return
+    if not rest.startswith(b","):
+        raise LayoutMismatch("unexpected text after the traceEvents array")
+    header.update(_object_text(b"{" + rest[1:], b""))
+
+
+_PAD = 64
+"""Zero bytes after a chunk, so fixed-width reads past its end need no bounds checks."""
+_WIDTH = _MAX_DIGITS
+_POW10 = 10 ** np.arange(_MAX_DIGITS + 1, dtype=np.int64)
+_COLUMNS = np.arange(_WIDTH)
+_PLACE = 10 ** np.arange(_WIDTH - 1, -1, -1, dtype=np.int64)
+"""Place value of each right-aligned column: 10**17 ... 10**0 (int64 holds up to 10**18)."""
+
+
+class _Bytes:
+    """A chunk as bytes and as unaligned little-endian 8-byte words (one per offset).
+
+    ``word[p]`` holds bytes ``p .. p+7``: comparing a masked word tests up to eight bytes at
+    every candidate position with one vector operation instead of eight.
+    """
+
+    __slots__ = ("arr", "rows", "size", "text", "word")
+
+    def __init__(self, text: bytes) -> None:
+        padded = text + bytes(_PAD)
+        self.text = text
+        self.size = len(text)
+        self.arr = np.frombuffer(padded, dtype=np.uint8)
+        self.word: npt.NDArray[np.uint64] = np.ndarray(
+            (len(text) + _PAD - 8,), dtype="<u8", buffer=padded, strides=(1,)
+        )
+        # row p = bytes p .. p+_WIDTH-1, a view: indexing it copies only the rows asked for
+        self.rows = np.lib.stride_tricks.as_strided(
+            self.arr, shape=(len(text) + _PAD - _WIDTH, _WIDTH), strides=(1, 1), writeable=False
+        )
+
+    def has(self, pos: npt.NDArray[np.int64], pattern: bytes) -> npt.NDArray[np.bool_]:
+        """True where ``pattern`` starts at ``pos`` (positions within the chunk)."""
+        hit: npt.NDArray[np.bool_] | None = None
+        for k in range(0, len(pattern), 8):
+            piece = pattern[k : k + 8]
+            want = np.uint64(int.from_bytes(piece, "little"))
+            words = self.word[pos + k] if k else self.word[pos]
+            if len(piece) < 8:
+                words &= np.uint64((1 << (8 * len(piece))) - 1)
+            step = words == want
+            hit = step if hit is None else hit & step
+        assert hit is not None
+        return hit
+
+    def columns(self, start: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+        """``_WIDTH`` bytes from each start as rows of a 2-D array."""
+        out: npt.NDArray[np.uint8] = self.rows[start]
+        return out
+
+
+def _next(positions: npt.NDArray[np.int64], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """First position ``>= at`` (``positions`` ends with a sentinel past the chunk)."""
+    found: npt.NDArray[np.int64] = positions[np.searchsorted(positions, at)]
+    return found
+
+
+def _numbers(
+    data: _Bytes, start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Parse non-negative JSON numbers in ``[start, end)``: (mantissa, digits after the dot, ok).
+
+    ``ok`` is False for anything but ``digits(.digits)?`` of at most ``_WIDTH`` characters with
+    a mantissa below 2**53 (signs, exponents, ``1.``, ``.5``: the JSON path decides those).
+    The numbers are read right-aligned, so every column has a fixed power of ten.
+    """
+    width = end - start
+    g = data.columns(np.maximum(end - _WIDTH, 0))  # numbers never start a chunk: no clipping
+    inside = (_WIDTH - width)[:, None] <= _COLUMNS
+    digit = g - np.uint8(48)  # wraps below '0', so one comparison tests the digit range
+    is_digit = digit < 10
+    is_dot = g == 46
+    is_dot &= inside
+    ok = (width >= 1) & (width <= _WIDTH) & ~(inside & ~is_digit & ~is_dot).any(axis=1)
+    # first and last characters are digits; at most one dot
+    ok &= is_digit[:, -1] & (digit[np.arange(len(g)), np.maximum(_WIDTH - width, 0)] < 10)
+    dots = is_dot.sum(axis=1)
+    ok &= dots <= 1
+    digit[~(is_digit & inside)] = 0
+    # The dot reads as a 0 digit: text_value = left * 10**(f+1) + right, right < 10**f.
+    text_value = digit.astype(np.int64) @ _PLACE
+    fraction = np.where(dots > 0, _WIDTH - 1 - np.argmax(is_dot, axis=1), 0)
+    scale = _POW10[fraction]
+    right = text_value % scale
+    mantissa: npt.NDArray[np.int64] = (text_value - right) // np.where(dots > 0, 10, 1) + right
+    ok &= mantissa < _EXACT
+    return mantissa, fraction, ok
+
+
+def _ns(signed: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """µs -> ns exactly as ``round(float(text) * 1000)`` does.
+
+    The mantissa (below 2**53) and the power of ten are exact doubles, so their IEEE quotient
+    is the correctly rounded ``float(text)``; ``np.rint`` rounds half to even like ``round``.
+    """
+    value = signed.astype(np.float64) / _POW10[fraction].astype(np.float64)
+    out: npt.NDArray[np.int64] = np.rint(value * 1000.0).astype(np.int64)
+    return out
+
+
+def _chunk(text: bytes, sink: RangeSink) -> None:
+    """One run of whole events ``  {\\n ... \\n  },?\\n``: ranges vectorized, the rest as JSON."""
+    data = _Bytes(text)
+    newlines = np.flatnonzero(data.arr == 10)
+    if not len(newlines) or newlines[-1] != data.size - 1 or not text.startswith(b"  {\n"):
+        raise LayoutMismatch("chunk does not hold whole events")
+    # An event opens with a line "  {" and closes with "  }," (or "  }" for the last one).
+    braces = np.flatnonzero(data.arr == 123)
+    braces = braces[braces >= 3]
+    opens = np.concatenate(([0], braces[data.has(braces - 3, b"\n  {\n")] - 2))
+    braces = np.flatnonzero(data.arr == 125)
+    braces = braces[braces >= 3]
+    at_indent = data.has(braces - 3, b"\n  }")
+    at_indent &= (data.arr[braces + 1] == 10) | data.has(braces + 1, b",\n")
+    closes = braces[at_indent] - 2
+    if (
+        len(opens) != len(closes)
+        or not text.endswith((b"\n  },\n", b"\n  }\n"))
+        or not np.array_equal(closes[:-1] + 5, opens[1:])  # "  },\n" then "  {\n"
+        or ((closes - opens) < 6).any()  # at least one line between
+    ):
+        raise LayoutMismatch("events are not one '{' ... '}' block each at indent 2")
+    line = _Lines(newlines)
+    first = opens + 4  # the line after "  {\n"
+    fast_kind = np.full(len(opens), -1, dtype=np.int64)
+    is_x = data.has(first, X_PREFIX)
+    for cat, kind in FAST_CATS.items():
+        fast_kind[is_x & data.has(first + len(X_PREFIX), cat + NAME_KEY)] = kind
+    # Flows ("s"/"f"), instants ("i") and the like: not rows, and not metadata.
+    phase = data.arr[first + len(PH_PREFIX)]
+    skip = (
+        data.has(first, PH_PREFIX)
+        & (data.arr[first + len(PH_PREFIX) + 1] == 34)
+        & (phase != ord("X"))
+        & (phase != ord("M"))
+    )
+    candidates = np.flatnonzero(fast_kind >= 0)
+    names, ok, fields = _fast_fields(data, line, opens[candidates], closes[candidates])
+    fast = candidates[ok]
+    slow = ~skip
+    slow[fast] = False
+    _emit(text, opens, closes, fast, fast_kind[fast], fields, names, slow, sink)
+
+
+@dataclass(slots=True)
+class _Lines:
+    """Line lookup for event starts: the k-th line after an event's opening line."""
+
+    newlines: npt.NDArray[np.int64]
+
+    def span(self, opens: npt.NDArray[np.int64], k: int) -> tuple[npt.NDArray[np.int64], ...]:
+        """(start, end) of line ``k`` after each opening line (end: its newline)."""
+        first_newline = np.searchsorted(self.newlines, opens)
+        idx = np.minimum(first_newline + k, len(self.newlines) - 1)
+        return self.newlines[idx - 1] + 1, self.newlines[idx]
+
+
+def _fast_fields(
+    data: _Bytes,
+    line: _Lines,
+    opens: npt.NDArray[np.int64],
+    closes: npt.NDArray[np.int64],
+) -> tuple[list[bytes], npt.NDArray[np.bool_], tuple[npt.NDArray[np.int64], ...]]:
+    """Cut name, pid, tid, ts, dur out of range events; ``ok`` marks those that fit exactly.
+
+    Returns the names and fields (pid, tid, start ns, end ns) of the events that fit, in order.
+    """
+    arr, size = data.arr, data.size  # the padding has no quotes, commas or backslashes
+    quotes = np.flatnonzero(arr == 34)
+    commas = np.flatnonzero(arr == 44)
+    slashes = np.flatnonzero(arr == 92)
+    quotes, commas, slashes = (np.append(x, size) for x in (quotes, commas, slashes))
+    header, header_end = line.span(opens, 1)
+    cat_len = np.zeros(len(opens), dtype=np.int64)
+    for cat in FAST_CATS:
+        cat_len[data.has(header + len(X_PREFIX), cat + NAME_KEY)] = len(cat)
+    name_start = header + len(X_PREFIX) + cat_len + len(NAME_KEY)
+    name_end = _next(quotes, name_start)
+    # A backslash in the name: an escape (maybe an escaped quote); the JSON path decodes it.
+    ok = np.searchsorted(slashes, name_end) == np.searchsorted(slashes, name_start)
+    ok &= data.has(name_end, PID_KEY)
+    pid_start = name_end + len(PID_KEY)
+    pid_end = _next(commas, pid_start)
+    ok &= data.has(pid_end, TID_KEY)
+    tid_start = pid_end + len(TID_KEY)
+    tid_end = _next(commas, tid_start)
+    ok &= tid_end == header_end - 1  # the header line ends with the tid and a comma
+    timing, timing_end = line.span(opens, 2)
+    ok &= data.has(timing, TS_PREFIX)
+    ts_start = timing + len(TS_PREFIX)
+    ts_end = _next(commas, ts_start)
+    ok &= (ts_end < timing_end) & data.has(ts_end, DUR_KEY)
+    dur_start = ts_end + len(DUR_KEY)
+    dur_end = np.minimum(_next(commas, dur_start), timing_end)
+    # Only ph/cat/name/pid/tid/ts/dur and one args block: no other top-level key can hide.
+    lines = np.searchsorted(line.newlines, closes) - np.searchsorted(line.newlines, opens) + 1
+    args_open, args_open_end = line.span(opens, 3)
+    args_close, args_close_end = line.span(opens, 5)
+    with_args = (
+        (lines == 7)
+        & (dur_end == timing_end - 1)
+        & (args_open_end - args_open == len(ARGS_OPEN))
+        & data.has(args_open, ARGS_OPEN)
+        & (args_close_end - args_close == len(ARGS_CLOSE))
+        & data.has(args_close, ARGS_CLOSE)
+    )
+    ok &= with_args | ((lines == 4) & (dur_end == timing_end))
+    pid, pid_frac, pid_ok = _numbers(data, pid_start, pid_end)
+    tid, tid_frac, tid_ok = _numbers(data, tid_start, tid_end)
+    ts, ts_frac, ts_ok = _numbers(data, ts_start, ts_end)
+    dur, dur_frac, dur_ok = _numbers(data, dur_start, dur_end)
+    # pid/tid must be integers: the JSON path would truncate "1.5" with int().
+    ok &= pid_ok & tid_ok & ts_ok & dur_ok & (pid_frac == 0) & (tid_frac == 0)
+    keep = np.flatnonzero(ok)
+    start = _ns(ts[keep], ts_frac[keep])
+    end = start + _ns(dur[keep], dur_frac[keep])
+    cuts = zip(name_start[keep].tolist(), name_end[keep].tolist(), strict=True)
+    text = data.text
+    names = [text[a:b] for a, b in cuts]
+    return names, ok, (pid[keep], tid[keep], start, end)
+
+
+def _emit(
+    text: bytes,
+    opens: npt.NDArray[np.int64],
+    closes: npt.NDArray[np.int64],
+    fast: npt.NDArray[np.int64],
+    kinds: npt.NDArray[np.int64],
+    fields: tuple[npt.NDArray[np.int64], ...],
+    names: list[bytes],
+    slow: npt.NDArray[np.bool_],
+    sink: RangeSink,
+) -> None:
+    """Hand events to the sink in file order (names are interned in order of appearance)."""
+    slow_events = np.flatnonzero(slow)
+    parsed: list[object] = []
+    if len(slow_events):
+        starts = (opens[slow_events] + 2).tolist()  # the "{"
+        ends = (closes[slow_events] + 3).tolist()  # through the "}"
+        joined = b",".join([text[a:b] for a, b in zip(starts, ends, strict=True)])
+        try:
+            parsed = orjson.loads(b"[" + joined + b"]")
+        except orjson.JSONDecodeError as exc:
+            raise LayoutMismatch(f"an event is not valid JSON ({exc})") from exc
+    ids = sink.name_ids
+    strings = sink.strings
+    name_of = np.fromiter(map(ids.get, names, repeat(-1)), np.int64, len(names))  # known: >= 0
+    slow_rows = sink.slow_ranges()
+    insert_at: list[int] = []  # for each JSON-path range row: fast rows before it
+    # New names get ids in order of first appearance, interleaved with the JSON-path events
+    # (which intern their names too), so ids match what a one-by-one read assigns.
+    new = np.flatnonzero(name_of < 0)
+    events = np.concatenate((fast[new], slow_events))
+    from_fast = np.concatenate((np.ones(len(new), bool), np.zeros(len(slow_events), bool)))
+    sequence = np.argsort(events, kind="stable")
+    fast_rows_before = np.searchsorted(fast, events[sequence]).tolist()
+    new_iter, slow_iter = iter(new.tolist()), iter(parsed)
+    try:
+        for is_fast, before_rows in zip(
+            from_fast[sequence].tolist(), fast_rows_before, strict=True
+        ):
+            if is_fast:
+                row = next(new_iter)
+                name = names[row]
+                found = ids.get(name)
+                if found is None:
+                    found = ids[name] = strings.intern(name.decode("utf-8"))
+                name_of[row] = found
+            else:
+                before = len(slow_rows)
+                sink.take(next(slow_iter))
+                insert_at.extend([before_rows] * (len(slow_rows) - before))
+    except UnicodeDecodeError as exc:
+        raise LayoutMismatch(f"a name is not UTF-8 ({exc})") from exc
+    pid, tid, start, end = fields
+    out = np.empty(len(names), dtype=RANGE_DTYPE)
+    out["kind"] = kinds
+    out["rank"] = -1
+    out["process"] = pid
+    out["thread"] = tid
+    out["start"] = start
+    out["end"] = end
+    out["name"] = name_of
+    out["parent"] = -1
+    out["depth"] = 0
+    if slow_rows:
+        out = np.insert(out, insert_at, np.array(slow_rows, dtype=RANGE_DTYPE))
+        slow_rows.clear()
+    if len(out):
+        sink.emit_ranges(out)
