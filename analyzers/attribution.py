@@ -217,6 +217,10 @@ def link_launches(trace: Trace) -> IntArray:
     return result
 
 
+_LOOKUP_SLICE = 1 << 18
+"""Queries per slice of ``RangeIndex.lookup``: bounds its temporaries to a few MB."""
+
+
 class RangeIndex:
     """Innermost-enclosing-range lookup over a subset of ranges, fully vectorized.
 
@@ -255,10 +259,22 @@ class RangeIndex:
             self.parent[here] = np.where(slot >= 0, upper[np.maximum(slot, 0)], -1)
 
     def lookup(self, thread: IntArray, time: IntArray) -> IntArray:
-        """Row (in the original range table) of the innermost range containing each query."""
+        """Row (in the original range table) of the innermost range containing each query.
+
+        Queries go in slices of ``_LOOKUP_SLICE``: the search needs several int64 temporaries
+        per query, and a multi-million-kernel export would hold them all at once otherwise.
+        """
+        if len(thread) <= _LOOKUP_SLICE:
+            return self._lookup(thread, time)
+        out = np.empty(len(thread), dtype=np.int64)
+        for lo in range(0, len(thread), _LOOKUP_SLICE):
+            hi = lo + _LOOKUP_SLICE
+            out[lo:hi] = self._lookup(thread[lo:hi], time[lo:hi])
+        return out
+
+    def _lookup(self, thread: IntArray, time: IntArray) -> IntArray:
         if len(self.rows) == 0 or len(thread) == 0:
             return np.full(len(thread), -1, dtype=np.int64)
-        # In-place arithmetic and early ``del``: queries number in the millions.
         t_idx = np.searchsorted(self.threads, thread)  # few threads: cheap
         known = (t_idx < len(self.threads)) & (
             self.threads[np.minimum(t_idx, len(self.threads) - 1)] == thread

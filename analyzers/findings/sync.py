@@ -61,7 +61,10 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
                     "timing harness "
                     "or logging .item()); move it outside the step or make it asynchronous."
                 ),
+                # the host's blocked time inside the step: an upper-side estimate (part of the
+                # wait would move to the next sync point or the step's end)
                 expected_saving_ms=round(blocked, 4) if known else None,
+                saving_basis="estimate" if known else None,
             )
         )
     return out

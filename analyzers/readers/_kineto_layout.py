@@ -46,9 +46,9 @@ from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import RANGE_DTYPE, RangeKind, SymbolTable
 from analyzers.readers._files import GZIP_MAGIC, max_decompressed_bytes
 
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 1 << 20
 """Decompressed text handled per vectorized pass (whole events only)."""
-READ_BYTES = 1 << 20
+READ_BYTES = 256 << 10
 """Compressed bytes read per system call."""
 MAX_HEADER_BYTES = 64 << 20
 """Text before ``traceEvents`` (device properties, ...) larger than this: not Kineto's layout."""
@@ -126,7 +126,7 @@ def _inflate(
             raise CorruptTraceError(f"{path}: trailing bytes after the gzip stream (not gzip)")
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        out = inflater.decompress(data, READ_BYTES * 4)
+        out = inflater.decompress(data, CHUNK_BYTES)
     except zlib.error as exc:
         raise CorruptTraceError(
             f"{path}: gzip stream is truncated or damaged after {total} bytes ({exc})"

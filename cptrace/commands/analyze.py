@@ -307,7 +307,7 @@ def _render_iterations(console: Any, iterations: list[Any]) -> None:
     for it in rows:
         # "timed": CUDA-event iterations without a profiler; "profiled": durations of profiled
         # steps, inflated by the profiler (several-fold with Python stacks).
-        source = getattr(it, "source", None) or "?"
+        source = it.source or "?"
         table.add_row(
             it.label,
             source,
@@ -329,7 +329,7 @@ def _render_findings(console: Any, findings: list[Any], title: str) -> None:
     console.print(f"[bold]{title}:[/]")
     for f in findings:
         style = _SEVERITY_STYLE.get(f.severity.value, "")
-        basis = getattr(f, "saving_basis", None)
+        basis = f.saving_basis
         saving = (
             f" (expected saving {f.expected_saving_ms:.3f} ms/iter"
             + (f", {basis})" if basis else ")")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -66,6 +66,13 @@ class Settings(BaseSettings):
         description="Processes that validate uploads off the API's event loop (0: a thread).",
     )
     max_page_size: int = Field(default=500, ge=1, description="Largest `limit` of a list call.")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        # Blob links and the worker's scratch paths must not depend on the process's cwd
+        # (`make run` passes the relative "var"; a relative symlink target would dangle).
+        return value.expanduser().absolute()
 
     @property
     def db_path(self) -> Path:

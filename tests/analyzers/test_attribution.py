@@ -205,3 +205,14 @@ def test_range_index_matches_stack_reference() -> None:
         inside = np.flatnonzero((r["thread"] == th) & (r["start"] <= tm) & (r["end"] > tm))
         expect = inside[np.argmax(r["depth"][inside])] if len(inside) else -1
         assert g == expect
+
+
+def test_sliced_range_lookup_equals_one_pass(
+    nsys_trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = attribute(nsys_trace, CATALOG)
+    monkeypatch.setattr(attribution, "_LOOKUP_SLICE", 7)  # many slices, one ragged
+    sliced = attribute(nsys_trace, CATALOG)
+    assert np.array_equal(whole.helper, sliced.helper)
+    assert np.array_equal(whole.range_row, sliced.range_row)
+    assert np.array_equal(whole.matched_by, sliced.matched_by)
