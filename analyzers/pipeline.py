@@ -79,16 +79,16 @@ def _open_bundle(path: Path) -> Bundle | None:
 
 
 def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list[SourceInfo]]:
-    from analyzers.readers import read_trace
+    from analyzers.readers import read_trace_files
 
     if not files:
         raise TraceError("no trace files given")
     traces, sources = [], []
     claimed: dict[int, Path] = {}
-    for i, path in enumerate(files):
-        if progress:
-            progress(f"reading {path.name}", i / (len(files) + 1))
-        trace = read_trace(path)
+    if progress:
+        progress(f"reading {', '.join(p.name for p in files)}", 0.0)
+    # one call for all files: per-rank Kineto files are read in parallel when that pays
+    for path, trace in zip(files, read_trace_files(files), strict=True):
         ranks = [r for r in trace.rank_list() if r >= 0]
         for rank in ranks:
             if rank in claimed:

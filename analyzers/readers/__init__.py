@@ -19,10 +19,10 @@ from pathlib import Path
 from analyzers.errors import MissingRankError, RankConflictError
 from analyzers.model import Trace, merge_traces
 from analyzers.readers._files import sniff
-from analyzers.readers.kineto import read_kineto
+from analyzers.readers.kineto import read_kineto, read_kineto_files
 from analyzers.readers.nsys import read_nsys
 
-__all__ = ["read_kineto", "read_nsys", "read_trace", "read_traces"]
+__all__ = ["read_kineto", "read_nsys", "read_trace", "read_trace_files", "read_traces"]
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -37,6 +37,21 @@ def read_trace(path: str | Path) -> Trace:
     if kind == "json":
         return read_kineto(source)
     return read_nsys(source)
+
+
+def read_trace_files(paths: Iterable[str | Path]) -> list[Trace]:
+    """Read each file like ``read_trace``, in order; several Kineto files (one per rank) are
+    read in parallel worker processes when that pays (see ``read_kineto_files``)."""
+    items = [Path(p) for p in paths]
+    kinds = [sniff(p) for p in items]
+    kineto = [p for p, kind in zip(items, kinds, strict=True) if kind == "json"]
+    if len(kineto) < 2:
+        return [read_trace(p) for p in items]
+    parsed = iter(read_kineto_files(kineto))
+    return [
+        next(parsed) if kind == "json" else read_nsys(p)
+        for p, kind in zip(items, kinds, strict=True)
+    ]
 
 
 def read_traces(paths: Iterable[str | Path], *, require_all_ranks: bool = False) -> Trace:
@@ -54,7 +69,7 @@ def read_traces(paths: Iterable[str | Path], *, require_all_ranks: bool = False)
     items = [Path(p) for p in paths]
     if not items:
         raise ValueError("read_traces: no trace files given")
-    traces = [read_trace(p) for p in items]
+    traces = read_trace_files(items)
     _check_rank_conflicts(traces)
     merged = merge_traces(traces)
     _check_missing_ranks(traces, merged, require_all_ranks)

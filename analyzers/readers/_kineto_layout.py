@@ -270,35 +270,39 @@ def _next(positions: npt.NDArray[np.int64], at: npt.NDArray[np.int64]) -> npt.ND
 
 
 def _numbers(
-    data: _Bytes, start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    """Parse non-negative JSON numbers in ``[start, end)``: (mantissa, digits after the dot, ok).
+    data: _Bytes, end: npt.NDArray[np.int64]
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]
+]:
+    """Parse the non-negative JSON numbers that end just before ``end``.
 
-    ``ok`` is False for anything but ``digits(.digits)?`` of at most ``_WIDTH`` characters with
-    a mantissa below 2**53 (signs, exponents, ``1.``, ``.5``: the JSON path decides those).
-    The numbers are read right-aligned, so every column has a fixed power of ten.
+    Returns (mantissa, digits after the dot, start of the number, ok). The number is the run of
+    digits and dots before ``end``; ``ok`` is False unless it reads ``digits(.digits)?`` in at
+    most ``_WIDTH - 1`` characters with a mantissa below 2**53 (a sign, an exponent, ``1.``:
+    the JSON path decides those). Read right-aligned, every column has a fixed power of ten.
     """
-    width = end - start
     g = data.columns(np.maximum(end - _WIDTH, 0))  # numbers never start a chunk: no clipping
-    inside = (_WIDTH - width)[:, None] <= _COLUMNS
     digit = g - np.uint8(48)  # wraps below '0', so one comparison tests the digit range
     is_digit = digit < 10
     is_dot = g == 46
+    other = ~(is_digit | is_dot)
+    # the last non-number character of the window precedes the number
+    before = (_WIDTH - 1) - np.argmax(other[:, ::-1], axis=1)
+    inside = before[:, None] < _COLUMNS
     is_dot &= inside
-    ok = (width >= 1) & (width <= _WIDTH) & ~(inside & ~is_digit & ~is_dot).any(axis=1)
-    # first and last characters are digits; at most one dot
-    ok &= is_digit[:, -1] & (digit[np.arange(len(g)), np.maximum(_WIDTH - width, 0)] < 10)
+    width = (_WIDTH - 1) - before
+    ok = other.any(axis=1) & (width >= 1) & is_digit[:, -1]
+    ok &= digit[np.arange(len(g)), np.minimum(before + 1, _WIDTH - 1)] < 10  # no leading dot
     dots = is_dot.sum(axis=1)
     ok &= dots <= 1
     digit[~(is_digit & inside)] = 0
     # The dot reads as a 0 digit: text_value = left * 10**(f+1) + right, right < 10**f.
     text_value = digit.astype(np.int64) @ _PLACE
     fraction = np.where(dots > 0, _WIDTH - 1 - np.argmax(is_dot, axis=1), 0)
-    scale = _POW10[fraction]
-    right = text_value % scale
+    right = text_value % _POW10[fraction]
     mantissa: npt.NDArray[np.int64] = (text_value - right) // np.where(dots > 0, 10, 1) + right
     ok &= mantissa < _EXACT
-    return mantissa, fraction, ok
+    return mantissa, fraction, end - width, ok
 
 
 def _ns(signed: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -379,52 +383,43 @@ def _fast_fields(
 
     Returns the names and fields (pid, tid, start ns, end ns) of the events that fit, in order.
     """
-    arr, size = data.arr, data.size  # the padding has no quotes, commas or backslashes
-    quotes = np.flatnonzero(arr == 34)
-    commas = np.flatnonzero(arr == 44)
-    slashes = np.flatnonzero(arr == 92)
-    quotes, commas, slashes = (np.append(x, size) for x in (quotes, commas, slashes))
+    arr = data.arr
     header, header_end = line.span(opens, 1)
     cat_len = np.zeros(len(opens), dtype=np.int64)
     for cat in FAST_CATS:
         cat_len[data.has(header + len(X_PREFIX), cat + NAME_KEY)] = len(cat)
     name_start = header + len(X_PREFIX) + cat_len + len(NAME_KEY)
-    name_end = _next(quotes, name_start)
-    # A backslash in the name: an escape (maybe an escaped quote); the JSON path decodes it.
-    ok = np.searchsorted(slashes, name_end) == np.searchsorted(slashes, name_start)
-    ok &= data.has(name_end, PID_KEY)
-    pid_start = name_end + len(PID_KEY)
-    pid_end = _next(commas, pid_start)
-    ok &= data.has(pid_end, TID_KEY)
-    tid_start = pid_end + len(TID_KEY)
-    tid_end = _next(commas, tid_start)
-    ok &= tid_end == header_end - 1  # the header line ends with the tid and a comma
+    # Read the header line backwards from its end: `..."name": "N", "pid": P, "tid": T,`
+    # (names may contain anything; the numbers and keys after them may not).
+    ok = arr[header_end - 1] == 44
+    tid, tid_frac, tid_start, tid_ok = _numbers(data, header_end - 1)
+    pid_end = tid_start - len(TID_KEY)
+    ok &= tid_ok & data.has(pid_end, TID_KEY)
+    pid, pid_frac, pid_start, pid_ok = _numbers(data, pid_end)
+    name_end = pid_start - len(PID_KEY)
+    ok &= pid_ok & data.has(name_end, PID_KEY) & (name_end >= name_start)
+    # pid/tid must be integers: the JSON path would truncate "1.5" with int().
+    ok &= (pid_frac == 0) & (tid_frac == 0)
     timing, timing_end = line.span(opens, 2)
     ok &= data.has(timing, TS_PREFIX)
-    ts_start = timing + len(TS_PREFIX)
-    ts_end = _next(commas, ts_start)
-    ok &= (ts_end < timing_end) & data.has(ts_end, DUR_KEY)
-    dur_start = ts_end + len(DUR_KEY)
-    dur_end = np.minimum(_next(commas, dur_start), timing_end)
-    # Only ph/cat/name/pid/tid/ts/dur and one args block: no other top-level key can hide.
     lines = np.searchsorted(line.newlines, closes) - np.searchsorted(line.newlines, opens) + 1
     args_open, args_open_end = line.span(opens, 3)
     args_close, args_close_end = line.span(opens, 5)
+    dur_end = np.where(lines == 7, timing_end - 1, timing_end)
     with_args = (
         (lines == 7)
-        & (dur_end == timing_end - 1)
+        & (arr[timing_end - 1] == 44)
         & (args_open_end - args_open == len(ARGS_OPEN))
         & data.has(args_open, ARGS_OPEN)
         & (args_close_end - args_close == len(ARGS_CLOSE))
         & data.has(args_close, ARGS_CLOSE)
     )
-    ok &= with_args | ((lines == 4) & (dur_end == timing_end))
-    pid, pid_frac, pid_ok = _numbers(data, pid_start, pid_end)
-    tid, tid_frac, tid_ok = _numbers(data, tid_start, tid_end)
-    ts, ts_frac, ts_ok = _numbers(data, ts_start, ts_end)
-    dur, dur_frac, dur_ok = _numbers(data, dur_start, dur_end)
-    # pid/tid must be integers: the JSON path would truncate "1.5" with int().
-    ok &= pid_ok & tid_ok & ts_ok & dur_ok & (pid_frac == 0) & (tid_frac == 0)
+    ok &= with_args | (lines == 4)
+    dur, dur_frac, dur_start, dur_ok = _numbers(data, dur_end)
+    ts_end = dur_start - len(DUR_KEY)
+    ok &= dur_ok & data.has(ts_end, DUR_KEY)
+    ts, ts_frac, ts_start, ts_ok = _numbers(data, ts_end)
+    ok &= ts_ok & (ts_start == timing + len(TS_PREFIX))
     keep = np.flatnonzero(ok)
     start = _ns(ts[keep], ts_frac[keep])
     end = start + _ns(dur[keep], dur_frac[keep])
@@ -432,6 +427,18 @@ def _fast_fields(
     text = data.text
     names = [text[a:b] for a, b in cuts]
     return names, ok, (pid[keep], tid[keep], start, end)
+
+
+def _decode_name(raw: bytes) -> str:
+    """The string a JSON parser makes of the name's text (checked once per distinct name)."""
+    if b'"' in raw:
+        # An unescaped quote: the line holds more than one name, not Kineto's layout.
+        raise LayoutMismatch("a name holds an unescaped quote")
+    if b"\\" in raw:
+        value = orjson.loads(b'"' + raw + b'"')
+        assert isinstance(value, str)
+        return value
+    return raw.decode("utf-8")
 
 
 def _emit(
@@ -478,14 +485,14 @@ def _emit(
                 name = names[row]
                 found = ids.get(name)
                 if found is None:
-                    found = ids[name] = strings.intern(name.decode("utf-8"))
+                    found = ids[name] = strings.intern(_decode_name(name))
                 name_of[row] = found
             else:
                 before = len(slow_rows)
                 sink.take(next(slow_iter))
                 insert_at.extend([before_rows] * (len(slow_rows) - before))
-    except UnicodeDecodeError as exc:
-        raise LayoutMismatch(f"a name is not UTF-8 ({exc})") from exc
+    except (UnicodeDecodeError, orjson.JSONDecodeError) as exc:
+        raise LayoutMismatch(f"a name is not a valid JSON string ({exc})") from exc
     pid, tid, start, end = fields
     out = np.empty(len(names), dtype=RANGE_DTYPE)
     out["kind"] = kinds

@@ -46,6 +46,10 @@ _TID_BITS = 0xFFFFFF
 _CASE_NAMES = 64
 """Up to this many distinct inline names SQLite maps text to symbol with a CASE; beyond, the
 texts come out row by row and are interned in Python (a SQL join would be O(rows x names))."""
+_SAMPLE_ROWS = 1 << 16
+"""Range rows whose inline names are listed up front (see ``_fetch_ranges``)."""
+_UNKNOWN_TEXT = 2**31 - 1
+"""Inline-name value of a text the sampled name list lacks; no symbol id gets this large."""
 _RAW_FIELDS = ("start", "end", "tid", "domain", "event_type", "text_id", "inline")
 _RAW = np.dtype([(name, np.int64) for name in _RAW_FIELDS])
 
@@ -102,25 +106,48 @@ def _fetch_ranges(
         return np.empty(0, _RAW), np.empty(0, np.int32)
     types = ",".join(str(t) for t in range_types)
     where = f'WHERE "eventType" IN ({types})'
-    texts: list[str] = []
-    if src.schema.has(NVTX, "text"):
-        distinct = (
-            f'SELECT DISTINCT "text" FROM {NVTX} {where} AND "text" IS NOT NULL'
-            f" LIMIT {_CASE_NAMES + 1}"
-        )
-        texts = [str(row[0]) for row in src.conn.execute(distinct)]
-    if len(texts) > _CASE_NAMES:
-        raw = _fetch_ranges_by_row(src, where)
-    else:
-        head, inline, tail = _case_name_sql(src, texts, where)
-        out = src.allocate((NVTX,), _RAW)
-        out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
-        raw = shrink(out, filled)
+    raw = None
+    # The names of the first rows nearly always are all the names (the same few hundred
+    # functions repeat every step): a sample saves a full DISTINCT scan of the table. Should a
+    # later row carry a name the sample missed, the fetch says so and the complete list is read.
+    texts = _inline_texts(src, where, _SAMPLE_ROWS)
+    if len(texts) <= _CASE_NAMES:
+        raw = _fetch_with_case(src, texts, where)
+    if raw is None:
+        texts = _inline_texts(src, where, None)
+        if len(texts) > _CASE_NAMES:
+            raw = _fetch_ranges_by_row(src, where)
+        else:
+            raw = _fetch_with_case(src, texts, where)
+            assert raw is not None  # the complete list leaves no text unknown
     names = raw["inline"].astype(np.int32)
     by_id = (names < 0) & (raw["text_id"] >= 0)
     names[by_id] = src.intern_ids(raw["text_id"][by_id])
     names[names < 0] = src.strings.intern("<unnamed NVTX range>")
     return raw, names
+
+
+def _inline_texts(src: NsysSource, where: str, sample: int | None) -> list[str]:
+    """Distinct inline range names (at most ``_CASE_NAMES + 1``), among the first ``sample``
+    range rows or all of them."""
+    if not src.schema.has(NVTX, "text"):
+        return []
+    rows = f'SELECT "text" FROM {NVTX} {where} AND "text" IS NOT NULL'
+    if sample is not None:
+        rows += f" LIMIT {int(sample)}"
+    distinct = f'SELECT DISTINCT "text" FROM ({rows}) LIMIT {_CASE_NAMES + 1}'
+    return [str(row[0]) for row in src.conn.execute(distinct)]
+
+
+def _fetch_with_case(src: NsysSource, texts: list[str], where: str) -> npt.NDArray[np.void] | None:
+    """Range rows with inline names mapped by SQL; None when a text outside ``texts`` occurs."""
+    head, inline, tail = _case_name_sql(src, texts, where)
+    out = src.allocate((NVTX,), _RAW)
+    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
+    raw = shrink(out, filled)
+    if len(raw) and bool((raw["inline"] == _UNKNOWN_TEXT).any()):
+        return None
+    return raw
 
 
 def _case_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str]:
@@ -131,14 +158,17 @@ def _case_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, 
     """
     head = f'SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
     tail = f" FROM {NVTX} AS e {where.replace('WHERE ', 'WHERE e.')}"
+    # A text missing from ``texts`` (the sampled list) maps to _UNKNOWN_TEXT, never to NULL,
+    # which means "no inline text" (the name comes from textId).
+    unknown = f'CASE WHEN e."text" IS NOT NULL THEN {_UNKNOWN_TEXT} END'
     if not texts:
-        return head, "NULL", tail
+        return head, unknown, tail
     whens = " ".join(
         f"WHEN CAST(X'{text.encode('utf-8', 'surrogatepass').hex()}' AS TEXT)"
         f" THEN {src.strings.intern(text)}"
         for text in texts
     )
-    return head, f'CASE e."text" {whens} END', tail
+    return head, f'ifnull(CASE e."text" {whens} END, {unknown})', tail
 
 
 def _copy_raw(cols: Columns, rows: npt.NDArray[np.void]) -> None:

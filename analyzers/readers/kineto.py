@@ -34,8 +34,10 @@ read fails: a trace set whose ranks are guessed would compare the wrong ranks.
 from __future__ import annotations
 
 import codecs
+import os
 import re
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +88,8 @@ FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
 LAYOUT_FAST_PATH = True
 """Try Kineto's fixed layout first; tests switch it off to compare with the scanner."""
+WORKERS_ENV = "CPTRACE_READ_WORKERS"
+"""Most worker processes ``read_kineto_files`` forks (default: one per core; 1: no workers)."""
 
 
 @dataclass(slots=True)
@@ -156,6 +160,44 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
     trace = _finish(source, header, tables, _rank(source, header, rank))
     trace.metadata["json_parser"] = parser
     return trace
+
+
+def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
+    """Read several Kineto files (one per rank), in parallel worker processes when that pays.
+
+    A worker returns its ``Trace`` pickled: numpy arrays and a string table, a few MB per rank,
+    so the parent pays little for the parallelism. Workers are forked (no re-import), and only
+    from a single-threaded process: forking a process whose other threads hold locks (a web
+    server's worker threads) can deadlock the child, so such callers read one file at a time.
+
+    Raises:
+        The first error of ``read_kineto`` among the files, as ``read_kineto`` raises it.
+    """
+    items = [Path(p) for p in paths]
+    workers = _workers(len(items))
+    if workers <= 1:
+        return [read_kineto(p) for p in items]
+    import multiprocessing  # only here: most reads are one file
+
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(read_kineto, items, chunksize=1)
+
+
+def _workers(files: int) -> int:
+    raw = os.environ.get(WORKERS_ENV)
+    try:
+        limit = int(raw) if raw is not None else (os.cpu_count() or 1)
+    except ValueError as exc:
+        raise ValueError(f"{WORKERS_ENV}={raw!r}: expected an integer number of processes") from exc
+    import multiprocessing
+
+    if (
+        threading.active_count() > 1
+        or multiprocessing.current_process().daemon  # a pool worker cannot fork its own
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        return 1
+    return max(1, min(files, limit))
 
 
 def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:

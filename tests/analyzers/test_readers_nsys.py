@@ -281,3 +281,20 @@ def test_process_on_two_devices_ranks_by_process_order(tmp_path: Path) -> None:
     assert "process order" in str(trace.metadata["rank_source"])
     assert list(trace.ranks.values()) == [0]
     assert (trace.activities["rank"] == 0).all()
+
+
+def test_name_missing_from_the_sampled_list_rereads_with_all_names(
+    arms: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inline names are listed from the first rows; a later new name triggers a full listing."""
+    from analyzers.readers import _nsys_ranges
+
+    monkeypatch.setattr(_nsys_ranges, "_SAMPLE_ROWS", 1)  # one name sampled: others unknown
+    resampled = read_nsys(THREE_ARMS)
+    assert len(resampled.ranges) == len(arms.ranges)
+    assert [resampled.strings[int(i)] for i in resampled.ranges["name"]] == [
+        arms.strings[int(i)] for i in arms.ranges["name"]
+    ]
+    assert "<unnamed NVTX range>" not in {
+        resampled.strings[int(i)] for i in resampled.ranges["name"]
+    }
