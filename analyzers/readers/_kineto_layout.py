@@ -431,13 +431,14 @@ def _fast_fields(
 
 def _decode_name(raw: bytes) -> str:
     """The string a JSON parser makes of the name's text (checked once per distinct name)."""
-    if b'"' in raw:
-        # An unescaped quote: the line holds more than one name, not Kineto's layout.
-        raise LayoutMismatch("a name holds an unescaped quote")
     if b"\\" in raw:
+        # Escapes: JSON decodes them (and rejects an unescaped quote among them).
         value = orjson.loads(b'"' + raw + b'"')
         assert isinstance(value, str)
         return value
+    if b'"' in raw:
+        # An unescaped quote: the line holds more than one string, not Kineto's layout.
+        raise LayoutMismatch("a name holds an unescaped quote")
     return raw.decode("utf-8")
 
 

@@ -10,8 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import ActivityKind, RangeKind, Trace
-from analyzers.readers import _json_stream, read_kineto, read_trace, read_traces
+from analyzers.readers import (
+    _json_stream,
+    _kineto_layout,
+    kineto,
+    read_kineto,
+    read_trace,
+    read_traces,
+)
+from analyzers.readers.kineto import read_kineto_files
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARMS = [DATA / "te-2.20.2-h200x2" / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
@@ -156,11 +165,10 @@ def test_timestamps_are_exact_nanoseconds() -> None:
 def test_tiny_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk boundaries inside keys, numbers and strings must not change the result."""
     reference = read_kineto(SYNTH[1])
+    monkeypatch.setattr(kineto, "LAYOUT_FAST_PATH", False)
     monkeypatch.setattr(_json_stream, "CHUNK_CHARS", 7)
     chunked = read_kineto(SYNTH[1])
-    assert np.array_equal(reference.activities, chunked.activities)
-    assert np.array_equal(reference.ranges, chunked.ranges)
-    assert chunked.metadata == reference.metadata
+    _assert_same(chunked, reference)
 
 
 def test_content_sniffing_ignores_the_extension(tmp_path: Path) -> None:
@@ -171,3 +179,132 @@ def test_content_sniffing_ignores_the_extension(tmp_path: Path) -> None:
     with gzip.open(SYNTH[1], "rb") as fh:
         plain.write_bytes(fh.read())
     assert read_trace(plain).rank_list() == [1]
+
+
+def _scanner(path: Path, monkeypatch: pytest.MonkeyPatch) -> Trace:
+    with monkeypatch.context() as patch:
+        patch.setattr(kineto, "LAYOUT_FAST_PATH", False)
+        trace = read_kineto(path)
+    assert trace.metadata["json_parser"] == "json-scanner"
+    return trace
+
+
+def _assert_same(fast: Trace, slow: Trace) -> None:
+    """Row for row, id for id: the two parsers must be interchangeable."""
+    for table in ("activities", "launches", "ranges"):
+        assert np.array_equal(getattr(fast, table), getattr(slow, table)), table
+    assert fast.strings.names == slow.strings.names
+    assert fast.thread_names == slow.thread_names
+    assert (fast.span, fast.ranks, fast.notes) == (slow.span, slow.ranks, slow.notes)
+    facts = {k: v for k, v in fast.metadata.items() if k != "json_parser"}
+    assert facts == {k: v for k, v in slow.metadata.items() if k != "json_parser"}
+
+
+def test_layout_fast_path_equals_the_scanner_on_real_traces(
+    arms: list[Trace], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for path, fast in zip(ARMS, arms, strict=True):
+        assert fast.metadata["json_parser"] == "kineto-layout"
+        _assert_same(fast, _scanner(path, monkeypatch))
+
+
+def test_layout_chunk_boundaries_do_not_matter(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = read_kineto(SYNTH[0])
+    monkeypatch.setattr(_kineto_layout, "CHUNK_BYTES", 900)  # a few events per chunk
+    monkeypatch.setattr(_kineto_layout, "READ_BYTES", 97)
+    chunked = read_kineto(SYNTH[0])
+    assert chunked.metadata["json_parser"] == "kineto-layout"
+    _assert_same(chunked, reference)
+
+
+def test_other_json_layouts_fall_back_to_the_scanner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with gzip.open(SYNTH[0], "rt") as fh:
+        document = json.load(fh)
+    compact = tmp_path / "kineto_rank0.json"
+    compact.write_text(json.dumps(document, separators=(",", ":")))
+    trace = read_kineto(compact)
+    assert trace.metadata["json_parser"] == "json-scanner"
+    _assert_same(trace, read_kineto(SYNTH[0]))
+
+
+def _edit_layout(text: bytes, cat: bytes, old: bytes, new: bytes, nth: int = 0) -> bytes:
+    """Replace ``old`` by ``new`` inside the ``nth`` event of category ``cat``."""
+    at = -1
+    for _ in range(nth + 1):
+        at = text.index(b'"cat": "' + cat + b'"', at + 1)
+    end = text.index(b"\n  }", at)
+    event = text[at:end]
+    assert old in event, (old, event)
+    return text[:at] + event.replace(old, new, 1) + text[end:]
+
+
+def test_events_off_the_layout_take_the_json_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Escapes, exponents, string ids: still Kineto's layout, decoded exactly like JSON."""
+    with gzip.open(SYNTH[1], "rb") as fh:
+        text = fh.read()
+    with gzip.open(SYNTH[1], "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    name = json.dumps(frames[0]["name"]).encode()
+    text = _edit_layout(text, b"python_function", name, b'"say \\"hi\\" \\\\ \\u00e9"')
+    dur = f'"dur": {ops[1]["dur"]:.3f}'.encode()
+    text = _edit_layout(text, b"cpu_op", dur, b'"dur": 1.25e1', nth=1)
+    tid = f'"tid": {ops[2]["tid"]},'.encode()
+    text = _edit_layout(text, b"cpu_op", tid, f'"tid": "{ops[2]["tid"]}",'.encode(), nth=2)
+    # a name with an escaped quote that looks like the end of the line's keys
+    tricky = b'"x\\", \\"pid\\": 1, \\"tid\\": 2,"'
+    text = _edit_layout(text, b"python_function", json.dumps(frames[3]["name"]).encode(), tricky, 3)
+    edited = tmp_path / "kineto_rank1.json"
+    edited.write_bytes(text)
+    fast = read_kineto(edited)
+    assert fast.metadata["json_parser"] == "kineto-layout"
+    slow = _scanner(edited, monkeypatch)
+    _assert_same(fast, slow)
+    names = set(fast.strings.names)
+    assert 'say "hi" \\ é' in names
+    assert 'x", "pid": 1, "tid": 2,' in names
+    row = np.flatnonzero(fast.ranges["start"] == round(ops[1]["ts"] * 1000))
+    assert (fast.ranges["end"][row] - fast.ranges["start"][row]).tolist() == [12_500]
+
+
+def test_truncated_layout_text_reports_the_json_position(tmp_path: Path) -> None:
+    with gzip.open(SYNTH[0], "rb") as fh:
+        text = fh.read()
+    cut = tmp_path / "kineto_rank0.json"
+    cut.write_bytes(text[: len(text) // 2])
+    with pytest.raises(CorruptTraceError, match="malformed JSON at character"):
+        read_kineto(cut)
+
+
+def test_decompression_cap_applies_to_kineto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CPTRACE_MAX_DECOMPRESSED_BYTES", "100000")
+    with pytest.raises(HostileTraceError, match="the cap"):
+        read_kineto(SYNTH[0])
+
+
+def test_concatenated_gzip_members_read_whole(tmp_path: Path) -> None:
+    with gzip.open(SYNTH[0], "rb") as fh:
+        text = fh.read()
+    split = tmp_path / "kineto_rank0.json.gz"
+    split.write_bytes(gzip.compress(text[:5000]) + gzip.compress(text[5000:]))
+    _assert_same(read_kineto(split), read_kineto(SYNTH[0]))
+
+
+def test_parallel_reads_equal_one_by_one(
+    arms: list[Trace], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kineto.WORKERS_ENV, "2")
+    if kineto._workers(2) < 2:
+        pytest.skip("this process cannot fork readers (threads running or no fork)")
+    for parallel, alone in zip(read_kineto_files(ARMS), arms, strict=True):
+        _assert_same(parallel, alone)
+    bad = tmp_path / "kineto_rank1.json"
+    with gzip.open(SYNTH[1], "rb") as fh:
+        bad.write_bytes(fh.read()[:4000])
+    with pytest.raises(CorruptTraceError, match=str(bad)):
+        read_kineto_files([SYNTH[0], bad])
