@@ -22,6 +22,9 @@
 #   te_adapter_vs_stock      TE stock vs cp_attention's TE adapter; torch profiler
 #   bundled_fixed_vs_broken  bundled CP attention, fixed vs its broken switches; nsys + torch
 #   allgather_dcs_vs_nlb     all-gather CP, DualChunkSwap vs NoLoadBalance (bundled and TE)
+# The 4-rank specs of issue 7 need 4 GPUs (nvidia-h200-x4):
+#   SPECS="cp4_te_reference cp4_bundled_matrix" runners/gpu_capture.sh
+# Each spec runs on as many processes as its `ranks:`; a spec needing more GPUs is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT_DIR:-${OUT:-captures}}}
@@ -54,7 +57,11 @@ for name in $SPECS; do
   fi
   echo "=== $name"
   started=$(date +%s)
-  if cptrace run "$spec" --nproc 2 --out "$WORK/$name" --nsys-cmd "$NSYS_CMD" --timeout 580; then
+  nproc=$(awk '/^ranks:/ {print $2; exit}' "$spec"); nproc=${nproc:-2}
+  if [ "$gpus" -lt "$nproc" ]; then
+    skipped+=("$name (needs $nproc GPUs, torch sees $gpus)"); continue
+  fi
+  if cptrace run "$spec" --nproc "$nproc" --out "$WORK/$name" --nsys-cmd "$NSYS_CMD" --timeout 580; then
     cptrace bundle pack "$WORK/$name" --out "$OUT/$name.tar.gz" && done_list+=("$name")
     echo "    $(( $(date +%s) - started )) s, $(du -h "$OUT/$name.tar.gz" | cut -f1)"
   else

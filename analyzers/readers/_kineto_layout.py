@@ -165,11 +165,9 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RangeS
     done = False
     while True:
         while not done and len(buf) < CHUNK_BYTES:
-            block = next(blocks, None)
-            if block is None:
-                done = True
-            else:
-                buf += block
+            block = next(blocks, b"")  # the blocks are never empty
+            done = not block
+            buf += block
         if done:
             end = buf.rfind(EVENTS_CLOSE)
             if end < 0:
@@ -178,14 +176,12 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RangeS
             _tail(buf[end + len(EVENTS_CLOSE) :], header)
             return
         cut = buf.rfind(SEPARATOR)
-        if cut < 0:
+        if cut < 0:  # one event longer than a chunk: read on
             if len(buf) > MAX_EVENT_BYTES:
                 raise LayoutMismatch("no event separator in Kineto's layout")
-            block = next(blocks, None)
-            if block is None:
-                done = True
-            else:
-                buf += block
+            block = next(blocks, b"")
+            done = not block
+            buf += block
             continue
         _chunk(buf[: cut + 6], sink)  # through "  },\n"
         buf = buf[cut + 6 :]

@@ -246,7 +246,12 @@ def render_report(report: Any) -> None:
         # The whole-trace window is one window per rank: its numbers are totals (all arms,
         # warm-up and the time between steps), not a step.
         per = "totals over the trace" if group == "whole trace" else "per step"
-        table = Table(title=f"{group}: helpers {per}", title_justify="left")
+        table = Table(
+            title=f"{group}: helpers per step"
+            if group != "whole trace"
+            else f"{group}: helpers, {per}",
+            title_justify="left",
+        )
         for col in ("rank", "helper", "category", "launches", "GPU ms", "host ms", "matched by"):
             table.add_column(
                 col, justify="right" if col in ("rank", "launches", "GPU ms", "host ms") else "left"
