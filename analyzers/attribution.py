@@ -154,20 +154,22 @@ def _join_by_group(
     l_group: IntArray,
     l_corr: IntArray,
     result: IntArray,
-) -> None:
+) -> IntArray:
     """Join activities (where ``a_mask``) to launches on ``(group, correlation)``.
 
     One pass per distinct launch group (processes and ranks are few): only the rows of that
-    group are copied out, so the temporaries are a fraction of the tables.
+    group are copied out, so the temporaries are a fraction of the tables. Returns the
+    distinct launch groups.
     """
     groups = _distinct(l_group, _GROUP_LOOP_LIMIT + 1)
     if len(groups) > _GROUP_LOOP_LIMIT:  # many processes (synthetic input): composite keys
         _join_composite(a_group, a_corr, a_mask, l_group, l_corr, result)
-        return
+        return groups
     for group in groups:
         l_rows = np.flatnonzero(l_group == group)
         a_rows = np.flatnonzero((a_group == group) & a_mask)
         _join_in_group(a_rows, a_corr[a_rows], l_rows, l_corr[l_rows], result)
+    return groups
 
 
 def _join_composite(
@@ -206,9 +208,9 @@ def link_launches(trace: Trace) -> IntArray:
     a_corr, l_corr = acts["correlation"], launches["correlation"]
     a_process, l_process = acts["process"], launches["process"]
     has_corr = a_corr >= 0
-    _join_by_group(a_process, a_corr, has_corr, l_process, l_corr, result)
+    launch_processes = _join_by_group(a_process, a_corr, has_corr, l_process, l_corr, result)
     # Fallback for activities whose process key never launches anything (Kineto device pids).
-    launching = np.isin(a_process, _distinct(l_process))
+    launching = np.isin(a_process, launch_processes)
     retry = has_corr & (result < 0) & ~launching & (acts["rank"] >= 0)
     del launching, has_corr
     if retry.any():

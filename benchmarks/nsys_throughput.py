@@ -20,6 +20,7 @@ Usage::
 
     python benchmarks/nsys_throughput.py                       # 3-arm export + 2M-kernel export
     python benchmarks/nsys_throughput.py --export big.sqlite   # one given export
+    python benchmarks/nsys_throughput.py --floor big.sqlite    # SQLite's own cost, no reader
     CPTRACE_NSYS_BACKEND=sqlite3 python benchmarks/nsys_throughput.py   # without the fast extra
 """
 
@@ -98,6 +99,69 @@ def measure(path: Path) -> dict[str, object]:
     }
 
 
+def floor(path: Path, repeat: int = 3) -> list[tuple[str, float, int]]:
+    """CPU seconds SQLite itself needs for the rows the reader takes: the floor under any reader.
+
+    ``inside`` scans aggregate with ``total()``, so no value leaves SQLite; ``fetch`` scans move
+    the same columns out through the Arrow (ADBC) driver into arrays and nothing more. Best of
+    ``repeat`` runs each, CPU time of this process.
+    """
+    import sqlite3
+
+    from analyzers.readers._arrow_sqlite import open_arrow
+    from analyzers.readers._cuda_api import is_launch_api
+
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    rows = conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%'").fetchall()
+    ids = ",".join(str(i) for i, v in rows if is_launch_api(str(v)))
+    kernel, runtime, nvtx = (
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "NVTX_EVENTS",
+    )
+    launch_rows = f"FROM {runtime} WHERE nameId IN ({ids})"
+    inside = {
+        "inside: kernel, 7 columns": "SELECT total(start), total(end), total(correlationId), "
+        "total(globalPid), total(deviceId + streamId), total(demangledName), "
+        f"total(graphNodeId) FROM {kernel}",
+        "inside: runtime, filter only": f"SELECT count(*) {launch_rows}",
+        "inside: runtime, 4 columns of launches": "SELECT total(start), total(end), "
+        f"total(globalTid), total(correlationId) {launch_rows}",
+        "inside: nvtx, 3 columns of ranges": "SELECT total(start), total(end), total(globalTid) "
+        f"FROM {nvtx} WHERE eventType IN (59, 60)",
+    }
+    fetch = {
+        "fetch: kernel, packed (5 values/row)": "SELECT start, end, (correlationId << 32) | "
+        "demangledName, globalPid | (deviceId << 16) | streamId, ifnull(graphNodeId, -1) "
+        f"FROM {kernel}",
+        "fetch: runtime, 4 columns of launches": "SELECT start, end, globalTid, correlationId "
+        f"{launch_rows}",
+        "fetch: nvtx, 3 columns of ranges": "SELECT start, ifnull(end, -1), globalTid "
+        f"FROM {nvtx} WHERE eventType IN (59, 60)",
+    }
+    results: list[tuple[str, float, int]] = []
+    for label, sql in inside.items():
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.process_time()
+            conn.execute(sql).fetchone()
+            best = min(best, time.process_time() - started)
+        results.append((label, best, 0))
+    arrow = open_arrow(path)
+    if arrow is None:
+        return results
+    for label, sql in fetch.items():
+        best, count = float("inf"), 0
+        for _ in range(repeat):
+            started = time.process_time()
+            count = sum(len(batch[0][0]) for batch in arrow.batches(sql, 1 << 16))
+            best = min(best, time.process_time() - started)
+        results.append((label, best, count))
+    arrow.close()
+    conn.close()
+    return results
+
+
 def run_child(path: Path) -> dict[str, object]:
     """Measure ``path`` in a fresh interpreter pinned to one core where the OS allows it."""
     command = [sys.executable, __file__, "--child", str(path)]
@@ -129,7 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=int, default=2_000_000, help="size of the built export")
     parser.add_argument("--repeat", type=int, default=1, help="fresh runs per export")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--floor", type=Path, help="time SQLite's own scans of this export")
     args = parser.parse_args(argv)
+    if args.floor:
+        for label, seconds, rows in floor(args.floor):
+            sys.stdout.write(
+                f"{label:40s} {seconds:6.3f} s cpu{f'  {rows} rows' if rows else ''}\n"
+            )
+        return 0
     if args.child:
         sys.stdout.write(json.dumps(measure(args.child)) + "\n")
         return 0

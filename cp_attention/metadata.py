@@ -5,8 +5,9 @@ from the *values* of ``cu_seqlens`` and ``cu_seqlens_padded``, every entry inclu
 (a tail-padded sequence whose length is not divisible by ``2*cp`` differs only in the last
 entries: TE issue #3331), never from object identity. Everything the CP step needs (partition
 indices, per-step ``cu_seqlens`` for Q and KV, max lengths as Python ints) is computed here with
-numpy, moved to the device once with :meth:`PackedBatch.to`, and never read back: the hot loop
-launches no metadata kernels and performs no device-to-host sync, so it is CUDA-graph safe.
+numpy, moved to the device once with :meth:`PackedBatch.to` (one copy per dtype), and never
+read back: the hot loop launches no metadata kernels and performs no device-to-host sync, so it
+is CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cp_attention.partition import (
 )
 from cp_attention.plan import COMMS, AttnCall, Geometry, all_gather_call, p2p_calls
 from cp_attention.ranges import phase
+from cp_attention.transfer import to_device_packed
 
 Offsets = Sequence[int] | torch.Tensor
 
@@ -117,21 +119,43 @@ class PackedBatch:
         return meta if device is None else meta.to(device)
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        """A copy whose tensors live on ``device`` (one batch of async host-to-device copies)."""
+        """A copy whose tensors live on ``device``: one host-to-device copy per dtype.
+
+        Every tensor leaf (partition indices, each planned call's row indices and offsets, the
+        offsets for the TE path) is packed into one buffer per dtype (int32 and int64: two
+        copies) instead of ~40 tiny copies; the new batch holds views of the device buffers.
+        The copies are asynchronous and nothing is read back (no device-to-host sync).
+        """
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+        with phase("metadata"):
+            leaves = iter(to_device_packed(self._tensors(), dev))
+            # Rebuilt in exactly the order _tensors() listed the leaves.
+            partition = tuple(p if isinstance(p, tuple) else next(leaves) for p in self.partition)
+            calls = {
+                key: tuple(c if c is None else c.with_tensors(leaves) for c in calls)
+                for key, calls in self.calls.items()
+            }
+            cu, cu_padded = next(leaves), next(leaves)
         return replace(
             self,
-            partition=tuple(p if isinstance(p, tuple) else p.to(dev) for p in self.partition),
-            calls={
-                key: tuple(c if c is None else c.to(dev) for c in calls)
-                for key, calls in self.calls.items()
-            },
-            cu_seqlens_tensor=self.cu_seqlens_tensor.to(dev),
-            cu_seqlens_padded_tensor=self.cu_seqlens_padded_tensor.to(dev),
+            partition=partition,
+            calls=calls,
+            cu_seqlens_tensor=cu,
+            cu_seqlens_padded_tensor=cu_padded,
             device=dev,
         )
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every tensor leaf, in a fixed order: partition, calls (dict order), offsets."""
+        leaves = [p for p in self.partition if isinstance(p, torch.Tensor)]
+        for calls in self.calls.values():
+            for call in calls:
+                if call is not None:
+                    leaves.extend(call.tensors())
+        leaves += [self.cu_seqlens_tensor, self.cu_seqlens_padded_tensor]
+        return leaves
 
     def calls_for(self, comm: str, causal: bool, rank: int) -> tuple[AttnCall | None, ...]:
         """The planned kernel calls of ``rank``.

@@ -22,12 +22,14 @@ matches both the same-block diagonal step and the all-gather prefix attention.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from cp_attention.partition import ranges_to_index
+from cp_attention.transfer import to_device_packed
 
 COMMS = ("p2p", "all_gather")
 
@@ -57,9 +59,17 @@ class Rows:
 
     def to(self, device: torch.device) -> Rows:
         """Move the index (if any) to ``device``."""
+        return self.with_tensors(iter(to_device_packed(self.tensors(), device)))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensor leaves, in the order :meth:`with_tensors` consumes them."""
+        return [] if self.index is None else [self.index]
+
+    def with_tensors(self, leaves: Iterator[torch.Tensor]) -> Rows:
+        """The same selection with its leaves taken, in order, from ``leaves``."""
         if self.index is None:
             return self
-        return Rows(self.start, self.stop, self.index.to(device, non_blocking=True))
+        return Rows(self.start, self.stop, next(leaves))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +93,24 @@ class AttnCall:
     cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: torch.device) -> AttnCall:
-        """Move every tensor to ``device`` (host values stay as they are)."""
+        """Move every tensor to ``device``, one copy per dtype (host values stay as they are)."""
+        return self.with_tensors(iter(to_device_packed(self.tensors(), device)))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensor leaves, in the order :meth:`with_tensors` consumes them."""
+        return [*self.q_rows.tensors(), *self.k_rows.tensors(), self.cu_q, self.cu_k]
+
+    def with_tensors(self, leaves: Iterator[torch.Tensor]) -> AttnCall:
+        """The same call with its leaves taken, in order, from ``leaves``.
+
+        The ``cache`` starts empty: what a backend derived from the old tensors lives on their
+        device, so it is recomputed from the new ones.
+        """
         return AttnCall(
-            self.q_rows.to(device),
-            self.k_rows.to(device),
-            self.cu_q.to(device, non_blocking=True),
-            self.cu_k.to(device, non_blocking=True),
+            self.q_rows.with_tensors(leaves),
+            self.k_rows.with_tensors(leaves),
+            next(leaves),
+            next(leaves),
             self.max_q,
             self.max_k,
             self.causal,

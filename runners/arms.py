@@ -86,6 +86,23 @@ def _metadata_tensors(
     return cu, torch.tensor(layout.cu_seqlens_padded, dtype=torch.int32, device=device)
 
 
+def te_cu_seqlens_kwargs(
+    workload: Workload, layout: PackedLayout, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Stock TE's four ``cu_seqlens`` arguments for one batch, freshly built on ``device``.
+
+    Built from the host values on every call (as a training loop does per batch), passed the
+    way the variant says (see :func:`_metadata_tensors`).
+    """
+    cu, cu_padded = _metadata_tensors(workload, layout, device)
+    return {
+        "cu_seqlens_q": cu,
+        "cu_seqlens_kv": cu,
+        "cu_seqlens_q_padded": cu_padded,
+        "cu_seqlens_kv_padded": cu_padded,
+    }
+
+
 def _leaf(x: torch.Tensor, *, grad: bool) -> torch.Tensor:
     return x.detach().contiguous().requires_grad_(grad)
 
@@ -194,7 +211,8 @@ def build_te(
 
         attention_cls = DotProductAttention
 
-    cu, cu_padded = _metadata_tensors(workload, layout, ctx.device)
+    # Setup only (partitioning the inputs); each step builds its own offsets, see refresh().
+    _, cu_padded = _metadata_tensors(workload, layout, ctx.device)
     index = _te_partition_index(workload, cu_padded, layout.total_tokens, ctx)
     q, k, v, dout = (
         _leaf(t.index_select(0, index), grad=g)
@@ -220,14 +238,8 @@ def build_te(
         attn.set_context_parallel_group(ctx.group, ranks, cp_stream, workload.cp_comm, **lb)
         modules.append(attn)
     max_seqlen = max(b - a for a, b in itertools.pairwise(layout.cu_seqlens_padded))
-    kwargs: dict[str, Any] = dict(
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        cu_seqlens_q_padded=cu_padded,
-        cu_seqlens_kv_padded=cu_padded,
-        max_seqlen_q=max_seqlen,
-        max_seqlen_kv=max_seqlen,
-    )
+    # The cu_seqlens tensors are added per step by refresh() (stock TE) or by the adapter.
+    kwargs: dict[str, Any] = dict(max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
     if workload.pad_between_seqs is not None:
         kwargs["pad_between_seqs"] = workload.pad_between_seqs
     holder: dict[str, Any] = {}
@@ -250,7 +262,10 @@ def build_te(
     else:
 
         def refresh() -> None:
-            pass
+            # Like-for-like with the bundled and adapter arms, which build their metadata every
+            # step: a training loop moves each batch's cu_seqlens to the GPU, so the stock arm
+            # pays that host-to-device work per step too instead of reusing tensors built once.
+            kwargs.update(te_cu_seqlens_kwargs(workload, layout, ctx.device))
 
     def layer_fn(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda x: module(x, k, v, **kwargs, **holder)

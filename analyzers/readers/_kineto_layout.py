@@ -1,25 +1,28 @@
 """Fast path of the Kineto reader: Kineto's fixed JSON layout, parsed with numpy, not per event.
 
 Why: a PyTorch-profiler trace with ``with_stack`` is mostly Python-frame and op ranges (three
-quarters of the events of the reference traces), and any JSON parser spends about 2 µs per
+quarters of the events of the reference traces), and a JSON parser spends one to two µs per
 event building dicts that the reader throws away after copying six fields. Kineto writes every
 event with the same line layout (``libkineto/src/output_json.cpp``)::
 
       {
-        "ph": "X", "cat": "python_function", "name": "threading.py(1030): _bootstrap", "pid": 1,
+        "ph": "X", "cat": "python_function", "name": "x.py(3): f", "pid": 1133, "tid": 0,
         "ts": 5146681463270.626, "dur": 449648.301,
         "args": {
           "Python parent id": null, "Python id": 1, "Ev Idx": 11424
         }
       },
 
-so the range fields can be cut out of the decompressed bytes with a few vectorized searches
-(line starts, quotes, commas) and parsed as numbers in numpy. Everything else is handed to the
-caller as parsed JSON objects, in file order, batched per chunk through ``orjson``: GPU
-activities and launches (their args vary), metadata events, and any range event whose text
-does not match the layout exactly (an escaped quote in the name, a string pid, an exponent).
-Flow and instant events (``ph`` other than ``X``/``M``) are dropped by a byte test: the reader
-ignores them anyway.
+so ranges (``python_function``, ``cpu_op``, ``user_annotation``) and launches
+(``cuda_runtime``, ``cuda_driver``: their args line ends with the correlation id) are cut out
+of the decompressed bytes with vectorized searches: event boundaries from the ``{``/``}`` lines
+at indent 2, the header line read backwards from its end (names may contain anything, the
+numbers and keys after them may not), numbers parsed right-aligned in numpy. Everything else
+is handed to the caller as parsed JSON objects, in file order, batched per chunk through
+``orjson``: GPU activities (their args vary), metadata events, and any event whose text does
+not match the layout exactly (a string pid, an exponent, a reordered args line). Flow and
+instant events (``ph`` other than ``X``/``M``) are dropped by a byte test: the reader ignores
+them anyway.
 
 Memory stays at one chunk (``CHUNK_BYTES`` of text plus its index arrays) plus the output rows.
 
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 
@@ -43,7 +46,7 @@ import numpy.typing as npt
 import orjson
 
 from analyzers.errors import CorruptTraceError, HostileTraceError
-from analyzers.model import RANGE_DTYPE, RangeKind, SymbolTable
+from analyzers.model import LAUNCH_DTYPE, RANGE_DTYPE, RangeKind, SymbolTable
 from analyzers.readers._files import GZIP_MAGIC, max_decompressed_bytes
 
 CHUNK_BYTES = 1 << 20
@@ -73,6 +76,10 @@ FAST_CATS = {
     b"user_annotation": int(RangeKind.RECORD_FUNCTION),
 }
 """Range categories cut out by the vectorized path (exact spelling; others go the JSON way)."""
+LAUNCH = -2
+LAUNCH_CATS = (b"cuda_runtime", b"cuda_driver")
+"""Launch categories cut out by the vectorized path (their args line ends with the id)."""
+CORRELATION_KEY = b'"correlation": '
 _MAX_DIGITS = 18  # int64-safe decimal digits
 _EXACT = 2**53
 
@@ -136,18 +143,24 @@ def _inflate(
 
 
 @dataclass(slots=True)
-class RangeSink:
+class RowSink:
     """Where the vectorized rows go; ``take`` receives every other event (a parsed dict)."""
 
     strings: SymbolTable
     take: Callable[[object], None]
-    slow_ranges: Callable[[], list[tuple[object, ...]]]
-    """The list ``take`` appends range rows to (drained after each chunk, kept in file order)."""
-    emit_ranges: Callable[[npt.NDArray[np.void]], None]
-    name_ids: dict[bytes, int]
+    pending: dict[str, list[tuple[object, ...]]]
+    """The row lists ``take`` appends to; "ranges" and "launches" are drained after each chunk
+    (merged with the vectorized rows in file order)."""
+    emit: Callable[[str, npt.NDArray[np.void]], None]
+    """Receives ("ranges" | "launches", rows in file order) once per chunk."""
+    is_launch: Callable[[str], bool]
+    """Whether a runtime/driver API name launches GPU work (others make no launch row)."""
+    name_ids: dict[bytes, int] = field(default_factory=dict)
+    launch_ids: dict[bytes, int] = field(default_factory=dict)
+    """API name text -> string id, or -1 for an API that launches nothing."""
 
 
-def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RangeSink) -> None:
+def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSink) -> None:
     """Parse a Kineto-layout trace from its text blocks; fill ``header`` and the sink.
 
     :raises LayoutMismatch: the text is not in Kineto's layout (the caller starts over).
@@ -259,12 +272,6 @@ class _Bytes:
         return out
 
 
-def _next(positions: npt.NDArray[np.int64], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """First position ``>= at`` (``positions`` ends with a sentinel past the chunk)."""
-    found: npt.NDArray[np.int64] = positions[np.searchsorted(positions, at)]
-    return found
-
-
 def _numbers(
     data: _Bytes, end: npt.NDArray[np.int64]
 ) -> tuple[
@@ -312,7 +319,7 @@ def _ns(signed: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]) -> npt.N
     return out
 
 
-def _chunk(text: bytes, sink: RangeSink) -> None:
+def _chunk(text: bytes, sink: RowSink) -> None:
     """One run of whole events ``  {\\n ... \\n  },?\\n``: ranges vectorized, the rest as JSON."""
     data = _Bytes(text)
     newlines = np.flatnonzero(data.arr == 10)
@@ -334,12 +341,14 @@ def _chunk(text: bytes, sink: RangeSink) -> None:
         or ((closes - opens) < 6).any()  # at least one line between
     ):
         raise LayoutMismatch("events are not one '{' ... '}' block each at indent 2")
-    line = _Lines(newlines)
     first = opens + 4  # the line after "  {\n"
     fast_kind = np.full(len(opens), -1, dtype=np.int64)
+    cat_len = np.zeros(len(opens), dtype=np.int64)
     is_x = data.has(first, X_PREFIX)
-    for cat, kind in FAST_CATS.items():
-        fast_kind[is_x & data.has(first + len(X_PREFIX), cat + NAME_KEY)] = kind
+    for cat, kind in [*FAST_CATS.items(), *((c, LAUNCH) for c in LAUNCH_CATS)]:
+        hit = is_x & data.has(first + len(X_PREFIX), cat + NAME_KEY)
+        fast_kind[hit] = kind
+        cat_len[hit] = len(cat)
     # Flows ("s"/"f"), instants ("i") and the like: not rows, and not metadata.
     phase = data.arr[first + len(PH_PREFIX)]
     skip = (
@@ -348,42 +357,46 @@ def _chunk(text: bytes, sink: RangeSink) -> None:
         & (phase != ord("X"))
         & (phase != ord("M"))
     )
-    candidates = np.flatnonzero(fast_kind >= 0)
-    names, ok, fields = _fast_fields(data, line, opens[candidates], closes[candidates])
+    candidates = np.flatnonzero(fast_kind != -1)
+    line = _Lines(newlines, opens[candidates], closes[candidates])
+    names, ok, fields = _fast_fields(data, line, cat_len[candidates], fast_kind[candidates])
     fast = candidates[ok]
     slow = ~skip
     slow[fast] = False
     _emit(text, opens, closes, fast, fast_kind[fast], fields, names, slow, sink)
 
 
-@dataclass(slots=True)
 class _Lines:
-    """Line lookup for event starts: the k-th line after an event's opening line."""
+    """The lines of some events: ``span(k)`` is line ``k`` of each (0: the "  {" line)."""
 
-    newlines: npt.NDArray[np.int64]
+    __slots__ = ("count", "first", "newlines")
 
-    def span(self, opens: npt.NDArray[np.int64], k: int) -> tuple[npt.NDArray[np.int64], ...]:
-        """(start, end) of line ``k`` after each opening line (end: its newline)."""
-        first_newline = np.searchsorted(self.newlines, opens)
-        idx = np.minimum(first_newline + k, len(self.newlines) - 1)
+    def __init__(
+        self,
+        newlines: npt.NDArray[np.int64],
+        opens: npt.NDArray[np.int64],
+        closes: npt.NDArray[np.int64],
+    ) -> None:
+        self.newlines = newlines
+        self.first = np.searchsorted(newlines, opens)  # the newline ending each "  {" line
+        self.count = np.searchsorted(newlines, closes) - self.first + 1
+
+    def span(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(start, end) of line ``k`` of each event (end: its newline; clipped to the chunk)."""
+        idx = np.minimum(self.first + k, len(self.newlines) - 1)
         return self.newlines[idx - 1] + 1, self.newlines[idx]
 
 
 def _fast_fields(
-    data: _Bytes,
-    line: _Lines,
-    opens: npt.NDArray[np.int64],
-    closes: npt.NDArray[np.int64],
+    data: _Bytes, line: _Lines, cat_len: npt.NDArray[np.int64], kind: npt.NDArray[np.int64]
 ) -> tuple[list[bytes], npt.NDArray[np.bool_], tuple[npt.NDArray[np.int64], ...]]:
-    """Cut name, pid, tid, ts, dur out of range events; ``ok`` marks those that fit exactly.
+    """Cut name, pid, tid, ts, dur (and a launch's correlation id) out of events.
 
-    Returns the names and fields (pid, tid, start ns, end ns) of the events that fit, in order.
+    ``ok`` marks the events that fit the layout exactly. Returns the names and fields (pid,
+    tid, start ns, end ns, correlation) of those, in order.
     """
     arr = data.arr
-    header, header_end = line.span(opens, 1)
-    cat_len = np.zeros(len(opens), dtype=np.int64)
-    for cat in FAST_CATS:
-        cat_len[data.has(header + len(X_PREFIX), cat + NAME_KEY)] = len(cat)
+    header, header_end = line.span(1)
     name_start = header + len(X_PREFIX) + cat_len + len(NAME_KEY)
     # Read the header line backwards from its end: `..."name": "N", "pid": P, "tid": T,`
     # (names may contain anything; the numbers and keys after them may not).
@@ -396,11 +409,11 @@ def _fast_fields(
     ok &= pid_ok & data.has(name_end, PID_KEY) & (name_end >= name_start)
     # pid/tid must be integers: the JSON path would truncate "1.5" with int().
     ok &= (pid_frac == 0) & (tid_frac == 0)
-    timing, timing_end = line.span(opens, 2)
+    timing, timing_end = line.span(2)
     ok &= data.has(timing, TS_PREFIX)
-    lines = np.searchsorted(line.newlines, closes) - np.searchsorted(line.newlines, opens) + 1
-    args_open, args_open_end = line.span(opens, 3)
-    args_close, args_close_end = line.span(opens, 5)
+    lines = line.count
+    args_open, args_open_end = line.span(3)
+    args_close, args_close_end = line.span(5)
     dur_end = np.where(lines == 7, timing_end - 1, timing_end)
     with_args = (
         (lines == 7)
@@ -416,13 +429,20 @@ def _fast_fields(
     ok &= dur_ok & data.has(ts_end, DUR_KEY)
     ts, ts_frac, ts_start, ts_ok = _numbers(data, ts_end)
     ok &= ts_ok & (ts_start == timing + len(TS_PREFIX))
+    # A launch's args line ends with its correlation id (Kineto writes it last).
+    launch = kind == LAUNCH
+    correlation, corr_frac, corr_start, corr_ok = _numbers(data, line.span(4)[1])
+    corr_ok &= (
+        with_args & (corr_frac == 0) & data.has(corr_start - len(CORRELATION_KEY), CORRELATION_KEY)
+    )
+    ok &= ~launch | corr_ok
     keep = np.flatnonzero(ok)
     start = _ns(ts[keep], ts_frac[keep])
     end = start + _ns(dur[keep], dur_frac[keep])
     cuts = zip(name_start[keep].tolist(), name_end[keep].tolist(), strict=True)
     text = data.text
     names = [text[a:b] for a, b in cuts]
-    return names, ok, (pid[keep], tid[keep], start, end)
+    return names, ok, (pid[keep], tid[keep], start, end, correlation[keep])
 
 
 def _decode_name(raw: bytes) -> str:
@@ -447,7 +467,7 @@ def _emit(
     fields: tuple[npt.NDArray[np.int64], ...],
     names: list[bytes],
     slow: npt.NDArray[np.bool_],
-    sink: RangeSink,
+    sink: RowSink,
 ) -> None:
     """Hand events to the sink in file order (names are interned in order of appearance)."""
     slow_events = np.flatnonzero(slow)
@@ -460,49 +480,78 @@ def _emit(
             parsed = orjson.loads(b"[" + joined + b"]")
         except orjson.JSONDecodeError as exc:
             raise LayoutMismatch(f"an event is not valid JSON ({exc})") from exc
-    ids = sink.name_ids
-    strings = sink.strings
-    name_of = np.fromiter(map(ids.get, names, repeat(-1)), np.int64, len(names))  # known: >= 0
-    slow_rows = sink.slow_ranges()
-    insert_at: list[int] = []  # for each JSON-path range row: fast rows before it
+    is_launch = kinds == LAUNCH
+    name_of = np.empty(len(names), dtype=np.int64)
+    for table, rows in ((sink.name_ids, ~is_launch), (sink.launch_ids, is_launch)):
+        where = np.flatnonzero(rows)
+        known = map(table.get, [names[i] for i in where.tolist()], repeat(-3))
+        name_of[where] = np.fromiter(known, np.int64, len(where))  # -3: not seen yet
     # New names get ids in order of first appearance, interleaved with the JSON-path events
     # (which intern their names too), so ids match what a one-by-one read assigns.
-    new = np.flatnonzero(name_of < 0)
+    new = np.flatnonzero(name_of == -3)
     events = np.concatenate((fast[new], slow_events))
     from_fast = np.concatenate((np.ones(len(new), bool), np.zeros(len(slow_events), bool)))
     sequence = np.argsort(events, kind="stable")
-    fast_rows_before = np.searchsorted(fast, events[sequence]).tolist()
+    ordered = events[sequence]
+    # for each JSON-path event: the vectorized ranges / launch candidates before it
+    ranges_before = np.searchsorted(fast[~is_launch], ordered).tolist()
+    launches_before = np.searchsorted(fast[is_launch], ordered).tolist()
+    slow_ranges, slow_launches = sink.pending["ranges"], sink.pending["launches"]
+    range_at: list[int] = []
+    launch_at: list[int] = []
     new_iter, slow_iter = iter(new.tolist()), iter(parsed)
     try:
-        for is_fast, before_rows in zip(
-            from_fast[sequence].tolist(), fast_rows_before, strict=True
-        ):
-            if is_fast:
+        for step, from_vector in enumerate(from_fast[sequence].tolist()):
+            if from_vector:
                 row = next(new_iter)
-                name = names[row]
-                found = ids.get(name)
-                if found is None:
-                    found = ids[name] = strings.intern(_decode_name(name))
-                name_of[row] = found
-            else:
-                before = len(slow_rows)
-                sink.take(next(slow_iter))
-                insert_at.extend([before_rows] * (len(slow_rows) - before))
+                name_of[row] = _name_id(names[row], bool(is_launch[row]), sink)
+                continue
+            had_ranges, had_launches = len(slow_ranges), len(slow_launches)
+            sink.take(next(slow_iter))
+            range_at.extend([ranges_before[step]] * (len(slow_ranges) - had_ranges))
+            launch_at.extend([launches_before[step]] * (len(slow_launches) - had_launches))
     except (UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise LayoutMismatch(f"a name is not a valid JSON string ({exc})") from exc
-    pid, tid, start, end = fields
-    out = np.empty(len(names), dtype=RANGE_DTYPE)
-    out["kind"] = kinds
-    out["rank"] = -1
-    out["process"] = pid
-    out["thread"] = tid
-    out["start"] = start
-    out["end"] = end
-    out["name"] = name_of
-    out["parent"] = -1
-    out["depth"] = 0
-    if slow_rows:
-        out = np.insert(out, insert_at, np.array(slow_rows, dtype=RANGE_DTYPE))
-        slow_rows.clear()
-    if len(out):
-        sink.emit_ranges(out)
+    pid, tid, start, end, correlation = fields
+    picked = ~is_launch
+    ranges = np.empty(int(picked.sum()), dtype=RANGE_DTYPE)
+    ranges["kind"] = kinds[picked]
+    ranges["rank"] = -1
+    ranges["process"] = pid[picked]
+    ranges["thread"] = tid[picked]
+    ranges["start"] = start[picked]
+    ranges["end"] = end[picked]
+    ranges["name"] = name_of[picked]
+    ranges["parent"] = -1
+    ranges["depth"] = 0
+    launches = np.empty(int(is_launch.sum()), dtype=LAUNCH_DTYPE)
+    launches["rank"] = -1
+    launches["process"] = pid[is_launch]
+    launches["thread"] = tid[is_launch]
+    launches["start"] = start[is_launch]
+    launches["end"] = end[is_launch]
+    launches["correlation"] = correlation[is_launch]
+    launches["api"] = name_of[is_launch]
+    keep = name_of[is_launch] >= 0  # APIs that launch nothing make no row
+    if slow_ranges:
+        ranges = np.insert(ranges, range_at, np.array(slow_ranges, dtype=RANGE_DTYPE))
+        slow_ranges.clear()
+    if slow_launches:
+        launches = np.insert(launches, launch_at, np.array(slow_launches, dtype=LAUNCH_DTYPE))
+        keep = np.insert(keep, launch_at, True)
+        slow_launches.clear()
+    if len(ranges):
+        sink.emit("ranges", ranges)
+    if keep.any():
+        sink.emit("launches", launches[keep])
+
+
+def _name_id(raw: bytes, launch: bool, sink: RowSink) -> int:
+    """String id of a name seen for the first time (-1: an API that launches nothing)."""
+    table = sink.launch_ids if launch else sink.name_ids
+    found = table.get(raw)
+    if found is None:
+        name = _decode_name(raw)
+        found = -1 if launch and not sink.is_launch(name) else sink.strings.intern(name)
+        table[raw] = found
+    return found

@@ -3,9 +3,9 @@
 Most of a large export's read time is spent turning SQLite values into Python ints and those
 into numpy, roughly per value. So the fast query packs small columns with SQL arithmetic
 (``correlationId << 32 | name id``; ``globalPid | deviceId << 16 | streamId``, since a
-globalPid's low 24 bits are zero): 4 values per
-row instead of 8 (5 with ``graphNodeId``, which is read in the same pass rather than probed
-for). Guards turn any value that does not fit into NULL, and the plain query runs instead.
+globalPid's low 24 bits are zero): 5 values per row instead of 8, ``graphNodeId`` included
+(reading it in the same pass is cheaper than probing the table for a non-NULL one first).
+Guards turn any value that does not fit into NULL, and the plain query runs instead.
 """
 
 from __future__ import annotations

@@ -94,11 +94,15 @@ def _fill(cols: Columns, rows: npt.NDArray[np.void]) -> None:
 def _api_symbols(
     src: NsysSource, api_ids: dict[int, str], column: npt.NDArray[np.int32]
 ) -> npt.NDArray[np.int32]:
+    """StringIds ids -> symbols through a table indexed by id (ids are few and small: only
+    the launch APIs' ids pass the SQL filter); only the APIs that occur are interned."""
     if not len(column):
         return np.empty(0, dtype=np.int32)
-    unique, inverse = factorize(column.astype(np.int64))
-    symbols = np.array([src.strings.intern(api_ids[int(i)]) for i in unique], dtype=np.int32)
-    return symbols[inverse]
+    present = np.flatnonzero(np.bincount(column, minlength=max(api_ids) + 1))
+    table = np.full(max(api_ids) + 1, -1, dtype=np.int32)
+    for api in present:
+        table[api] = src.strings.intern(api_ids[int(api)])
+    return table[column]
 
 
 def drop_duplicate_launches(src: NsysSource, rows: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
@@ -130,9 +134,9 @@ def _ids_increase_per_process(rows: npt.NDArray[np.void], limit: int = 64) -> bo
     this linear check nearly always settles the question; a sort is only needed when it fails.
     """
     process, correlation = rows["process"], rows["correlation"]
-    remaining = np.unique(process[: min(len(process), 4096)])
+    early = np.unique(process[: min(len(process), 4096)])  # processes are few and start early
     seen = 0
-    for value in remaining[:limit]:
+    for value in early[:limit]:
         ids = correlation[process == value]
         seen += len(ids)
         if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):

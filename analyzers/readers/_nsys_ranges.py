@@ -141,34 +141,36 @@ def _inline_texts(src: NsysSource, where: str, sample: int | None) -> list[str]:
 
 def _fetch_with_case(src: NsysSource, texts: list[str], where: str) -> npt.NDArray[np.void] | None:
     """Range rows with inline names mapped by SQL; None when a text outside ``texts`` occurs."""
-    head, inline, tail = _case_name_sql(src, texts, where)
+    queries = _range_queries(src, *_case_name_sql(src, texts, where))
     out = src.allocate((NVTX,), _RAW)
-    out, filled = src.fetch_into(out, 0, NVTX, _range_queries(src, head, inline, tail))
+    out, filled = src.fetch_into(out, 0, NVTX, queries)
     raw = shrink(out, filled)
     if len(raw) and bool((raw["inline"] == _UNKNOWN_TEXT).any()):
         return None
     return raw
 
 
-def _case_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str]:
-    """SQL pieces (head, inline-symbol expression, tail) that map ``text`` to symbol ids.
+def _case_name_sql(src: NsysSource, texts: list[str], where: str) -> tuple[str, str, str, str]:
+    """SQL pieces (head, has-inline-text test, inline-symbol expression, tail) mapping ``text``
+    to symbol ids.
 
     Texts go in as hex blob literals cast to TEXT: whatever bytes a crafted file holds, they
-    cannot end the literal, and no bound parameters are needed (the Arrow path has none).
+    cannot end the literal, and no bound parameters are needed (the Arrow path has none). A
+    text missing from ``texts`` (the sampled list) maps to ``_UNKNOWN_TEXT``.
     """
     head = f'SELECT e."start", {src.column(NVTX, "end")}, e."globalTid"'
     tail = f" FROM {NVTX} AS e {where.replace('WHERE ', 'WHERE e.')}"
-    # A text missing from ``texts`` (the sampled list) maps to _UNKNOWN_TEXT, never to NULL,
-    # which means "no inline text" (the name comes from textId).
-    unknown = f'CASE WHEN e."text" IS NOT NULL THEN {_UNKNOWN_TEXT} END'
+    if not src.schema.has(NVTX, "text"):
+        return head, "0", str(_UNKNOWN_TEXT), tail
+    has_text = 'e."text" IS NOT NULL'
     if not texts:
-        return head, unknown, tail
+        return head, has_text, str(_UNKNOWN_TEXT), tail
     whens = " ".join(
         f"WHEN CAST(X'{text.encode('utf-8', 'surrogatepass').hex()}' AS TEXT)"
         f" THEN {src.strings.intern(text)}"
         for text in texts
     )
-    return head, f'ifnull(CASE e."text" {whens} END, {unknown})', tail
+    return head, has_text, f'CASE e."text" {whens} ELSE {_UNKNOWN_TEXT} END', tail
 
 
 def _copy_raw(cols: Columns, rows: npt.NDArray[np.void]) -> None:
@@ -201,13 +203,19 @@ def _fetch_ranges_by_row(src: NsysSource, where: str) -> npt.NDArray[np.void]:
     return shrink(out, filled)
 
 
-def _range_queries(src: NsysSource, head: str, inline: str, tail: str) -> list[tuple[Query, Fill]]:
+def _range_queries(
+    src: NsysSource, head: str, has_text: str, inline: str, tail: str
+) -> list[tuple[Query, Fill]]:
     """Packed: ``domainId << 40 | eventType << 32 | name key`` in one value, where the key is
     ``2**31 + symbol`` for inline text, the ``textId`` below ``2**31 - 1``, or ``2**31 - 1``
-    for no name. Plain: one column each."""
+    for no name. Plain: one column each.
+
+    The text -> symbol CASE appears once and only runs for rows that have a text: it is the
+    costliest expression of the query (up to ``_CASE_NAMES`` string comparisons per row).
+    """
     domain, text_id = src.column(NVTX, "domainId", "0"), src.column(NVTX, "textId")
     key = (
-        f"CASE WHEN {inline} IS NOT NULL THEN 2147483648 + {inline}"
+        f"CASE WHEN {has_text} THEN 2147483648 + {inline}"
         f" WHEN {text_id} BETWEEN 0 AND 2147483646 THEN {text_id} ELSE 2147483647 END"
     )
     packed = Query(
@@ -217,7 +225,8 @@ def _range_queries(src: NsysSource, head: str, inline: str, tail: str) -> list[t
         packed=True,
     )
     plain = Query(
-        f'{head}, {domain}, e."eventType", {text_id}, ifnull({inline}, -1){tail}',
+        f'{head}, {domain}, e."eventType", {text_id},'
+        f" CASE WHEN {has_text} THEN {inline} ELSE -1 END{tail}",
         ("start", "end", "tid", "domain", "event_type", "text_id", "inline"),
     )
 

@@ -61,7 +61,7 @@ from analyzers.readers._cuda_api import is_launch_api
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
     LayoutMismatch,
-    RangeSink,
+    RowSink,
     decompressed_blocks,
     read_layout,
 )
@@ -201,25 +201,32 @@ def _workers(files: int) -> int:
 
 
 def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
-    """The fast path: vectorized ranges, every other event through ``_take``."""
-    tables.flush_rows = 1 << 62  # range rows of one chunk are drained by the layout reader
+    """The fast path: vectorized ranges and launches, every other event through ``_take``."""
+    tables.flush_rows = 1 << 62  # the layout reader drains range and launch rows per chunk
 
-    def emit_ranges(rows: npt.NDArray[np.void]) -> None:
-        steps = rows["kind"] == _RECORD_FUNCTION
-        if steps.any():
-            steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
-            rows["kind"][steps] = _STEP
-        tables.ranges.extend(rows)
-        for name in ("activities", "launches"):
-            if len(tables.pending[name]) >= FLUSH_ROWS:
-                tables.flush(name)
+    def emit(table: str, rows: npt.NDArray[np.void]) -> None:
+        if table == "ranges":
+            steps = rows["kind"] == _RECORD_FUNCTION
+            if steps.any():
+                steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
+                rows["kind"][steps] = _STEP
+        builder: TableBuilder = getattr(tables, table)
+        builder.extend(rows)
+        if len(tables.pending["activities"]) >= FLUSH_ROWS:
+            tables.flush("activities")
 
-    sink = RangeSink(
+    def is_launch(name: str) -> bool:
+        found = tables.launch_names.get(name)
+        if found is None:
+            found = tables.launch_names[name] = is_launch_api(name)
+        return found
+
+    sink = RowSink(
         strings=tables.strings,
         take=lambda event: _take(event, tables),
-        slow_ranges=lambda: tables.pending["ranges"],
-        emit_ranges=emit_ranges,
-        name_ids={},
+        pending=tables.pending,
+        emit=emit,
+        is_launch=is_launch,
     )
     read_layout(decompressed_blocks(source), header, sink)
 

@@ -40,7 +40,6 @@ import numpy.typing as npt
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.model import ActivityKind, Trace
 from analyzers.readers import _nsys_ranges
-from analyzers.readers._arrays import factorize
 from analyzers.readers._arrow_sqlite import open_arrow
 from analyzers.readers._files import decompressed_copy, is_gzip
 from analyzers.readers._nsys_activities import KERNEL, MEMCPY, MEMSET, read_activities
@@ -179,16 +178,23 @@ def _assign_ranks(activities: npt.NDArray[np.void]) -> tuple[dict[int, int], str
     if not len(activities):
         return {}, "none (no GPU activities)"
     kernel_process = activities["process"][mask]
-    # globalPid keeps its low 24 bits zero, so >> 24 gives small dense keys (no sort needed).
-    process_keys, process_index = factorize(kernel_process >> 24)
-    process_value = np.empty(len(process_keys), dtype=np.int64)
-    process_value[process_index] = kernel_process  # the key's actual process value
-    # One int key per (process, device) pair; device ids are int16, shifted to be >= 0.
-    device = activities["device"][mask].astype(np.int64) + 65536
-    pair_keys, _ = factorize(process_index.astype(np.int64) << 17 | device)
-    del device, process_index
-    processes = process_value[pair_keys >> 17]
-    devices = (pair_keys & 0x1FFFF) - 65536
+    kernel_device = activities["device"][mask]
+    # (process, device) pairs: processes are few, so one masked pass per process and a
+    # bincount over the int16 device ids beat sorting millions of composite keys.
+    distinct_processes = _distinct_few(kernel_process)
+    if len(distinct_processes) <= _FEW:
+        pairs = [
+            (int(proc), int(dev))
+            for proc in distinct_processes
+            for dev in _distinct_int16(kernel_device[kernel_process == proc])
+        ]
+    else:  # many processes (a crafted or merged export): one sort of all pairs
+        stacked = np.column_stack((kernel_process, kernel_device.astype(np.int64)))
+        pairs = [(int(proc), int(dev)) for proc, dev in np.unique(stacked, axis=0)]
+        del stacked
+    del kernel_device, distinct_processes
+    processes = np.array([proc for proc, _ in pairs], dtype=np.int64)
+    devices = np.array([dev for _, dev in pairs], dtype=np.int64)
     one_each = len(np.unique(processes)) == len(processes) == len(np.unique(devices))
     if one_each:
         order = np.argsort(devices)
@@ -199,6 +205,27 @@ def _assign_ranks(activities: npt.NDArray[np.void]) -> tuple[dict[int, int], str
     first_seen = {int(p): int(starts[kernel_process == p].min()) for p in np.unique(processes)}
     ordered = sorted(first_seen, key=lambda p: (first_seen[p], p))
     return {p: rank for rank, p in enumerate(ordered)}, "process order (first kernel start)"
+
+
+_FEW = 64
+"""Up to this many distinct values, a masked pass per value beats sorting millions of rows."""
+
+
+def _distinct_few(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Sorted distinct values: a masked pass per value while there are few, else a sort."""
+    remaining, found = values, []
+    while len(remaining) and len(found) <= _FEW:
+        found.append(remaining[0])
+        remaining = remaining[remaining != remaining[0]]
+    if len(remaining):
+        return np.unique(values)
+    return np.sort(np.asarray(found, dtype=np.int64))
+
+
+def _distinct_int16(values: npt.NDArray[np.int16]) -> npt.NDArray[np.int64]:
+    """Sorted distinct int16 values in linear time (a bincount over the int16 range)."""
+    counts = np.bincount(values.astype(np.int64) + 32768, minlength=65536)
+    return np.flatnonzero(counts) - 32768
 
 
 def _rank_column(process: npt.NDArray[np.int64], ranks: dict[int, int]) -> npt.NDArray[np.int16]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -259,6 +260,11 @@ def test_events_off_the_layout_take_the_json_path(
     # a name with an escaped quote that looks like the end of the line's keys
     tricky = b'"x\\", \\"pid\\": 1, \\"tid\\": 2,"'
     text = _edit_layout(text, b"python_function", json.dumps(frames[3]["name"]).encode(), tricky, 3)
+    # a launch whose correlation id is not the last arg (and one with a fractional tid)
+    text = _edit_layout(text, b"cuda_runtime", b'"External id"', b'"correlation": 31, "x"', 1)
+    launch_tid = re.search(rb'"cat": "cuda_runtime".*?"tid": (\d+),', text)
+    assert launch_tid is not None
+    text = _edit_layout(text, b"cuda_runtime", b'"tid": %s,' % launch_tid[1], b'"tid": 7.0,', 2)
     edited = tmp_path / "kineto_rank1.json"
     edited.write_bytes(text)
     fast = read_kineto(edited)
@@ -270,6 +276,7 @@ def test_events_off_the_layout_take_the_json_path(
     assert 'x", "pid": 1, "tid": 2,' in names
     row = np.flatnonzero(fast.ranges["start"] == round(ops[1]["ts"] * 1000))
     assert (fast.ranges["end"][row] - fast.ranges["start"][row]).tolist() == [12_500]
+    assert 7 in fast.launches["thread"].tolist()
 
 
 def test_truncated_layout_text_reports_the_json_position(tmp_path: Path) -> None:

@@ -298,3 +298,33 @@ def test_name_missing_from_the_sampled_list_rereads_with_all_names(
     assert "<unnamed NVTX range>" not in {
         resampled.strings[int(i)] for i in resampled.ranges["name"]
     }
+
+
+def test_rank_assignment_for_many_processes_agrees(
+    arms: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sort-based (process, device) pairing for many processes gives the same ranks."""
+    from analyzers.readers import nsys
+
+    monkeypatch.setattr(nsys, "_FEW", 0)  # every export now counts as "many processes"
+    trace = read_nsys(THREE_ARMS)
+    assert trace.ranks == arms.ranks
+    assert trace.metadata["rank_source"] == arms.metadata["rank_source"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite3", "default"])
+def test_nvtx_without_text_column_names_ranges_by_text_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    if backend == "sqlite3":
+        monkeypatch.setenv("CPTRACE_NSYS_BACKEND", "sqlite3")
+    with_text = read_nsys(SINGLE)
+    trace = read_nsys(_edited_copy(tmp_path, "ALTER TABLE NVTX_EVENTS DROP COLUMN text"))
+    assert len(trace.ranges) == len(with_text.ranges) == 40
+    names = [trace.strings[int(i)] for i in trace.ranges["name"]]
+    expected = [with_text.strings[int(i)] for i in with_text.ranges["name"]]
+    # The export names 20 ranges by textId and 20 by inline text: the textId names survive,
+    # the inline ones (no such column now) read as unnamed.
+    kept = [n for n, e in zip(names, expected, strict=True) if n == e]
+    assert len(kept) == 20
+    assert names.count("<unnamed NVTX range>") == 20
