@@ -328,3 +328,16 @@ def test_nvtx_without_text_column_names_ranges_by_text_id(
     kept = [n for n, e in zip(names, expected, strict=True) if n == e]
     assert len(kept) == 20
     assert names.count("<unnamed NVTX range>") == 20
+
+
+def test_huge_page_advice_is_restored_after_reading() -> None:
+    """The reader switches numpy's huge-page hint off only while it reads (it is global)."""
+    setter = np._core.multiarray._set_madvise_hugepage
+    original = setter(True)
+    try:
+        for wanted in (True, False):
+            setter(wanted)
+            read_nsys(SINGLE)
+            assert setter(wanted) is wanted
+    finally:
+        setter(original)
