@@ -23,17 +23,16 @@ name: the analyzers find each variant's window by that name. Each rank writes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from cp_attention.ranges import named_range
 from runners.arms import Arm, FullInputs, RankContext, build_arm, full_inputs
 from runners.env import capture_environment
 from runners.spec import RunSpec, layout_for, parse_spec
@@ -44,19 +43,6 @@ PHASES = ("timed", "torch", "nsys")
 def window_name(variant: str) -> str:
     """The annotation that encloses a variant's steps (``arm:<variant>``)."""
     return f"arm:{variant}"
-
-
-@contextlib.contextmanager
-def arm_range(name: str, *, nvtx: bool) -> Iterator[None]:
-    """``record_function`` for Kineto plus an NVTX range for nsys, both named ``name``."""
-    with torch.profiler.record_function(name):
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
 
 
 def abba_order(arms: list[Arm], round_index: int) -> list[Arm]:
@@ -143,10 +129,10 @@ def run_timed(spec: RunSpec, arms: list[Arm], device: torch.device) -> dict[str,
 
 def _profiled_steps(spec: RunSpec, arms: list[Arm], device: torch.device, on_step: Any) -> None:
     """``profiled_steps`` consecutive steps per arm, each in its arm window."""
-    nvtx = device.type == "cuda"
     for arm in arms:
         for _ in range(spec.profilers.profiled_steps):
-            with arm_range(window_name(arm.name), nvtx=nvtx):
+            # The same record_function + NVTX pair cp_attention opens around its phases.
+            with named_range(window_name(arm.name)):
                 arm.step()
             on_step()
     _sync(device)
