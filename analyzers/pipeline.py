@@ -87,7 +87,7 @@ def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list
     claimed: dict[int, Path] = {}
     if progress:
         progress(f"reading {', '.join(p.name for p in files)}", 0.0)
-    # one call for all files: per-rank Kineto files are read in parallel when that pays
+    # one call for all files: per-rank Kineto files can be read in parallel workers
     for path, trace in zip(files, read_trace_files(files), strict=True):
         ranks = [r for r in trace.rank_list() if r >= 0]
         for rank in ranks:

@@ -292,6 +292,15 @@ def upload(base: str, token: str, data: bytes) -> dict[str, Any]:
     return resp.json()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads; Linux ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def latency_under_ingest(
     port: int,
     token: str,
@@ -299,7 +308,11 @@ def latency_under_ingest(
     think: float,
     bundles: list[bytes],
     cores: set[int] | None,
-) -> tuple[dict[str, list[float]], int, float]:
+    server_pid: int,
+) -> tuple[dict[str, list[float]], int, float, float | None]:
+    """Latencies by kind, bundles ingested, seconds spent uploading, and the CPU seconds the
+    API process used meanwhile (its share of the readers' work does not depend on how busy
+    the machine is, unlike latency; it includes the little the uploads cost it)."""
     base = f"http://127.0.0.1:{port}/api/v1"
     queue: Any = multiprocessing.get_context("spawn").Queue()
     proc = multiprocessing.get_context("spawn").Process(
@@ -317,13 +330,16 @@ def latency_under_ingest(
 
     proc.start()
     time.sleep(1.0)  # the reader process is importing; start ingesting once it is loading
+    cpu_before = cpu_seconds(server_pid)
     thread = threading.Thread(target=ingest)
     thread.start()
     result = queue.get(timeout=args.seconds + 120)
+    cpu_after = cpu_seconds(server_pid)
     stop.set()
     proc.join()
     thread.join()
-    return result, int(ingested[0]), float(ingested[1])
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return result, int(ingested[0]), float(ingested[1]), cpu
 
 
 def pct(values: list[float], q: float) -> float:
@@ -420,7 +436,9 @@ def main() -> None:
         for label, think in passes:
             bundles = [kineto_bundle(f"{label}-{i}") for i in range(40)]
             wait_idle(base)  # each pass starts without the previous pass's analysis backlog
-            lat, n, busy = latency_under_ingest(port, token, args, think, bundles, load_cores)
+            lat, n, busy, cpu = latency_under_ingest(
+                port, token, args, think, bundles, load_cores, proc.pid
+            )
             for kind in ("list", "detail"):
                 values = lat[kind]
                 rows.append(
@@ -431,6 +449,14 @@ def main() -> None:
                     )
                 )
             rows.append((f"  bundles ingested meanwhile ({label})", f"{n} in {busy:.1f} s"))
+            served = len(lat["list"]) + len(lat["detail"])
+            if cpu is not None and served:
+                rows.append(
+                    (
+                        f"  API process CPU per read ({label})",
+                        f"{cpu / served * 1000:.2f} ms ({cpu:.1f} s for {served} reads)",
+                    )
+                )
         for clients in (1, 4):
             bundles = [kineto_bundle(f"tp{clients}-{i}") for i in range(8)]
             wait_idle(base)  # the analyses the load passes queued would share the CPU

@@ -40,8 +40,8 @@ def read_trace(path: str | Path) -> Trace:
 
 
 def read_trace_files(paths: Iterable[str | Path]) -> list[Trace]:
-    """Read each file like ``read_trace``, in order; several Kineto files (one per rank) are
-    read in parallel worker processes when that pays (see ``read_kineto_files``)."""
+    """Read each file like ``read_trace``, in order; several Kineto files (one per rank) may be
+    read in parallel worker processes (``CPTRACE_READ_WORKERS``, see ``read_kineto_files``)."""
     items = [Path(p) for p in paths]
     kinds = [sniff(p) for p in items]
     kineto = [p for p, kind in zip(items, kinds, strict=True) if kind == "json"]

@@ -49,20 +49,29 @@ def nest(
     depth_out = np.zeros(n, dtype=np.int16)
     if n == 0:
         return parent, depth_out
+    # Temporaries are dropped as soon as they are used: on a long trace they, not the
+    # output, set the reader's peak memory.
     group = _group_ids(thread, family)
-    order = np.lexsort((-end, start, group))
-    g, s, e = group[order], start[order], end[order]
+    negative_end = -end
+    order = np.lexsort((negative_end, start, group))
+    del negative_end
+    g = group[order]
     del group
     boundary = np.empty(n, dtype=bool)
     boundary[0] = True
     np.not_equal(g[1:], g[:-1], out=boundary[1:])
     del g
-    seg = np.cumsum(boundary, dtype=np.int64) - 1
+    seg = np.cumsum(boundary, dtype=np.int64)
+    seg -= 1
     seg_start = np.flatnonzero(boundary)[seg]
     del boundary
+    s, e = start[order], end[order]
     depth = _open_count(seg, seg_start, s, e)
+    del seg_start
     sorted_parent = _parent_at_depth(seg, depth, s, e)
+    del seg, s, e
     depth_out[order] = np.minimum(depth, np.iinfo(np.int16).max).astype(np.int16)
+    del depth
     has_parent = sorted_parent >= 0
     parent[order[has_parent]] = order[sorted_parent[has_parent]]
     return parent, depth_out
@@ -85,20 +94,31 @@ def _open_count(seg: I64, seg_start: I64, s: I64, e: I64) -> I64:
     width = max(int(s.max()), int(e.max())) - low + 1
     if width * (int(seg[-1]) + 1) < 2**62:
         # (segment, time) as one int64 key: segment * width + time offset.
-        base = seg * np.int64(width) - np.int64(low)
-        end_keys = base + e
+        keys = seg * np.int64(width)
+        keys -= np.int64(low)
+        end_keys = keys + e
         end_keys.sort()
-        ended = np.searchsorted(end_keys, base + s, side="right")
+        keys += s
+        ended = np.searchsorted(end_keys, keys, side="right")
+        del keys, end_keys
     else:
         # Epoch-ns timestamps over many threads: dense time ranks keep the key in int64.
         times, inverse = np.unique(np.concatenate((s, e)), return_inverse=True)
         rank_width = np.int64(len(times) + 1)
+        del times
         inverse = inverse.reshape(-1).astype(np.int64)
-        end_keys = np.sort(seg * rank_width + inverse[n:])
-        ended = np.searchsorted(end_keys, seg * rank_width + inverse[:n], side="right")
+        base = seg * rank_width
+        end_keys = np.sort(base + inverse[n:])
+        base += inverse[:n]
+        del inverse
+        ended = np.searchsorted(end_keys, base, side="right")
+        del base, end_keys
     ended -= seg_start
-    position = np.arange(n, dtype=np.int64) - seg_start
-    open_count: I64 = np.maximum(position - ended, 0)
+    open_count: I64 = np.arange(n, dtype=np.int64)
+    open_count -= seg_start
+    open_count -= ended
+    del ended
+    np.maximum(open_count, 0, out=open_count)
     return open_count
 
 
@@ -106,17 +126,27 @@ def _parent_at_depth(seg: I64, depth: I64, s: I64, e: I64) -> I64:
     """Sorted position of the latest earlier range one level up, or -1."""
     n = len(s)
     levels = np.int64(int(depth.max()) + 1)
-    positions = np.arange(n, dtype=np.int64)
-    group = seg * levels + depth
-    keys = group * n + positions
-    keys_order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[keys_order]
-    want_group = seg * levels + depth - 1
-    hit = np.searchsorted(sorted_keys, want_group * n + positions, side="left") - 1
-    found = np.full(n, -1, dtype=np.int64)
-    ok = (depth > 0) & (hit >= 0)
-    candidate = keys_order[np.where(ok, hit, 0)]
-    ok &= group[candidate] == want_group
-    ok &= e[candidate] >= s  # a parent must still be open when the child starts
-    found[ok] = candidate[ok]
+    # (segment, depth) group per row; rows ordered by (group, position) = a stable sort.
+    key = seg * levels
+    key += depth
+    by_group = np.argsort(key, kind="stable")
+    sorted_keys = key[by_group]
+    sorted_keys *= n
+    sorted_keys += by_group  # (group, position) as one key, ascending
+    key -= 1
+    key *= n
+    key += np.arange(n, dtype=np.int64)  # wanted: (group one level up, this position)
+    hit = np.searchsorted(sorted_keys, key, side="left")
+    hit -= 1  # the latest row before this position in the wanted group, if it is that group
+    ok = depth > 0
+    ok &= hit >= 0
+    np.maximum(hit, 0, out=hit)
+    sorted_keys //= n
+    key //= n
+    ok &= sorted_keys[hit] == key
+    del sorted_keys, key
+    found: I64 = by_group[hit]
+    del by_group, hit
+    ok &= e[found] >= s  # a parent must still be open when the child starts
+    found[~ok] = -1
     return found

@@ -54,7 +54,6 @@ from analyzers.model import (
     ActivityKind,
     RangeKind,
     SymbolTable,
-    TableBuilder,
     Trace,
 )
 from analyzers.readers._cuda_api import is_launch_api
@@ -82,6 +81,7 @@ RANGE_CATS = {
     "cpu_op": RangeKind.CPU_OP,
     "operator": RangeKind.CPU_OP,
 }
+_DTYPES = {"activities": ACTIVITY_DTYPE, "launches": LAUNCH_DTYPE, "ranges": RANGE_DTYPE}
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
@@ -89,7 +89,9 @@ FLUSH_ROWS = 1 << 16
 LAYOUT_FAST_PATH = True
 """Try Kineto's fixed layout first; tests switch it off to compare with the scanner."""
 WORKERS_ENV = "CPTRACE_READ_WORKERS"
-"""Most worker processes ``read_kineto_files`` forks (default: one per core; 1: no workers)."""
+"""Worker processes ``read_kineto_files`` may fork (default 1: none). Measured on the 2-core
+CI machine under load, two workers were not faster and took 1.5x the memory (the traces come
+back pickled), see ``benchmarks/hta_compare.py``; on an idle multi-core host they can be."""
 
 
 @dataclass(slots=True)
@@ -97,30 +99,46 @@ class _Tables:
     """Column builders plus the per-file facts collected while streaming."""
 
     strings: SymbolTable = field(default_factory=SymbolTable)
-    activities: TableBuilder = field(default_factory=lambda: TableBuilder(ACTIVITY_DTYPE))
-    launches: TableBuilder = field(default_factory=lambda: TableBuilder(LAUNCH_DTYPE))
-    ranges: TableBuilder = field(default_factory=lambda: TableBuilder(RANGE_DTYPE))
+    blocks: dict[str, list[npt.NDArray[np.void]]] = field(
+        default_factory=lambda: {"activities": [], "launches": [], "ranges": []}
+    )
+    """Finished rows per table as a list of arrays: concatenated once at the end, so the peak
+    is twice the table, not the three times of a doubling buffer plus its final copy."""
     pending: dict[str, list[tuple[object, ...]]] = field(
         default_factory=lambda: {"activities": [], "launches": [], "ranges": []}
     )
     thread_names: dict[int, str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     launch_names: dict[str, bool] = field(default_factory=dict)
-    flush_rows: int = FLUSH_ROWS
+    drained: frozenset[str] = frozenset()
+    """Tables whose pending rows the layout reader takes itself (never flushed by ``add``)."""
     step_ids: dict[int, bool] = field(default_factory=dict)
 
     def add(self, table: str, row: tuple[object, ...]) -> None:
         rows = self.pending[table]
         rows.append(row)
-        if len(rows) >= self.flush_rows:
+        if len(rows) >= FLUSH_ROWS and table not in self.drained:
             self.flush(table)
 
     def flush(self, table: str) -> None:
         rows = self.pending[table]
         if rows:
-            builder: TableBuilder = getattr(self, table)
-            builder.extend(rows)
+            self.blocks[table].append(np.array(rows, dtype=_DTYPES[table]))
             rows.clear()
+
+    def extend(self, table: str, rows: npt.NDArray[np.void]) -> None:
+        self.blocks[table].append(rows)
+
+    def count(self, table: str) -> int:
+        return sum(len(b) for b in self.blocks[table]) + len(self.pending[table])
+
+    def freeze(self, table: str) -> npt.NDArray[np.void]:
+        """All rows of ``table`` in one array; the blocks are released."""
+        self.flush(table)
+        parts = self.blocks[table]
+        out = np.concatenate(parts) if parts else np.empty(0, dtype=_DTYPES[table])
+        parts.clear()
+        return out
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -155,7 +173,7 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         parser = "json-scanner"
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
-    if not (len(tables.activities) or len(tables.launches) or len(tables.ranges)):
+    if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
         raise CorruptTraceError(f"{source}: Kineto trace has no events (traceEvents is empty)")
     trace = _finish(source, header, tables, _rank(source, header, rank))
     trace.metadata["json_parser"] = parser
@@ -163,7 +181,7 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
 
 
 def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
-    """Read several Kineto files (one per rank), in parallel worker processes when that pays.
+    """Read several Kineto files (one per rank); in forked workers if ``WORKERS_ENV`` asks.
 
     A worker returns its ``Trace`` pickled: numpy arrays and a string table, a few MB per rank,
     so the parent pays little for the parallelism. Workers are forked (no re-import), and only
@@ -186,7 +204,7 @@ def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
 def _workers(files: int) -> int:
     raw = os.environ.get(WORKERS_ENV)
     try:
-        limit = int(raw) if raw is not None else (os.cpu_count() or 1)
+        limit = int(raw) if raw is not None else 1
     except ValueError as exc:
         raise ValueError(f"{WORKERS_ENV}={raw!r}: expected an integer number of processes") from exc
     import multiprocessing
@@ -202,7 +220,7 @@ def _workers(files: int) -> int:
 
 def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
     """The fast path: vectorized ranges and launches, every other event through ``_take``."""
-    tables.flush_rows = 1 << 62  # the layout reader drains range and launch rows per chunk
+    tables.drained = frozenset(("ranges", "launches"))  # merged per chunk, in file order
 
     def emit(table: str, rows: npt.NDArray[np.void]) -> None:
         if table == "ranges":
@@ -210,10 +228,7 @@ def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> No
             if steps.any():
                 steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
                 rows["kind"][steps] = _STEP
-        builder: TableBuilder = getattr(tables, table)
-        builder.extend(rows)
-        if len(tables.pending["activities"]) >= FLUSH_ROWS:
-            tables.flush("activities")
+        tables.extend(table, rows)
 
     def is_launch(name: str) -> bool:
         found = tables.launch_names.get(name)
@@ -400,9 +415,9 @@ def _rank(path: Path, header: dict[str, object], override: int | None) -> int:
 
 
 def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -> Trace:
-    activities = tables.activities.freeze()
-    launches = tables.launches.freeze()
-    ranges = tables.ranges.freeze()
+    activities = tables.freeze("activities")
+    launches = tables.freeze("launches")
+    ranges = tables.freeze("ranges")
     main_process = _main_process(launches, ranges)
     activities["process"] = _owning_process(activities, launches, main_process)
     # Python frames and RecordFunction ranges come from different tracers and straddle each
