@@ -272,11 +272,12 @@ def causal_balance(ctx: RuleContext, target: Target) -> list[Finding]:
                 )
             )
             if diff > 0:
+                other = _median(ctx, label)
                 fields = {
                     "expected_saving_ms": round(diff, 4),
                     "saving_basis": "measured",
-                    "expected_saving_pct": round(100.0 * diff / (diff + _median(ctx, label)), 2)
-                    if _median(ctx, label)
+                    "expected_saving_pct": round(100.0 * diff / (diff + other), 2)
+                    if other
                     else None,
                 }
         seen = f" (measured attention GPU time: {measured:.2f}x)" if measured else ""

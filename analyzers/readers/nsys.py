@@ -236,7 +236,8 @@ _FEW = 64
 
 def _distinct_few(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Sorted distinct values: a masked pass per value while there are few, else a sort."""
-    remaining, found = values, []
+    remaining = values
+    found: list[np.int64] = []
     while len(remaining) and len(found) <= _FEW:
         found.append(remaining[0])
         remaining = remaining[remaining != remaining[0]]
