@@ -27,6 +27,11 @@ from service.store import RunDetail, RunFilters, count_runs, get_run, list_runs
 from service.worker import AnalysisWorker
 
 
+def _canonical(value: Any) -> str:
+    """JSON text with sorted keys: equal only when values *and* JSON types agree."""
+    return json.dumps(value, sort_keys=True)
+
+
 def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
     resp = client.post(
         "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", data)}, headers=runner
@@ -73,7 +78,7 @@ def test_detail_is_the_model_json(client: TestClient, app_env: dict[str, Any], r
         assert resp.headers["content-type"] == "application/json"
         body = resp.json()
         expected = get_run(db, run_id, include_report=False).model_dump(mode="json")
-        assert body == expected
+        assert _canonical(body) == _canonical(expected)  # values and JSON types (2 vs 2.0)
         assert RunDetail.model_validate(body).model_dump(mode="json") == body  # the contract
     assert client.get(f"/api/v1/runs/{runs[2]}").json()["spec"]["steps"] == [1.5, 2.25]
 
@@ -108,7 +113,7 @@ def test_list_is_the_model_json(
         limit=limit,
         offset=offset,
     )
-    assert body == expected.model_dump(mode="json")
+    assert _canonical(body) == _canonical(expected.model_dump(mode="json"))
     assert RunPage.model_validate(body) == expected
 
 
