@@ -104,8 +104,8 @@ class HistoryPoint(BaseModel):
     value: float
 
 
-class ComparisonRecord(BaseModel):
-    """A stored comparison and its report."""
+class ComparisonSummary(BaseModel):
+    """A stored comparison without its report."""
 
     id: int
     base_run_id: int
@@ -115,6 +115,11 @@ class ComparisonRecord(BaseModel):
     verdict: str
     summary: str
     created_at: str
+
+
+class ComparisonRecord(ComparisonSummary):
+    """A stored comparison and its report."""
+
     report: ComparisonReport
 
 

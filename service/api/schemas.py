@@ -72,19 +72,6 @@ class ComparisonCreate(BaseModel):
     head_window: str | None = Field(default=None, max_length=200)
 
 
-class ComparisonSummary(BaseModel):
-    """A stored comparison without its report."""
-
-    id: int
-    base_run_id: int
-    head_run_id: int
-    base_window: str | None
-    head_window: str | None
-    verdict: str
-    summary: str
-    created_at: str
-
-
 class JobSubmit(BaseModel):
     """A workload spec to run: as YAML text or as the decoded object."""
 

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Query, Response
 
 from analyzers.report import ComparisonReport
 from service.api.deps import DbDep, ReadAccess, RunnerAccess
-from service.api.schemas import MAX_ID, ComparisonCreate, ComparisonId, ComparisonSummary, Offset
+from service.api.schemas import MAX_ID, ComparisonCreate, ComparisonId, Offset
 from service.auth import now_iso
 from service.store import (
     ComparisonRecord,
+    ComparisonSummary,
     find_comparison,
     get_comparison,
     get_comparison_record,
