@@ -137,7 +137,10 @@ def _finish(
 def report_metrics(report: AnalysisReport) -> list[tuple[str, str, float]]:
     """The ``(metric, label, value)`` rows trend charts and the run list read."""
     out: list[tuple[str, str, float]] = [("findings", "", float(len(report.findings)))]
-    overall = [s for s in report.iterations if s.rank is None] or report.iterations
+    # Profiled-step durations carry the profiler's overhead: only timed iterations are an
+    # iteration time a run list or a trend may show.
+    timed = [s for s in report.iterations if s.source != "profiled"]
+    overall = [s for s in timed if s.rank is None] or timed
     if overall:
         out.append(("iteration_median_ms", "", overall[0].median_ms))
     seen: set[str] = set()

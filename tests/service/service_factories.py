@@ -144,8 +144,14 @@ ARMS = {
 }
 
 
-def te_3arms_bundle(*, name: str = "te-3arms", branch: str = "main") -> bytes:
-    """The reference workload's real Kineto traces (TE 2.20.2, 2x H200), three arms."""
+def te_3arms_bundle(
+    *, name: str = "te-3arms", branch: str = "main", iteration_ms: list[float] | None = None
+) -> bytes:
+    """The reference workload's real Kineto traces (TE 2.20.2, 2x H200), three arms.
+
+    The traces carry no timed iterations; ``iteration_ms`` (test values, not measurements) gives
+    every arm and rank those samples, for tests that need a run-level median.
+    """
     data = [p.read_bytes() for p in KINETO_3ARMS]
     traces = [(f"traces/rank{r}.json.gz", d, "kineto", r) for r, d in enumerate(data)]
     manifest = manifest_for(traces, name=name, branch=branch)
@@ -164,5 +170,8 @@ def te_3arms_bundle(*, name: str = "te-3arms", branch: str = "main") -> bytes:
     manifest["variants"] = [
         {"name": arm, "window": f"arm:{arm}", "facts": facts} for arm, facts in ARMS.items()
     ]
+    if iteration_ms is not None:
+        for variant in manifest["variants"]:
+            variant["iteration_ms"] = {rank: iteration_ms for rank in (0, 1)}
     members = [("manifest.json", json.dumps(manifest).encode())]
     return tar_gz(members + [(p, d) for p, d, _, _ in traces])

@@ -44,7 +44,9 @@ def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
 def runs(client: TestClient, runner: dict[str, str], app_env: dict[str, Any]) -> list[int]:
     """An analysed 3-arm run (metrics, window groups, report), a queued Kineto run, an empty
     API run with a manifest, and one with a stored job spec."""
-    analysed = _upload(client, runner, te_3arms_bundle(name="fast-te"))
+    analysed = _upload(
+        client, runner, te_3arms_bundle(name="fast-te", iteration_ms=[17.25, 17.5, 18.0])
+    )
     worker = AnalysisWorker(app_env["app"].state.settings)
     while worker.run_once():
         pass
