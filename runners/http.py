@@ -8,6 +8,7 @@ errors, 429 and 5xx. A 4xx is final: retrying a bad request cannot fix it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import time
@@ -74,9 +75,18 @@ def with_retries(
 
 def _error_message(err: urllib.error.HTTPError) -> str:
     try:
-        body = json.loads(err.read().decode("utf-8", "replace"))
-    except (ValueError, OSError):
-        return err.reason if isinstance(err.reason, str) else str(err.reason)
+        raw = err.read()
+    except OSError:
+        raw = b""
+    return _message_from_body(raw, err.reason if isinstance(err.reason, str) else str(err.reason))
+
+
+def _message_from_body(raw: bytes, reason: str) -> str:
+    """The service's ``error`` field when the body is its JSON error shape, else ``reason``."""
+    try:
+        body = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return reason
     if isinstance(body, dict):
         return str(body.get("error") or body.get("detail") or body)
     return str(body)
@@ -142,14 +152,56 @@ class ServiceClient:
             yield tail
 
         length = len(head) + file.stat().st_size + len(tail)
-        req = urllib.request.Request(
-            self.base + path,
-            data=body(),
-            method="POST",
-            headers={
+        return self._post_streamed(
+            path,
+            {
                 "Content-Type": f"multipart/form-data; boundary={boundary}",
                 "Content-Length": str(length),
                 **(headers or {}),
             },
+            body(),
         )
-        return self._send(req)
+
+    def _post_streamed(
+        self, path: str, headers: dict[str, str], chunks: Iterator[bytes]
+    ) -> Response:
+        """POST a streamed body and read the answer even when the server stopped reading.
+
+        A server may answer early (401 for a bad token, 413 for a body over its limit) and
+        close the connection before the body is through; the client then sees a broken pipe
+        while sending. That answer is final, so read it rather than report a network failure
+        that the caller would retry.
+        """
+        url = urllib.parse.urlsplit(self.base + path)
+        connection_class = (
+            http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        )
+        conn = connection_class(url.hostname or "", url.port, timeout=self.timeout_s)
+        send_error: OSError | None = None
+        try:
+            try:
+                conn.putrequest("POST", url.path + (f"?{url.query}" if url.query else ""))
+                for name, value in {
+                    **headers,
+                    "Authorization": f"Bearer {self._token}",
+                    "Accept": "application/json",
+                }.items():
+                    conn.putheader(name, value)
+                conn.endheaders()
+                for chunk in chunks:
+                    conn.send(chunk)
+            except (BrokenPipeError, ConnectionResetError) as err:
+                send_error = err  # maybe an early answer is waiting: read it below
+            try:
+                resp = conn.getresponse()
+                raw, status, reason = resp.read(), resp.status, resp.reason
+            except (http.client.HTTPException, OSError) as err:
+                cause = send_error or err
+                raise ApiError(0, f"cannot reach {self.base}: {cause}") from None
+        except OSError as err:  # could not connect at all
+            raise ApiError(0, f"cannot reach {self.base}: {err}") from None
+        finally:
+            conn.close()
+        if status >= 400:
+            raise ApiError(status, _message_from_body(raw, reason))
+        return Response(status, json.loads(raw) if raw.strip() else None)
