@@ -65,3 +65,18 @@ def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
     return int(
         conn.execute("SELECT count(*) FROM tokens WHERE role = ?", (role.value,)).fetchone()[0]
     )
+
+
+def list_tokens(conn: sqlite3.Connection) -> list[dict[str, object]]:
+    """Every token's id, name, role and creation time (never its hash)."""
+    rows = conn.execute("SELECT id, name, role, created_at FROM tokens ORDER BY id").fetchall()
+    return [{"id": r[0], "name": r[1], "role": r[2], "created_at": r[3]} for r in rows]
+
+
+def revoke_token(conn: sqlite3.Connection, token_id: int) -> bool:
+    """Delete a token; True when it existed.
+
+    API processes cache verified tokens for a few seconds (``service.api.deps.TokenCache``),
+    so a revocation made from another process takes effect there within that time.
+    """
+    return conn.execute("DELETE FROM tokens WHERE id = ?", (token_id,)).rowcount > 0

@@ -152,8 +152,48 @@ def token_create(
     typer.echo(token)
 
 
+def token_list(data_dir: Path = DataDir) -> None:
+    """List tokens: id, role, name and creation time (secrets are never stored).
+
+    Example: cptrace token list --data-dir var
+    """
+    from service.auth import list_tokens
+    from service.main import open_database
+
+    db = open_database(_settings(data_dir))
+    try:
+        tokens = db.read(list_tokens)
+    finally:
+        db.close()
+    for token in tokens:
+        typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}")
+
+
+def token_revoke(
+    token_id: int = typer.Argument(..., help="The id shown by `cptrace token list`."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Revoke a token: requests with it are refused (within seconds in running API processes).
+
+    Example: cptrace token revoke 3 --data-dir var
+    """
+    from service.auth import revoke_token
+    from service.main import open_database
+
+    db = open_database(_settings(data_dir))
+    try:
+        removed = db.write_tx(lambda c: revoke_token(c, token_id))
+    finally:
+        db.close()
+    if not removed:
+        raise CommandError(f"no token with id {token_id} (see: cptrace token list)")
+    typer.echo(f"revoked token {token_id}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("worker")(worker)
     token_app.command("create")(token_create)
+    token_app.command("list")(token_list)
+    token_app.command("revoke")(token_revoke)
     app.add_typer(token_app, name="token")
