@@ -6,6 +6,8 @@ on a GPU host that has only the runner's dependencies.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -27,8 +29,32 @@ def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
     return Settings(data_dir=data_dir)
 
 
+PARENT_ENV = "CPTRACE_WORKER_PARENT_PID"
+"""Set by ``serve`` for its worker: the worker exits when that process is gone."""
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # uvicorn handles SIGTERM itself, then restores this handler and raises the signal again;
+    # as SystemExit it unwinds through serve's cleanup, which stops the worker. With the default
+    # handler the process would end on the spot and leave the worker running.
+    raise SystemExit(128 + signum)
+
+
+def _follow_parent() -> None:
+    """In a worker started by ``serve``: end with the parent, even when it is SIGKILLed."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        # PR_SET_PDEATHSIG (1): the kernel sends SIGTERM when the parent thread exits.
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        raise SystemExit(0)
+
+
 def _start_worker(data_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "CPTRACE_DATA_DIR": str(data_dir)}
+    env = {**os.environ, "CPTRACE_DATA_DIR": str(data_dir), PARENT_ENV: str(os.getpid())}
     code = "from cptrace.cli import main; main()"
     return subprocess.Popen(
         [sys.executable, "-c", code, "worker", "--data-dir", str(data_dir)], env=env
@@ -80,6 +106,7 @@ def serve(
             typer.echo(f"demo {result.path.name}: {what}")
     proc = _start_worker(data_dir) if worker else None
     typer.echo(f"Dashboard: http://{host}:{port}/")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
@@ -102,6 +129,7 @@ def worker(
     from service.uploads_exec import lower_priority
     from service.worker import AnalysisWorker
 
+    _follow_parent()
     lower_priority()  # analyses yield the CPU to the API when they share a machine
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = _settings(data_dir)
