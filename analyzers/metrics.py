@@ -391,9 +391,12 @@ def _host_syncs(
     )
     rows, w = rows[w >= 0], w[w >= 0]
     claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
-    helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    # A trailing -1 makes "no range" (-1) an ordinary index: the range table may be empty
+    # (an nsys export without NVTX_EVENTS), and then every lookup answers -1.
+    helper = np.append(ranges.helper, np.int32(-1))[claimed]
     op = sync_ops.lookup(launches["thread"][rows], launches["start"][rows])
-    label = np.where(op >= 0, trace.ranges["name"][np.maximum(op, 0)], launches["api"][rows])
+    op_name = np.append(trace.ranges["name"], np.int32(-1))[op]
+    label = np.where(op >= 0, op_name, launches["api"][rows])
     w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
     out = []
     for rank in np.unique(w_rank).tolist():

@@ -27,8 +27,10 @@ line layout with numpy (the fast path, about 10x faster than building a dict per
 file not in that layout is read by the general streaming scanner ``_json_stream`` (compact or
 re-indented JSON, other writers), which also reports malformed JSON precisely.
 
-The rank comes from ``distributedInfo.rank``, else from ``rank<N>`` in the file name, else the
-read fails: a trace set whose ranks are guessed would compare the wrong ranks.
+The rank comes from the ``rank`` argument, else ``distributedInfo.rank``, else ``rank<N>`` in
+the file name, else it is -1 with ``metadata["rank_source"] == "unknown"``: ``read_trace`` and
+``read_trace_files`` then make a lone file rank 0 (with a note) and refuse several such files,
+since a trace set whose ranks are guessed would compare the wrong ranks (``_ranks``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import TextIO
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.errors import CorruptTraceError, UnsupportedTraceError
+from analyzers.errors import CorruptTraceError
 from analyzers.model import (
     ACTIVITY_DTYPE,
     LAUNCH_DTYPE,
@@ -65,6 +67,7 @@ from analyzers.readers._kineto_layout import (
     read_layout,
 )
 from analyzers.readers._nesting import nest
+from analyzers.readers._ranks import UNKNOWN
 
 ACTIVITY_CATS = {
     "kernel": ActivityKind.KERNEL,
@@ -149,10 +152,11 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
 
     Args:
         path: ``.json`` or ``.json.gz`` (detected from content).
-        rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name).
+        rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name,
+            else -1: see the module docstring).
 
     Raises:
-        UnsupportedTraceError: JSON that is not a trace, or the rank cannot be told.
+        UnsupportedTraceError: JSON that is not a trace.
         CorruptTraceError: truncated or malformed file, or no events.
     """
     source = Path(path)
@@ -175,8 +179,10 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
         raise CorruptTraceError(f"{source}: Kineto trace has no events (traceEvents is empty)")
-    trace = _finish(source, header, tables, _rank(source, header, rank))
+    rank_found, rank_source = _rank(source, header, rank)
+    trace = _finish(source, header, tables, rank_found)
     trace.metadata["json_parser"] = parser
+    trace.metadata["rank_source"] = rank_source
     return trace
 
 
@@ -399,19 +405,18 @@ def _metadata_event(event: dict[str, object], tables: _Tables) -> None:
             tables.thread_names[tid] = str(args["name"])
 
 
-def _rank(path: Path, header: dict[str, object], override: int | None) -> int:
+def _rank(path: Path, header: dict[str, object], override: int | None) -> tuple[int, str]:
+    """(rank, where it came from); rank -1 with source ``UNKNOWN`` when the file does not say
+    (``resolve_ranks`` then decides: a lone file is rank 0, several are an error)."""
     if override is not None:
-        return override
+        return override, "rank argument"
     info = header.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+        return int(info["rank"]), "distributedInfo.rank"
     found = RANK_IN_NAME.search(path.name)
     if found:
-        return int(found.group(1))
-    raise UnsupportedTraceError(
-        f"{path}: cannot tell the rank: no distributedInfo.rank in the trace and no 'rank<N>' "
-        "in the file name; rename the file (e.g. trace_rank0.json) or pass the rank explicitly"
-    )
+        return int(found.group(1)), "file name"
+    return -1, UNKNOWN
 
 
 def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -> Trace:

@@ -50,6 +50,7 @@ def _run_analyze(
     step_pattern: str | None,
     catalog: list[Path] | None,
     show_progress: bool,
+    rank: int | None = None,
 ) -> Any:
     from analyzers import analyze as run
 
@@ -58,7 +59,7 @@ def _run_analyze(
     cat = _catalog(catalog)
     size = sum(p.stat().st_size for p in paths if p.is_file())
     if not show_progress or size < LARGE_INPUT_BYTES:
-        return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat)
+        return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, rank=rank)
     from rich.console import Console
     from rich.progress import Progress
 
@@ -69,7 +70,12 @@ def _run_analyze(
             bar.update(task, completed=fraction, description=stage)
 
         return run(
-            paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, progress=update
+            paths,
+            manifest=manifest,
+            step_pattern=step_pattern,
+            catalog=cat,
+            progress=update,
+            rank=rank,
         )
 
 
@@ -107,13 +113,20 @@ def analyze(
         None, "--catalog", help="Extra helper catalog TOML (repeatable)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the AnalysisReport as JSON."),
+    rank: int | None = typer.Option(
+        None,
+        "--rank",
+        help="Rank of a single trace file that does not say its own (default: rank 0, noted).",
+    ),
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     try:
-        report = _run_analyze(traces, manifest, step_pattern, catalog, show_progress=not as_json)
+        report = _run_analyze(
+            traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
+        )
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
