@@ -18,14 +18,19 @@ cpu_op                      ranges CPU_OP (cpu_op, user_annotation and steps nes
 gpu_user_annotation         not a CPU range: counted in metadata only
 =========================== ================================================================
 
-Timestamps are float microseconds; they become integer ns with ``round(ts * 1000)``, exact
-while ``ts`` stays below 2**53 / 1000 µs (about 104 days of epoch-relative time: Kineto's
-clock starts at boot, far below that).
+Timestamps are microseconds; they become integer ns exactly, from their decimal text, never
+through a float: an integer, or up to three decimals, is exact; more decimals round half to even
+at the nanosecond (``_ns``). The fast path cuts the digits out itself; the streaming scanner
+parses numbers as ``Decimal``. Only a ``ts`` the layout reader could not cut out of its line
+(an exponent, a sign) arrives as a float; it is read through its shortest decimal form.
 
-Two parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
-line layout with numpy (the fast path, about 10x faster than building a dict per event), and any
-file not in that layout is read by the general streaming scanner ``_json_stream`` (compact or
-re-indented JSON, other writers), which also reports malformed JSON precisely.
+Three parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
+line layout with numpy (the fast path, about 10x faster than building a dict per event); a file
+in any other JSON layout (re-indented, compact, other writers) is read by ``_json_chunks``,
+which finds the events' keys from the string delimiters of a chunk and vectorizes the range
+events the same way; and malformed JSON ends in the streaming scanner ``_json_stream``, which
+reports the exact position of the error. Each hands over early (the layout reader after its
+first chunk), so a file is not read twice in full.
 
 The rank comes from the ``rank`` argument, else ``distributedInfo.rank``, else ``rank<N>`` in
 the file name, else it is -1 with ``metadata["rank_source"] == "unknown"``: ``read_trace`` and
@@ -42,6 +47,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import TextIO
 
@@ -59,8 +65,10 @@ from analyzers.model import (
     Trace,
 )
 from analyzers.readers._cuda_api import is_launch_api
+from analyzers.readers._json_chunks import ChunkMismatch, read_chunks
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
+    ExactNs,
     LayoutMismatch,
     RowSink,
     decompressed_blocks,
@@ -90,7 +98,9 @@ RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
 LAYOUT_FAST_PATH = True
-"""Try Kineto's fixed layout first; tests switch it off to compare with the scanner."""
+"""Try Kineto's fixed layout first; tests switch it off to compare with the other paths."""
+CHUNKS_PATH = True
+"""Then the any-layout chunked path; tests switch it off to compare with the scanner."""
 WORKERS_ENV = "CPTRACE_READ_WORKERS"
 """Worker processes ``read_kineto_files`` may fork (default 1: none). Measured on the 2-core
 CI machine under load, two workers were not faster and took 1.5x the memory (the traces come
@@ -168,13 +178,21 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         _read_layout(source, header, tables)
         parser = "kineto-layout"
     except LayoutMismatch:
-        # Not Kineto's own layout (or malformed): start over with the general scanner, which
-        # accepts any JSON formatting and names the exact position of a syntax error.
+        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
         header, tables = {}, _Tables()
-        with _open_text(source) as stream:
-            for event in iter_events(stream, str(source), header):
-                _take(event, tables)
-        parser = "json-scanner"
+        try:
+            if not CHUNKS_PATH:
+                raise ChunkMismatch("chunked path switched off")
+            _read_chunks(source, header, tables)
+            parser = "json-chunks"
+        except (ChunkMismatch, LayoutMismatch):
+            # Malformed (or not a trace): the streaming scanner names the exact position of
+            # a syntax error, or reads what the chunked path could not.
+            header, tables = {}, _Tables()
+            with _open_text(source) as stream:
+                for event in iter_events(stream, str(source), header):
+                    _take(event, tables)
+            parser = "json-scanner"
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
@@ -226,6 +244,16 @@ def _workers(files: int) -> int:
 
 def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
     """The fast path: vectorized ranges and launches, every other event through ``_take``."""
+    read_layout(decompressed_blocks(source), header, _sink(tables))
+
+
+def _read_chunks(source: Path, header: dict[str, object], tables: _Tables) -> None:
+    """Any JSON layout: vectorized ranges, every other event through ``_take``."""
+    read_chunks(decompressed_blocks(source), header, _sink(tables))
+
+
+def _sink(tables: _Tables) -> RowSink:
+    """Where the vectorized readers put their rows (and hand every other event)."""
     tables.drained = frozenset(("ranges", "launches"))  # merged per chunk, in file order
 
     def emit(table: str, rows: npt.NDArray[np.void]) -> None:
@@ -242,14 +270,13 @@ def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> No
             found = tables.launch_names[name] = is_launch_api(name)
         return found
 
-    sink = RowSink(
+    return RowSink(
         strings=tables.strings,
         take=lambda event: _take(event, tables),
         pending=tables.pending,
         emit=emit,
         is_launch=is_launch,
     )
-    read_layout(decompressed_blocks(source), header, sink)
 
 
 def _is_step(name_id: int, tables: _Tables) -> bool:
@@ -296,8 +323,21 @@ def _open_text(path: Path) -> Iterator[TextIO]:
 
 
 def _ns(value: object) -> int:
-    """Kineto µs (float or int) -> integer ns."""
-    return round(float(value) * 1000)  # type: ignore[arg-type]
+    """Kineto µs (int, ``Decimal``, decimal text, or ``ExactNs``) -> exact integer ns."""
+    if isinstance(value, ExactNs):
+        return int(value)
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a time")
+    if isinstance(value, int):
+        return value * 1000
+    if isinstance(value, float):
+        value = repr(value)  # the shortest decimal that reads back as this float
+    if not isinstance(value, Decimal | str):
+        raise TypeError(f"not a number: {value!r}")
+    exact = Decimal(value) * 1000
+    if not exact.is_finite():
+        raise ValueError(f"not a finite time: {value!r}")
+    return int(exact.to_integral_value(ROUND_HALF_EVEN))
 
 
 def _take(event: object, tables: _Tables) -> None:
@@ -322,7 +362,7 @@ def _take(event: object, tables: _Tables) -> None:
     handler, kind = route
     try:
         handler(event, kind, tables)
-    except (KeyError, TypeError, ValueError, OverflowError):
+    except (KeyError, TypeError, ValueError, ArithmeticError):
         tables.skip(f"{cat} event without numeric ts/dur/pid/tid")
 
 
@@ -380,7 +420,7 @@ def _range(event: dict[str, object], kind: int, tables: _Tables) -> None:
     name = str(event.get("name", ""))
     if kind == _RECORD_FUNCTION and STEP_NAME.match(name):
         kind = _STEP
-    start = round(float(event["ts"]) * 1000)  # type: ignore[arg-type]
+    start = _ns(event["ts"])
     tables.add(
         "ranges",
         (
@@ -389,7 +429,7 @@ def _range(event: dict[str, object], kind: int, tables: _Tables) -> None:
             int(event["pid"]),  # type: ignore[call-overload]
             int(event["tid"]),  # type: ignore[call-overload]
             start,
-            start + round(float(event.get("dur", 0)) * 1000),  # type: ignore[arg-type]
+            start + _ns(event.get("dur", 0)),
             tables.strings.intern(name),
             -1,
             0,
