@@ -19,6 +19,7 @@ from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ra
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.errors import RankConflictError, TraceError
 from analyzers.findings import evaluate
+from analyzers.host_time import host_time, host_time_findings
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
@@ -231,6 +232,8 @@ def analyze_trace(
     )
     iterations = _iterations(manifest, metrics)
     findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
+    findings += host_time_findings(hosted, catalog)
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),
@@ -246,6 +249,7 @@ def analyze_trace(
         notes=_notes(trace, manifest, metrics, iterations),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
+        host_time=hosted,
     )
     if progress:
         progress("done", 1.0)

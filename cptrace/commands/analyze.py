@@ -282,7 +282,8 @@ def render_report(report: Any) -> None:
                 _ms(h.host_time_ns / steps),
                 h.matched_by,
             )
-        console.print(table)
+        if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
+            console.print(table)
         totals = Table(title=f"{group}: ranks ({per})", title_justify="left")
         unit = "" if group == "whole trace" else "/step"
         for col in (
@@ -307,10 +308,49 @@ def render_report(report: Any) -> None:
                 f"{s.attributed_fraction:.1%}",
             )
         console.print(totals)
+    _render_host_time(console, report)
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _cpu_only(report: Any) -> bool:
+    return report.host_time is not None and not report.host_time.gpu_activity
+
+
+def _render_host_time(console: Any, report: Any) -> None:
+    """Host time per helper from the ranges: shown when the trace has no GPU activity (then the
+    GPU tables are empty and these are the figures there are)."""
+    from rich.table import Table
+
+    host = report.host_time
+    if host is None or host.gpu_activity or not host.helpers:
+        return
+    for group in report.groups:
+        rows = [h for h in host.helpers if h.window == group]
+        if not rows:
+            continue
+        whole = group == "whole trace"
+        unit = "" if whole else "/step"
+        title = f"{group}: host time per helper from the ranges (no GPU activity), " + (
+            "totals over the trace" if whole else "per step (totals / steps)"
+        )
+        table = Table(title=title, title_justify="left")
+        for col in ("rank", "helper", "category", f"calls{unit}", f"inclusive ms{unit}"):
+            table.add_column(col, justify="left" if col in ("helper", "category") else "right")
+        table.add_column(f"self ms{unit}", justify="right")
+        for h in sorted(rows, key=lambda h: (h.rank, -h.inclusive_ns)):
+            steps = 1 if whole else max(h.steps, 1)
+            table.add_row(
+                str(h.rank),
+                h.helper,
+                h.category.value,
+                f"{h.calls / steps:g}",
+                _ms(h.inclusive_ns / steps),
+                _ms(h.self_ns / steps),
+            )
+        console.print(table)
 
 
 def _render_iterations(console: Any, iterations: list[Any]) -> None:
