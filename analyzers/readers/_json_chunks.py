@@ -267,32 +267,46 @@ def _fields(
     quotes = structure.quotes[structure.quotes < data.size]  # the structure may run past the cut
     starts, stops = quotes[0::2], quotes[1::2]
     starts = starts[: len(stops)]
-    after = _skip_spaces(arr, stops + 1)
-    key_rows = np.flatnonzero(arr[after] == 58)
-    key_rows = key_rows[structure.depth_at(starts[key_rows]) == 1]
+    # Candidate keys: strings of a key's length starting like one ("ph", "cat", ...), then
+    # those followed by ":" at the events' own level.
+    length = stops - starts - 1
+    which = np.full(len(starts), -1, dtype=np.int64)
+    for size in sorted({len(key) for key in _KEYS}):
+        sized = np.flatnonzero(length == size)
+        for key, code in _KEYS.items():
+            if len(key) == size:
+                which[sized[data.has(starts[sized] + 1, key)]] = code
+    key_rows = np.flatnonzero(which >= 0)
+    after = _skip_spaces(arr, stops[key_rows] + 1)
+    mine = arr[after] == 58
+    key_rows, after = key_rows[mine], after[mine]
+    mine = structure.depth_at(starts[key_rows]) == 1
+    key_rows, after = key_rows[mine], after[mine]
     if not len(key_rows):  # no keys at the events' level: every event goes the JSON way
         none = np.zeros(count, dtype=np.int64)
         return none, (none, none), none, none, none, none, none < 0, none < 0, none < 0
-    key_start, key_len = starts[key_rows], stops[key_rows] - starts[key_rows] - 1
-    which = np.full(len(key_rows), -1, dtype=np.int64)
-    for key, code in _KEYS.items():
-        hit = (key_len == len(key)) & data.has(key_start + 1, key)
-        which[hit] = code
+    key_start = starts[key_rows]
+    which = which[key_rows]
     event = np.searchsorted(opens, key_start) - 1
-    value = _skip_spaces(arr, after[key_rows] + 1)
+    value = _skip_spaces(arr, after + 1)
     # string values: the value is the next string
     next_string = np.minimum(key_rows + 1, len(starts) - 1)
     is_string = starts[next_string] == value
     value_end = np.where(is_string, stops[next_string], -1)
-    # numbers: up to the first character that is neither a digit nor a dot
-    number_char = (arr[: data.size] - np.uint8(48) < 10) | (arr[: data.size] == 46)
-    others = np.flatnonzero(~number_char)
-    stop_at = np.searchsorted(others, value)
-    number_end = np.where(
-        stop_at < len(others), others[np.minimum(stop_at, len(others) - 1)], data.size
-    )
-    mantissa, fraction, number_start, number_ok = _numbers(data, number_end)
-    number_ok &= (number_start == value) & (arr[value] - np.uint8(48) < 10)
+    # numbers (pid, tid, ts, dur only): up to the first character that is neither a digit
+    # nor a dot, within the width ``_numbers`` reads (longer ones go the JSON way)
+    mantissa = np.zeros(len(key_rows), dtype=np.int64)
+    fraction = np.zeros(len(key_rows), dtype=np.int64)
+    number_ok = np.zeros(len(key_rows), dtype=bool)
+    numeric = np.flatnonzero(which >= 3)
+    window = data.columns(value[numeric])
+    digits = (window - np.uint8(48) < 10) | (window == 46)
+    width = np.argmin(digits, axis=1)  # first non-number column (0 if none: too long)
+    number_end = value[numeric] + width
+    m, f, number_start, good = _numbers(data, number_end)
+    good &= (width > 0) & (number_start == value[numeric]) & (digits[:, 0])
+    good &= arr[value[numeric]] != 46
+    mantissa[numeric], fraction[numeric], number_ok[numeric] = m, f, good
     seen = np.zeros((len(_KEYS), count), dtype=np.int64)
     np.add.at(seen, (np.maximum(which, 0)[which >= 0], event[which >= 0]), 1)
     ok = (seen == 1).all(axis=0)

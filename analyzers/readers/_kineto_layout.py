@@ -186,6 +186,9 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
         raise LayoutMismatch("no traceEvents array in Kineto's layout")
     header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
     buf = buf[found + len(EVENTS_OPEN) :]
+    if buf.startswith(b"  {\n") and not buf.startswith(b"  {\n    \""):
+        # The first event's keys are not at indent 4 (json.dump(indent=1) and the like).
+        raise LayoutMismatch("the first event is not in Kineto's line layout")
     done = False
     first = True
     while True:
@@ -202,7 +205,8 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
             return
         cut = buf.rfind(SEPARATOR)
         if cut < 0:  # one event longer than a chunk: read on
-            if len(buf) > MAX_EVENT_BYTES:
+            if len(buf) > MAX_EVENT_BYTES or (first and len(buf) > _PROBE_BYTES):
+                # (before any event: most likely another indentation, not one huge event)
                 raise LayoutMismatch("no event separator in Kineto's layout")
             block = next(blocks, b"")
             done = not block
@@ -238,6 +242,8 @@ def _tail(text: bytes, header: dict[str, object]) -> None:
     header.update(_object_text(b"{" + rest[1:], b""))
 
 
+_PROBE_BYTES = 4 * CHUNK_BYTES
+"""Text of a first chunk without an event separator that makes it another layout."""
 _PROBE_EVENTS = 64
 """Events in a first chunk without any in Kineto's line layout that make it another layout."""
 _PAD = 64
