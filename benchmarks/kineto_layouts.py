@@ -103,7 +103,8 @@ def main() -> None:
         grown = statistics.median(float(r["peak"]) - float(r["base"]) for r in items)
         print(
             f"{name:<22} {sizes[name] / 1e6:>6.1f} {items[0]['parser']!s:<14} "
-            f"{items[0]['rows']!s:>7} {wall:>7.3f} {cpu:>7.3f} {peak / 1e6:>11.1f} {grown / 1e6:>7.1f} "
+            f"{items[0]['rows']!s:>7} {wall:>7.3f} {cpu:>7.3f} {peak / 1e6:>11.1f} "
+            f"{grown / 1e6:>7.1f} "
             f"{cpu / base:>8.2f}x"
         )
 
