@@ -26,10 +26,12 @@ from analyzers.attribution import (
     factorize,
 )
 from analyzers.catalog import Catalog
+from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
 from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
+    GroupTimeline,
     HelperStat,
     HostSyncStat,
     Imbalance,
@@ -38,11 +40,11 @@ from analyzers.report import (
     Timeline,
     TimelineEvent,
     Window,
+    WindowTimeline,
 )
+from analyzers.timeline import group_timelines, window_timelines
 from analyzers.windows import WHOLE_TRACE, group_names
 
-GAP_THRESHOLD_NS = 10_000
-"""Idle time on a stream shorter than this is launch jitter, not a gap worth reporting."""
 TIMELINE_LIMIT = 2000
 
 IntArray = npt.NDArray[np.int64]
@@ -62,6 +64,10 @@ class Metrics:
     host_syncs: list[HostSyncStat] = field(default_factory=list)
     timeline: Timeline | None = None
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    window_timelines: list[WindowTimeline] = field(default_factory=list)
+    gpu_timeline: list[GroupTimeline] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the metrics could not do as intended (a GPU annotation that could not be paired)."""
 
     def helper_stats(self, group: str, helper: str) -> list[HelperStat]:
         """The helper's rows in one group, one per rank that has it."""
@@ -90,47 +96,6 @@ def assign_windows(
         ok &= points_time[here] <= ends[slot]
         out[here[ok]] = ids[slot[ok]]
     return out
-
-
-def interval_union(
-    seg: IntArray, start: IntArray, end: IntArray, n_segments: int
-) -> tuple[IntArray, IntArray, IntArray]:
-    """Per segment: union length, number of gaps > threshold, and their summed length.
-
-    Inputs need not be sorted. Segment ids index the outputs (length ``n_segments``).
-    """
-    busy = np.zeros(n_segments, dtype=np.int64)
-    gaps = np.zeros(n_segments, dtype=np.int64)
-    gap_ns = np.zeros(n_segments, dtype=np.int64)
-    if len(start) == 0:
-        return busy, gaps, gap_ns
-    order = np.lexsort((start, seg))
-    seg, start, end = seg[order], start[order], np.maximum(end[order], start[order])
-    base = int(start.min())
-    s, e = start - base, end - base
-    width = int(e.max()) + 1
-    if n_segments * width < (1 << 62):
-        reach = np.maximum.accumulate(e + seg * width) - seg * width
-    else:  # too wide for one offset trick: per segment
-        reach = np.empty_like(e)
-        for sid in np.unique(seg):
-            rows = seg == sid
-            reach[rows] = np.maximum.accumulate(e[rows])
-    first = np.ones(len(s), dtype=bool)
-    first[1:] = seg[1:] != seg[:-1]
-    new_piece = first.copy()
-    new_piece[1:] |= s[1:] > reach[:-1]
-    piece_starts = np.flatnonzero(new_piece)
-    piece_end = np.maximum.reduceat(e, piece_starts)
-    piece_seg = seg[piece_starts]
-    np.add.at(busy, piece_seg, piece_end - s[piece_starts])
-    # A gap is the space between consecutive pieces of one segment.
-    same = piece_seg[1:] == piece_seg[:-1]
-    gap = s[piece_starts[1:]] - piece_end[:-1]
-    counted = same & (gap > GAP_THRESHOLD_NS)
-    np.add.at(gaps, piece_seg[1:][counted], 1)
-    np.add.at(gap_ns, piece_seg[1:][counted], gap[counted])
-    return busy, gaps, gap_ns
 
 
 @dataclass(slots=True)
@@ -275,26 +240,18 @@ def _stream_stats(trace: Trace, placed: _Placed) -> list[StreamStat]:
     ]
 
 
-def _busy_per_window(trace: Trace, placed: _Placed, mask: npt.NDArray[np.bool_]) -> IntArray:
-    """Union of activity intervals per window, over the activities selected by ``mask``."""
-    rows = mask & (placed.window >= 0)
-    busy, _, _ = interval_union(
-        placed.window[rows],
-        trace.activities["start"][rows].astype(np.int64),
-        trace.activities["end"][rows].astype(np.int64),
-        len(placed.windows),
-    )
-    return busy
-
-
 def _rank_summaries(
-    trace: Trace, att: Attribution, placed: _Placed, steps: dict[tuple[int, str], int]
+    trace: Trace,
+    att: Attribution,
+    placed: _Placed,
+    steps: dict[tuple[int, str], int],
+    timelines: Sequence[GroupTimeline],
 ) -> list[RankSummary]:
+    """Per rank: busy and compute-busy from the clipped GPU timeline (so busy <= the windows),
+    counts from the activities placed in the group's windows by launch time."""
     acts = trace.activities
     w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
-    communication = np.array([c == Category.COMMUNICATION for c in att.categories] + [False])
-    busy = _busy_per_window(trace, placed, np.ones(len(acts), dtype=bool))
-    compute_busy = _busy_per_window(trace, placed, ~communication[att.helper])
+    clipped = {t.rank: t for t in timelines if t.window == placed.group}
     out = []
     for rank in sorted({w.rank for w in placed.windows}):
         in_rank = (placed.window >= 0) & (w_rank[np.maximum(placed.window, 0)] == rank)
@@ -307,8 +264,8 @@ def _rank_summaries(
                 window=placed.group,
                 steps=steps[(rank, placed.group)],
                 span_ns=sum(w.end_ns - w.start_ns for w in placed.windows if w.rank == rank),
-                gpu_busy_ns=int(busy[w_rank == rank].sum()),
-                compute_busy_ns=int(compute_busy[w_rank == rank].sum()),
+                gpu_busy_ns=clipped[rank].busy_ns if rank in clipped else 0,
+                compute_busy_ns=clipped[rank].computation_ns if rank in clipped else 0,
                 kernels=int((acts["kind"][in_rank] == ActivityKind.KERNEL).sum()),
                 launches=int(in_rank.sum()),
                 attributed_fraction=attributed / total if total else 0.0,
@@ -473,6 +430,8 @@ def compute_metrics(
     metrics.steps = dict(steps)
     sync_ops = _sync_op_index(trace, catalog)
     rank, time = _activity_points(trace, att)
+    metrics.window_timelines, metrics.notes = window_timelines(trace, windows, rank)
+    metrics.gpu_timeline = group_timelines(metrics.window_timelines, metrics.steps)
     range_rank = trace.ranges["rank"].astype(np.int64)
     for group in groups:
         group_windows = [w for w in windows if (w.group or w.name) == group]
@@ -480,7 +439,7 @@ def compute_metrics(
         calls = _helper_calls(trace, ranges, group_windows, range_rank)
         metrics.helpers += _helper_stats(trace, att, placed, metrics.steps, calls)
         metrics.streams += _stream_stats(trace, placed)
-        summaries = _rank_summaries(trace, att, placed, metrics.steps)
+        summaries = _rank_summaries(trace, att, placed, metrics.steps, metrics.gpu_timeline)
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)
         metrics.host_syncs += _host_syncs(

@@ -171,7 +171,7 @@ def _notes(
 ) -> list[str]:
     """What the report cannot cover: reader notes, empty input, missing windows or ranks,
     iteration times that only come from profiled steps."""
-    notes = list(trace.notes)
+    notes = list(trace.notes) + list(metrics.notes)
     profiled = [it.label for it in iterations if it.rank is None and it.source == PROFILED]
     if profiled:
         notes.append(
@@ -244,6 +244,8 @@ def analyze_trace(
         notes=_notes(trace, manifest, metrics, iterations),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
+        gpu_timeline=metrics.gpu_timeline,
+        window_timelines=metrics.window_timelines,
     )
     if progress:
         progress("done", 1.0)

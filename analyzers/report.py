@@ -128,6 +128,58 @@ class RankSummary(_Model):
     compute_busy_ns: int = 0  # busy union without communication kernels (NCCL spins while waiting)
 
 
+class WindowBasis(StrEnum):
+    """Which interval a timeline window covers."""
+
+    GPU_ANNOTATION = "gpu annotation"
+    """Kineto ``gpu_user_annotation`` of the step: first to last GPU activity the step's
+    annotation enclosed, on any stream."""
+    CPU_RANGE = "cpu range"
+    """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
+    TRACE = "trace span"
+    """The rank's whole trace."""
+
+
+class GpuTimeParts(_Model):
+    """The GPU timeline of a window, activities clipped to it; all integer ns.
+
+    ``busy = computation + exposed_communication + exposed_memcpy`` and
+    ``total = busy + idle``; busy never exceeds total.
+    """
+
+    total_ns: int = 0  # window length
+    computation_ns: int = 0  # union of kernels (not NCCL) and memsets
+    busy_ns: int = 0  # union of every GPU activity (kernels, memcpy, memset)
+    exposed_memcpy_ns: int = 0  # memcpy time under neither computation nor NCCL
+    exposed_communication_ns: int = 0  # NCCL kernel time not overlapped by computation
+    idle_ns: int = 0  # total - busy
+
+
+class WindowTimeline(GpuTimeParts):
+    """The GPU timeline decomposition of one window on one rank."""
+
+    rank: int
+    window: str  # the window group ("ProfilerStep", "arm:auto_clone", "whole trace")
+    name: str  # the window's own name ("ProfilerStep#3")
+    index: int
+    basis: WindowBasis
+    start_ns: int
+    end_ns: int
+
+
+class GroupTimeline(GpuTimeParts):
+    """Sums of ``WindowTimeline`` over one rank's windows of one group.
+
+    Per-step figures are these sums divided by ``steps`` (and say so).
+    """
+
+    rank: int
+    window: str
+    steps: int
+    windows: int  # how many windows were summed (steps / steps_per_window)
+    basis: WindowBasis  # the basis of most of the summed windows
+
+
 class Imbalance(_Model):
     """Cross-rank spread of one metric within one window group."""
 
@@ -226,6 +278,10 @@ class AnalysisReport(_Model):
     host_syncs: list[HostSyncStat] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     """Window-group names in report order; "whole trace" is always last."""
+    gpu_timeline: list[GroupTimeline] = Field(default_factory=list)
+    """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
+    window_timelines: list[WindowTimeline] = Field(default_factory=list)
+    """The same decomposition for every window (each step on its own)."""
 
 
 class HelperDelta(_Model):
