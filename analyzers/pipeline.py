@@ -246,6 +246,8 @@ def analyze_trace(
         groups=metrics.groups,
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
+        devices=metrics.devices,
+        kernels=metrics.kernels,
     )
     if progress:
         progress("done", 1.0)

@@ -11,7 +11,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
+"""2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
+rank rows); the GPU timeline, device figures and kernel tables."""
 
 
 class _Model(BaseModel):
@@ -79,12 +81,17 @@ class HelperStat(_Model):
     steps: int
     helper: str
     category: Category
-    launches: int  # GPU activities (kernels + memcpy + memset) attributed to the helper
-    kernels: int
-    gpu_time_ns: int
+    launches: int  # CPU launch calls behind the helper's activities (a graph launch counts once)
+    kernels: int  # GPU kernel activities
+    gpu_time_ns: int  # summed duration of the helper's activities
     matched_by: str  # "range" | "python" | "kernel-name" | "none" (how most rows were matched)
     calls: int = 0  # outermost catalogued ranges of the helper (host-side calls) in the windows
     host_time_ns: int = 0  # summed duration of those ranges on the CPU
+    activities: int = 0  # GPU activities (kernels + memcpy + memset) attributed to the helper
+    first_call_host_ns: int = 0
+    """Host time of the rank's first call of the helper in the whole trace when that call falls
+    in this group (0 otherwise): a compiled helper's first call includes its compilation, so
+    steady-state host time is ``host_time_ns - first_call_host_ns`` over ``calls - 1`` calls."""
 
 
 class StreamStat(_Model):
@@ -121,11 +128,14 @@ class RankSummary(_Model):
     window: str
     steps: int
     span_ns: int  # sum of window durations
-    gpu_busy_ns: int  # union over all streams of that rank
-    kernels: int
-    launches: int
+    gpu_busy_ns: int  # the clipped timeline's busy: union of all activities, within the windows
+    kernels: int  # GPU kernel activities placed in the windows (by launch time)
+    launches: int  # CPU launch calls of the rank that start inside the windows
     attributed_fraction: float  # share of GPU time attributed to a catalog helper
-    compute_busy_ns: int = 0  # busy union without communication kernels (NCCL spins while waiting)
+    compute_busy_ns: int = 0
+    """The clipped timeline's computation: union of non-NCCL kernels and memsets in the windows
+    (NCCL kernels spin while they wait, so they are not compute)."""
+    activities: int = 0  # GPU activities (kernels + memcpy + memset) placed in the windows
 
 
 class WindowBasis(StrEnum):
@@ -178,6 +188,51 @@ class GroupTimeline(GpuTimeParts):
     steps: int
     windows: int  # how many windows were summed (steps / steps_per_window)
     basis: WindowBasis  # the basis of most of the summed windows
+
+
+class DeviceFigures(_Model):
+    """Whole-trace reference figures of one device of one rank (never per step).
+
+    Times are sums of ``end - start`` over the activities, in ns: not unions (overlapping
+    kernels on two streams both count); ``gpu_time_ns`` = kernel + memcpy + memset time.
+    """
+
+    rank: int
+    device: int
+    kernels: int  # GPU kernel activities
+    kernel_time_ns: int
+    kernel_first_ns: int | None  # start of the first kernel
+    kernel_last_ns: int | None  # end of the last kernel
+    kernel_span_ns: int  # kernel_last_ns - kernel_first_ns (0 without kernels)
+    kernels_with_launch: int  # kernels joined to a CPU launch row (by correlation id)
+    kernels_without_launch: int  # e.g. time-sliced exports, or launches outside the capture
+    memcpy: int
+    memcpy_time_ns: int
+    memcpy_bytes: int  # summed over the copies whose byte count the trace records
+    memcpy_bytes_unknown: int  # copies without a byte count
+    memset: int
+    memset_time_ns: int
+    memset_bytes: int
+    memset_bytes_unknown: int
+    gpu_time_ns: int
+
+
+class KernelStat(_Model):
+    """One row of the per-kernel-name table (the columns of ``nsys stats`` ``cuda_gpu_kern_sum``)
+    within one window group: per rank, or summed over ranks when ``rank`` is None."""
+
+    rank: int | None
+    window: str
+    steps: int  # steps of the group (the largest over ranks for rank=None): divide for per step
+    name: str
+    count: int  # instances
+    total_ns: int
+    average_ns: float  # total / count
+    median_ns: float  # middle duration; mean of the two middle ones for an even count
+    min_ns: int
+    max_ns: int
+    stddev_ns: float  # sample standard deviation (n - 1); 0 for one instance
+    time_pct: float  # share of the (rank's, or all ranks') kernel time in the group
 
 
 class Imbalance(_Model):
@@ -282,6 +337,10 @@ class AnalysisReport(_Model):
     """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
     window_timelines: list[WindowTimeline] = Field(default_factory=list)
     """The same decomposition for every window (each step on its own)."""
+    devices: list[DeviceFigures] = Field(default_factory=list)
+    """Whole-trace reference figures per (rank, device)."""
+    kernels: list[KernelStat] = Field(default_factory=list)
+    """Per-kernel-name tables per window group, per rank and summed over ranks."""
 
 
 class HelperDelta(_Model):

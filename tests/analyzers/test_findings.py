@@ -48,6 +48,7 @@ def _stat(
         helper=helper,
         category=category,
         launches=launches,
+        activities=launches,
         kernels=launches,
         gpu_time_ns=gpu,
         matched_by="python",
