@@ -314,6 +314,15 @@ class IterationStats(_Model):
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
+class RunEnvironment(_Model):
+    """What the run ran on, as far as the traces and the manifest say (None: not recorded)."""
+
+    gpu_models: list[str] = Field(default_factory=list)  # distinct device names in the traces
+    world_size: int | None = None  # distributedInfo.world_size, else the number of ranks
+    torch: str | None = None  # manifest environment
+    transformer_engine: str | None = None  # manifest environment
+
+
 class AnalysisReport(_Model):
     """Everything ``analyze`` knows about one set of traces (one run)."""
 
@@ -341,6 +350,7 @@ class AnalysisReport(_Model):
     """Whole-trace reference figures per (rank, device)."""
     kernels: list[KernelStat] = Field(default_factory=list)
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
+    environment: RunEnvironment = Field(default_factory=RunEnvironment)
 
 
 class HelperDelta(_Model):
@@ -355,9 +365,54 @@ class HelperDelta(_Model):
     head_gpu_time_ns: float
     delta_gpu_time_ns: float
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+    """"changed" when the launch calls differ at all, or GPU or host time beyond the noise
+    (``analyzers.compare.TIME_NOISE_*``)."""
     base_host_time_ns: float = 0.0  # time on the CPU inside the helper's ranges, per step
     head_host_time_ns: float = 0.0
     delta_host_time_ns: float = 0.0
+    base_activities: float = 0.0  # GPU activities per step, summed over ranks
+    head_activities: float = 0.0
+    delta_activities: float = 0.0
+
+
+class KernelDelta(_Model):
+    """Per-kernel-name change between base and head: count and total time per step summed over
+    ranks (``ComparisonReport.basis``), mean duration per instance."""
+
+    name: str
+    base_count: float
+    head_count: float
+    delta_count: float
+    base_total_ns: float
+    head_total_ns: float
+    delta_total_ns: float
+    base_mean_ns: float  # total / count over the whole group (0 when absent)
+    head_mean_ns: float
+    delta_mean_ns: float
+    status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+
+
+class RankDelta(_Model):
+    """One rank's per-step figures on both sides (ranks present on one side only: None there)."""
+
+    rank: int
+    base_span_ns: float | None
+    head_span_ns: float | None
+    base_busy_ns: float | None  # clipped GPU timeline busy
+    head_busy_ns: float | None
+    base_gpu_time_ns: float | None  # summed activity durations
+    head_gpu_time_ns: float | None
+
+
+class GpuTotal(_Model):
+    """Total GPU time (kernel + memcpy + memset durations) per step, summed over ranks."""
+
+    base_ns: float
+    head_ns: float
+    delta_ns: float
+    base_kernel_ns: float
+    head_kernel_ns: float
+    delta_kernel_ns: float
 
 
 class IterationComparison(_Model):
@@ -383,9 +438,16 @@ class ComparisonReport(_Model):
     head_label: str
     helpers: list[HelperDelta]
     span_delta_ns: float  # per step, mean over ranks
-    busy_delta_ns: float
+    busy_delta_ns: float  # per step, mean over ranks (clipped GPU timeline busy)
     iterations: IterationComparison | None = None
     findings_base: list[Finding] = Field(default_factory=list)
     findings_head: list[Finding] = Field(default_factory=list)
     summary: str  # one line: verdict and the helper(s) behind the difference
     verdict: str
+    basis: str = "per step, summed over ranks"
+    """How helper, kernel and Total GPU numbers were aggregated (per step or whole trace)."""
+    kernel_deltas: list[KernelDelta] = Field(default_factory=list)
+    total_gpu: GpuTotal | None = None
+    ranks: list[RankDelta] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
