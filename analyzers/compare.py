@@ -4,8 +4,9 @@ Why per step: two windows rarely hold the same number of steps; per-step numbers
 ranks) make them comparable. Kernel counts are deterministic, so launch and kernel-count deltas
 are exact and need no statistics; iteration times go through
 :func:`analyzers.stats.compare_samples`. A GPU or host time is "changed" when it moves by more
-than ``TIME_NOISE_FRACTION`` of the base and ``TIME_NOISE_NS`` per step (kernel durations of one
-binary on one GPU repeat within a few percent; host time under a profiler less so).
+than ``TIME_NOISE_FRACTION`` (host time: ``HOST_NOISE_FRACTION``) of the base and
+``TIME_NOISE_NS`` per step (kernel durations of one binary on one GPU repeat within a few
+percent; host time under a profiler far less).
 
 Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Two reports
 from different GPU models, world sizes, rank sets, TE/torch versions or step counts still
@@ -34,7 +35,9 @@ from analyzers.stats import compare_samples
 from analyzers.windows import WHOLE_TRACE
 
 TIME_NOISE_FRACTION = 0.05
-"""A time change smaller than this share of the base value is noise."""
+"""A GPU time change smaller than this share of the base value is noise."""
+HOST_NOISE_FRACTION = 0.25
+"""The same for host time: measured under the profiler, it varies far more between steps."""
 TIME_NOISE_NS = 10_000
 """... and so is one smaller than this many ns per step (timer and launch jitter)."""
 MIN_SAMPLES = 5
@@ -87,10 +90,10 @@ def _per_step(stats: Sequence[HelperStat]) -> dict[str, _Side]:
     return out
 
 
-def time_changed(base_ns: float, head_ns: float) -> bool:
+def time_changed(base_ns: float, head_ns: float, fraction: float = TIME_NOISE_FRACTION) -> bool:
     """Whether a per-step time moved beyond the noise (see the module docstring)."""
     delta = abs(head_ns - base_ns)
-    return delta > TIME_NOISE_NS and delta > TIME_NOISE_FRACTION * abs(base_ns)
+    return delta > TIME_NOISE_NS and delta > fraction * abs(base_ns)
 
 
 def _kernel_side(report: AnalysisReport, window: str) -> dict[str, tuple[float, float, int, int]]:
@@ -265,7 +268,7 @@ def helper_deltas(
                 abs(hs.launches - bs.launches) > 1e-9
                 or abs(hs.activities - bs.activities) > 1e-9
                 or time_changed(bs.gpu_ns, hs.gpu_ns)
-                or time_changed(bs.host_ns, hs.host_ns)
+                or time_changed(bs.host_ns, hs.host_ns, HOST_NOISE_FRACTION)
             )
             status = "changed" if moved else "unchanged"
         out.append(
@@ -414,6 +417,7 @@ def compare_reports(
 
 
 __all__ = [
+    "HOST_NOISE_FRACTION",
     "TIME_NOISE_FRACTION",
     "TIME_NOISE_NS",
     "CompareError",
