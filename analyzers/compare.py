@@ -413,6 +413,8 @@ def compare_reports(
         total_gpu=total_gpu(base, head, base_window, head_window),
         ranks=rank_deltas(base, head, base_window, head_window),
         notes=notes,
+        timeline_base=[t for t in base.gpu_timeline if t.window == base_window],
+        timeline_head=[t for t in head.gpu_timeline if t.window == head_window],
     )
 
 

@@ -451,3 +451,6 @@ class ComparisonReport(_Model):
     ranks: list[RankDelta] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
+    timeline_base: list[GroupTimeline] = Field(default_factory=list)
+    """The base window group's clipped GPU timeline per rank (sums; divide by ``steps``)."""
+    timeline_head: list[GroupTimeline] = Field(default_factory=list)
