@@ -373,9 +373,13 @@ def _host_syncs(
     )
     rows, w = rows[w >= 0], w[w >= 0]
     claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
-    helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    helper = np.full(len(rows), -1, dtype=np.int64)  # a trace without ranges claims none
+    hit = claimed >= 0
+    helper[hit] = ranges.helper[claimed[hit]]
     op = sync_ops.lookup(launches["thread"][rows], launches["start"][rows])
-    label = np.where(op >= 0, trace.ranges["name"][np.maximum(op, 0)], launches["api"][rows])
+    label = launches["api"][rows].astype(np.int64)
+    named = op >= 0
+    label[named] = trace.ranges["name"][op[named]]
     w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
     out = []
     for rank in np.unique(w_rank).tolist():

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzers.pipeline import run_analysis
+from analyzers.pipeline import analyze_trace, run_analysis
+from analyzers.readers.kineto import read_kineto
 from analyzers.report import AnalysisReport
 from analyzers.windows import WHOLE_TRACE
 
@@ -53,10 +54,21 @@ def _is_nsys(path: Path) -> bool:
     return ".sqlite" in path.name
 
 
+def _kineto_rank(path: Path) -> int:
+    """distributedInfo.rank, else 0: a single-process profile (the figures do not depend on it)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:  # type: ignore[operator]
+        info = json.load(f).get("distributedInfo") or {}
+    return int(info.get("rank", 0))
+
+
 @pytest.fixture(scope="module", params=TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def analysed(request: pytest.FixtureRequest) -> tuple[Path, AnalysisReport]:
     path: Path = request.param
-    return path, run_analysis([path]).report
+    if _is_nsys(path):
+        return path, run_analysis([path]).report
+    trace = read_kineto(path, rank=_kineto_rank(path))
+    return path, analyze_trace(trace).report
 
 
 # ---- the expected figures, from the trace itself ------------------------------------------
