@@ -153,7 +153,8 @@ class CudnnGraphAttention:
         return out
 
     @staticmethod
-    def _ragged_in_place(cache: dict, call: Any, strides: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    def _ragged_in_place(cache: dict, call: Any,
+                         strides: tuple[int, ...]) -> dict[str, torch.Tensor]:
         """Like :meth:`_ragged`, with each segment starting at its row in the whole buffer."""
         key = ("cudnn_ragged_in_place", strides)
         if key in cache:

@@ -81,7 +81,8 @@ def merge_rows_(out: torch.Tensor, lse: torch.Tensor, rows, step_out: torch.Tens
     if out.stride(2) != 1 or step_out.stride(2) != 1:
         raise ValueError("merge_rows_ needs unit stride over the head dimension")
     heads, dim = out.shape[1], out.shape[2]
-    index = rows.index if rows.index is not None else out.new_empty(0, dtype=torch.int64)
+    # Without an index the pointer is never read; any valid device pointer will do.
+    index = rows.index if rows.index is not None else lse
     _kernel()[(rows.count,)](
         out, lse, step_out, step_lse, index, rows.start,
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
