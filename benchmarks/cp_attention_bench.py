@@ -539,8 +539,10 @@ def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
                         def run(kernel=kernel, layout=layout, call=call, q=q, k=k, v=v,
                                 dout=dout) -> None:
                             if layout == "in place":
-                                out, lse = kernel.fwd_in_place(q, k, v, call, scale)
-                                kernel.bwd_in_place(dout, q, k, v, out, lse, call, scale)
+                                res = kernel.fwd_in_place(q, k, v, call, scale)
+                                if res is None:
+                                    raise RuntimeError("in-place call declined")
+                                kernel.bwd_in_place(dout, q, k, v, *res, call, scale)
                                 return
                             qp, kp, vp = (call.q_rows.take(q), call.k_rows.take(k),
                                           call.k_rows.take(v))
@@ -550,7 +552,12 @@ def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
                             kernel.bwd(call.q_rows.take(dout), qp, kp, vp, out, lse, *a,
                                        cache=call.cache)
 
-                        ms = _time_ms(run, device)
+                        try:
+                            ms = _time_ms(run, device)
+                        except RuntimeError as exc:
+                            print(f"| {cp} | {rank} | {step} | - | - | {name} | {layout} | "
+                                  f"{exc} | - |")
+                            continue
                         print(f"| {cp} | {rank} | {step} | {call.q_rows.count} x "
                               f"{call.k_rows.count} ({call.cu_q.numel() - 1}) | "
                               f"{call.causal} | {name} | {layout} | {ms:.3f} | "
