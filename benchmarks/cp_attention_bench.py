@@ -290,7 +290,8 @@ FLOOR_ARMS = {
     "after": {"fused_merge": True, "in_place": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend).
-FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash")}
+FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
+                     "after, cudnn autotune": ("after", "cudnn_autotune")}
 
 
 def _call_pairs(call) -> int:
@@ -334,6 +335,7 @@ def _profile_kernels(fn, device) -> dict:
         prof.export_chrome_trace(fh.name)
         events = json.loads(Path(fh.name).read_text())["traceEvents"]
     fams: dict[str, list[float]] = {}
+    names: dict[str, list[float]] = {}
     launches, busy = 0, 0.0
     for e in events:
         cat = e.get("cat", "")
@@ -343,9 +345,13 @@ def _profile_kernels(fn, device) -> dict:
         entry = fams.setdefault(fam, [0, 0.0])
         entry[0] += 1
         entry[1] += float(e.get("dur", 0.0))
+        per_name = names.setdefault(e["name"][:110], [0, 0.0])
+        per_name[0] += 1
+        per_name[1] += float(e.get("dur", 0.0))
         busy += float(e.get("dur", 0.0))
         launches += 1
-    return {"launches": launches, "busy_us": busy, "families": fams}
+    top = dict(sorted(names.items(), key=lambda x: -x[1][1])[:14])
+    return {"launches": launches, "busy_us": busy, "families": fams, "kernels": top}
 
 
 def _floor_inputs(args, cp: int, device, dtype):
@@ -452,6 +458,18 @@ def run_floor(args: argparse.Namespace) -> None:
             "families": p["families"],
         })
     _print_floor(rows, args)
+    for key in (("after", 2, 1), ("after", 1, 0)):
+        if key in prof:
+            print(f"top kernels, arm {key[0]!r} cp={key[1]} rank={key[2]} (launches, ms/iter):")
+            for name, (count, us) in prof[key]["kernels"].items():
+                print(f"  {count:4d} {us / 1e3:7.3f}  {name}")
+    if device.type == "cuda":
+        from cp_attention.local_attention import get_backend
+
+        tuned = getattr(get_backend(device, "cudnn_autotune"), "primary", None)
+        for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
+            print(f"autotune {key[0]} b={key[2]} max_q={key[9]} max_k={key[10]} causal="
+                  f"{key[11]}: {count} plans, kept {best}, ms {[round(x, 3) for x in ms]}")
     if device.type == "cuda":
         _per_call_table(args, device, dtype)
     print(f"fallbacks: {fallback_counts() or 'none'}")

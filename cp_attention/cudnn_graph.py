@@ -64,8 +64,17 @@ class CudnnGraphAttention:
 
     name = "cudnn"
 
-    def __init__(self) -> None:
+    def __init__(self, autotune: bool = False) -> None:
+        """:param autotune: build every plan the heuristics offer for a shape and keep the
+            fastest one, timed on the first call's real buffers (backend ``cudnn_autotune``).
+        """
         import cudnn
+
+        self.autotune = autotune
+        if autotune:
+            self.name = "cudnn_autotune"
+        #: Autotuned graph key -> (plans offered, plan kept, median ms of each plan).
+        self.tuned: dict[tuple, tuple[int, int, list[float]]] = {}
 
         self._cudnn = cudnn
         self._graphs: dict[tuple, tuple[Any, int, list[int]]] = {}
@@ -206,16 +215,52 @@ class CudnnGraphAttention:
         return {"diagonal_alignment": align,
                 "diagonal_band_right_bound": 0 if causal else None}
 
-    @staticmethod
-    def _finish(g: Any, uids: list[int]) -> tuple[Any, int, list[int]]:
+    def _finish(self, g: Any, uids: list[int]) -> tuple[Any, int, list[int]]:
         g.validate()
         g.build_operation_graph()
         import cudnn
 
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        g.build_plans()
-        return g, g.get_workspace_size(), uids
+        if not self.autotune:
+            g.build_plans()
+            return g, g.get_workspace_size(), uids
+        g.build_plans(cudnn.build_plan_policy.ALL)
+        sizes = []
+        for i in range(g.get_execution_plan_count()):
+            try:
+                sizes.append(g.get_workspace_size_plan_at_index(i))
+            except Exception:
+                sizes.append(-1)  # not built: never selected
+        # Workspace for any plan, so the choice made at the first call fits.
+        return g, max(max(sizes), g.get_workspace_size(), 0), uids
+
+    def _tune(self, key: tuple, g: Any, pack: list, workspace: torch.Tensor, handle: Any,
+              uids: list[int], device: torch.device) -> None:
+        """Time every built plan on this call's buffers and select the fastest (once per key)."""
+        if not self.autotune or key in self.tuned:
+            return
+        count = g.get_execution_plan_count()
+        times: list[float] = []
+        for i in range(count):
+            try:
+                for _ in range(2):
+                    g.execute_plan_at_index(pack, workspace, i, handle, tensor_uids=tuple(uids))
+                xs = []
+                for _ in range(5):
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    start.record()
+                    g.execute_plan_at_index(pack, workspace, i, handle, tensor_uids=tuple(uids))
+                    end.record()
+                    end.synchronize()
+                    xs.append(start.elapsed_time(end))
+                times.append(sorted(xs)[len(xs) // 2])
+            except Exception as exc:  # a plan that did not build or does not run
+                _LOG.debug("plan %d of %s not timed: %s", i, key[0], exc)
+                times.append(float("inf"))
+        best = min(range(count), key=lambda i: times[i])
+        g.select_plan(best)
+        self.tuned[key] = (count, best, times)
 
     def _build_fwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle):
         g, io = self._new_graph(q.dtype, handle)
@@ -314,43 +359,48 @@ class CudnnGraphAttention:
             q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
         return (*key, ragged), hit, ragged
 
-    def _execute_fwd(self, g, ws, uids, handle, q, k, v, out, stats, r) -> None:
+    def _execute(self, key, g, ws, uids, handle, pack: dict, device) -> None:
+        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=device)
+        ordered = [pack[u] for u in uids]
+        self._tune(key, g, ordered, workspace, handle, uids, device)
+        g.execute(ordered, workspace, handle=handle, tensor_uids=tuple(uids))
+
+    def _execute_fwd(self, key, g, ws, uids, handle, q, k, v, out, stats, r) -> None:
         pack = {Q: q, K: k, V: v, OUT: out, STATS: stats, LEN_Q: r["len_q"], LEN_K: r["len_k"],
                 R_Q: r["q"], R_K: r["k"], R_V: r["v"], R_O: r["o"], R_STATS: r["stats"]}
-        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
-        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        self._execute(key, g, ws, uids, handle, pack, q.device)
 
-    def _execute_bwd(self, g, ws, uids, handle, dout, q, k, v, out, stats, grads, r) -> None:
+    def _execute_bwd(self, key, g, ws, uids, handle, dout, q, k, v, out, stats, grads,
+                     r) -> None:
         dq, dk, dv = grads
         pack = {Q: q, K: k, V: v, OUT: out, DO: dout, STATS: stats, DQ: dq, DK: dk, DV: dv,
                 LEN_Q: r["len_q"], LEN_K: r["len_k"], R_Q: r["q"], R_K: r["k"], R_V: r["v"],
                 R_O: r["o"], R_DQ: r["dq"], R_DK: r["dk"], R_DV: r["dv"], R_STATS: r["stats"]}
-        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
-        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        self._execute(key, g, ws, uids, handle, pack, q.device)
 
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
         b = cu_q.numel() - 1
         handle = self._handle(q.device)
-        _, (g, ws, uids) = self._fwd_graph(q, k, v, b, max_q, max_k, causal, square, scale,
-                                           handle)
+        key, (g, ws, uids) = self._fwd_graph(q, k, v, b, max_q, max_k, causal, square, scale,
+                                             handle)
         r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
         stats = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-        self._execute_fwd(g, ws, uids, handle, q, k, v, out, stats, r)
+        self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
         return out, stats
 
     def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
             cache=None):
         b = cu_q.numel() - 1
         handle = self._handle(q.device)
-        _, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, max_q, max_k, causal, square,
-                                                   scale, handle)
+        key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, max_q, max_k, causal, square,
+                                                     scale, handle)
         r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
         dout, out = dout.contiguous(), out.contiguous()
         stats = lse.contiguous() if ragged else _padded_stats(lse, cu_q, max_q, cache)
         grads = (torch.empty_like(q), torch.empty(k.shape, dtype=k.dtype, device=k.device),
                  torch.empty(v.shape, dtype=v.dtype, device=v.device))
-        self._execute_bwd(g, ws, uids, handle, dout, q, k, v, out, stats, grads, r)
+        self._execute_bwd(key, g, ws, uids, handle, dout, q, k, v, out, stats, grads, r)
         return grads
 
     # -- in place: whole buffers, segments addressed by their start rows ------------------
@@ -366,7 +416,7 @@ class CudnnGraphAttention:
         r = self._ragged_in_place(call.cache, call, self._strides(q, k, v))
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
         stats = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-        self._execute_fwd(g, ws, uids, handle, q, k, v, out, stats, r)
+        self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
         return out, stats
 
     def bwd_in_place(self, dout, q, k, v, out, lse, call, scale):
@@ -384,7 +434,7 @@ class CudnnGraphAttention:
         dq = torch.empty_like(q) if q_all else torch.zeros_like(q)
         dk = (torch.empty if k_all else torch.zeros)(k.shape, dtype=k.dtype, device=k.device)
         dv = (torch.empty if k_all else torch.zeros)(v.shape, dtype=v.dtype, device=v.device)
-        self._execute_bwd(g, ws, uids, handle, dout.contiguous(), q, k, v, out.contiguous(),
+        self._execute_bwd(key, g, ws, uids, handle, dout.contiguous(), q, k, v, out.contiguous(),
                           lse.contiguous(), (dq, dk, dv), r)
         return dq, dk, dv
 

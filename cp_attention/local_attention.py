@@ -34,7 +34,7 @@ _LOG = logging.getLogger("cp_attention.local_attention")
 #: Read with :func:`fallback_counts`; every new reason is also logged once (WARNING).
 FALLBACKS: Counter[str] = Counter()
 
-BACKENDS = ("auto", "math", "flash", "cudnn", "cudnn_op")
+BACKENDS = ("auto", "math", "flash", "cudnn", "cudnn_autotune", "cudnn_op")
 ENV_BACKEND = "CPTRACE_CP_KERNEL"
 
 
@@ -368,10 +368,11 @@ def get_backend(device: torch.device, name: str | None = None) -> LocalAttention
 
 
 def _construct(choice: str) -> LocalAttention:
-    if choice == "cudnn":
+    if choice in ("cudnn", "cudnn_autotune"):
         from cp_attention.cudnn_graph import CudnnGraphAttention, known_bad
 
-        return GuardedAttention(CudnnGraphAttention(), FlashAttention(), known_bad)
+        primary = CudnnGraphAttention(autotune=choice == "cudnn_autotune")
+        return GuardedAttention(primary, FlashAttention(), known_bad)
     return {"math": MathAttention, "flash": FlashAttention, "cudnn_op": CudnnOpAttention}[choice]()
 
 

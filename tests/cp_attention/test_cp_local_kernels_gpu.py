@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.gpu,
 
 CASES = kernel_check.cases() if torch.cuda.is_available() else []
 GROUPS = sorted({c.group for c in CASES}, key=lambda g: (g != "packs", g))
-KERNELS = ["flash", "cudnn"]
+KERNELS = ["flash", "cudnn", "cudnn_autotune"]
 _ROWS: list = []
 
 
@@ -46,7 +46,7 @@ def _write_table() -> None:
 @pytest.mark.parametrize("kernel_name", KERNELS)
 @pytest.mark.parametrize("group", GROUPS or ["none"])
 def test_local_kernel_matches_float64(group: str, kernel_name: str) -> None:
-    if kernel_name == "cudnn" and not cudnn_available():
+    if kernel_name.startswith("cudnn") and not cudnn_available():
         pytest.skip("nvidia-cudnn-frontend does not import")
     device = torch.device("cuda")
     kernel = get_backend(device, kernel_name)
