@@ -186,7 +186,7 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
         raise LayoutMismatch("no traceEvents array in Kineto's layout")
     header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
     buf = buf[found + len(EVENTS_OPEN) :]
-    if buf.startswith(b"  {\n") and not buf.startswith(b"  {\n    \""):
+    if buf.startswith(b"  {\n") and not buf.startswith(b'  {\n    "'):
         # The first event's keys are not at indent 4 (json.dump(indent=1) and the like).
         raise LayoutMismatch("the first event is not in Kineto's line layout")
     done = False
