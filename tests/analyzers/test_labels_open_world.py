@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from cptrace.cli import app
@@ -148,3 +149,72 @@ def test_the_same_kernels_inside_te_cp_forward_are_te_and_cp_helpers(tmp_path: P
 def test_te_p2p_frame_claims_send_recv_by_python_frame(tmp_path: Path) -> None:
     labels = _labels(_analyse(tmp_path, _trace(inside=TE_P2P)))
     assert labels["cp_p2p_send_recv"] == "python"
+
+
+# ---------------------------------------- real traces of other shapes (tests/data/openworld)
+
+OPEN_WORLD = Path(__file__).resolve().parents[1] / "data" / "openworld"
+OPEN_WORLD_TRACES = sorted(OPEN_WORLD.glob("*.gz"))
+CP_RULES = {
+    "padded-path-without-padding",
+    "padded-path-needed",
+    "fast-path-with-padding",
+    "zero-fill-without-padding",
+}
+
+
+def _kernel_names(path: Path) -> list[str]:
+    """Every kernel name of a real trace, read in the test: a JSON walk or an SQL query."""
+    import gzip
+    import shutil
+    import sqlite3
+    import tempfile
+
+    if path.name.endswith(".json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        return [e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "t.sqlite"
+        with gzip.open(path) as src, open(db, "wb") as out:
+            shutil.copyfileobj(src, out)
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                "JOIN StringIds s ON s.id = k.demangledName"
+            ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("path", OPEN_WORLD_TRACES, ids=lambda p: p.name)
+def test_open_world_traces_name_no_te_or_cp_helper(path: Path) -> None:
+    result = RUNNER.invoke(app, ["analyze", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    helpers = {h["helper"] for h in report["helpers"]}
+    assert not [h for h in helpers if h.startswith(TE_OR_CP)], helpers
+    for finding in report["findings"]:
+        assert finding["rule"] not in CP_RULES, finding
+        assert not (finding["helper"] or "").startswith(TE_OR_CP), finding
+    # The library labels, counted against the kernel names read here.
+    names = _kernel_names(path)
+    launches = {
+        h["helper"]: h["launches"] for h in report["helpers"] if h["window"] == "whole trace"
+    }
+    expected = {
+        "flash_attn_fwd": sum("flash_fwd" in n for n in names),
+        "cudnn_sdpa_fwd": sum(
+            n.startswith("cudnn_generated_fort_native_sdpa") and "fprop" in n for n in names
+        ),
+        "nccl_send_recv": sum(n.startswith("ncclDevKernel_SendRecv") for n in names),
+        "gemm": sum(n.startswith("nvjet_") or "gemm" in n for n in names),
+    }
+    for helper, count in expected.items():
+        assert launches.get(helper, 0) == count, (helper, launches)
+    assert sum(expected.values()) > 0  # every open-world trace has library kernels
+
+
+def test_single_gpu_kineto_without_distributed_info_is_rank_0() -> None:
+    path = OPEN_WORLD / "kineto_sdpa_single_gpu.json.gz"
+    report = json.loads(RUNNER.invoke(app, ["analyze", str(path), "--json"]).output)
+    assert report["ranks"] == [0]
+    assert any("analysed as rank 0" in n for n in report["notes"])
