@@ -645,6 +645,8 @@ def set_exact_times(
         event = events[index]
         if not (isinstance(event, dict) and isinstance(event.get("ts"), float)):
             continue
+        if event.get("ph") != "X":  # metadata and the like: their times make no row
+            continue
         for key in ("ts", "dur"):
             found = _TIME_TEXT[key].search(texts[index])
             if found and isinstance(event.get(key), float):
