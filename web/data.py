@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from analyzers.catalog import Catalog
 from analyzers.compare import CompareError
@@ -61,6 +61,15 @@ class RunsQuery(BaseModel):
     order: Literal["asc", "desc"] = "desc"
     page: int = Field(default=1, ge=1)
     per_page: int = Field(default=50, ge=1, le=500)
+
+    @field_validator(
+        "implementation", "config_key", "branch", "commit", "status", "verdict", "date_from",
+        "date_to", mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """The filter form submits every field; an empty one means 'any', not an invalid value."""
+        return None if value == "" else value
 
 
 class RunsPage(BaseModel):
