@@ -484,7 +484,8 @@ def run_floor(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         from cp_attention.local_attention import get_backend
 
-        tuned = getattr(get_backend(device, "cudnn_autotune"), "primary", None)
+        here = torch.device("cuda", torch.cuda.current_device())  # the key kernels use
+        tuned = getattr(get_backend(here, "cudnn_autotune"), "primary", None)
         for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
             print(f"autotune {key[0]} b={key[2]} max_q={key[9]} max_k={key[10]} causal="
                   f"{key[11]}: {count} plans, kept {best}, ms {[round(x, 3) for x in ms]}")
