@@ -70,11 +70,9 @@ def _expand(
 
 
 def _open_bundle(path: Path) -> Bundle | None:
-    """The bundle at ``path`` if the bundle reader is installed and it is one, else None."""
-    try:
-        from analyzers.bundle import is_bundle, read_bundle
-    except ImportError:  # pragma: no cover - bundle support ships separately
-        return None
+    """The bundle at ``path`` if it is one, else None."""
+    from analyzers.bundle import is_bundle, read_bundle
+
     return read_bundle(path) if is_bundle(path) else None
 
 
