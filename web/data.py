@@ -16,11 +16,12 @@ from pydantic import BaseModel, Field
 from analyzers.catalog import Catalog
 from analyzers.compare import CompareError
 from analyzers.report import ComparisonReport, Finding, HelperDelta, HelperStat
+from pr_bot.comment import CommentContext, render_comment
+from pr_bot.deltas import MetricRow, metric_rows
+from pr_bot.labels import compare_url, run_label
 from service.core.errors import BadRequest
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web import figures
-from web.deltas import MetricRow, metric_rows
-from web.pr_comment import CommentContext, render_comment
 from web.store import WebStore
 
 Figure = dict[str, Any]
@@ -223,17 +224,6 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
     return windowed or list(stats)
 
 
-def compare_url(
-    base_id: int, head_id: int, base_window: str | None, head_window: str | None
-) -> str:
-    """Site-relative URL of a comparison page (window names are query-encoded)."""
-    from urllib.parse import urlencode
-
-    params = {k: v for k, v in (("base_window", base_window), ("head_window", head_window)) if v}
-    suffix = f"?{urlencode(params)}" if params else ""
-    return f"/compare/{base_id}/{head_id}{suffix}"
-
-
 def run_page(store: WebStore, run_id: int) -> RunPage:
     run = store.get_run(run_id)
     report = run.report
@@ -312,8 +302,8 @@ def compare_page(
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
     context = CommentContext(
         suite="preview",
-        base_name=_run_label(base, base_window),
-        head_name=_run_label(head, head_window),
+        base_name=run_label(base.id, base.name, base.commit, base_window),
+        head_name=run_label(head.id, head.name, head.commit, head_window),
         comparison_url=page_url,
     )
     return ComparePage(
@@ -328,13 +318,6 @@ def compare_page(
         markdown=render_comment(report, context),
         figures=figs,
     )
-
-
-def _run_label(run: RunSummary, window: str | None) -> str:
-    label = f"#{run.id} {run.name}"
-    if run.commit:
-        label += f" @ {run.commit[:10]}"
-    return f"{label} [{window}]" if window else label
 
 
 # --------------------------------------------------------------------------------- history page

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
-from web.deltas import metric_rows
+from pr_bot.deltas import metric_rows
 
 MAX_COMMENT_CHARS = 65_536
 """GitHub refuses issue comments longer than this."""

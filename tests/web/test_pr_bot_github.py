@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fake_github import FakeGitHubServer
 
-from web.github import (
+from pr_bot.github import (
     GitHubClient,
     GitHubConfig,
     GitHubError,
