@@ -130,16 +130,16 @@ def _findings_section(report: ComparisonReport) -> list[str]:
     return lines or ["No findings on either run."]
 
 
-def render_comment(
-    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
-) -> str:
-    """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
-    marker = suite_marker(context.suite)
-    icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+def comparison_lines(
+    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30, level: int = 4
+) -> list[str]:
+    """The comparison without marker and title: summary, runs, tables, findings, link.
+
+    Shared by :func:`render_comment` (one comparison) and the loop's suite comment (one section
+    per spec); ``level`` is the markdown heading level of its sub-sections.
+    """
+    heading = "#" * level
     lines = [
-        marker,
-        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
-        "",
         md_text(report.summary),
         "",
         f"Base: {md_code(context.base_name)} ({md_text(report.base_label)}) · "
@@ -153,7 +153,7 @@ def render_comment(
     helper_rows, more = _helper_rows(report.helpers, helper_limit)
     if helper_rows:
         lines += [
-            "#### Per-helper launch deltas (per step, summed over ranks)",
+            f"{heading} Per-helper launch deltas (per step, summed over ranks)",
             "",
             "| helper | category | base | head | Δ launches | Δ GPU ms | status |",
             "|---|---|---:|---:|---:|---:|---|",
@@ -164,9 +164,29 @@ def render_comment(
         lines.append("")
     else:
         lines += ["No helper changed its launch count or GPU time.", ""]
-    lines += ["#### Findings (head)", "", *_findings_section(report), ""]
+    lines += [f"{heading} Findings (head)", "", *_findings_section(report), ""]
     if context.comparison_url:
         lines.append(f"[Full comparison]({context.comparison_url})")
+    return lines
+
+
+def finding_lines(findings: Sequence[Finding]) -> list[str]:
+    """One run's findings with their recommendations (no comparison to mark new ones)."""
+    return [_finding_line(f) for f in findings] or ["No findings."]
+
+
+def render_comment(
+    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
+) -> str:
+    """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
+    marker = suite_marker(context.suite)
+    icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+    lines = [
+        marker,
+        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
+        "",
+        *comparison_lines(report, context, helper_limit=helper_limit),
+    ]
     return cap_length("\n".join(lines) + "\n", context.comparison_url)
 
 
