@@ -12,6 +12,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pr_bot.github import RetryPolicy
 from service.github_loop.models import RepoConfig
 
 MiB = 1024 * 1024
@@ -46,6 +47,16 @@ class LoopSettings(BaseSettings):
     publish_interval_s: float = Field(
         default=2.0, gt=0, description="how often the worker looks for finished batches"
     )
+    retry_attempts: int = Field(default=4, ge=1, le=10, description="tries of one GitHub call")
+    retry_base_s: float = Field(default=1.0, ge=0, description="first backoff; doubles per try")
+    retry_max_s: float = Field(
+        default=30.0, ge=0, description="longest backoff, and longest Retry-After honoured"
+    )
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.retry_attempts, base_s=self.retry_base_s, max_s=self.retry_max_s
+        )
 
     def repo_configs(self) -> dict[str, RepoConfig]:
         """The per-repository configs (empty when no file is configured)."""

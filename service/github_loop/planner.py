@@ -131,7 +131,7 @@ def intent_from_event(
         return Intent(reason=f"pull_request {action}: nothing to do")
     if event == "issue_comment":
         body = str(_get(payload, "comment", "body") or "").strip()
-        is_pr = bool(_get(payload, "issue", "pull_request"))
+        is_pr = _get(payload, "issue", "pull_request") is not None
         if action != "created" or not is_pr or body.splitlines()[:1] != [settings.approval_command]:
             return Intent(reason="comment: not an approval command on a pull request")
         if client is None:

@@ -59,7 +59,7 @@ class Publisher:
         self.loop = loop
         self.github = github
         self._transport = transport
-        self._retry = retry
+        self._retry = retry or loop.retry_policy()
         self._last_tick = 0.0
 
     @classmethod

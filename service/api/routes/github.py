@@ -172,7 +172,7 @@ def _handle_event(
     delivery: str,
 ) -> tuple[list[int], str]:
     repo = str((payload.get("repository") or {}).get("full_name") or "")
-    client = GitHubClient(config) if config is not None else None
+    client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
     try:
         repo_config = loop.repo_config(repo)
         intent = planner.intent_from_event(event, payload, loop, repo_config, client)
@@ -264,7 +264,7 @@ def submit_batches(
         base_sha=body.base_sha,
         base_ref=body.base_ref,
     )
-    client = GitHubClient(config) if config is not None else None
+    client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
     try:
         _queue(db, loop, config, target, None, repo_config, client)
     except planner.PlanError as exc:
