@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from analyzers.catalog import Catalog
+from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
+from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
 from analyzers.report import ComparisonReport, Finding, HelperDelta, HelperStat
 from pr_bot.comment import CommentContext, render_comment
@@ -39,6 +41,7 @@ KNOWN_METRICS = (
 # metric -> the (low, high) metrics that give one run's own spread, when the service stores them
 SPREAD_METRICS = {"iteration_median_ms": ("iteration_p10_ms", "iteration_p90_ms")}
 WHOLE_TRACE = "whole trace"  # the window group analyzers use for the entire trace
+MAIN_BRANCH = "main"  # the branch whose history series is searched for change points
 NOISE_WINDOW = 10  # previous points that define the noise band of the history chart
 NOISE_MIN_POINTS = 3
 
@@ -328,6 +331,7 @@ class HistoryRow(BaseModel):
     band_low: float | None
     band_high: float | None
     outside_band: bool
+    change_point: str | None = None  # "+10.1% (20.01 -> 22.04, p=0.0013)" at a new level
 
 
 class HistoryPage(BaseModel):
@@ -338,6 +342,23 @@ class HistoryPage(BaseModel):
     options: dict[str, list[str]]
     points: list[HistoryRow]
     figures: dict[str, Figure]
+    change_point_branch: str = MAIN_BRANCH
+    change_point_method: str = CHANGE_POINT_METHOD
+
+
+def mark_history_change_points(rows: list[HistoryRow], branch: str = MAIN_BRANCH) -> None:
+    """Set ``change_point`` on the rows where ``branch``'s series moved to a new level.
+
+    Only one branch's runs form the series: pull-request runs interleaved with main's would
+    make every experiment look like a regression of main.
+    """
+    on_branch = [i for i, r in enumerate(rows) if r.point.branch == branch]
+    found = change_points([rows[i].point.value for i in on_branch])
+    for cp in found:
+        rows[on_branch[cp.index]].change_point = (
+            f"{cp.shift_pct:+.1f}% ({cp.before_median:.3g} -> {cp.after_median:.3g}, "
+            f"p={cp.p_value:.2g})"
+        )
 
 
 def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
@@ -381,6 +402,7 @@ def history_page(
         )
         for p, b in zip(points, bands, strict=True)
     ]
+    mark_history_change_points(rows)
     spread = _spreads(store, config_key, metric, label) if rows else {}
     series = [
         figures.SeriesPoint(
@@ -397,7 +419,13 @@ def history_page(
         for r in rows
     ]
     unit = "ms" if metric.endswith("_ms") or "_ms_" in metric else ""
-    figs = {"history": figures.history_figure(series, metric, unit)} if rows else {}
+    figs = {}
+    if rows:
+        marks = [(i, f"change {r.change_point.split(' ')[0]}") for i, r in enumerate(rows)
+                 if r.change_point]  # fmt: skip
+        figs["history"] = figures.mark_change_points(
+            figures.history_figure(series, metric, unit), marks
+        )
     return HistoryPage(
         config_key=config_key,
         metric=metric,
