@@ -100,6 +100,45 @@ def _helper_rows(helpers: Sequence[HelperDelta], limit: int) -> tuple[list[str],
     return rows, max(0, len(changed) - limit)
 
 
+def _kernel_rows(report: ComparisonReport, limit: int) -> tuple[list[str], int]:
+    changed = [k for k in report.kernel_deltas if k.status != "unchanged"]
+    changed.sort(key=lambda k: (abs(k.delta_total_ns), abs(k.delta_count)), reverse=True)
+    rows = [
+        f"| {md_code(k.name)} | {_num(k.base_count, 1)} | {_num(k.head_count, 1)} | "
+        f"{_signed(k.delta_count, 1)} | {_signed(k.delta_total_ns / _NS_PER_MS, 3)} | "
+        f"{_signed(k.delta_mean_ns / 1e3, 2)} | {k.status} |"
+        for k in changed[:limit]
+    ]
+    return rows, max(0, len(changed) - limit)
+
+
+def _kernel_section(report: ComparisonReport, heading: str, limit: int) -> list[str]:
+    """Total GPU time and the kernels whose count or time changed most (largest first)."""
+    lines: list[str] = []
+    total = report.total_gpu
+    if total is not None and (total.base_ns or total.head_ns):
+        pct = f" ({total.delta_ns / total.base_ns:+.1%})" if total.base_ns else ""
+        lines += [
+            f"Total GPU time ({md_text(report.basis)}): {_num(total.base_ns / _NS_PER_MS, 3)} -> "
+            f"{_num(total.head_ns / _NS_PER_MS, 3)} ms, {_signed(total.delta_ns / _NS_PER_MS, 3)} "
+            f"ms{pct}; kernels only {_signed(total.delta_kernel_ns / _NS_PER_MS, 3)} ms.",
+            "",
+        ]
+    rows, more = _kernel_rows(report, limit)
+    if rows:
+        lines += [
+            f"{heading} Top kernel deltas ({md_text(report.basis)})",
+            "",
+            "| kernel | base count | head count | Δ count | Δ total ms | Δ mean µs | status |",
+            "|---|---:|---:|---:|---:|---:|---|",
+            *rows,
+        ]
+        if more:
+            lines.append(f"\n…and {more} more changed kernels on the comparison page.")
+        lines.append("")
+    return lines
+
+
 def _finding_line(finding: Finding, tag: str = "") -> str:
     icon = _SEVERITY_ICON.get(finding.severity, "")
     saving = ""
@@ -131,7 +170,12 @@ def _findings_section(report: ComparisonReport) -> list[str]:
 
 
 def comparison_lines(
-    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30, level: int = 4
+    report: ComparisonReport,
+    context: CommentContext,
+    *,
+    helper_limit: int = 30,
+    kernel_limit: int = 10,
+    level: int = 4,
 ) -> list[str]:
     """The comparison without marker and title: summary, runs, tables, findings, link.
 
@@ -164,6 +208,12 @@ def comparison_lines(
         lines.append("")
     else:
         lines += ["No helper changed its launch count or GPU time.", ""]
+    lines += _kernel_section(report, heading, kernel_limit)
+    if report.notes:
+        lines += [
+            f"> :warning: Comparability: {md_text('; '.join(report.notes))}",
+            "",
+        ]
     lines += [f"{heading} Findings (head)", "", *_findings_section(report), ""]
     if context.comparison_url:
         lines.append(f"[Full comparison]({context.comparison_url})")

@@ -222,6 +222,36 @@ def plan_batches(
     return plans
 
 
+def supersede_older(
+    conn: sqlite3.Connection, repo: str, pr: int, suite: str, newest: int
+) -> int:
+    """A new push makes the pull request's older batches of this suite moot: mark them
+    superseded and take their not yet claimed jobs out of the queue (running ones finish, but
+    their result is not published). Returns the jobs taken out."""
+    older = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM pr_batches WHERE repo = ? AND pr_number = ? AND suite = ? AND id < ?"
+            " AND status = 'queued'",
+            (repo, pr, suite, newest),
+        )
+    ]
+    if not older:
+        return 0
+    marks = ", ".join("?" * len(older))
+    now = now_iso()
+    conn.execute(
+        f"UPDATE pr_batches SET status = 'superseded', updated_at = ? WHERE id IN ({marks})",
+        (now, *older),
+    )
+    cur = conn.execute(
+        "UPDATE jobs SET status = 'failed', reason = 'superseded by a newer push',"
+        f" updated_at = ? WHERE status = 'queued' AND batch_id IN ({marks})",
+        (now, *older),
+    )
+    return cur.rowcount
+
+
 def queue_batches(
     conn: sqlite3.Connection,
     target: Target,
@@ -259,6 +289,8 @@ def queue_batches(
             continue
         batch_id = int(cur.lastrowid or 0)
         created.append(batch_id)
+        if target.pr is not None:
+            supersede_older(conn, target.repo, target.pr, plan.suite, batch_id)
         for spec_name, spec in plan.specs:
             checkout = JobCheckout(
                 repo=target.repo,

@@ -89,6 +89,11 @@ def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> Non
     changed = [d for d in slower.helpers if d.status != "unchanged"]
     assert changed and all(f"`{d.helper}`" in body for d in changed)
     assert "Per-helper launch deltas" in body
+    kernels = sorted((k for k in slower.kernel_deltas if k.status != "unchanged"),
+                     key=lambda k: abs(k.delta_total_ns), reverse=True)  # fmt: skip
+    assert kernels and "Top kernel deltas (per step, summed over ranks)" in body
+    assert f"`{kernels[0].name}`" in body.replace("\\|", "|")
+    assert slower.total_gpu is not None and "Total GPU time (per step, summed over ranks)" in body
     assert "No baseline: no analysed run on main" in body
     assert all(f.title in body for f in report.findings)
     assert "The job failed: setup command failed (exited with status 3)" in body

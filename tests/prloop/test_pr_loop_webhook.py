@@ -91,7 +91,7 @@ def _jobs(app) -> list[dict[str, Any]]:
 
 
 def _rows(app, sql: str) -> list[tuple[Any, ...]]:
-    return app.state.db.read(lambda c: c.execute(sql).fetchall())
+    return app.state.db.read(lambda c: [tuple(r) for r in c.execute(sql).fetchall()])
 
 
 def test_signature_is_checked_on_the_raw_body(tmp_path, github, repo) -> None:
@@ -243,3 +243,23 @@ def test_fork_waits_for_approval_by_a_writer(tmp_path, github, repo) -> None:
     assert [(j["head_sha"], j["pr_number"]) for j in jobs] == [(head, 5)]
     perms = [r.path for r in github.requests if r.path.endswith("/permission")]
     assert perms == [f"/repos/{REPO}/collaborators/{u}/permission" for u in ("eve", "eve", "maint")]
+
+
+def test_a_newer_push_takes_the_older_heads_queued_jobs_out(tmp_path, github, repo) -> None:
+    github.git_dirs[REPO] = repo.bare
+    base = repo.git("rev-parse", "HEAD")
+    repo.git("checkout", "-qb", "topic")
+    first = repo.commit("first try", spec={**SMOKE_SPEC, "layers": 2})
+    second = repo.commit("second try", spec={**SMOKE_SPEC, "layers": 3})
+    repo.push("topic")
+    app = _app(tmp_path, github)
+    with TestClient(app) as client:
+        _deliver(client, "pull_request", _pr("opened", first, base, repo.clone_url), delivery="1")
+        _deliver(client, "pull_request", _pr("synchronize", second, base, repo.clone_url),
+                 delivery="2")  # fmt: skip
+    jobs = {j["head_sha"]: j for j in _jobs(app)}
+    assert jobs[first]["status"] == "failed"
+    assert jobs[first]["reason"] == "superseded by a newer push"
+    assert jobs[second]["status"] == "queued"
+    assert _rows(app, "SELECT head_sha, status FROM pr_batches ORDER BY id") == [
+        (first, "superseded"), (second, "queued")]  # fmt: skip
