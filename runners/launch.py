@@ -66,6 +66,9 @@ class LaunchOptions:
     include_hostname: bool = False
     cancel: threading.Event | None = None
     """Set to stop the launch (the agent's SIGTERM/lease-lost path)."""
+    run_tags: dict[str, Any] | None = None
+    """Manifest ``run`` fields that replace the runner checkout's own git facts (the agent's
+    pull-request jobs: branch, commit, repo, pr, suite, spec_name of the measured checkout)."""
 
 
 def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:
@@ -137,6 +140,7 @@ def run_logged(
     env: dict[str, str],
     timeout: float | None,
     cancel: threading.Event | None = None,
+    cwd: Path | None = None,
 ) -> None:
     """Run ``cmd`` with its output in ``log``; raise ``LaunchError`` with the tail on failure.
 
@@ -149,7 +153,12 @@ def run_logged(
         fh.flush()
         try:
             proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=cwd,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {cmd[0]}: {exc}") from exc
@@ -221,7 +230,7 @@ def run_spec(spec: RunSpec, out: Path, options: LaunchOptions | None = None) -> 
             spec=spec.model_dump(mode="json"),
             host=socket.gethostname() if opts.include_hostname else None,
             command=started,
-            **_git_info(),
+            **(_git_info() if opts.run_tags is None else opts.run_tags),
         )
         bundle_writer.finalize_bundle(
             out, run=run, traces=traces, extra={**parts.extra, **extra}, **parts.fields
