@@ -251,7 +251,12 @@ def _validate(root: Path, *, source: str, max_member_bytes: int, temp_dir: Path 
         manifest = parse_manifest(raw, source=f"{source}:{MANIFEST_NAME}")
     except ManifestError as exc:
         raise BundleError(str(exc)) from exc
-    traces = _check_traces(root, raw.get("traces"), source=source, max_bytes=max_member_bytes)
+    # A run that failed before its profiler captured anything still has a bundle: its failure
+    # record (runners/profile/supervise.py) is the content, so it may list no traces.
+    failed = isinstance(raw.get("failure"), dict)
+    traces = _check_traces(
+        root, raw.get("traces"), source=source, max_bytes=max_member_bytes, allow_empty=failed
+    )
     _check_unlisted(root, {t.member for t in traces}, source=source)
     return Bundle(
         root=root,
@@ -297,8 +302,10 @@ def _require_regular(root: Path, rel: PurePosixPath, *, source: str, max_bytes: 
 
 
 def _check_traces(
-    root: Path, entries: object, *, source: str, max_bytes: int
+    root: Path, entries: object, *, source: str, max_bytes: int, allow_empty: bool = False
 ) -> tuple[BundleTrace, ...]:
+    if isinstance(entries, list) and not entries and allow_empty:
+        return ()
     if not isinstance(entries, list) or not entries:
         raise BundleError(f"{source}: field traces: expected a non-empty list of trace entries")
     traces = []
