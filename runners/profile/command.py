@@ -57,7 +57,7 @@ def _is_python(arg: str) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(arg)) is not None
 
 
-def _split_options(args: list[str], flags: frozenset[str]) -> int:
+def _split_options(args: list[str], flags: frozenset[str], launcher: str) -> int:
     """Index of the first positional argument after a launcher's options."""
     i = 0
     while i < len(args):
@@ -70,7 +70,10 @@ def _split_options(args: list[str], flags: frozenset[str]) -> int:
             i += 1
         else:
             i += 2  # an option with its value as the next argument
-    raise ProfileCommandError(f"{' '.join(args)}: no program after the launcher's options")
+    raise ProfileCommandError(
+        f"{launcher} {' '.join(args)}: no program after the launcher's options (options that "
+        "take a value must be written --option=value or --option value)"
+    )
 
 
 def parse_launch(cmd: list[str], *, python: str) -> Launch:
@@ -83,18 +86,16 @@ def parse_launch(cmd: list[str], *, python: str) -> Launch:
                                             ["-m", "torch.distributed.launch"])
     ):
         start = 1 if head == "torchrun" else 3
-        opts_end = start + _split_options(cmd[start:], _TORCHRUN_FLAGS)
+        opts_end = start + _split_options(cmd[start:], _TORCHRUN_FLAGS, "torchrun")
         options = cmd[start:opts_end]
         rest = cmd[opts_end:]
-        if not rest:
-            raise ProfileCommandError(f"{' '.join(cmd)}: torchrun has no script to run")
         no_python = any(o in ("--no-python", "--no_python") for o in options)
         module = any(o in ("-m", "--module") for o in options)
         kept = [o for o in options if o not in ("--no-python", "--no_python", "-m", "--module")]
         program = rest if no_python else [python, *(["-m"] if module else []), *rest]
         return Launch("torchrun", [*cmd[:start], *kept, "--no-python"], program)
     if head == "srun":
-        opts_end = 1 + _split_options(cmd[1:], _SRUN_FLAGS)
+        opts_end = 1 + _split_options(cmd[1:], _SRUN_FLAGS, "srun")
         return Launch("srun", cmd[:opts_end], cmd[opts_end:])
     return Launch("single", [], list(cmd))
 

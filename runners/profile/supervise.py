@@ -185,6 +185,7 @@ def failure_record(result: Supervised, *, watchdog_s: float | None) -> dict[str,
         "cancelled": result.cancelled,
         "start_error": result.start_error,
         "wall_s": result.wall_s,
+        "log_tail": result.tail(20).splitlines(),
     }
     record["summary"] = failure_summary(record)
     return record

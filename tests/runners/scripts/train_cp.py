@@ -3,12 +3,14 @@
 It knows nothing of cptrace: ``cptrace profile -- python train_cp.py`` or ``-- torchrun
 --nproc-per-node 2 train_cp.py`` must profile it unedited. Each step: a linear projection, CP
 attention over the packed batch (value-equal padded offsets, passed as a clone), a loss, an
-optimizer step. ``--broken-identity`` makes cp_attn reproduce TE's identity-based padding path.
+optimizer step. ``--seqlens`` sets the real lengths (padded to multiples of 2*cp when they are
+not). ``--broken-identity`` makes cp_attn reproduce TE's identity-based padding path.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 
 import torch
@@ -21,14 +23,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--broken-identity", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--seqlens", default="16,8,8", help="real lengths, comma separated")
+    args, _ = parser.parse_known_args()  # e.g. --token: a secret cptrace must not record
     distributed = "RANK" in os.environ
     if distributed:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(0)
-    cu = torch.tensor([0, 16, 24, 32], dtype=torch.int32)
-    meta = PackedBatch.from_cu_seqlens(cu, cu.clone(), cp_size=world)
+    lengths = [int(n) for n in args.seqlens.split(",")]
+    multiple = 2 * world  # DualChunkSwap: each padded length a multiple of 2*cp
+    padded = [-(-n // multiple) * multiple for n in lengths]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    cu_padded = torch.tensor([0, *itertools.accumulate(padded)], dtype=torch.int32)
+    # Value-equal clone when nothing needs padding, real padding otherwise.
+    meta = PackedBatch.from_cu_seqlens(cu, cu_padded, cp_size=world)
     heads, dim = 2, 8
     proj = torch.nn.Linear(heads * dim, heads * dim)
     opt = torch.optim.SGD(proj.parameters(), lr=0.01)
