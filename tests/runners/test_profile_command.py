@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,6 @@ from typer.testing import CliRunner
 
 from cptrace.cli import app
 from cptrace.probe.record import SamplingPolicy
-from runners.nsys import write_python_functions_trace
 from runners.profile.command import (
     NSYS_INSTALL_HINT,
     NsysPlan,
@@ -21,7 +21,7 @@ from runners.profile.command import (
     redact_argv,
     wrapped_command,
 )
-from runners.profile.run import ProfileOptions, child_environment
+from runners.profile.run import ProfileOptions, child_environment, profile_command
 
 PY = "/usr/bin/python3"
 
@@ -68,12 +68,20 @@ def test_module_mode_and_srun_and_single(tmp_path: Path) -> None:
         parse_launch(["torchrun", "--nproc-per-node", "2"], python=PY)
 
 
-def test_python_functions_trace_comes_from_the_catalog(tmp_path: Path) -> None:
-    from analyzers.catalog import load_catalog
-
-    traced = write_python_functions_trace(tmp_path / "f.json", load_catalog().helpers)
-    # Without TE installed nothing resolves; the file is still the JSON nsys reads.
-    assert json.loads((tmp_path / "f.json").read_text()) == [] if not traced else traced
+def test_profile_command_with_nsys_uses_the_catalog_trace_file(tmp_path: Path) -> None:
+    extra: dict[str, object] = {}
+    opts = ProfileOptions(nsys=True, nsys_cmd=(sys.executable,), delay_s=2.0)
+    launch, cmd = profile_command(["python", "train.py"], opts, tmp_path, extra)
+    assert launch.kind == "single" and cmd[:2] == [sys.executable, "profile"]
+    assert "--delay=2" in cmd and cmd[-2:] == ["python", "train.py"]
+    traced = extra["nsys_python_functions"]
+    has_te = importlib.util.find_spec("transformer_engine") is not None
+    # The file is generated from the catalog for the installed TE; without TE it is empty and
+    # the flag is left out (nsys refuses an empty list).
+    assert bool(traced) == has_te
+    assert any(a.startswith("--python-functions-trace=") for a in cmd) == has_te
+    with pytest.raises(ProfileCommandError, match="nothing to do"):
+        profile_command(["python", "t.py"], ProfileOptions(), tmp_path, {})
 
 
 def test_nsys_missing_is_a_clear_error(tmp_path: Path) -> None:
