@@ -276,14 +276,6 @@ class RunSpec(Workload):
 
     @model_validator(mode="after")
     def _check_variants(self) -> RunSpec:
-        torch_model = self.model is not None and self.model.kind == "torch_transformer"
-        if torch_model and any(
-            self.variant_workload(v).implementation != "bundled" for v in self.variant_names()
-        ):
-            raise ValueError(
-                "field implementation: model torch_transformer runs the bundled cp_attn; "
-                "leave implementation 'bundled'"
-            )
         if not self.variants:
             _check_partition(self, self.ranks, where="")
         for vname, overrides in self.variants.items():
@@ -296,6 +288,14 @@ class RunSpec(Workload):
                     "these are one value per launch"
                 )
             self.variant_workload(vname)  # raises with the variant's field named
+        torch_model = self.model is not None and self.model.kind == "torch_transformer"
+        if torch_model and any(
+            self.variant_workload(v).implementation != "bundled" for v in self.variant_names()
+        ):
+            raise ValueError(
+                "field implementation: model torch_transformer runs the bundled cp_attn; "
+                "leave implementation 'bundled'"
+            )
         return self
 
     def variant_workload(self, name: str) -> Workload:

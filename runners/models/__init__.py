@@ -19,10 +19,10 @@ def build_model_arm(
     name: str, model: ModelSpec, workload: Workload, layout: PackedLayout, ctx: RankContext
 ) -> Arm:
     """One variant's model, optimizer and packed batch on this rank."""
+    if model.kind == "te_transformer" and ctx.device.type != "cuda":
+        raise RuntimeError("model te_transformer needs CUDA (torch_transformer runs on CPU)")
     batch = packed_batch(model, workload, layout, ctx)
     if model.kind == "te_transformer":
-        if ctx.device.type != "cuda":
-            raise RuntimeError("model te_transformer needs CUDA (torch_transformer runs on CPU)")
         from runners.models.te_transformer import build_te_transformer
 
         step = build_te_transformer(model, workload, layout, ctx, batch)
