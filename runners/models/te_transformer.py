@@ -51,6 +51,13 @@ def fp8_recipe(name: str) -> Any:
     }[name]()
 
 
+def _fp8_autocast(te: Any, recipe: Any, ctx: RankContext) -> Any:
+    """``te.autocast`` (TE >= 2.9), else the older ``fp8_autocast`` it replaces."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=ctx.group)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=ctx.group)
+
+
 def build_te_transformer(
     model: ModelSpec, workload: Workload, layout: PackedLayout, ctx: RankContext,
     batch: PackedBatch,
@@ -97,9 +104,8 @@ def build_te_transformer(
 
     def step() -> None:
         x = batch.hidden_states.detach().requires_grad_(True)
-        autocast = (
-            te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=ctx.group)
-            if recipe is not None else contextlib.nullcontext()
+        autocast = _fp8_autocast(te, recipe, ctx) if recipe is not None else (
+            contextlib.nullcontext()
         )
         with autocast:
             out = net(x, **te_cu_seqlens_kwargs(workload, layout, ctx.device), **extra)
