@@ -84,8 +84,8 @@ def variant_facts(
         "total_tokens": layout.total_tokens,
         "token_alignment": workload.token_alignment,
         "zero_fill_grad_tails": zero_fill,
-        "fp8": bool(model and model.fp8),
-        "fsdp": bool(model and model.fsdp != "none"),
+        # Model runs only: attention-only arms have neither (the manifest's default is False).
+        **({"fp8": model.fp8, "fsdp": model.fsdp != "none"} if model is not None else {}),
     }
 
 

@@ -32,8 +32,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -297,6 +299,17 @@ class RunSpec(Workload):
                 "leave implementation 'bundled'"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave ``model``/``watchdog_s`` out while unset: a spec that does not use them dumps
+        exactly as before they existed (recorded bundles keep their bytes and hashes)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("model") is None:
+            data.pop("model", None)
+        if data.get("watchdog_s") == RunSpec.model_fields["watchdog_s"].default:
+            data.pop("watchdog_s", None)
+        return data
 
     def variant_workload(self, name: str) -> Workload:
         """The workload of one variant: the base fields with the variant's overrides applied."""
