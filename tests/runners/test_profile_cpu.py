@@ -6,6 +6,7 @@ is bounded (``--timeout`` on the profile, the watchdog for the failing job).
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import time
@@ -114,3 +115,24 @@ def test_rank_failing_before_a_collective_is_diagnosed_not_hung(tmp_path: Path) 
     with read_bundle(out) as bundle:  # a valid bundle although nothing was captured
         assert bundle.traces == () and bundle.manifest.failure is not None
     assert "rank 1 raised ValueError" in " ".join(result.output.split())
+
+
+def test_steps_on_a_user_function_and_nothing_captured_is_an_error(tmp_path: Path) -> None:
+    out = tmp_path / "fn"
+    result = _profile(
+        out, ["--torch", "--step-function", "step_lib:train_step", "--torch-wait", "0",
+              "--torch-warmup", "1", "--torch-active", "2"],
+        [sys.executable, str(SCRIPTS / "fn_steps.py")],
+    )
+    assert result.exit_code == 0, result.output
+    with read_bundle(out) as bundle:
+        (trace,) = bundle.traces
+    events = json.loads(gzip.decompress(trace.path.read_bytes()))["traceEvents"]
+    steps = sorted({e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")})
+    assert len(steps) == 2 and any(e.get("name") == "my_step_body" for e in events)
+
+    empty = tmp_path / "empty"
+    result = _profile(empty, ["--torch"], [sys.executable, "-c", "import torch"])
+    assert result.exit_code == 1
+    assert "no trace was captured" in " ".join(result.output.split())
+    assert not (empty / "manifest.json").exists() and (empty / "logs" / "profile.log").is_file()
