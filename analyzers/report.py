@@ -397,7 +397,8 @@ class HelperDelta(_Model):
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
     """"changed" when the launch calls differ at all, or GPU or host time beyond the noise
     (``analyzers.compare.TIME_NOISE_*``)."""
-    base_host_time_ns: float = 0.0  # time on the CPU inside the helper's ranges, per step
+    base_host_time_ns: float = 0.0
+    """CPU time inside the helper's ranges per step, the first call excluded."""
     head_host_time_ns: float = 0.0
     delta_host_time_ns: float = 0.0
     base_activities: float = 0.0  # GPU activities per step, summed over ranks
