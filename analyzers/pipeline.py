@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from analyzers.account import compute_accounts
 from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ranges
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.errors import RankConflictError, TraceError
 from analyzers.findings import evaluate
+from analyzers.findings.padding import idle_statement
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
@@ -228,7 +230,12 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
+    findings = idle_statement(
+        evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
+        accounts.groups,
+        catalog,
+    )
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),
@@ -241,11 +248,13 @@ def analyze_trace(
         iterations=iterations,
         findings=findings,
         timeline=metrics.timeline,
-        notes=_notes(trace, manifest, metrics, iterations),
+        notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
+        accounts=accounts.groups,
+        step_accounts=accounts.steps,
     )
     if progress:
         progress("done", 1.0)
