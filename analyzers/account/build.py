@@ -256,7 +256,10 @@ class _GroupPass:
         self.ctx = ctx
         self.windows = windows
         self.records = _Records()
-        self.seg, self.start, self.end, self.row = _clipped(windows, ctx.acts)
+        seg, start, end, row = _clipped(windows, ctx.acts)
+        # Ties at one instant go to the activity launched first (the sweeps are stable).
+        order = np.lexsort((ctx.l_start[row], start, seg))
+        self.seg, self.start, self.end, self.row = seg[order], start[order], end[order], row[order]
         self.win_start = np.array([w.start_ns for w in windows], dtype=np.int64)
         self.win_end = np.array([w.end_ns for w in windows], dtype=np.int64)
 
