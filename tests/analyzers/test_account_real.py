@@ -121,7 +121,7 @@ def _helper_idle(
         keys = [a[2] for a in starts_here if a[2] is not None and a[2] in launches]
         if len(keys) != len(starts_here) or not keys:
             continue
-        ls, le, thread = min(launches[k] for k in keys)
+        _, le, thread = min(launches[k] for k in keys)
         if nxt is not None and le <= g0:
             continue  # queued before the gap: not host-bound
         cut = min(le, g1) if nxt is not None else g1
@@ -270,7 +270,8 @@ def _check_exact(an: Analysis) -> None:
         assert by[K.IDLE_HOST] + by[K.IDLE_SYNC] + by[K.IDLE_OTHER] == t.idle_ns
     for group in report.accounts:
         assert sum(p.time_ns for p in group.parts) == group.span_ns
-        steps = [s for s in report.step_accounts if (s.rank, s.window) == (group.rank, group.window)]
+        key = (group.rank, group.window)
+        steps = [s for s in report.step_accounts if (s.rank, s.window) == key]
         assert group.span_ns == sum(s.span_ns for s in steps) and group.windows == len(steps)
 
 
