@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from analyzers.account.compare import account_deltas
 from analyzers.report import (
     AnalysisReport,
     Category,
@@ -212,6 +213,7 @@ def compare_reports(
         findings_head=[f for f in head.findings if f.window in (None, head_window)],
         summary=summary,
         verdict=verdict,
+        account=account_deltas(base, head, base_window, head_window),
     )
 
 

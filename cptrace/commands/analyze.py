@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from cptrace.commands._account_tables import render_account, render_account_delta
+
 LARGE_INPUT_BYTES = 32 * 1024 * 1024
 """Show a progress bar when the inputs add up to more than this."""
 TOP_HELPERS = 15
@@ -294,6 +296,7 @@ def render_report(report: Any) -> None:
                 f"{s.attributed_fraction:.1%}",
             )
         console.print(totals)
+        render_account(console, report, group)
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")
     for note in report.notes:
@@ -385,6 +388,7 @@ def render_comparison(result: Any) -> None:
             d.status,
         )
     console.print(table)
+    render_account_delta(console, result)
     console.print(
         f"span delta per step {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
         f"{result.busy_delta_ns / 1e6:+.3f} ms"
