@@ -76,7 +76,9 @@ class Accounts:
 
 
 @dataclass(frozen=True, slots=True)
-class _Line:
+class Line:
+    """One account line: a part and what it is attributed to."""
+
     part: AccountPartKind
     label: str
     category: Category | None = None
@@ -87,17 +89,17 @@ class _Lines:
     """Interns account lines to dense codes, so records are int arrays."""
 
     def __init__(self) -> None:
-        self.lines: list[_Line] = []
-        self._codes: dict[_Line, int] = {}
+        self.lines: list[Line] = []
+        self._codes: dict[Line, int] = {}
 
-    def code(self, line: _Line) -> int:
+    def code(self, line: Line) -> int:
         found = self._codes.get(line)
         if found is None:
             found = self._codes[line] = len(self.lines)
             self.lines.append(line)
         return found
 
-    def codes(self, keys: IntArray, make: Mapping[int, _Line]) -> IntArray:
+    def codes(self, keys: IntArray, make: Mapping[int, Line]) -> IntArray:
         """Global codes for per-record local ``keys`` (``make`` gives each key's line)."""
         if len(keys) == 0:
             return np.empty(0, dtype=np.int64)
@@ -174,8 +176,8 @@ class _Context:
         self.host = HostStates(trace, catalog, att, ranges, names)
         self._thread_names: dict[int, str] = {}
 
-    def helper_line(self, part: AccountPartKind, helper: int, detail: str | None = None) -> _Line:
-        return _Line(part, self.att.name_of(helper), self.att.category_of(helper), detail)
+    def helper_line(self, part: AccountPartKind, helper: int, detail: str | None = None) -> Line:
+        return Line(part, self.att.name_of(helper), self.att.category_of(helper), detail)
 
     def _communication_lines(self) -> tuple[IntArray, dict[int, tuple[int, str]]]:
         """Per NCCL activity a key of its collective label: the helper, and inside a catalogued
@@ -305,18 +307,18 @@ class _GroupPass:
         keys = self.ctx.comm_key[r]
         lines = self.ctx.comm_lines
         comm = {
-            k: _Line(AccountPartKind.EXPOSED_COMMUNICATION, name, self.ctx.att.category_of(h))
+            k: Line(AccountPartKind.EXPOSED_COMMUNICATION, name, self.ctx.att.category_of(h))
             for k, (h, name) in lines.items()
         }
         self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
         peer_keys = keys * 1024 + (peer_rank + 1)
-        peer: dict[int, _Line] = {}
+        peer: dict[int, Line] = {}
         _, first = np.unique(peer_keys, return_index=True)
         for i in first.tolist():
             h, name = lines[int(keys[i])]
             pr = int(peer_rank[i])
-            peer[int(peer_keys[i])] = _Line(
+            peer[int(peer_keys[i])] = Line(
                 AccountPartKind.IDLE_PEER,
                 name,
                 self.ctx.att.category_of(h),
@@ -368,7 +370,7 @@ class _GroupPass:
         )  # 0: no work, 1: no launch row, 2: queued
         reasons = {0: NO_WORK, 1: NO_LAUNCH, 2: QUEUED}
         other = ~host
-        make = {k: _Line(AccountPartKind.IDLE_OTHER, v) for k, v in reasons.items()}
+        make = {k: Line(AccountPartKind.IDLE_OTHER, v) for k, v in reasons.items()}
         self.records.add(
             gaps.seg[other],
             ctx.lines.codes(other_reason[other], make),
@@ -394,10 +396,10 @@ class _GroupPass:
             gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, thread[gap], unit[gap]
         )
 
-    def _host_line(self, label_type: int, value: int, detail: int) -> _Line:
+    def _host_line(self, label_type: int, value: int, detail: int) -> Line:
         strings = self.ctx.trace.strings
         if label_type == LabelType.SYNC:
-            return _Line(
+            return Line(
                 AccountPartKind.IDLE_SYNC,
                 strings[value],
                 None,
@@ -406,8 +408,8 @@ class _GroupPass:
         if label_type == LabelType.HELPER:
             return self.ctx.helper_line(AccountPartKind.IDLE_HOST, value)
         if label_type == LabelType.RANGE:
-            return _Line(AccountPartKind.IDLE_HOST, strings[value])
-        return _Line(AccountPartKind.IDLE_HOST, UNANNOTATED)
+            return Line(AccountPartKind.IDLE_HOST, strings[value])
+        return Line(AccountPartKind.IDLE_HOST, UNANNOTATED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,4 +581,61 @@ def compute_accounts(
     return result
 
 
-__all__ = ["Accounts", "compute_accounts"]
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """The raw pieces of some windows' accounts, for views that draw them (the export).
+
+    Rows of ``seg``/``line``/``start``/``duration``/``thread``/``unit`` are pieces of time;
+    ``unit < activities`` means the piece is an activity's share (``unit`` is its row in
+    ``trace.activities``), otherwise it is an idle gap piece, exactly ``[start, start +
+    duration)``. ``seg`` indexes ``windows``; ``line`` indexes ``lines``.
+    """
+
+    windows: list[TimelineWindow]
+    lines: list[Line]
+    activities: int
+    seg: IntArray
+    line: IntArray
+    start: IntArray
+    duration: IntArray
+    thread: IntArray
+    unit: IntArray
+    clipped_row: IntArray
+    clipped_start: IntArray
+    clipped_end: IntArray
+    """Every activity-window overlap the account saw: activity row, clipped start and end."""
+    clipped_seg: IntArray
+
+
+def account_pieces(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    selected: Sequence[int],
+) -> Pieces:
+    """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
+    ctx = _Context(trace, att, ranges, catalog, windows)
+    measured, _ = timeline_windows(trace, windows)
+    tw = [measured[i] for i in selected]
+    group_pass = _GroupPass(ctx, tw)
+    seg, code, dur, start, thread, unit = group_pass.run().arrays()
+    return Pieces(
+        windows=tw,
+        lines=list(ctx.lines.lines),
+        activities=len(att.helper),
+        seg=seg,
+        line=code,
+        start=start,
+        duration=dur,
+        thread=thread,
+        unit=unit,
+        clipped_row=group_pass.row,
+        clipped_start=group_pass.start,
+        clipped_end=group_pass.end,
+        clipped_seg=group_pass.seg,
+    )
+
+
+__all__ = ["Accounts", "Pieces", "account_pieces", "compute_accounts"]
