@@ -270,8 +270,7 @@ class _GroupPass:
         kind = acts.kind[row]
         nccl = acts.communication[row]
         computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
-        comp_union = self._union(computation)
-        self._compute(computation)
+        comp_union = self._compute(computation)
         self._communication(nccl, comp_union)
         self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
         self._idle()
@@ -289,10 +288,12 @@ class _GroupPass:
         make = {int(h): self.ctx.helper_line(part, int(h)) for h in np.unique(helper).tolist()}
         return self.ctx.lines.codes(helper, make)
 
-    def _compute(self, mask: BoolArray) -> None:
+    def _compute(self, mask: BoolArray) -> Union:
+        """Computation by helper; returns the computation union the other parts subtract."""
         rows, mine = _owned(self.seg, self.start, self.end, mask)
         code = self._helper_codes(AccountPartKind.COMPUTE, rows)
         self._add(rows, code, mine.length, mine.piece_start)
+        return Union.of(self.seg[rows], self.start[rows], self.end[rows], mine)
 
     def _communication(self, mask: BoolArray, comp: Union) -> None:
         rows, mine = _owned(self.seg, self.start, self.end, mask)
@@ -424,6 +425,14 @@ class _Summary:
     thread: int
 
 
+def _sorted_distinct(values: IntArray) -> IntArray:
+    """Distinct values by sorting (numpy's hash-based ``unique`` is slow on wide int keys)."""
+    v = np.sort(values)
+    keep = np.ones(len(v), dtype=bool)
+    keep[1:] = v[1:] != v[:-1]
+    return v[keep]
+
+
 def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
     present = np.bincount(values) > 0
@@ -443,12 +452,14 @@ def _summaries(
     if len(dur) == 0:
         return []
     key_code, n_keys = _dense_small(bucket * n_codes + code)
-    order = np.lexsort((-dur, key_code))
+    small = key_code.astype(np.int16) if n_keys < (1 << 15) else key_code
+    order = np.argsort(small, kind="stable")  # radix sort on small keys
     k = key_code[order]
     heads = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
-    totals = np.add.reduceat(dur[order], heads)
+    d = dur[order]
+    totals = np.add.reduceat(d, heads)
     span = int(unit.max()) + 1
-    units = np.bincount(np.unique(key_code * span + unit) // span, minlength=n_keys)
+    units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
     (thread_code,) = factorize(thread)
     n_threads = int(thread_code.max()) + 1
     per_thread = np.bincount(
@@ -456,22 +467,49 @@ def _summaries(
     ).reshape(n_keys, n_threads)
     threads = np.zeros(n_threads, dtype=np.int64)
     threads[thread_code] = thread
-    main_thread = threads[per_thread.argmax(axis=1)]
-    ends = np.append(heads[1:], len(order))
-    out = []
-    for i, (h, e) in enumerate(zip(heads.tolist(), ends.tolist(), strict=True)):
-        first = int(order[h])
-        out.append(
-            _Summary(
-                bucket=int(bucket[first]),
-                code=int(code[first]),
-                time=int(totals[i]),
-                units=int(units[i]),
-                largest=order[h : min(e, h + LARGEST)].tolist(),
-                thread=int(main_thread[i]),
-            )
+    main_thread = threads[per_thread.argmax(axis=1)].tolist()
+    largest = [[r for r in row if r >= 0] for row in zip(*_largest(d, heads, order), strict=True)]
+    first = order[heads]
+    return [
+        _Summary(bucket=b, code=c, time=t, units=u, largest=top, thread=th)
+        for b, c, t, u, top, th in zip(
+            bucket[first].tolist(),
+            code[first].tolist(),
+            totals.tolist(),
+            units.tolist(),
+            largest,
+            main_thread,
+            strict=True,
         )
-    return out
+    ]
+
+
+def _largest(d: IntArray, heads: IntArray, order: IntArray) -> list[list[int]]:
+    """Record indices of the ``LARGEST`` longest records of each key segment (-1: fewer).
+
+    Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
+    the low digits, so the maximum names its record (ties: the earliest); no sort by duration.
+    """
+    n = len(d)
+    if n == 0:
+        return []
+    if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
+        by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
+        cols = []
+        ends = np.append(heads[1:], n)
+        for j in range(LARGEST):
+            pos = heads + j
+            cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1).tolist())
+        return cols
+    enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
+    cols = []
+    for _ in range(LARGEST):
+        best = np.maximum.reduceat(enc, heads)
+        hit = best >= 0
+        pos = n - 1 - (best % n)
+        cols.append(np.where(hit, order[np.where(hit, pos, 0)], -1).tolist())
+        enc[pos[hit]] = -1
+    return cols
 
 
 def _parts(
@@ -488,7 +526,7 @@ def _parts(
         for r in s.largest:
             w = windows[int(seg[r])]
             largest.append(
-                AccountGap(
+                AccountGap.model_construct(
                     start_ns=int(start[r]),
                     offset_ns=int(start[r]) - w.start_ns,
                     duration_ns=int(dur[r]),
@@ -498,7 +536,7 @@ def _parts(
                 )
             )
         out.setdefault(s.bucket, []).append(
-            AccountPart(
+            AccountPart.model_construct(
                 part=line.part,
                 label=line.label,
                 category=line.category,
@@ -564,8 +602,12 @@ def compute_accounts(
             )
         rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
         ranks = sorted(set(rank_of.tolist()))
-        bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg]) if len(seg) else seg
-        per_rank = _parts(ctx, _summaries(bucket, code, dur, thread, unit, n_codes), records, tw)
+        if len(ranks) == len(tw):  # one window per rank (the whole trace): the same lines
+            per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
+        else:
+            bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
+            summaries = _summaries(bucket, code, dur, thread, unit, n_codes)
+            per_rank = _parts(ctx, summaries, records, tw)
         for b, rank in enumerate(ranks):
             mine = [w for w in tw if w.window.rank == rank]
             result.groups.append(

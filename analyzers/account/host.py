@@ -14,9 +14,11 @@ piece is labelled by the state at its start, in this order:
    ``record_function``, operator; window and step ranges excluded: they are open across every
    gap), else the innermost Python frame, else "unannotated host".
 
-Pieces are cut at the starts and ends of catalogued, operator/annotation and sync ranges, not at
-Python frames (a trace with stacks has one per call): a stretch that only Python frames cover is
-labelled by the frame open at its start.
+Pieces are cut where a catalogued (helper) range or a sync opens or closes, so helper and sync
+time is exact to the nanosecond; a stretch outside every helper is labelled by the innermost
+other range (or Python frame) open at its start (a trace with stacks has one Python frame per
+call and an NVTX range per operator: cutting at each would multiply the pieces for a label that
+names no helper).
 """
 
 from __future__ import annotations
@@ -130,9 +132,9 @@ class HostStates:
             [self._calls.thread, self._calls.thread],
             [self._calls.start, self._calls.end],
         )
-        # Python frames do not cut (a trace with stacks has one per call): a stretch that no
-        # catalogued or operator range covers is labelled by the frame open at its start.
-        for index in (self._sync_ops, self._any, self._ranges.specific, self._ranges.container):
+        # Only helper and sync ranges cut: a stretch outside every helper is labelled by the
+        # innermost other range (or Python frame) open at its start.
+        for index in (self._sync_ops, self._ranges.specific, self._ranges.container):
             rows = index.rows
             threads += [table["thread"][rows], table["thread"][rows]]
             times += [table["start"][rows], table["end"][rows]]
@@ -142,10 +144,13 @@ class HostStates:
             return {}
         order = np.lexsort((time, thread))
         thread, time = thread[order], time[order]
+        # (thread, time) sorted: drop repeated instants, then cut per thread.
+        keep = np.ones(len(time), dtype=bool)
+        keep[1:] = (thread[1:] != thread[:-1]) | (time[1:] != time[:-1])
+        thread, time = thread[keep], time[keep]
         cuts = np.flatnonzero(np.diff(thread)) + 1
         return {
-            int(t[0]): np.unique(v)
-            for t, v in zip(np.split(thread, cuts), np.split(time, cuts), strict=True)
+            int(t[0]): v for t, v in zip(np.split(thread, cuts), np.split(time, cuts), strict=True)
         }
 
     def split(
@@ -184,35 +189,37 @@ class HostStates:
         return query[keep], starts[keep], ends[keep]
 
     def labels(self, thread: IntArray, time: IntArray) -> HostLabels:
-        """The state of ``thread`` at ``time`` for each query."""
+        """The state of ``thread`` at ``time`` for each query; each lookup asks only about the
+        queries the ones before it left open."""
         n = len(time)
         names = np.append(self._trace.ranges["name"].astype(np.int64), -1)
+        helper = np.append(self._ranges.helper.astype(np.int64), -1)
         kind = np.full(n, LabelType.UNANNOTATED, dtype=np.int64)
         value = np.full(n, -1, dtype=np.int64)
         detail = np.full(n, -1, dtype=np.int64)
-        open_ = np.ones(n, dtype=bool)
-
-        def take(rows: IntArray, label_type: int, values: IntArray) -> None:
-            hit = open_ & (rows >= 0)
-            kind[hit] = label_type
-            value[hit] = values[hit]
-            open_[hit] = False
-
-        op = self._sync_ops.lookup(thread, time)
-        take(op, LabelType.SYNC, names[op])
-        call = self._calls.index.lookup(thread, time)
-        take(call, LabelType.SYNC, np.append(self._calls.label, -1)[call])
-        frame = self._python.lookup(thread, time)
-        syncs = kind == LabelType.SYNC
-        detail[syncs] = names[frame[syncs]]
-        helper = np.append(self._ranges.helper.astype(np.int64), -1)
-        specific = self._ranges.specific.lookup(thread, time)
-        take(specific, LabelType.HELPER, helper[specific])
-        container = self._ranges.container.lookup(thread, time)
-        take(container, LabelType.HELPER, helper[container])
-        other = self._any.lookup(thread, time)
-        take(other, LabelType.RANGE, names[other])
-        take(frame, LabelType.RANGE, names[frame])
+        open_ = np.arange(n, dtype=np.int64)
+        sync_label = np.append(self._calls.label, -1)
+        steps: list[tuple[RangeIndex, int, IntArray]] = [
+            (self._sync_ops, LabelType.SYNC, names),
+            (self._calls.index, LabelType.SYNC, sync_label),
+            (self._ranges.specific, LabelType.HELPER, helper),
+            (self._ranges.container, LabelType.HELPER, helper),
+            (self._any, LabelType.RANGE, names),
+            (self._python, LabelType.RANGE, names),
+        ]
+        for index, label_type, table in steps:
+            if len(open_) == 0:
+                break
+            if len(index.rows) == 0:
+                continue
+            rows = index.lookup(thread[open_], time[open_])
+            hit = rows >= 0
+            kind[open_[hit]] = label_type
+            value[open_[hit]] = table[rows[hit]]
+            open_ = open_[~hit]
+        syncs = np.flatnonzero(kind == LabelType.SYNC)
+        if len(syncs) and len(self._python.rows):
+            detail[syncs] = names[self._python.lookup(thread[syncs], time[syncs])]
         return HostLabels(kind, value, detail)
 
 

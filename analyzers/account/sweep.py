@@ -30,6 +30,8 @@ class Owned:
 
     piece_start: IntArray
     piece_end: IntArray
+    order: IntArray
+    """The input rows sorted by (segment, start): the pieces' order along each segment."""
 
     @property
     def length(self) -> IntArray:
@@ -57,9 +59,12 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     """First-come exclusive pieces of ``[start, end)`` intervals within each segment."""
     n = len(start)
     if n == 0:
-        return Owned(_EMPTY, _EMPTY)
+        return Owned(_EMPTY, _EMPTY, _EMPTY)
     end = np.maximum(end, start)
-    order = np.lexsort((start, seg))
+    if _sorted(seg, start):  # the usual input: clipped activities in window and time order
+        order = np.arange(n, dtype=np.int64)
+    else:
+        order = np.lexsort((start, seg))
     s, e, g = start[order], end[order], seg[order]
     reach = _running_max(g, e)
     before = np.empty(n, dtype=np.int64)
@@ -74,7 +79,15 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     piece_end = np.empty(n, dtype=np.int64)
     piece_start[order] = lo
     piece_end[order] = hi
-    return Owned(piece_start, piece_end)
+    return Owned(piece_start, piece_end, order)
+
+
+def _sorted(seg: IntArray, start: IntArray) -> bool:
+    """Whether rows are already ordered by (segment, start)."""
+    if len(seg) < 2:
+        return True
+    step = seg[1:] - seg[:-1]
+    return bool(np.all((step > 0) | ((step == 0) & (start[1:] >= start[:-1]))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +103,13 @@ class Union:
     """Input row of the interval whose end closes each piece."""
 
     @classmethod
-    def of(cls, seg: IntArray, start: IntArray, end: IntArray) -> Union:
-        mine = owned(seg, start, end)
-        rows = np.flatnonzero(mine.length > 0)
-        if len(rows) == 0:
+    def of(cls, seg: IntArray, start: IntArray, end: IntArray, mine: Owned | None = None) -> Union:
+        """The union of the intervals (``mine``: their ``owned`` pieces, when already known)."""
+        mine = mine if mine is not None else owned(seg, start, end)
+        # Along the (segment, start) order the owned pieces are disjoint and sorted too.
+        order = mine.order[mine.length[mine.order] > 0]
+        if len(order) == 0:
             return cls(_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
-        order = rows[np.lexsort((mine.piece_start[rows], seg[rows]))]
         ps, pe, pg = mine.piece_start[order], mine.piece_end[order], seg[order]
         # Owned pieces of one segment are disjoint and sorted; touching ones form one piece.
         opens = np.ones(len(order), dtype=bool)
