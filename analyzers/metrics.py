@@ -27,14 +27,17 @@ from analyzers.attribution import (
 )
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
+from analyzers.kernels import device_figures, kernel_table
 from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
+    DeviceFigures,
     GroupTimeline,
     HelperStat,
     HostSyncStat,
     Imbalance,
+    KernelStat,
     RankSummary,
     StreamStat,
     Timeline,
@@ -63,6 +66,8 @@ class Metrics:
     imbalance: list[Imbalance] = field(default_factory=list)
     host_syncs: list[HostSyncStat] = field(default_factory=list)
     timeline: Timeline | None = None
+    devices: list[DeviceFigures] = field(default_factory=list)
+    kernels: list[KernelStat] = field(default_factory=list)
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
     window_timelines: list[WindowTimeline] = field(default_factory=list)
     gpu_timeline: list[GroupTimeline] = field(default_factory=list)
@@ -124,7 +129,7 @@ def _helper_stats(
     att: Attribution,
     placed: _Placed,
     steps: dict[tuple[int, str], int],
-    calls: dict[tuple[int, int], tuple[int, int]],
+    calls: dict[tuple[int, int], tuple[int, int, int]],
 ) -> list[HelperStat]:
     acts = trace.activities
     inside = placed.window >= 0
@@ -135,13 +140,14 @@ def _helper_stats(
     duration = (acts["end"][inside] - acts["start"][inside]).astype(np.int64)
     is_kernel = acts["kind"][inside] == ActivityKind.KERNEL
     how = att.matched_by[inside]
+    launch = att.launch[inside]
     out = []
     for rank in np.unique(w_rank):
         r = w_rank == rank
         for h in np.unique(helper[r]):
             rows = r & (helper == h)
             label = Counter(how[rows].tolist()).most_common(1)[0][0]
-            n_calls, host = calls.get((int(rank), int(h)), (0, 0))
+            n_calls, host, first_host = calls.get((int(rank), int(h)), (0, 0, 0))
             out.append(
                 HelperStat(
                     rank=int(rank),
@@ -149,12 +155,14 @@ def _helper_stats(
                     steps=steps[(int(rank), placed.group)],
                     helper=att.name_of(int(h)),
                     category=att.category_of(int(h)),
-                    launches=int(rows.sum()),
+                    launches=len(np.unique(launch[rows & (launch >= 0)])),
+                    activities=int(rows.sum()),
                     kernels=int((rows & is_kernel).sum()),
                     gpu_time_ns=int(duration[rows].sum()),
                     matched_by=MATCHED_BY_LABELS[label],
                     calls=n_calls,
                     host_time_ns=host,
+                    first_call_host_ns=first_host,
                 )
             )
     return out
@@ -177,8 +185,9 @@ def _combined_codes(*columns: IntArray) -> tuple[npt.NDArray[np.int64], IntArray
 
 def _helper_calls(
     trace: Trace, ranges: RangeHelpers, group_windows: list[Window], rank_of_range: IntArray
-) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, helper) -> (outermost catalogued calls, host ns) of the group's windows."""
+) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(rank, helper) -> (outermost catalogued calls, host ns, host ns of the rank's first call
+    of the helper in the whole trace if it is one of them) in the group's windows."""
     index = ranges.specific
     if len(index.rows) == 0:
         return {}
@@ -191,6 +200,12 @@ def _helper_calls(
     rows, helper = rows[outermost], helper[outermost]
     start = trace.ranges["start"][rows].astype(np.int64)
     dur = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
+    _, inverse_all = _combined_codes(rank_of_range[rows], helper)
+    earliest = np.lexsort((start, inverse_all))
+    new = np.ones(len(earliest), dtype=bool)
+    new[1:] = inverse_all[earliest][1:] != inverse_all[earliest][:-1]
+    is_first = np.zeros(len(rows), dtype=bool)
+    is_first[earliest[new]] = True
     w = assign_windows(rank_of_range[rows], start, group_windows)
     inside = w >= 0
     if not inside.any():
@@ -199,9 +214,13 @@ def _helper_calls(
     calls = np.bincount(inverse, minlength=len(keys))
     host = np.zeros(len(keys), dtype=np.int64)
     np.add.at(host, inverse, dur[inside])
+    first = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(first, inverse, np.where(is_first[inside], dur[inside], 0))
     return {
-        (int(rank), int(h)): (int(c), int(t))
-        for (rank, h), c, t in zip(keys.tolist(), calls.tolist(), host.tolist(), strict=True)
+        (int(rank), int(h)): (int(c), int(t), int(f))
+        for (rank, h), c, t, f in zip(
+            keys.tolist(), calls.tolist(), host.tolist(), first.tolist(), strict=True
+        )
     }
 
 
@@ -252,6 +271,11 @@ def _rank_summaries(
     acts = trace.activities
     w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
     clipped = {t.rank: t for t in timelines if t.window == placed.group}
+    launches = trace.launches
+    in_window = assign_windows(
+        launches["rank"].astype(np.int64), launches["start"].astype(np.int64), placed.windows
+    )
+    launch_counts = Counter(w_rank[in_window[in_window >= 0]].tolist())
     out = []
     for rank in sorted({w.rank for w in placed.windows}):
         in_rank = (placed.window >= 0) & (w_rank[np.maximum(placed.window, 0)] == rank)
@@ -267,7 +291,8 @@ def _rank_summaries(
                 gpu_busy_ns=clipped[rank].busy_ns if rank in clipped else 0,
                 compute_busy_ns=clipped[rank].computation_ns if rank in clipped else 0,
                 kernels=int((acts["kind"][in_rank] == ActivityKind.KERNEL).sum()),
-                launches=int(in_rank.sum()),
+                launches=int(launch_counts.get(rank, 0)),
+                activities=int(in_rank.sum()),
                 attributed_fraction=attributed / total if total else 0.0,
             )
         )
@@ -348,9 +373,13 @@ def _host_syncs(
     )
     rows, w = rows[w >= 0], w[w >= 0]
     claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
-    helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    helper = np.full(len(rows), -1, dtype=np.int64)  # a trace without ranges claims none
+    hit = claimed >= 0
+    helper[hit] = ranges.helper[claimed[hit]]
     op = sync_ops.lookup(launches["thread"][rows], launches["start"][rows])
-    label = np.where(op >= 0, trace.ranges["name"][np.maximum(op, 0)], launches["api"][rows])
+    label = launches["api"][rows].astype(np.int64)
+    named = op >= 0
+    label[named] = trace.ranges["name"][op[named]]
     w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
     out = []
     for rank in np.unique(w_rank).tolist():
@@ -432,6 +461,7 @@ def compute_metrics(
     rank, time = _activity_points(trace, att)
     metrics.window_timelines, metrics.notes = window_timelines(trace, windows, rank)
     metrics.gpu_timeline = group_timelines(metrics.window_timelines, metrics.steps)
+    metrics.devices = device_figures(trace, rank, att.launch)
     range_rank = trace.ranges["rank"].astype(np.int64)
     for group in groups:
         group_windows = [w for w in windows if (w.group or w.name) == group]
@@ -439,6 +469,7 @@ def compute_metrics(
         calls = _helper_calls(trace, ranges, group_windows, range_rank)
         metrics.helpers += _helper_stats(trace, att, placed, metrics.steps, calls)
         metrics.streams += _stream_stats(trace, placed)
+        metrics.kernels += kernel_table(trace, rank, placed.window >= 0, group, metrics.steps)
         summaries = _rank_summaries(trace, att, placed, metrics.steps, metrics.gpu_timeline)
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)
@@ -451,8 +482,9 @@ def compute_metrics(
     return metrics
 
 
-def per_step(stats: Sequence[HelperStat], attr: str = "launches") -> float:
-    """Sum over ranks of a helper attribute divided by each rank's step count."""
+def per_step(stats: Sequence[HelperStat], attr: str = "activities") -> float:
+    """Sum over ranks of a helper attribute divided by each rank's step count (the default,
+    GPU activities, says whether the helper ran at all: kernels without a launch row count)."""
     return float(sum(getattr(s, attr) / max(s.steps, 1) for s in stats))
 
 

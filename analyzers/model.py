@@ -66,6 +66,7 @@ ACTIVITY_DTYPE = np.dtype(
         ("name", np.int32),  # SymbolTable id
         ("correlation", np.int64),  # -1 when the trace has none for this row
         ("graph_node", np.int64),  # CUDA graph node id, -1 when not launched from a graph
+        ("bytes", np.int64),  # bytes a memcpy/memset moved or set; -1 for kernels and unknown
     ]
 )
 

@@ -345,6 +345,7 @@ def _activity(event: dict[str, object], kind: int, tables: _Tables) -> None:
             tables.strings.intern(str(event.get("name", ""))),
             int(args.get("correlation", -1)),
             int(args.get("graph node id", -1)),
+            int(args.get("bytes", -1)) if kind != ActivityKind.KERNEL else -1,
         ),
     )
 

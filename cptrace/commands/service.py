@@ -88,9 +88,9 @@ def serve(
     """
     import uvicorn
 
+    from cptrace.app import create_app
     from service.bootstrap import default_demo_dir, ensure_admin_token
     from service.bootstrap import seed_demo as seed
-    from service.main import create_app
 
     settings = _settings(data_dir)
     app = create_app(settings)

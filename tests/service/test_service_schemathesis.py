@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from service_factories import auth
 
+from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
-from service.main import create_app
 
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="cptrace-schemathesis-"))
 # claim_max_wait_s=0: a generated wait_s must not turn each example into a 30 s long poll

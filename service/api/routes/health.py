@@ -6,7 +6,7 @@ import sqlite3
 
 from fastapi import APIRouter
 
-from cptrace import __version__
+from contracts.version import __version__
 from service.api.deps import DbDep
 from service.api.schemas import Health
 
