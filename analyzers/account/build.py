@@ -526,7 +526,7 @@ def _parts(
         for r in s.largest:
             w = windows[int(seg[r])]
             largest.append(
-                AccountGap.model_construct(
+                AccountGap(
                     start_ns=int(start[r]),
                     offset_ns=int(start[r]) - w.start_ns,
                     duration_ns=int(dur[r]),
@@ -536,7 +536,7 @@ def _parts(
                 )
             )
         out.setdefault(s.bucket, []).append(
-            AccountPart.model_construct(
+            AccountPart(
                 part=line.part,
                 label=line.label,
                 category=line.category,
