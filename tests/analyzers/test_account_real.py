@@ -324,3 +324,40 @@ def test_padded_path_finding_states_the_idle_time(nsys_3arms: Analysis) -> None:
         assert e.value == round(ns / g.steps / 1e6, 4) and e.unit == "ms"
     worst = max(float(e.value) for e in idle if e.value is not None)  # type: ignore[arg-type]
     assert f"idle {worst:.2f} ms per step because of {HELPER} on the host" in finding.title
+
+
+def test_cli_prints_the_account_and_its_json_is_complete(tmp_path: Path) -> None:
+    import json as json_
+
+    from typer.testing import CliRunner
+
+    from cptrace.cli import app
+
+    args = ["analyze", str(NSYS_3ARMS), "--step-pattern", "^nsys_arm:"]
+    text = CliRunner().invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert "nsys_arm:auto_clone: where the step went" in text.output
+    assert "nsys_arm:auto_clone: top idle causes" in text.output
+    raw = CliRunner().invoke(app, [*args, "--json"])
+    report = json_.loads(raw.output)
+    assert len(report["step_accounts"]) == len(report["windows"])
+    for step in report["step_accounts"]:
+        assert sum(p["time_ns"] for p in step["parts"]) == step["span_ns"]
+    saved = tmp_path / "report.json"
+    saved.write_text(raw.output, encoding="utf-8")
+    compare_args = [
+        "compare",
+        "--base",
+        str(saved),
+        "--base-window",
+        "nsys_arm:auto_clone",
+        "--head-window",
+        "nsys_arm:explicit_false",
+    ]
+    compare = CliRunner().invoke(app, [*compare_args, "--json"])
+    assert compare.exit_code == 0, compare.output
+    lines = {(d["part"], d["label"]): d for d in json_.loads(compare.output)["account"]}
+    helper = lines[("idle: host-bound", HELPER)]
+    assert helper["head_ns"] == 0 and helper["delta_ns"] == -helper["base_ns"] < 0
+    shown = CliRunner().invoke(app, compare_args)
+    assert "where the step went: nsys_arm:auto_clone -> nsys_arm:explicit_false" in shown.output
