@@ -33,6 +33,7 @@ import numpy as np
 from analyzers.account.build import Pieces, account_pieces
 from analyzers.attribution import Attribution, RangeHelpers
 from analyzers.catalog import Catalog
+from analyzers.compare import CompareError
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import AccountPartKind, Window
 
@@ -47,8 +48,9 @@ _CATS = {
 }
 
 
-class ExportError(ValueError):
-    """The requested window is not in the analysis."""
+class ExportError(CompareError):
+    """The requested window is not in the analysis (a ``CompareError``: the same mistake, a
+    window the report does not have, so the service and the CLI map it the same way)."""
 
 
 def select_window(windows: Sequence[Window], wanted: str) -> list[int]:
