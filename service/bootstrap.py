@@ -16,6 +16,7 @@ from pathlib import Path
 from service.auth import Role, count_tokens, create_token
 from service.core.config import Settings
 from service.ingest import Limits, StagedRun, record_run, stage_bundle
+from service.storage import runs
 from service.storage.database import Database, immediate
 
 
@@ -50,8 +51,7 @@ def _sha256(path: Path) -> str:
 
 
 def _known_run(conn: sqlite3.Connection, key: str) -> int | None:
-    row = conn.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
-    return None if row is None else int(row[0])
+    return runs.find_upload(conn, key=key)
 
 
 def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedResult]:

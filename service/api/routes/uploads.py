@@ -18,6 +18,8 @@ from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
 router = APIRouter(prefix="/uploads", tags=["uploads"])
+MAX_RANK = 2**31
+"""Ranks are below this (the bundle manifest's bound too)."""
 
 
 def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -93,7 +95,10 @@ async def upload_bundle(
     openapi_extra=_form(
         "trace",
         "an nsys SQLite export or PyTorch profiler JSON, optionally gzipped",
-        {"name": {"type": "string", "maxLength": 200}, "rank": {"type": "integer", "minimum": 0}},
+        {
+            "name": {"type": "string", "maxLength": 200},
+            "rank": {"type": "integer", "minimum": 0, "maximum": MAX_RANK - 1},
+        },
     ),
 )
 async def upload_trace(
@@ -145,8 +150,11 @@ def _record(
 def _rank(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    if not raw.isdigit():
-        raise BadRequest(f"form field 'rank': expected a non-negative integer, got {raw!r}")
+    # isascii: "²".isdigit() is True but int() refuses it; the bound keeps SQLite's INTEGER
+    if not (raw.isascii() and raw.isdigit()) or int(raw) >= MAX_RANK:
+        raise BadRequest(
+            f"form field 'rank': expected an integer from 0 to {MAX_RANK - 1}, got {raw[:40]!r}"
+        )
     return int(raw)
 
 
