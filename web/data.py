@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from analyzers.catalog import Catalog
 from analyzers.compare import CompareError
-from analyzers.report import ComparisonReport, Finding, HelperDelta, HelperStat
+from analyzers.report import AnalysisReport, ComparisonReport, Finding, HelperDelta, HelperStat
 from service.core.errors import BadRequest
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
@@ -185,6 +185,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
         if report.timeline is not None and report.timeline.events:
             figs["timeline"] = figures.timeline_figure(report.timeline)
+        figs.update(gpu_timeline_figures(report))
         helpers = helper_rows(report.helpers)
         severity_order = {"error": 0, "warning": 1, "info": 2}
         findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
@@ -204,6 +205,25 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         arm_comparisons=arms,
         figures=figs,
     )
+
+
+def gpu_timeline_figures(report: AnalysisReport) -> dict[str, Figure]:
+    """The run page's stacked GPU-timeline bars (none for a report without a timeline: one
+    stored before the timeline existed)."""
+    if not report.gpu_timeline:
+        return {}
+    return {"gpu_timeline": figures.run_timeline_breakdown(report.gpu_timeline)}
+
+
+def comparison_timeline_figures(report: ComparisonReport) -> dict[str, Figure]:
+    """Base and head GPU-timeline bars per rank for the comparison page."""
+    if not (report.timeline_base or report.timeline_head):
+        return {}
+    return {
+        "gpu_timeline": figures.comparison_timeline_breakdown(
+            report.timeline_base, report.timeline_head
+        )
+    }
 
 
 # ------------------------------------------------------------------------------ comparison page
@@ -244,6 +264,7 @@ def compare_page(
         figs["distributions"] = figures.comparison_distributions(report.iterations)
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
+    figs.update(comparison_timeline_figures(report))
     context = CommentContext(
         suite="preview",
         base_name=_run_label(base, base_window),

@@ -4,6 +4,7 @@ itself (pipeline-style P2P). cptrace must not call any of these CP."""
 
 import os
 import sys
+
 import torch
 import torch.distributed as dist
 
@@ -17,7 +18,11 @@ def main() -> None:
     a = torch.randn(1 << 20, device="cuda")
     w = torch.randn(2048, 2048, device="cuda")
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts, schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1), with_stack=True) as prof:
+    with torch.profiler.profile(
+        activities=acts,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
+        with_stack=True,
+    ) as prof:
         for _ in range(4):
             y = torch.empty_like(a)
             dist.all_to_all_single(y, a)
