@@ -26,18 +26,18 @@ def _executor(app: FastAPI) -> Executor:
             executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cptrace-ingest")
         else:
             # spawn, not fork: the API process has threads (writer, readers) a fork would copy
-            # in whatever state they were in. Not niced: the upload check is short now
-            # (structural, ``analyzers.readers.check_trace``) and the client waits for it; the
-            # analysis worker is the background work that yields the CPU.
+            # in whatever state they were in.
             executor = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=lower_priority,
             )
         app.state.ingest_executor = executor
     return executor
 
 
 def lower_priority() -> None:
-    """Background work (the analysis worker) yields the CPU to request handling."""
+    """Background work (validation, analysis) yields the CPU to request handling."""
     with contextlib.suppress(OSError):
         os.nice(BACKGROUND_NICE)
 
