@@ -361,8 +361,9 @@ class _GroupPass:
         # The activity that ends the gap launched it; a trailing gap goes to the previous one's
         # launching thread.
         owner = np.where(has_next, nxt, prv)
-        thread = np.where(owner >= 0, ctx.l_thread[np.maximum(owner, 0)], -1)
-        l_end = np.where(owner >= 0, ctx.l_end[np.maximum(owner, 0)], -1)
+        # A trailing -1 makes "no owner" an ordinary index (a trace may have no GPU activity).
+        thread = np.append(ctx.l_thread, -1)[owner]
+        l_end = np.append(ctx.l_end, -1)[owner]
         host = (thread >= 0) & (~has_next | (l_end > gaps.start))
         cut = np.where(has_next, np.minimum(l_end, gaps.end), gaps.end)
         unit = np.arange(n, dtype=np.int64) + len(ctx.att.helper)  # gaps: never an activity row

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from analyzers.account.build import QUEUED
+from analyzers.account.build import NO_WORK, QUEUED
 from analyzers.account.host import UNANNOTATED
 from analyzers.model import RangeKind
 from analyzers.pipeline import analyze_trace
@@ -149,3 +149,11 @@ def test_memcpy_under_neither_compute_nor_nccl_is_exposed_memcpy() -> None:
     assert parts == {K.COMPUTE: 100, K.EXPOSED_MEMCPY: 100, K.IDLE_HOST: 100}
     copy = next(p for p in step.parts if p.part == K.EXPOSED_MEMCPY)
     assert copy.detail == "Memcpy DtoD (Device -> Device)"
+
+
+def test_a_window_without_gpu_work_is_other_idle() -> None:
+    b = TraceBuilder()
+    b.range("ProfilerStep#1", 0, 500, kind=RangeKind.STEP)
+    b.range(HELPER, 100, 200)  # host work only: a CPU run
+    step = _step(analyze_trace(b.build()).report)
+    assert _split(step) == {(K.IDLE_OTHER, NO_WORK): 500}
