@@ -205,9 +205,8 @@ class _Context:
             new[1:] = (c[1:] != c[:-1]) | (h[1:] != h[:-1])
             group_start = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
             step[order] = np.arange(len(order)) - group_start
-        c_helper = np.where(
-            container >= 0, self.ranges.helper[np.maximum(container, 0)].astype(np.int64), -1
-        )
+        # A trailing -1 makes "no container" an ordinary index (the range table may be empty).
+        c_helper = np.append(self.ranges.helper.astype(np.int64), -1)[container]
         width = 1 << 20
         local = ((helper + 1) * (len(self.att.helper_names) + 2) + (c_helper + 1)) * width + step
         local = np.where(
