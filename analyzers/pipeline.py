@@ -262,13 +262,13 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
         evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
         accounts.groups,
         catalog,
     )
+    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings += host_time_findings(hosted, catalog)
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     report = AnalysisReport(

@@ -184,7 +184,10 @@ def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCa
                     gaps=p.gaps,
                     largest_ms=g.duration_ns / 1e6 if g else None,
                     largest_at=(
-                        f"+{g.offset_ns / 1e6:.3f} ms in {g.window}#{g.index}" if g else None
+                        f"+{g.offset_ns / 1e6:.3f} ms in "
+                        + (g.window if g.window != a.window else f"{g.window}#{g.index}")
+                        if g
+                        else None
                     ),
                     thread=p.thread,
                     detail=p.detail,

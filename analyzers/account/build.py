@@ -205,9 +205,8 @@ class _Context:
             new[1:] = (c[1:] != c[:-1]) | (h[1:] != h[:-1])
             group_start = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
             step[order] = np.arange(len(order)) - group_start
-        c_helper = np.where(
-            container >= 0, self.ranges.helper[np.maximum(container, 0)].astype(np.int64), -1
-        )
+        # A trailing -1 makes "no container" an ordinary index (the range table may be empty).
+        c_helper = np.append(self.ranges.helper.astype(np.int64), -1)[container]
         width = 1 << 20
         local = ((helper + 1) * (len(self.att.helper_names) + 2) + (c_helper + 1)) * width + step
         local = np.where(
@@ -361,8 +360,9 @@ class _GroupPass:
         # The activity that ends the gap launched it; a trailing gap goes to the previous one's
         # launching thread.
         owner = np.where(has_next, nxt, prv)
-        thread = np.where(owner >= 0, ctx.l_thread[np.maximum(owner, 0)], -1)
-        l_end = np.where(owner >= 0, ctx.l_end[np.maximum(owner, 0)], -1)
+        # A trailing -1 makes "no owner" an ordinary index (a trace may have no GPU activity).
+        thread = np.append(ctx.l_thread, -1)[owner]
+        l_end = np.append(ctx.l_end, -1)[owner]
         host = (thread >= 0) & (~has_next | (l_end > gaps.start))
         cut = np.where(has_next, np.minimum(l_end, gaps.end), gaps.end)
         unit = np.arange(n, dtype=np.int64) + len(ctx.att.helper)  # gaps: never an activity row
