@@ -118,6 +118,22 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db.table("tokens").create_index(["token_hash"], unique=True)
 
 
+@migrations()
+def m010_job_ownership(db: sqlite_utils.Database) -> None:
+    """Bind runner tokens to a runner identity, and jobs to the token that claimed them, so a
+    runner token acts only on its own jobs (admins act on any)."""
+    db.execute("ALTER TABLE tokens ADD COLUMN runner TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN claim_token_id INTEGER")
+
+
+@migrations()
+def m011_worker_heartbeats(db: sqlite_utils.Database) -> None:
+    """Analysis workers record that they are alive; ``/health`` reads the freshest beat."""
+    db.table("worker_heartbeats").create(
+        {"name": str, "started_at": str, "beat_at": float, "state": str}, pk="name"
+    )
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)
