@@ -30,7 +30,7 @@ from runners.spec import RunSpec, SpecError, parse_spec
 from runners.upload import UploadResult
 
 log = logging.getLogger("cptrace.agent")
-LEASE_LOST = (404, 409, 410)
+LEASE_LOST = (403, 404, 409, 410)  # 403: the job is held by another runner's token
 
 
 @dataclass(slots=True, kw_only=True)

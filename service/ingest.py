@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from service.auth import now_iso
+from service.core.config import MAX_RANK
 from service.core.errors import BadRequest, UnprocessableEntity
 from service.safety import CappedGzipReader, iter_tar_members, sniff_trace, validate_trace
 from service.storage.blobs import BlobStore, PendingBlob
@@ -144,9 +145,11 @@ def _check_entry(
             f"content ({sha})"
         )
     rank = entry.get("rank")
-    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+    if rank is not None and (
+        not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_RANK
+    ):
         raise UnprocessableEntity(
-            f"manifest.json: trace {path!r}: rank must be a non-negative integer"
+            f"manifest.json: trace {path!r}: rank must be an integer from 0 to {MAX_RANK}"
         )
     return sha, size, rank
 

@@ -45,11 +45,11 @@ def serve(
     Example: cptrace serve --host 127.0.0.1 --port 8000 --data-dir var --seed-demo
     """
     import uvicorn
-    from service.http_timeouts import timed_protocol
 
     from service.bootstrap import default_demo_dir, ensure_admin_token, sweep_at_startup
     from service.bootstrap import seed_demo as seed
     from service.core.config import Settings
+    from service.http_timeouts import timed_protocol
     from service.main import create_app
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
@@ -99,11 +99,17 @@ def worker(
 def token_create(
     role: str = typer.Option(..., "--role", help="admin, runner or viewer."),
     name: str = typer.Option("", "--name", help="A label for the token."),
+    runner: str | None = typer.Option(
+        None,
+        "--runner",
+        help="Runner tokens: bind the token to this runner identity (it may claim jobs only "
+        "under this name). Jobs always belong to the token that claimed them.",
+    ),
     data_dir: Path = DataDir,
 ) -> None:
     """Create an API token and print it (only its sha256 is stored).
 
-    Example: cptrace token create --role runner --name gpu-host-1 --data-dir var
+    Example: cptrace token create --role runner --runner gpu-host-1 --data-dir var
     """
     from service.auth import Role, create_token
     from service.main import open_database
@@ -114,9 +120,13 @@ def token_create(
         raise typer.BadParameter(
             f"role must be one of admin, runner, viewer (got {role!r})"
         ) from None
+    if runner is not None and parsed is not Role.RUNNER:
+        raise typer.BadParameter("--runner binds a runner token; use it with --role runner")
+    if runner is not None and not runner.strip():
+        raise typer.BadParameter("--runner needs a name (the agent's --runner / host name)")
     db = open_database(_settings(data_dir))
     try:
-        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name))
+        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name, runner=runner))
     except Exception as exc:
         raise CommandError(f"cannot create the token: {exc}") from exc
     finally:
@@ -138,7 +148,8 @@ def token_list(data_dir: Path = DataDir) -> None:
     finally:
         db.close()
     for token in tokens:
-        typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}")
+        bound = f"\trunner={token['runner']}" if token.get("runner") else ""
+        typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}{bound}")
 
 
 def token_revoke(

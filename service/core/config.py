@@ -12,6 +12,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
+MAX_RANK = 2**31 - 1
+"""Largest trace rank accepted from a form or a manifest (SQLite and the readers' int32)."""
 
 
 class Settings(BaseSettings):
