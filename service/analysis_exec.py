@@ -39,11 +39,15 @@ def _child(
 ) -> None:
     follow_parent(parent_pid)
     lower_priority()
+    # The libraries load first: the limit bounds what the analysis of this trace allocates,
+    # not the fixed cost of mapping numpy and friends.
+    from analyzers import analyze
+    from analyzers.errors import TraceError
+    from analyzers.manifest import ManifestError, parse_manifest
+    from analyzers.readers import read_kineto, read_nsys  # noqa: F401  (and sqlite3)
+
     limit_memory(memory_limit)
     try:
-        from analyzers import analyze
-        from analyzers.errors import TraceError
-        from analyzers.manifest import ManifestError, parse_manifest
 
         def progress(*args: Any, **kwargs: Any) -> None:
             parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
