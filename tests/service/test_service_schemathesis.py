@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from service_factories import auth
 
+from analyzers.compare import CompareError
 from service.auth import Role, create_token
 from service.core.config import Settings
 from service.main import create_app
@@ -91,14 +92,16 @@ def analysed_runs() -> tuple[list[int], list[str]]:
     from fastapi.testclient import TestClient
     from service_factories import te_3arms_bundle
 
+    from service.bootstrap import seed_demo
     from service.worker import AnalysisWorker
 
     client = TestClient(APP)
-    resp = client.post(
-        "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", te_3arms_bundle())}, headers=ADMIN
-    )
-    assert resp.status_code in (200, 201), resp.text
-    run_id = resp.json()["run_id"]
+    # seeded like the demo runs (the API's upload limit here is 1 MiB, the bundle 4.7 MB)
+    (_DATA_DIR / "seed").mkdir(exist_ok=True)
+    (_DATA_DIR / "seed" / "te-3arms.tar.gz").write_bytes(te_3arms_bundle())
+    (seeded,) = seed_demo(APP.state.db, APP.state.settings, _DATA_DIR / "seed")
+    assert seeded.run_id is not None, seeded.error
+    run_id = seeded.run_id
     worker = AnalysisWorker(APP.state.settings)
     try:
         while worker.run_once():
@@ -113,6 +116,9 @@ def analysed_runs() -> tuple[list[int], list[str]]:
 @pytest.mark.parametrize(
     "operation", COMPARISON_OPERATIONS, ids=[op.label for op in COMPARISON_OPERATIONS]
 )
+# Strict: an unknown window answers 500 until issue 14 maps analyzers' CompareError to a 4xx;
+# the day it does, this XPASSes, fails, and the marker must go.
+@pytest.mark.xfail(raises=CompareError, strict=True, reason="unknown window: 500 (issue 14)")
 def test_comparison_routes_with_window_names(
     operation: schemathesis.APIOperation, analysed_runs: tuple[list[int], list[str]]
 ) -> None:
@@ -129,7 +135,11 @@ def test_comparison_routes_with_window_names(
 
     @given(case=operation.as_strategy(), base_window=window, head_window=window)
     @settings(
-        max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],  # no shrinking: the failing request is printed as curl
     )
     def check(case: schemathesis.Case, base_window: str | None, head_window: str | None) -> None:
         run_id = run_ids[0]
