@@ -25,6 +25,7 @@ from service.core.config import MAX_RANK
 from service.core.errors import BadRequest, UnprocessableEntity
 from service.safety import CappedGzipReader, iter_tar_members, sniff_trace, validate_trace
 from service.storage.blobs import BlobStore, PendingBlob
+from service.strict_json import strict_dumps
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
@@ -321,4 +322,4 @@ def _file_format(f: StagedFile) -> str | None:
 
 
 def _dump(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+    return None if value is None else strict_dumps(value, what="manifest.json")

@@ -392,3 +392,24 @@ def test_idle_connection_is_cut_off(server: Server) -> None:
 def test_nothing_was_left_behind(server: Server) -> None:
     _nothing_left(server)
     assert shutil.disk_usage(server.data_dir).free > 0
+
+
+def test_nan_in_a_manifest_is_never_stored(server: Server) -> None:
+    manifest = manifest_for([], extra={"environment": {"gpu_clock": float("nan")}})
+    body = json.dumps({"name": "nan-run", "manifest": manifest})  # Python writes NaN
+    assert "NaN" in body
+    resp = httpx.post(
+        f"{server.url}/api/v1/runs",
+        content=body,
+        headers={**server.headers, "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert resp.status_code == 422, resp.text
+    assert "NaN" in resp.json()["error"]
+    listed = httpx.get(f"{server.url}/api/v1/runs", params={"name": "nan-run"}, timeout=30)
+    assert listed.status_code == 200 and listed.json()["total"] == 0
+    record(
+        "`NaN` in a run's manifest (POST /runs)",
+        "422; nothing stored, every answer strict JSON",
+        f"{resp.status_code} '{resp.json()['error']}'",
+    )

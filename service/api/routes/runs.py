@@ -7,7 +7,6 @@ without a query while nothing was written.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Annotated
 
@@ -28,6 +27,7 @@ from service.store import (
     run_page_json,
     scans_runs,
 )
+from service.strict_json import strict_dumps
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -40,6 +40,10 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
 
         parse_manifest(body.manifest, source="manifest")  # ManifestError -> 422
 
+    manifest_json = (
+        strict_dumps(body.manifest, what="manifest") if body.manifest is not None else None
+    )
+
     def insert(conn: sqlite3.Connection) -> int:
         now = now_iso()
         cur = conn.execute(
@@ -51,7 +55,7 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
                 body.commit,
                 body.host,
                 config_key(body.manifest),
-                json.dumps(body.manifest) if body.manifest is not None else None,
+                manifest_json,
                 now,
                 now,
             ),
