@@ -133,6 +133,7 @@ class WorkerStatus:
     restarts: int
     last_exit: str | None
     started_at: float | None
+    name: str | None  # the worker's name in worker_heartbeats (host:pid); never shown
 
 
 class WorkerSupervisor:
@@ -227,7 +228,10 @@ class WorkerSupervisor:
 
     def status(self) -> WorkerStatus:
         alive = self.proc is not None and self.proc.poll() is None
-        return WorkerStatus(self.state, alive, self.budget.total, self.last_exit, self.started_at)
+        name = None if self.proc is None else f"{socket.gethostname()}:{self.proc.pid}"
+        return WorkerStatus(
+            self.state, alive, self.budget.total, self.last_exit, self.started_at, name
+        )
 
 
 def start_supervision(app: Any) -> None:

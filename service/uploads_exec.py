@@ -248,10 +248,7 @@ class ValidationPool:
         """Run ``fn(*args)`` in a validation process (blocking; called from ``_threads``)."""
         if self.state is ComponentState.FAILED:
             raise ValidationUnavailable("upload validation is down; the server needs a restart")
-        try:
-            slot = self._idle.get(timeout=self.time_limit)
-        except queue.Empty:
-            raise ValidationUnavailable("no upload-validation process is free; retry") from None
+        slot = self._take(deadline=time.monotonic() + self.time_limit)
         if not slot.alive():
             self._crashed(slot)
             raise ValidationUnavailable("the upload-validation process had stopped; retry")
@@ -288,6 +285,19 @@ class ValidationPool:
         if kind == "error":
             raise redact_exception(value, self.data_dir)
         return value  # type: ignore[no-any-return]
+
+    def _take(self, *, deadline: float) -> _Slot:
+        """An idle process; waits (behind other uploads) until ``deadline``."""
+        while True:
+            if self.state is ComponentState.FAILED:
+                raise ValidationUnavailable("upload validation is down; the server needs a restart")
+            try:
+                return self._idle.get(timeout=0.5)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise ValidationUnavailable(
+                        "no upload-validation process is free; retry"
+                    ) from None
 
     def status(self) -> dict[str, Any]:
         with self._lock:

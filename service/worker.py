@@ -229,6 +229,8 @@ class _Alive:
     def _loop(self) -> None:
         conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
         try:
+            # rows of workers gone for a day are history, not state
+            conn.execute("DELETE FROM worker_heartbeats WHERE beat_at < ?", (time.time() - 86400,))
             while True:
                 try:
                     self._beat(conn, "stopped" if self._stop.is_set() else "alive")

@@ -29,7 +29,7 @@ from service_factories import kineto_bundle
 from service_server import Server, wait_for
 
 FAST = {
-    "CPTRACE_RESTART_BACKOFF_S": "2",  # long enough for /health to be seen down
+    "CPTRACE_RESTART_BACKOFF_S": "3",  # long enough for /health to be seen down
     "CPTRACE_WORKER_HEARTBEAT_S": "0.5",
     "CPTRACE_INGEST_WORKERS": "2",
 }
@@ -65,15 +65,24 @@ def server(tmp_path: Path):  # type: ignore[no-untyped-def]
         srv.kill()
 
 
-def test_killed_worker_is_restarted_and_queued_work_finishes(server: Server) -> None:
+def test_killed_worker_is_restarted_and_queued_work_finishes(tmp_path: Path) -> None:
+    # a longer backoff: the upload below must be queued while no worker runs
+    server = Server(tmp_path, env={**FAST, "CPTRACE_RESTART_BACKOFF_S": "5"}).start()
+    try:
+        _killed_worker(server)
+    finally:
+        server.kill()
+
+
+def _killed_worker(server: Server) -> None:
     assert server.proc is not None
     watch_health(server.url, _component("worker", "ok"), 30)
     first = wait_for(lambda: worker_pid(server.proc.pid), 30, "the worker process")
     os.kill(first, signal.SIGKILL)
-    run_id = _upload(server, kineto_bundle(salt="worker-kill")).json()["run_id"]  # queued
     _status, body, _ = watch_health(
         server.url, lambda s, b: s == 503 and "worker" in b["down"], 10, interval=0.05
     )
+    run_id = _upload(server, kineto_bundle(salt="worker-kill")).json()["run_id"]  # queued
     assert body["components"]["worker"]["last_exit"] == "killed by SIGKILL"
     assert str(first) not in str(body)  # no pid in a public answer
     _, body, healed = watch_health(server.url, _component("worker", "ok"), 30)

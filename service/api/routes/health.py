@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from cptrace import __version__
 from service.api.deps import DbDep
 from service.core.config import Settings
+from service.storage.database import Database
 from service.supervisor import ComponentState, WorkerSupervisor
 
 router = APIRouter(prefix="/health", tags=["health"])
@@ -118,7 +119,7 @@ def _age(iso: str | None, now: float) -> float | None:
 
 
 def _worker(
-    request: Request, settings: Settings, beat_age: float | None, now: float
+    request: Request, db: Database, settings: Settings, beat_age: float | None, now: float
 ) -> WorkerHealth:
     supervisor: WorkerSupervisor | None = getattr(request.app.state, "worker_supervisor", None)
     if supervisor is None:  # `--no-worker`: workers run elsewhere; the queue check covers them
@@ -132,6 +133,16 @@ def _worker(
             last_heartbeat_age_s=beat_age,
         )
     st = supervisor.status()
+    if st.name is not None:  # the supervised worker's own beat, not any worker's
+        try:
+            row = db.read(
+                lambda c: c.execute(
+                    "SELECT beat_at FROM worker_heartbeats WHERE name = ?", (st.name,)
+                ).fetchone()
+            )
+            beat_age = None if row is None else max(0.0, now - float(row[0]))
+        except Exception:  # the database component reports the failure
+            beat_age = None
     started_age = None if st.started_at is None else now - st.started_at
     silent = (beat_age is None or beat_age > settings.health_worker_stale_s) and (
         started_age is None or started_age > settings.health_worker_stale_s
@@ -196,7 +207,7 @@ def health(request: Request, response: Response, db: DbDep) -> HealthReport:
         free = 0
     components = Components(
         database=database,
-        worker=_worker(request, settings, beat_age, now),
+        worker=_worker(request, db, settings, beat_age, now),
         validation=_validation(request),
         queue=QueueHealth(
             status="down" if stalled else "ok",
