@@ -256,11 +256,11 @@ class ValidationPool:
         try:
             slot.conn.send((fn, args))
             if not slot.conn.poll(self.time_limit):
-                log.warning("upload validation passed its time limit (%.0f s)", self.time_limit)
+                log.warning("upload validation passed its time limit (%g s)", self.time_limit)
                 self._replace(slot)
                 raise PayloadTooLarge(
                     f"the upload takes longer than the validation time limit of "
-                    f"{self.time_limit:.0f} s"
+                    f"{self.time_limit:g} s"
                 )
             kind, value = slot.conn.recv()
         except (EOFError, OSError, BrokenPipeError):

@@ -219,3 +219,23 @@ def test_sigkill_during_validation_leaves_no_orphan_and_no_process(tmp_path: Pat
 def _swallow(fn: Any) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the server was killed under it
         fn()
+
+
+def test_validation_past_its_time_limit_is_413_and_the_process_replaced(tmp_path: Path) -> None:
+    # 2 s: enough for a real bundle, not for inflating and parsing 600 MB
+    env = {**FAST, "CPTRACE_VALIDATION_TIME_LIMIT_S": "2"}
+    server = Server(tmp_path, env=env).start()
+    try:
+        big = _upload(server, expanding_bundle(600 << 20, salt="slow"))
+        assert big.status_code == 413, big.text
+        assert "validation time limit of 2 s" in big.json()["error"]
+        watch_health(server.url, _component("validation", "ok"), 30)
+        small = _upload(server, kineto_bundle(salt="after-slow"))
+        assert small.status_code == 201, small.text
+    finally:
+        server.kill()
+    record(
+        "an upload whose validation runs past `CPTRACE_VALIDATION_TIME_LIMIT_S` (2 s here)",
+        "413 with the reason; the process is replaced, the next upload works",
+        f"{big.status_code} '{big.json()['error']}'; next upload 201",
+    )
