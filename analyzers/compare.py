@@ -1,8 +1,16 @@
 """Compare two analysis reports (two runs, or two window groups of one run).
 
 Why per step: two windows rarely hold the same number of steps; per-step numbers (summed over
-ranks) make them comparable. Kernel counts are deterministic, so launch deltas are exact and
-need no statistics; times go through :func:`analyzers.stats.compare_samples`.
+ranks) make them comparable. Kernel counts are deterministic, so launch and kernel-count deltas
+are exact and need no statistics; iteration times go through
+:func:`analyzers.stats.compare_samples`. A GPU or host time is "changed" when it moves by more
+than ``TIME_NOISE_FRACTION`` (host time: ``HOST_NOISE_FRACTION``) of the base and
+``TIME_NOISE_NS`` per step (kernel durations of one binary on one GPU repeat within a few
+percent; host time under a profiler far less).
+
+Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Two reports
+from different GPU models, world sizes, rank sets, TE/torch versions or step counts still
+compare, with a warning in ``notes`` for each difference.
 """
 
 from __future__ import annotations
@@ -14,15 +22,24 @@ from analyzers.report import (
     AnalysisReport,
     Category,
     ComparisonReport,
+    GpuTotal,
     HelperDelta,
     HelperStat,
     IterationComparison,
     IterationStats,
+    KernelDelta,
+    RankDelta,
     RankSummary,
 )
 from analyzers.stats import compare_samples
 from analyzers.windows import WHOLE_TRACE
 
+TIME_NOISE_FRACTION = 0.05
+"""A GPU time change smaller than this share of the base value is noise."""
+HOST_NOISE_FRACTION = 0.25
+"""The same for host time: measured under the profiler, it varies far more between steps."""
+TIME_NOISE_NS = 10_000
+"""... and so is one smaller than this many ns per step (timer and launch jitter)."""
 MIN_SAMPLES = 5
 """Below this many iterations per side, Mann-Whitney cannot reach p < 0.05: say so."""
 TOO_FEW = ": too few iterations for a significant difference"
@@ -55,6 +72,7 @@ class _Side:
     """One helper's per-step totals (summed over ranks) on one side of a comparison."""
 
     launches: float = 0.0
+    activities: float = 0.0
     gpu_ns: float = 0.0
     host_ns: float = 0.0
     category: Category = Category.OTHER
@@ -66,9 +84,170 @@ def _per_step(stats: Sequence[HelperStat]) -> dict[str, _Side]:
         side = out.setdefault(s.helper, _Side(category=s.category))
         steps = max(s.steps, 1)
         side.launches += s.launches / steps
+        side.activities += s.activities / steps
         side.gpu_ns += s.gpu_time_ns / steps
         side.host_ns += s.host_time_ns / steps
     return out
+
+
+def time_changed(base_ns: float, head_ns: float, fraction: float = TIME_NOISE_FRACTION) -> bool:
+    """Whether a per-step time moved beyond the noise (see the module docstring)."""
+    delta = abs(head_ns - base_ns)
+    return delta > TIME_NOISE_NS and delta > fraction * abs(base_ns)
+
+
+def _kernel_side(report: AnalysisReport, window: str) -> dict[str, tuple[float, float, int, int]]:
+    """name -> (count per step, total ns per step, count, total ns), summed over ranks."""
+    out = {}
+    for k in report.kernels:
+        if k.window == window and k.rank is None:
+            steps = max(k.steps, 1)
+            out[k.name] = (k.count / steps, k.total_ns / steps, k.count, k.total_ns)
+    return out
+
+
+def kernel_deltas(
+    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
+) -> list[KernelDelta]:
+    """Per kernel name: count and total time per step (summed over ranks) and mean duration,
+    head minus base; largest total-time change first."""
+    b, h = _kernel_side(base, base_window), _kernel_side(head, head_window)
+    out = []
+    for name in set(b) | set(h):
+        bc, bt, bn, btot = b.get(name, (0.0, 0.0, 0, 0))
+        hc, ht, hn, htot = h.get(name, (0.0, 0.0, 0, 0))
+        b_mean, h_mean = (btot / bn if bn else 0.0), (htot / hn if hn else 0.0)
+        if name not in b:
+            status = "appeared"
+        elif name not in h:
+            status = "disappeared"
+        else:
+            moved = abs(hc - bc) > 1e-9 or time_changed(bt, ht)
+            status = "changed" if moved else "unchanged"
+        out.append(
+            KernelDelta(
+                name=name,
+                base_count=bc,
+                head_count=hc,
+                delta_count=hc - bc,
+                base_total_ns=bt,
+                head_total_ns=ht,
+                delta_total_ns=ht - bt,
+                base_mean_ns=b_mean,
+                head_mean_ns=h_mean,
+                delta_mean_ns=h_mean - b_mean,
+                status=status,
+            )
+        )
+    return sorted(out, key=lambda d: (-abs(d.delta_total_ns), -abs(d.delta_count), d.name))
+
+
+def _gpu_per_rank(report: AnalysisReport, window: str, attr: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for s in report.helpers:
+        if s.window == window:
+            out[s.rank] = out.get(s.rank, 0.0) + getattr(s, attr) / max(s.steps, 1)
+    return out
+
+
+def _kernel_time_per_rank(report: AnalysisReport, window: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k in report.kernels:
+        if k.window == window and k.rank is not None:
+            out[k.rank] = out.get(k.rank, 0.0) + k.total_ns / max(k.steps, 1)
+    return out
+
+
+def total_gpu(
+    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
+) -> GpuTotal:
+    """Total GPU time and kernel-only time per step, summed over ranks, both sides.
+
+    Every activity of a window group belongs to exactly one helper row (unattributed included),
+    so the helper rows sum to the group's total GPU time.
+    """
+    b = sum(_gpu_per_rank(base, base_window, "gpu_time_ns").values())
+    h = sum(_gpu_per_rank(head, head_window, "gpu_time_ns").values())
+    bk = sum(_kernel_time_per_rank(base, base_window).values())
+    hk = sum(_kernel_time_per_rank(head, head_window).values())
+    return GpuTotal(
+        base_ns=b,
+        head_ns=h,
+        delta_ns=h - b,
+        base_kernel_ns=bk,
+        head_kernel_ns=hk,
+        delta_kernel_ns=hk - bk,
+    )
+
+
+def rank_deltas(
+    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
+) -> list[RankDelta]:
+    """Per rank: span, clipped busy and total GPU time per step on each side."""
+
+    def rows(report: AnalysisReport, window: str) -> dict[int, RankSummary]:
+        return {r.rank: r for r in report.rank_summaries if r.window == window}
+
+    b, h = rows(base, base_window), rows(head, head_window)
+    bg = _gpu_per_rank(base, base_window, "gpu_time_ns")
+    hg = _gpu_per_rank(head, head_window, "gpu_time_ns")
+
+    def per_step(row: RankSummary | None, attr: str) -> float | None:
+        return None if row is None else getattr(row, attr) / max(row.steps, 1)
+
+    return [
+        RankDelta(
+            rank=rank,
+            base_span_ns=per_step(b.get(rank), "span_ns"),
+            head_span_ns=per_step(h.get(rank), "span_ns"),
+            base_busy_ns=per_step(b.get(rank), "gpu_busy_ns"),
+            head_busy_ns=per_step(h.get(rank), "gpu_busy_ns"),
+            base_gpu_time_ns=bg.get(rank, 0.0) if rank in b else None,
+            head_gpu_time_ns=hg.get(rank, 0.0) if rank in h else None,
+        )
+        for rank in sorted(set(b) | set(h))
+    ]
+
+
+def comparability_notes(
+    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
+) -> list[str]:
+    """A warning for every way the two sides differ that can explain a difference by itself."""
+    be, he = base.environment, head.environment
+    notes = []
+    if be.gpu_models and he.gpu_models and sorted(be.gpu_models) != sorted(he.gpu_models):
+        notes.append(
+            f"different GPU models: base {', '.join(be.gpu_models)}; head "
+            f"{', '.join(he.gpu_models)}"
+        )
+    if be.world_size and he.world_size and be.world_size != he.world_size:
+        notes.append(f"different world sizes: base {be.world_size}, head {he.world_size}")
+    b_ranks = sorted({r.rank for r in base.rank_summaries if r.window == base_window})
+    h_ranks = sorted({r.rank for r in head.rank_summaries if r.window == head_window})
+    if b_ranks != h_ranks:
+        notes.append(
+            f"different rank sets: base {b_ranks}, head {h_ranks}: sums over ranks differ by "
+            "the ranks alone; compare the per-rank rows"
+        )
+    for label, b_version, h_version in (
+        ("torch", be.torch, he.torch),
+        ("Transformer Engine", be.transformer_engine, he.transformer_engine),
+    ):
+        if b_version and h_version and b_version != h_version:
+            notes.append(f"different {label} versions: base {b_version}, head {h_version}")
+    b_steps = {r.rank: r.steps for r in base.rank_summaries if r.window == base_window}
+    h_steps = {r.rank: r.steps for r in head.rank_summaries if r.window == head_window}
+    if set(b_steps.values()) != set(h_steps.values()):
+        notes.append(
+            f"different step counts: base {sorted(set(b_steps.values()))}, head "
+            f"{sorted(set(h_steps.values()))} (per-step numbers divide by each side's own)"
+        )
+    if (base_window == WHOLE_TRACE) != (head_window == WHOLE_TRACE):
+        notes.append(
+            "one side is the whole trace and the other a step group: totals against per-step "
+            "numbers"
+        )
+    return notes
 
 
 def helper_deltas(
@@ -85,7 +264,13 @@ def helper_deltas(
         elif name not in h:
             status = "disappeared"
         else:
-            status = "changed" if abs(hs.launches - bs.launches) > 1e-9 else "unchanged"
+            moved = (
+                abs(hs.launches - bs.launches) > 1e-9
+                or abs(hs.activities - bs.activities) > 1e-9
+                or time_changed(bs.gpu_ns, hs.gpu_ns)
+                or time_changed(bs.host_ns, hs.host_ns, HOST_NOISE_FRACTION)
+            )
+            status = "changed" if moved else "unchanged"
         out.append(
             HelperDelta(
                 helper=name,
@@ -100,6 +285,9 @@ def helper_deltas(
                 base_host_time_ns=bs.host_ns,
                 head_host_time_ns=hs.host_ns,
                 delta_host_time_ns=hs.host_ns - bs.host_ns,
+                base_activities=bs.activities,
+                head_activities=hs.activities,
+                delta_activities=hs.activities - bs.activities,
             )
         )
     return sorted(
@@ -125,7 +313,10 @@ def _iterations(report: AnalysisReport, window: str) -> IterationStats | None:
 
 
 def _summary(
-    deltas: Sequence[HelperDelta], iterations: IterationComparison | None, labels: tuple[str, str]
+    deltas: Sequence[HelperDelta],
+    iterations: IterationComparison | None,
+    labels: tuple[str, str],
+    per: str = "per step",
 ) -> str:
     """One line: the iteration verdict, then the helpers behind the launch difference."""
     total = sum(d.delta_launches for d in deltas)
@@ -151,9 +342,9 @@ def _summary(
             )
             for d in movers
         )
-        parts.append(f"{total:+g} launches per step{pct}, from {named}")
+        parts.append(f"{total:+g} launches {per}{pct}, from {named}")
     else:
-        parts.append("same launches per step for every helper")
+        parts.append(f"same launches {per} for every helper")
     return "; ".join(parts)
 
 
@@ -183,7 +374,12 @@ def compare_reports(
         compare_samples(b_it, h_it) if b_it and h_it and b_it.n and h_it.n and not mixed else None
     )
     labels = (base_window, head_window)
-    summary = _summary(deltas, iterations, labels)
+    whole = WHOLE_TRACE in (base_window, head_window)
+    per = "in the whole trace" if whole else "per step"
+    summary = _summary(deltas, iterations, labels, per)
+    notes = comparability_notes(base, head, base_window, head_window)
+    if notes and iterations is not None:
+        summary += f"; {len(notes)} comparability warning(s): see notes"
     if mixed and b_it and h_it:
         summary += (
             f"; iterations not compared: {base_window} is {b_it.source}, {head_window} is "
@@ -212,7 +408,27 @@ def compare_reports(
         findings_head=[f for f in head.findings if f.window in (None, head_window)],
         summary=summary,
         verdict=verdict,
+        basis=f"{'whole trace' if whole else 'per step'}, summed over ranks",
+        kernel_deltas=kernel_deltas(base, head, base_window, head_window),
+        total_gpu=total_gpu(base, head, base_window, head_window),
+        ranks=rank_deltas(base, head, base_window, head_window),
+        notes=notes,
+        timeline_base=[t for t in base.gpu_timeline if t.window == base_window],
+        timeline_head=[t for t in head.gpu_timeline if t.window == head_window],
     )
 
 
-__all__ = ["CompareError", "compare_reports", "default_window", "helper_deltas"]
+__all__ = [
+    "HOST_NOISE_FRACTION",
+    "TIME_NOISE_FRACTION",
+    "TIME_NOISE_NS",
+    "CompareError",
+    "comparability_notes",
+    "compare_reports",
+    "default_window",
+    "helper_deltas",
+    "kernel_deltas",
+    "rank_deltas",
+    "time_changed",
+    "total_gpu",
+]

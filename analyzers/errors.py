@@ -31,3 +31,7 @@ class RankConflictError(TraceError):
 
 class MissingRankError(TraceError):
     """The traces announce more ranks than were given, and all ranks were required."""
+
+
+class TraceTooLargeError(HostileTraceError):
+    """The input expands past a size cap (a gzip bomb, a member over the bundle's limit)."""

@@ -26,12 +26,29 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 MANIFEST_SCHEMA_VERSION = 1
+MAX_MANIFEST_BYTES = 16 * 1024**2
+"""Largest manifest file accepted (a long run's iteration times stay far below)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting accepted in a manifest (the schema itself nests 4 levels)."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+Name = Annotated[str, StringConstraints(max_length=200)]
+"""A name people read (variant, window, implementation): capped so no page or report balloons."""
 
 
 class ManifestError(ValueError):
@@ -88,7 +105,7 @@ class Workload(_Model):
 
     model_config = ConfigDict(extra="allow")
 
-    implementation: str | None = None  # "bundled" | "te" | "te-adapter"
+    implementation: Name | None = None  # "bundled" | "te" | "te-adapter"
     cp_size: int | None = None
     cp_comm: Literal["p2p", "all_gather", "a2a"] | None = None
     strategy: Literal["dual_chunk_swap", "no_load_balance"] | None = None
@@ -96,7 +113,7 @@ class Workload(_Model):
     heads: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
-    dtype: str | None = None
+    dtype: Name | None = None
     layers: int | None = None
     seqlens: list[int] | None = None
 
@@ -104,8 +121,8 @@ class Workload(_Model):
 class VariantManifest(_Model):
     """One arm of an A/B run."""
 
-    name: str
-    window: str | None = None
+    name: Name
+    window: Name | None = None
     """Annotation name enclosing this variant's steps; None = the whole trace."""
     facts: MetadataFacts = Field(default_factory=MetadataFacts)
     workload: dict[str, object] = Field(default_factory=dict)
@@ -140,10 +157,42 @@ def load_manifest(path: str | Path) -> RunManifest:
     """
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path}: {size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
+        data = path.read_bytes()
+    except OSError as exc:
         raise ManifestError(f"{path}: cannot read manifest JSON: {exc}") from exc
-    return parse_manifest(raw, source=str(path))
+    return parse_manifest(load_json_strict(data, source=str(path)), source=str(path))
+
+
+def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """Decode JSON strictly: UTF-8, no NaN/Infinity (not JSON; they would be stored and served
+    back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError).
+
+    :raises ManifestError: naming ``source`` and what is wrong.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{source}: is not valid JSON (not UTF-8: {exc})") from exc
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_STRING.sub("", text)):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > max_depth:
+                raise ManifestError(
+                    f"{source}: is not valid JSON: nested deeper than {max_depth} levels"
+                )
+
+    def refuse(constant: str) -> object:
+        raise ManifestError(f"{source}: is not valid JSON: {constant} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{source}: is not valid JSON: {exc}") from exc
 
 
 def parse_manifest(raw: object, *, source: str = "manifest") -> RunManifest:

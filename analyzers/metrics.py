@@ -26,23 +26,28 @@ from analyzers.attribution import (
     factorize,
 )
 from analyzers.catalog import Catalog
+from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
+from analyzers.kernels import device_figures, kernel_table
 from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
+    DeviceFigures,
+    GroupTimeline,
     HelperStat,
     HostSyncStat,
     Imbalance,
+    KernelStat,
     RankSummary,
     StreamStat,
     Timeline,
     TimelineEvent,
     Window,
+    WindowTimeline,
 )
+from analyzers.timeline import group_timelines, window_timelines
 from analyzers.windows import WHOLE_TRACE, group_names
 
-GAP_THRESHOLD_NS = 10_000
-"""Idle time on a stream shorter than this is launch jitter, not a gap worth reporting."""
 TIMELINE_LIMIT = 2000
 
 IntArray = npt.NDArray[np.int64]
@@ -61,7 +66,13 @@ class Metrics:
     imbalance: list[Imbalance] = field(default_factory=list)
     host_syncs: list[HostSyncStat] = field(default_factory=list)
     timeline: Timeline | None = None
+    devices: list[DeviceFigures] = field(default_factory=list)
+    kernels: list[KernelStat] = field(default_factory=list)
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    window_timelines: list[WindowTimeline] = field(default_factory=list)
+    gpu_timeline: list[GroupTimeline] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the metrics could not do as intended (a GPU annotation that could not be paired)."""
 
     def helper_stats(self, group: str, helper: str) -> list[HelperStat]:
         """The helper's rows in one group, one per rank that has it."""
@@ -92,47 +103,6 @@ def assign_windows(
     return out
 
 
-def interval_union(
-    seg: IntArray, start: IntArray, end: IntArray, n_segments: int
-) -> tuple[IntArray, IntArray, IntArray]:
-    """Per segment: union length, number of gaps > threshold, and their summed length.
-
-    Inputs need not be sorted. Segment ids index the outputs (length ``n_segments``).
-    """
-    busy = np.zeros(n_segments, dtype=np.int64)
-    gaps = np.zeros(n_segments, dtype=np.int64)
-    gap_ns = np.zeros(n_segments, dtype=np.int64)
-    if len(start) == 0:
-        return busy, gaps, gap_ns
-    order = np.lexsort((start, seg))
-    seg, start, end = seg[order], start[order], np.maximum(end[order], start[order])
-    base = int(start.min())
-    s, e = start - base, end - base
-    width = int(e.max()) + 1
-    if n_segments * width < (1 << 62):
-        reach = np.maximum.accumulate(e + seg * width) - seg * width
-    else:  # too wide for one offset trick: per segment
-        reach = np.empty_like(e)
-        for sid in np.unique(seg):
-            rows = seg == sid
-            reach[rows] = np.maximum.accumulate(e[rows])
-    first = np.ones(len(s), dtype=bool)
-    first[1:] = seg[1:] != seg[:-1]
-    new_piece = first.copy()
-    new_piece[1:] |= s[1:] > reach[:-1]
-    piece_starts = np.flatnonzero(new_piece)
-    piece_end = np.maximum.reduceat(e, piece_starts)
-    piece_seg = seg[piece_starts]
-    np.add.at(busy, piece_seg, piece_end - s[piece_starts])
-    # A gap is the space between consecutive pieces of one segment.
-    same = piece_seg[1:] == piece_seg[:-1]
-    gap = s[piece_starts[1:]] - piece_end[:-1]
-    counted = same & (gap > GAP_THRESHOLD_NS)
-    np.add.at(gaps, piece_seg[1:][counted], 1)
-    np.add.at(gap_ns, piece_seg[1:][counted], gap[counted])
-    return busy, gaps, gap_ns
-
-
 @dataclass(slots=True)
 class _Placed:
     """Activities of one window group: which window each sits in (-1: outside)."""
@@ -159,7 +129,7 @@ def _helper_stats(
     att: Attribution,
     placed: _Placed,
     steps: dict[tuple[int, str], int],
-    calls: dict[tuple[int, int], tuple[int, int]],
+    calls: dict[tuple[int, int], tuple[int, int, int]],
 ) -> list[HelperStat]:
     acts = trace.activities
     inside = placed.window >= 0
@@ -170,13 +140,14 @@ def _helper_stats(
     duration = (acts["end"][inside] - acts["start"][inside]).astype(np.int64)
     is_kernel = acts["kind"][inside] == ActivityKind.KERNEL
     how = att.matched_by[inside]
+    launch = att.launch[inside]
     out = []
     for rank in np.unique(w_rank):
         r = w_rank == rank
         for h in np.unique(helper[r]):
             rows = r & (helper == h)
             label = Counter(how[rows].tolist()).most_common(1)[0][0]
-            n_calls, host = calls.get((int(rank), int(h)), (0, 0))
+            n_calls, host, first_host = calls.get((int(rank), int(h)), (0, 0, 0))
             out.append(
                 HelperStat(
                     rank=int(rank),
@@ -184,12 +155,14 @@ def _helper_stats(
                     steps=steps[(int(rank), placed.group)],
                     helper=att.name_of(int(h)),
                     category=att.category_of(int(h)),
-                    launches=int(rows.sum()),
+                    launches=len(np.unique(launch[rows & (launch >= 0)])),
+                    activities=int(rows.sum()),
                     kernels=int((rows & is_kernel).sum()),
                     gpu_time_ns=int(duration[rows].sum()),
                     matched_by=MATCHED_BY_LABELS[label],
                     calls=n_calls,
                     host_time_ns=host,
+                    first_call_host_ns=first_host,
                 )
             )
     return out
@@ -212,8 +185,9 @@ def _combined_codes(*columns: IntArray) -> tuple[npt.NDArray[np.int64], IntArray
 
 def _helper_calls(
     trace: Trace, ranges: RangeHelpers, group_windows: list[Window], rank_of_range: IntArray
-) -> dict[tuple[int, int], tuple[int, int]]:
-    """(rank, helper) -> (outermost catalogued calls, host ns) of the group's windows."""
+) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(rank, helper) -> (outermost catalogued calls, host ns, host ns of the rank's first call
+    of the helper in the whole trace if it is one of them) in the group's windows."""
     index = ranges.specific
     if len(index.rows) == 0:
         return {}
@@ -226,6 +200,12 @@ def _helper_calls(
     rows, helper = rows[outermost], helper[outermost]
     start = trace.ranges["start"][rows].astype(np.int64)
     dur = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
+    _, inverse_all = _combined_codes(rank_of_range[rows], helper)
+    earliest = np.lexsort((start, inverse_all))
+    new = np.ones(len(earliest), dtype=bool)
+    new[1:] = inverse_all[earliest][1:] != inverse_all[earliest][:-1]
+    is_first = np.zeros(len(rows), dtype=bool)
+    is_first[earliest[new]] = True
     w = assign_windows(rank_of_range[rows], start, group_windows)
     inside = w >= 0
     if not inside.any():
@@ -234,9 +214,13 @@ def _helper_calls(
     calls = np.bincount(inverse, minlength=len(keys))
     host = np.zeros(len(keys), dtype=np.int64)
     np.add.at(host, inverse, dur[inside])
+    first = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(first, inverse, np.where(is_first[inside], dur[inside], 0))
     return {
-        (int(rank), int(h)): (int(c), int(t))
-        for (rank, h), c, t in zip(keys.tolist(), calls.tolist(), host.tolist(), strict=True)
+        (int(rank), int(h)): (int(c), int(t), int(f))
+        for (rank, h), c, t, f in zip(
+            keys.tolist(), calls.tolist(), host.tolist(), first.tolist(), strict=True
+        )
     }
 
 
@@ -275,26 +259,23 @@ def _stream_stats(trace: Trace, placed: _Placed) -> list[StreamStat]:
     ]
 
 
-def _busy_per_window(trace: Trace, placed: _Placed, mask: npt.NDArray[np.bool_]) -> IntArray:
-    """Union of activity intervals per window, over the activities selected by ``mask``."""
-    rows = mask & (placed.window >= 0)
-    busy, _, _ = interval_union(
-        placed.window[rows],
-        trace.activities["start"][rows].astype(np.int64),
-        trace.activities["end"][rows].astype(np.int64),
-        len(placed.windows),
-    )
-    return busy
-
-
 def _rank_summaries(
-    trace: Trace, att: Attribution, placed: _Placed, steps: dict[tuple[int, str], int]
+    trace: Trace,
+    att: Attribution,
+    placed: _Placed,
+    steps: dict[tuple[int, str], int],
+    timelines: Sequence[GroupTimeline],
 ) -> list[RankSummary]:
+    """Per rank: busy and compute-busy from the clipped GPU timeline (so busy <= the windows),
+    counts from the activities placed in the group's windows by launch time."""
     acts = trace.activities
     w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
-    communication = np.array([c == Category.COMMUNICATION for c in att.categories] + [False])
-    busy = _busy_per_window(trace, placed, np.ones(len(acts), dtype=bool))
-    compute_busy = _busy_per_window(trace, placed, ~communication[att.helper])
+    clipped = {t.rank: t for t in timelines if t.window == placed.group}
+    launches = trace.launches
+    in_window = assign_windows(
+        launches["rank"].astype(np.int64), launches["start"].astype(np.int64), placed.windows
+    )
+    launch_counts = Counter(w_rank[in_window[in_window >= 0]].tolist())
     out = []
     for rank in sorted({w.rank for w in placed.windows}):
         in_rank = (placed.window >= 0) & (w_rank[np.maximum(placed.window, 0)] == rank)
@@ -307,10 +288,11 @@ def _rank_summaries(
                 window=placed.group,
                 steps=steps[(rank, placed.group)],
                 span_ns=sum(w.end_ns - w.start_ns for w in placed.windows if w.rank == rank),
-                gpu_busy_ns=int(busy[w_rank == rank].sum()),
-                compute_busy_ns=int(compute_busy[w_rank == rank].sum()),
+                gpu_busy_ns=clipped[rank].busy_ns if rank in clipped else 0,
+                compute_busy_ns=clipped[rank].computation_ns if rank in clipped else 0,
                 kernels=int((acts["kind"][in_rank] == ActivityKind.KERNEL).sum()),
-                launches=int(in_rank.sum()),
+                launches=int(launch_counts.get(rank, 0)),
+                activities=int(in_rank.sum()),
                 attributed_fraction=attributed / total if total else 0.0,
             )
         )
@@ -391,9 +373,13 @@ def _host_syncs(
     )
     rows, w = rows[w >= 0], w[w >= 0]
     claimed = ranges.specific.lookup(launches["thread"][rows], launches["start"][rows])
-    helper = np.where(claimed >= 0, ranges.helper[np.maximum(claimed, 0)], -1)
+    helper = np.full(len(rows), -1, dtype=np.int64)  # a trace without ranges claims none
+    hit = claimed >= 0
+    helper[hit] = ranges.helper[claimed[hit]]
     op = sync_ops.lookup(launches["thread"][rows], launches["start"][rows])
-    label = np.where(op >= 0, trace.ranges["name"][np.maximum(op, 0)], launches["api"][rows])
+    label = launches["api"][rows].astype(np.int64)
+    named = op >= 0
+    label[named] = trace.ranges["name"][op[named]]
     w_rank = np.array([placed.windows[i].rank for i in w], dtype=np.int64)
     out = []
     for rank in np.unique(w_rank).tolist():
@@ -473,6 +459,9 @@ def compute_metrics(
     metrics.steps = dict(steps)
     sync_ops = _sync_op_index(trace, catalog)
     rank, time = _activity_points(trace, att)
+    metrics.window_timelines, metrics.notes = window_timelines(trace, windows, rank)
+    metrics.gpu_timeline = group_timelines(metrics.window_timelines, metrics.steps)
+    metrics.devices = device_figures(trace, rank, att.launch)
     range_rank = trace.ranges["rank"].astype(np.int64)
     for group in groups:
         group_windows = [w for w in windows if (w.group or w.name) == group]
@@ -480,7 +469,8 @@ def compute_metrics(
         calls = _helper_calls(trace, ranges, group_windows, range_rank)
         metrics.helpers += _helper_stats(trace, att, placed, metrics.steps, calls)
         metrics.streams += _stream_stats(trace, placed)
-        summaries = _rank_summaries(trace, att, placed, metrics.steps)
+        metrics.kernels += kernel_table(trace, rank, placed.window >= 0, group, metrics.steps)
+        summaries = _rank_summaries(trace, att, placed, metrics.steps, metrics.gpu_timeline)
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)
         metrics.host_syncs += _host_syncs(
@@ -492,8 +482,9 @@ def compute_metrics(
     return metrics
 
 
-def per_step(stats: Sequence[HelperStat], attr: str = "launches") -> float:
-    """Sum over ranks of a helper attribute divided by each rank's step count."""
+def per_step(stats: Sequence[HelperStat], attr: str = "activities") -> float:
+    """Sum over ranks of a helper attribute divided by each rank's step count (the default,
+    GPU activities, says whether the helper ran at all: kernels without a launch row count)."""
     return float(sum(getattr(s, attr) / max(s.steps, 1) for s in stats))
 
 

@@ -66,6 +66,7 @@ ACTIVITY_DTYPE = np.dtype(
         ("name", np.int32),  # SymbolTable id
         ("correlation", np.int64),  # -1 when the trace has none for this row
         ("graph_node", np.int64),  # CUDA graph node id, -1 when not launched from a graph
+        ("bytes", np.int64),  # bytes a memcpy/memset moved or set; -1 for kernels and unknown
     ]
 )
 
@@ -94,6 +95,20 @@ RANGE_DTYPE = np.dtype(
         ("depth", np.int16),  # nesting depth on its thread, 0 for outermost
     ]
 )
+
+GPU_RANGE_DTYPE = np.dtype(
+    [
+        ("rank", np.int16),
+        ("device", np.int16),
+        ("stream", np.int64),
+        ("start", np.int64),
+        ("end", np.int64),
+        ("name", np.int32),  # SymbolTable id: the CPU range's name it mirrors
+        ("external", np.int64),  # the CPU range's Kineto "External id", -1 when absent
+    ]
+)
+"""GPU-side mirror of a CPU annotation (Kineto ``gpu_user_annotation``): from the first to the
+last GPU activity the range launched, one row per stream. Not a CPU range, so kept apart."""
 
 
 MAX_NAME_CHARS = 4096
@@ -231,6 +246,10 @@ class Trace:
     """Analyses this trace cannot support and why (a missing table, a column an old nsys lacks)."""
     metadata: dict[str, object] = field(default_factory=dict)
     """Reader facts: nsys version, Kineto distributedInfo, device names, ..."""
+    gpu_ranges: npt.NDArray[np.void] = field(
+        default_factory=lambda: np.empty(0, dtype=GPU_RANGE_DTYPE)
+    )
+    """GPU annotations (``GPU_RANGE_DTYPE``); empty for readers that have none (nsys)."""
 
     def name_of(self, symbol_id: int) -> str:
         """Return the string behind a SymbolTable id."""
@@ -260,7 +279,7 @@ def merge_traces(traces: Iterable[Trace]) -> Trace:
     if len(items) == 1:
         return items[0]
     strings = SymbolTable()
-    acts, launches, ranges = [], [], []
+    acts, launches, ranges, gpu_ranges = [], [], [], []
     ranks: dict[int, int] = {}
     thread_names: dict[int, str] = {}
     notes: list[str] = []
@@ -282,6 +301,9 @@ def merge_traces(traces: Iterable[Trace]) -> Trace:
         r["thread"] += key_offset
         r["parent"] = np.where(r["parent"] >= 0, r["parent"] + range_offset, -1)
         range_offset += len(r)
+        g = trace.gpu_ranges.copy()
+        g["name"] = mapping[g["name"]]
+        gpu_ranges.append(g)
         acts.append(a)
         launches.append(l_)
         ranges.append(r)
@@ -303,4 +325,5 @@ def merge_traces(traces: Iterable[Trace]) -> Trace:
         span=(min(t.span[0] for t in items), max(t.span[1] for t in items)),
         notes=notes,
         metadata=metadata,
+        gpu_ranges=np.concatenate(gpu_ranges),
     )

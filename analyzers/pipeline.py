@@ -22,7 +22,7 @@ from analyzers.findings import evaluate
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
-from analyzers.report import AnalysisReport, IterationStats, SourceInfo
+from analyzers.report import AnalysisReport, IterationStats, RunEnvironment, SourceInfo
 from analyzers.stats import iteration_stats
 from analyzers.windows import WHOLE_TRACE, find_windows
 
@@ -70,11 +70,9 @@ def _expand(
 
 
 def _open_bundle(path: Path) -> Bundle | None:
-    """The bundle at ``path`` if the bundle reader is installed and it is one, else None."""
-    try:
-        from analyzers.bundle import is_bundle, read_bundle
-    except ImportError:  # pragma: no cover - bundle support ships separately
-        return None
+    """The bundle at ``path`` if it is one, else None."""
+    from analyzers.bundle import is_bundle, read_bundle
+
     return read_bundle(path) if is_bundle(path) else None
 
 
@@ -163,6 +161,37 @@ def _world_size(trace: Trace) -> int | None:
     return max(sizes) if sizes else None
 
 
+def _environment(
+    trace: Trace, manifest: RunManifest | None, ranks: Sequence[int]
+) -> RunEnvironment:
+    """GPU models from the traces (Kineto ``deviceProperties``, nsys ``TARGET_INFO_GPU``), world
+    size from ``distributedInfo`` (else the ranks seen), versions from the manifest."""
+    parts = trace.metadata.get("parts")
+    infos = [trace.metadata, *(parts if isinstance(parts, list) else [])]
+    models: set[str] = set()
+    for info in infos:
+        if isinstance(info, dict):
+            for key in ("device_names", "gpus"):
+                names = info.get(key)
+                if isinstance(names, list):
+                    models.update(str(n) for n in names if n)
+    env = manifest.environment if manifest else {}
+    listed = env.get("gpu_models")
+    if not models and isinstance(listed, list):
+        models.update(str(n) for n in listed)
+
+    def version(key: str) -> str | None:
+        value = env.get(key)
+        return str(value) if value else None
+
+    return RunEnvironment(
+        gpu_models=sorted(models),
+        world_size=_world_size(trace) or (len([r for r in ranks if r >= 0]) or None),
+        torch=version("torch"),
+        transformer_engine=version("transformer_engine"),
+    )
+
+
 def _notes(
     trace: Trace,
     manifest: RunManifest | None,
@@ -171,7 +200,7 @@ def _notes(
 ) -> list[str]:
     """What the report cannot cover: reader notes, empty input, missing windows or ranks,
     iteration times that only come from profiled steps."""
-    notes = list(trace.notes)
+    notes = list(trace.notes) + list(metrics.notes)
     profiled = [it.label for it in iterations if it.rank is None and it.source == PROFILED]
     if profiled:
         notes.append(
@@ -229,10 +258,11 @@ def analyze_trace(
     )
     iterations = _iterations(manifest, metrics)
     findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),
-        ranks=[r for r in trace.rank_list() if r >= 0] or trace.rank_list(),
+        ranks=ranks,
         windows=windows,
         helpers=metrics.helpers,
         streams=metrics.streams,
@@ -244,6 +274,11 @@ def analyze_trace(
         notes=_notes(trace, manifest, metrics, iterations),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
+        gpu_timeline=metrics.gpu_timeline,
+        window_timelines=metrics.window_timelines,
+        devices=metrics.devices,
+        kernels=metrics.kernels,
+        environment=_environment(trace, manifest, ranks),
     )
     if progress:
         progress("done", 1.0)

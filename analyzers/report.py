@@ -11,7 +11,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
+"""2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
+rank rows); the GPU timeline, device figures and kernel tables."""
 
 
 class _Model(BaseModel):
@@ -79,12 +81,17 @@ class HelperStat(_Model):
     steps: int
     helper: str
     category: Category
-    launches: int  # GPU activities (kernels + memcpy + memset) attributed to the helper
-    kernels: int
-    gpu_time_ns: int
+    launches: int  # CPU launch calls behind the helper's activities (a graph launch counts once)
+    kernels: int  # GPU kernel activities
+    gpu_time_ns: int  # summed duration of the helper's activities
     matched_by: str  # "range" | "python" | "kernel-name" | "none" (how most rows were matched)
     calls: int = 0  # outermost catalogued ranges of the helper (host-side calls) in the windows
     host_time_ns: int = 0  # summed duration of those ranges on the CPU
+    activities: int = 0  # GPU activities (kernels + memcpy + memset) attributed to the helper
+    first_call_host_ns: int = 0
+    """Host time of the rank's first call of the helper in the whole trace when that call falls
+    in this group (0 otherwise): a compiled helper's first call includes its compilation, so
+    steady-state host time is ``host_time_ns - first_call_host_ns`` over ``calls - 1`` calls."""
 
 
 class StreamStat(_Model):
@@ -121,11 +128,111 @@ class RankSummary(_Model):
     window: str
     steps: int
     span_ns: int  # sum of window durations
-    gpu_busy_ns: int  # union over all streams of that rank
-    kernels: int
-    launches: int
+    gpu_busy_ns: int  # the clipped timeline's busy: union of all activities, within the windows
+    kernels: int  # GPU kernel activities placed in the windows (by launch time)
+    launches: int  # CPU launch calls of the rank that start inside the windows
     attributed_fraction: float  # share of GPU time attributed to a catalog helper
-    compute_busy_ns: int = 0  # busy union without communication kernels (NCCL spins while waiting)
+    compute_busy_ns: int = 0
+    """The clipped timeline's computation: union of non-NCCL kernels and memsets in the windows
+    (NCCL kernels spin while they wait, so they are not compute)."""
+    activities: int = 0  # GPU activities (kernels + memcpy + memset) placed in the windows
+
+
+class WindowBasis(StrEnum):
+    """Which interval a timeline window covers."""
+
+    GPU_ANNOTATION = "gpu annotation"
+    """Kineto ``gpu_user_annotation`` of the step: first to last GPU activity the step's
+    annotation enclosed, on any stream."""
+    CPU_RANGE = "cpu range"
+    """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
+    TRACE = "trace span"
+    """The rank's whole trace."""
+
+
+class GpuTimeParts(_Model):
+    """The GPU timeline of a window, activities clipped to it; all integer ns.
+
+    ``busy = computation + exposed_communication + exposed_memcpy`` and
+    ``total = busy + idle``; busy never exceeds total.
+    """
+
+    total_ns: int = 0  # window length
+    computation_ns: int = 0  # union of kernels (not NCCL) and memsets
+    busy_ns: int = 0  # union of every GPU activity (kernels, memcpy, memset)
+    exposed_memcpy_ns: int = 0  # memcpy time under neither computation nor NCCL
+    exposed_communication_ns: int = 0  # NCCL kernel time not overlapped by computation
+    idle_ns: int = 0  # total - busy
+
+
+class WindowTimeline(GpuTimeParts):
+    """The GPU timeline decomposition of one window on one rank."""
+
+    rank: int
+    window: str  # the window group ("ProfilerStep", "arm:auto_clone", "whole trace")
+    name: str  # the window's own name ("ProfilerStep#3")
+    index: int
+    basis: WindowBasis
+    start_ns: int
+    end_ns: int
+
+
+class GroupTimeline(GpuTimeParts):
+    """Sums of ``WindowTimeline`` over one rank's windows of one group.
+
+    Per-step figures are these sums divided by ``steps`` (and say so).
+    """
+
+    rank: int
+    window: str
+    steps: int
+    windows: int  # how many windows were summed (steps / steps_per_window)
+    basis: WindowBasis  # the basis of most of the summed windows
+
+
+class DeviceFigures(_Model):
+    """Whole-trace reference figures of one device of one rank (never per step).
+
+    Times are sums of ``end - start`` over the activities, in ns: not unions (overlapping
+    kernels on two streams both count); ``gpu_time_ns`` = kernel + memcpy + memset time.
+    """
+
+    rank: int
+    device: int
+    kernels: int  # GPU kernel activities
+    kernel_time_ns: int
+    kernel_first_ns: int | None  # start of the first kernel
+    kernel_last_ns: int | None  # end of the last kernel
+    kernel_span_ns: int  # kernel_last_ns - kernel_first_ns (0 without kernels)
+    kernels_with_launch: int  # kernels joined to a CPU launch row (by correlation id)
+    kernels_without_launch: int  # e.g. time-sliced exports, or launches outside the capture
+    memcpy: int
+    memcpy_time_ns: int
+    memcpy_bytes: int  # summed over the copies whose byte count the trace records
+    memcpy_bytes_unknown: int  # copies without a byte count
+    memset: int
+    memset_time_ns: int
+    memset_bytes: int
+    memset_bytes_unknown: int
+    gpu_time_ns: int
+
+
+class KernelStat(_Model):
+    """One row of the per-kernel-name table (the columns of ``nsys stats`` ``cuda_gpu_kern_sum``)
+    within one window group: per rank, or summed over ranks when ``rank`` is None."""
+
+    rank: int | None
+    window: str
+    steps: int  # steps of the group (the largest over ranks for rank=None): divide for per step
+    name: str
+    count: int  # instances
+    total_ns: int
+    average_ns: float  # total / count
+    median_ns: float  # middle duration; mean of the two middle ones for an even count
+    min_ns: int
+    max_ns: int
+    stddev_ns: float  # sample standard deviation (n - 1); 0 for one instance
+    time_pct: float  # share of the (rank's, or all ranks') kernel time in the group
 
 
 class Imbalance(_Model):
@@ -207,6 +314,15 @@ class IterationStats(_Model):
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
+class RunEnvironment(_Model):
+    """What the run ran on, as far as the traces and the manifest say (None: not recorded)."""
+
+    gpu_models: list[str] = Field(default_factory=list)  # distinct device names in the traces
+    world_size: int | None = None  # distributedInfo.world_size, else the number of ranks
+    torch: str | None = None  # manifest environment
+    transformer_engine: str | None = None  # manifest environment
+
+
 class AnalysisReport(_Model):
     """Everything ``analyze`` knows about one set of traces (one run)."""
 
@@ -226,6 +342,15 @@ class AnalysisReport(_Model):
     host_syncs: list[HostSyncStat] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     """Window-group names in report order; "whole trace" is always last."""
+    gpu_timeline: list[GroupTimeline] = Field(default_factory=list)
+    """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
+    window_timelines: list[WindowTimeline] = Field(default_factory=list)
+    """The same decomposition for every window (each step on its own)."""
+    devices: list[DeviceFigures] = Field(default_factory=list)
+    """Whole-trace reference figures per (rank, device)."""
+    kernels: list[KernelStat] = Field(default_factory=list)
+    """Per-kernel-name tables per window group, per rank and summed over ranks."""
+    environment: RunEnvironment = Field(default_factory=RunEnvironment)
 
 
 class HelperDelta(_Model):
@@ -240,9 +365,54 @@ class HelperDelta(_Model):
     head_gpu_time_ns: float
     delta_gpu_time_ns: float
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+    """"changed" when the launch calls differ at all, or GPU or host time beyond the noise
+    (``analyzers.compare.TIME_NOISE_*``)."""
     base_host_time_ns: float = 0.0  # time on the CPU inside the helper's ranges, per step
     head_host_time_ns: float = 0.0
     delta_host_time_ns: float = 0.0
+    base_activities: float = 0.0  # GPU activities per step, summed over ranks
+    head_activities: float = 0.0
+    delta_activities: float = 0.0
+
+
+class KernelDelta(_Model):
+    """Per-kernel-name change between base and head: count and total time per step summed over
+    ranks (``ComparisonReport.basis``), mean duration per instance."""
+
+    name: str
+    base_count: float
+    head_count: float
+    delta_count: float
+    base_total_ns: float
+    head_total_ns: float
+    delta_total_ns: float
+    base_mean_ns: float  # total / count over the whole group (0 when absent)
+    head_mean_ns: float
+    delta_mean_ns: float
+    status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
+
+
+class RankDelta(_Model):
+    """One rank's per-step figures on both sides (ranks present on one side only: None there)."""
+
+    rank: int
+    base_span_ns: float | None
+    head_span_ns: float | None
+    base_busy_ns: float | None  # clipped GPU timeline busy
+    head_busy_ns: float | None
+    base_gpu_time_ns: float | None  # summed activity durations
+    head_gpu_time_ns: float | None
+
+
+class GpuTotal(_Model):
+    """Total GPU time (kernel + memcpy + memset durations) per step, summed over ranks."""
+
+    base_ns: float
+    head_ns: float
+    delta_ns: float
+    base_kernel_ns: float
+    head_kernel_ns: float
+    delta_kernel_ns: float
 
 
 class IterationComparison(_Model):
@@ -268,9 +438,19 @@ class ComparisonReport(_Model):
     head_label: str
     helpers: list[HelperDelta]
     span_delta_ns: float  # per step, mean over ranks
-    busy_delta_ns: float
+    busy_delta_ns: float  # per step, mean over ranks (clipped GPU timeline busy)
     iterations: IterationComparison | None = None
     findings_base: list[Finding] = Field(default_factory=list)
     findings_head: list[Finding] = Field(default_factory=list)
     summary: str  # one line: verdict and the helper(s) behind the difference
     verdict: str
+    basis: str = "per step, summed over ranks"
+    """How helper, kernel and Total GPU numbers were aggregated (per step or whole trace)."""
+    kernel_deltas: list[KernelDelta] = Field(default_factory=list)
+    total_gpu: GpuTotal | None = None
+    ranks: list[RankDelta] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
+    timeline_base: list[GroupTimeline] = Field(default_factory=list)
+    """The base window group's clipped GPU timeline per rank (sums; divide by ``steps``)."""
+    timeline_head: list[GroupTimeline] = Field(default_factory=list)

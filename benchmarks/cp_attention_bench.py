@@ -17,6 +17,16 @@ sum(s^2) x H x D (causal forward + backward).
 
 Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=. python benchmarks/cp_attention_bench.py``
 (``--cpu`` = tiny gloo smoke run with the math kernel).
+
+``--floor`` (one GPU, no process group): the per-rank compute floor. For each rank of a cp=2
+and cp=4 plan it runs exactly that rank's forward + backward local work
+(:func:`cp_attention.attention.rank_local_work`: every ring step's kernels, merges, corrections)
+with the other ranks' KV blocks and dK/dV handed in as local tensors
+(:class:`cp_attention.ring.LoopbackRing`), under several :class:`~cp_attention.attention.Tuning`
+arms interleaved in one process (ABBA), plus the whole workload on one GPU through the same
+path. Per rank and arm: CUDA-event time, GPU kernel time and launches of one profiled
+iteration (by kernel family), TFLOP/s over the kernel time, and the ratio to the ideal split of
+the one-GPU kernel time. ``--floor --cpu`` is a tiny CPU smoke run of the same code.
 """
 
 from __future__ import annotations
@@ -272,6 +282,326 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
                                                "samples": step}, indent=1))
 
 
+# -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
+FLOOR_ARMS = {
+    "before": {"fused_merge": False, "in_place": False},
+    "fused merge only": {"fused_merge": True, "in_place": False},
+    "in place only": {"fused_merge": False, "in_place": True},
+    "after": {"fused_merge": True, "in_place": True},
+}
+#: Arms that change the local kernel instead: (tuning arm, backend).
+FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
+                     "after, cudnn autotune": ("after", "cudnn_autotune")}
+
+
+def _call_pairs(call) -> int:
+    """Query-key pairs one planned call attends (bottom-right causal when causal)."""
+    lq = (call.cu_q[1:] - call.cu_q[:-1]).long().cpu()
+    lk = (call.cu_k[1:] - call.cu_k[:-1]).long().cpu()
+    if not call.causal:
+        return int((lq * lk).sum())
+    return int((lq * lk - lq * (lq - 1) // 2).sum())
+
+
+def _kernel_family(name: str) -> str:
+    n = name.lower()
+    if "triton" in n or "merge_rows" in n:
+        return "fused merge (triton)"
+    if "flash" in n and "pytorch" in n:
+        return "flash attention"
+    if any(x in n for x in ("cudnn", "sm90", "fmha", "sdpa", "fprop", "bprop", "dgrad", "wgrad")):
+        return "cuDNN attention"
+    if "gather" in n or "index" in n or "scatter" in n:
+        return "gather/scatter/index"
+    if "memset" in n:
+        return "memset"
+    if "memcpy" in n:
+        return "memcpy"
+    if "copy" in n:
+        return "copy/cast"
+    return "elementwise/other"
+
+
+def _profile_kernels(fn, device) -> dict:
+    """GPU activity of one call: kernel count and time, by family (Kineto trace, us)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+        prof.export_chrome_trace(fh.name)
+        events = json.loads(Path(fh.name).read_text())["traceEvents"]
+    fams: dict[str, list[float]] = {}
+    names: dict[str, list[float]] = {}
+    launches, busy = 0, 0.0
+    for e in events:
+        cat = e.get("cat", "")
+        if cat not in ("kernel", "gpu_memset", "gpu_memcpy"):
+            continue
+        fam = _kernel_family(e["name"] if cat == "kernel" else cat)
+        entry = fams.setdefault(fam, [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(e.get("dur", 0.0))
+        per_name = names.setdefault(e["name"][:110], [0, 0.0])
+        per_name[0] += 1
+        per_name[1] += float(e.get("dur", 0.0))
+        busy += float(e.get("dur", 0.0))
+        launches += 1
+    top = dict(sorted(names.items(), key=lambda x: -x[1][1])[:14])
+    return {"launches": launches, "busy_us": busy, "families": fams, "kernels": top}
+
+
+def _floor_inputs(args, cp: int, device, dtype):
+    """The reference workload's layers, each rank's local tensors and its loopback inputs."""
+    cu = _offsets(args.seqlens)
+    meta = PackedBatch.from_cu_seqlens(cu, cp_size=cp, device=device)
+    gen = torch.Generator().manual_seed(1234)
+    total = cu[-1]
+    layers = []
+    for _ in range(args.layers):
+        full = {n: torch.randn(total, args.heads, args.dim, generator=gen).to(device, dtype)
+                for n in ("q", "k", "v", "dout")}
+        local = {n: [partition_for_rank(t, meta, r).contiguous() for r in range(cp)]
+                 for n, t in full.items()}
+        # What the other ranks send back for our KV block: random, never zeros.
+        dkv = [[[torch.randn_like(local["k"][r]), torch.randn_like(local["v"][r])]
+                for _ in range(cp - 1)] for r in range(cp)]
+        layers.append((local, dkv))
+    return meta, layers
+
+
+def _rank_fn(meta, layers, rank: int, tuning, backend: str | None):
+    from cp_attention.attention import rank_local_work
+    from cp_attention.ring import LoopbackRing
+
+    cp = meta.cp_size
+
+    def run() -> None:
+        for local, dkv in layers:
+            kv = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
+                  for i in range(1, cp)]
+            ring = LoopbackRing(rank, cp, kv, dkv[rank]) if cp > 1 else None
+            rank_local_work(local["q"][rank], local["k"][rank], local["v"][rank],
+                            local["dout"][rank], meta, rank, ring, causal=True, backend=backend,
+                            tuning=tuning)
+
+    return run
+
+
+def run_floor(args: argparse.Namespace) -> None:
+    """Per-rank compute floor of the P2P step on one device (see the module docstring)."""
+    from cp_attention.attention import Tuning
+    from cp_attention.kernel_check import versions
+    from cp_attention.local_attention import fallback_counts
+
+    device = torch.device("cpu") if args.cpu else torch.device("cuda")
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    backend = (args.kernels or [None])[0]
+    arms = {n: (Tuning(**kw), backend) for n, kw in FLOOR_ARMS.items()
+            if not args.arms or n in args.arms}
+    if device.type == "cuda":
+        arms.update({n: (Tuning(**FLOOR_ARMS[a]), b) for n, (a, b) in FLOOR_KERNEL_ARMS.items()
+                     if not args.arms or n in args.arms})
+    if device.type == "cuda":
+        for key, value in versions().items():
+            print(f"{key}: {value}")
+    fns: dict[tuple[str, int, int], Callable[[], None]] = {}
+    flops: dict[tuple[int, int], float] = {}
+    for cp in [1, *args.floor_cp]:
+        meta, layers = _floor_inputs(args, cp, device, dtype)
+        for rank in range(cp):
+            pairs = sum(_call_pairs(c) for c in meta.calls_for("p2p", True, rank)
+                        if c is not None)
+            flops[(cp, rank)] = 3.5 * 4 * pairs * args.heads * args.dim * args.layers
+            for arm, (tuning, kernel) in arms.items():
+                fns[(arm, cp, rank)] = _rank_fn(meta, layers, rank, tuning, kernel)
+    for key, fn in list(fns.items()):
+        try:
+            for _ in range(args.warmup):
+                fn()
+            _sync(device)
+        except Exception as exc:  # an arm that cannot run is reported, the others still run
+            print(f"arm {key} dropped: {type(exc).__name__}: {exc}")
+            del fns[key]
+    _print_numerics(args, device, dtype, arms)
+    times: dict[tuple[str, int, int], list[float]] = {key: [] for key in fns}
+    names = list(fns)
+    for it in range(args.iters):
+        for key in names if it % 2 == 0 else names[::-1]:
+            _sync(device)
+            if device.type == "cuda":
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                fns[key]()
+                end.record()
+                end.synchronize()
+                times[key].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fns[key]()
+                times[key].append((time.perf_counter() - t0) * 1e3)
+    prof = {key: _profile_kernels(fn, device) for key, fn in fns.items()} \
+        if device.type == "cuda" else {}
+    rows = []
+    for (arm, cp, rank), xs in times.items():
+        p = prof.get((arm, cp, rank), {"launches": 0, "busy_us": float("nan"), "families": {}})
+        one_gpu = prof.get((arm, 1, 0), {"busy_us": float("nan")})["busy_us"]
+        kernel_ms = p["busy_us"] / 1e3
+        rows.append({
+            "arm": arm, "cp": cp, "rank": rank, "event_ms": statistics.median(xs),
+            "kernel_ms": kernel_ms, "launches_per_layer": p["launches"] / args.layers,
+            "tflops": flops[(cp, rank)] / (kernel_ms * 1e-3) / 1e12 if kernel_ms else 0.0,
+            "ratio_to_ideal": kernel_ms / (one_gpu / 1e3 / cp) if one_gpu == one_gpu else None,
+            "families": p["families"],
+        })
+    _print_floor(rows, args)
+    for key in (("after", 2, 1), ("after", 1, 0)):
+        if key in prof:
+            print(f"top kernels, arm {key[0]!r} cp={key[1]} rank={key[2]} (launches, ms/iter):")
+            for name, (count, us) in prof[key]["kernels"].items():
+                print(f"  {count:4d} {us / 1e3:7.3f}  {name}")
+    if device.type == "cuda":
+        from cp_attention.local_attention import get_backend
+
+        tuned = getattr(get_backend(device, "cudnn_autotune"), "primary", None)
+        for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
+            print(f"autotune {key[0]} b={key[2]} max_q={key[9]} max_k={key[10]} causal="
+                  f"{key[11]}: {count} plans, kept {best}, ms {[round(x, 3) for x in ms]}")
+    if device.type == "cuda":
+        _per_call_table(args, device, dtype)
+    print(f"fallbacks: {fallback_counts() or 'none'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows,
+                                               "samples": {"|".join(map(str, k)): v
+                                                           for k, v in times.items()}},
+                                              indent=1))
+
+
+def _print_numerics(args, device, dtype, arms) -> None:
+    """Each arm's out/dQ/dK/dV of one layer vs the 'before' arm (numerics unchanged)."""
+    from cp_attention.attention import rank_local_work
+    from cp_attention.ring import LoopbackRing
+
+    if "before" not in arms:
+        return
+    print("| arm | cp | rank | max abs diff vs before, relative to max abs (out, dq, dk, dv) |")
+    print("|---|---|---|---|")
+    for cp in args.floor_cp:
+        meta, layers = _floor_inputs(args, cp, device, dtype)
+        local, dkv = layers[0]
+        for rank in range(cp):
+            results = {}
+            for arm, (tuning, kernel) in arms.items():
+                kv = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
+                      for i in range(1, cp)]
+                ring = LoopbackRing(rank, cp, kv, dkv[rank])
+                try:
+                    res = rank_local_work(local["q"][rank], local["k"][rank], local["v"][rank],
+                                          local["dout"][rank], meta, rank, ring, causal=True,
+                                          backend=kernel, tuning=tuning)
+                except Exception as exc:
+                    print(f"| {arm} | {cp} | {rank} | failed: {type(exc).__name__}: {exc} |")
+                    continue
+                results[arm] = [res[0], *res[2:]]
+            base = results.get("before")
+            for arm, res in results.items():
+                if arm == "before" or base is None:
+                    continue
+                diffs = [float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                         for a, b in zip(res, base, strict=True)]
+                print(f"| {arm} | {cp} | {rank} | {', '.join(f'{d:.1e}' for d in diffs)} |")
+
+
+def _time_ms(fn, device, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize(device)
+    xs = []
+    for _ in range(reps):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        xs.append(start.elapsed_time(end))
+    return statistics.median(xs)
+
+
+def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
+    """Each planned call of the cp=2 ranks (and the one-GPU call) alone: fwd+bwd per kernel."""
+    from cp_attention.local_attention import get_backend
+
+    print("| cp | rank | step | q rows x k rows (segments) | causal | kernel | layout | "
+          "fwd+bwd ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    scale = args.dim ** -0.5
+    for cp in (1, 2):
+        meta, layers = _floor_inputs(args, cp, device, dtype)
+        local = layers[0][0]
+        for rank in range(cp):
+            for step, call in enumerate(meta.calls_for("p2p", True, rank)):
+                if call is None:
+                    continue
+                owner = (rank - step) % cp
+                q, dout = local["q"][rank], local["dout"][rank]
+                k, v = local["k"][owner], local["v"][owner]
+                fl = 3.5 * 4 * _call_pairs(call) * args.heads * args.dim
+                for name in ("cudnn", "flash"):
+                    kernel = get_backend(device, name)
+                    layouts = ["packed"] + (["in place"] if call.in_place and call.gathers
+                                            and hasattr(kernel, "fwd_in_place") else [])
+                    for layout in layouts:
+                        def run(kernel=kernel, layout=layout, call=call, q=q, k=k, v=v,
+                                dout=dout) -> None:
+                            if layout == "in place":
+                                res = kernel.fwd_in_place(q, k, v, call, scale)
+                                if res is None:
+                                    raise RuntimeError("in-place call declined")
+                                kernel.bwd_in_place(dout, q, k, v, *res, call, scale)
+                                return
+                            qp, kp, vp = (call.q_rows.take(q), call.k_rows.take(k),
+                                          call.k_rows.take(v))
+                            a = (call.cu_q, call.cu_k, call.max_q, call.max_k, call.causal,
+                                 scale, call.square)
+                            out, lse = kernel.fwd(qp, kp, vp, *a, cache=call.cache)
+                            kernel.bwd(call.q_rows.take(dout), qp, kp, vp, out, lse, *a,
+                                       cache=call.cache)
+
+                        try:
+                            ms = _time_ms(run, device)
+                        except RuntimeError as exc:
+                            print(f"| {cp} | {rank} | {step} | - | - | {name} | {layout} | "
+                                  f"{exc} | - |")
+                            continue
+                        print(f"| {cp} | {rank} | {step} | {call.q_rows.count} x "
+                              f"{call.k_rows.count} ({call.cu_q.numel() - 1}) | "
+                              f"{call.causal} | {name} | {layout} | {ms:.3f} | "
+                              f"{fl / (ms * 1e-3) / 1e12:.0f} |")
+
+
+def _print_floor(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"floor: seqlens={args.seqlens} heads={args.heads} dim={args.dim} "
+          f"layers={args.layers} iters={args.iters}; kernel time = GPU activity of one profiled "
+          "iteration; ideal = one-GPU kernel time / cp (same arm)")
+    print("| arm | cp | rank | event ms (median) | kernel ms | launches/layer | TFLOP/s | "
+          "kernel / ideal split |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['ratio_to_ideal']:.2f}" if r["ratio_to_ideal"] is not None else "-"
+        print(f"| {r['arm']} | {r['cp']} | {r['rank']} | {r['event_ms']:.2f} | "
+              f"{r['kernel_ms']:.2f} | {r['launches_per_layer']:.1f} | {r['tflops']:.0f} | "
+              f"{ratio} |")
+    print("| arm | cp | rank | kernel family | launches/iter | ms/iter |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        for fam, (count, us) in sorted(r["families"].items(), key=lambda x: -x[1][1]):
+            print(f"| {r['arm']} | {r['cp']} | {r['rank']} | {fam} | {count} | "
+                  f"{us / 1e3:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")],
@@ -287,9 +617,18 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write rows and samples to this file")
     parser.add_argument("--trace-dir", default=None, help="write one Kineto trace per arm")
     parser.add_argument("--cpu", action="store_true", help="tiny gloo smoke run (math kernel)")
+    parser.add_argument("--floor", action="store_true",
+                        help="single-GPU per-rank compute floor (see module docstring)")
+    parser.add_argument("--floor-cp", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[2, 4])
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=None,
+                        help="floor arms to run (default: all)")
     args = parser.parse_args()
     if args.cpu and args.seqlens == [8192, 4096, 2048, 2048]:
         args.seqlens, args.heads, args.dim = [64, 32, 16, 16], 2, 8
+    if args.floor:
+        run_floor(args)
+        return
     with contextlib.closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

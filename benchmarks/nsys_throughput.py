@@ -66,19 +66,14 @@ def measure(path: Path) -> dict[str, object]:
     trace = read_nsys(path)
     read_s = time.perf_counter() - started
     read_cpu = time.process_time() - cpu_started
-    attribute_s: float | None = None
-    attribute_cpu: float | None = None
-    try:
-        from analyzers.attribution import attribute
-        from analyzers.catalog import builtin_catalog
-    except ImportError:
-        pass
-    else:
-        catalog = builtin_catalog()
-        started, cpu_started = time.perf_counter(), time.process_time()
-        attribute(trace, catalog)
-        attribute_s = time.perf_counter() - started
-        attribute_cpu = time.process_time() - cpu_started
+    from analyzers.attribution import attribute
+    from analyzers.catalog import builtin_catalog
+
+    catalog = builtin_catalog()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    attribute(trace, catalog)
+    attribute_s: float | None = time.perf_counter() - started
+    attribute_cpu: float | None = time.process_time() - cpu_started
     kernels = int((trace.activities["kind"] == ActivityKind.KERNEL).sum())
     total_s = read_s + (attribute_s or 0.0)
     total_cpu = read_cpu + (attribute_cpu or 0.0)

@@ -19,13 +19,30 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
 from cp_attention.local_attention import LocalAttention, get_backend
 from cp_attention.merge import OutputMerger, accum_dtype, add_rows
 from cp_attention.metadata import PackedBatch
 from cp_attention.plan import COMMS, AttnCall, Rows
 from cp_attention.ranges import phase
-from cp_attention.ring import Ring, all_gather_tokens, reduce_scatter_tokens
+from cp_attention.ring import LoopbackRing, Ring, all_gather_tokens, reduce_scatter_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """How a rank's local work runs. The defaults are the fastest measured; the single-GPU
+    floor benchmark turns each off alone (A/B) to measure what it buys. Numbers do not change.
+
+    * ``fused_merge``: the log-sum-exp merge of a step as one kernel (CUDA with Triton) instead
+      of ~10 eager ones;
+    * ``in_place``: calls whose segments are contiguous in their buffers run on the whole
+      buffers with offset addressing (cuDNN), instead of gathering rows into packed copies and
+      scattering the results back.
+    """
+
+    fused_merge: bool = True
+    in_place: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,13 @@ class _Step:
     calls: tuple[AttnCall | None, ...]
     kernel: LocalAttention
     scale: float
+    tuning: Tuning = Tuning()
+
+    def _in_place(self, call: AttnCall, kind: str):
+        """The kernel's in-place method for ``call`` when it applies, else None."""
+        if not (self.tuning.in_place and call.in_place and call.gathers):
+            return None
+        return getattr(self.kernel, f"{kind}_in_place", None)
 
     def call(self, index: int) -> AttnCall | None:
         """The planned call of step ``index``, recomputed on device in the TE-style A/B mode."""
@@ -67,35 +91,51 @@ class _Step:
         return call
 
     def fwd(self, call: AttnCall, q, k, v):
+        """``(out, lse, in_place)``: in place, the results have every local row."""
         with phase("attn_fwd_step"):
-            return self.kernel.fwd(
+            run = self._in_place(call, "fwd")
+            if run is not None:
+                res = run(q, k, v, call, self.scale)
+                if res is not None:
+                    return res[0], res[1], True
+            out, lse = self.kernel.fwd(
                 call.q_rows.take(q), call.k_rows.take(k), call.k_rows.take(v), call.cu_q,
                 call.cu_k, call.max_q, call.max_k, call.causal, self.scale, call.square,
                 cache=call.cache,
             )
+            return out, lse, False
 
     def bwd(self, call: AttnCall, dout, q, k, v, out, lse):
+        """``(dq, dk, dv, in_place)``: in place, whole buffers, zero outside the call's rows."""
         with phase("attn_bwd_step"):
+            run = self._in_place(call, "bwd")
+            if run is not None:
+                res = run(dout, q, k, v, out, lse, call, self.scale)
+                if res is not None:
+                    return (*res, True)
             rows = call.q_rows
-            return self.kernel.bwd(
+            return (*self.kernel.bwd(
                 rows.take(dout), rows.take(q), call.k_rows.take(k), call.k_rows.take(v),
                 rows.take(out), rows.take(lse), call.cu_q, call.cu_k, call.max_q, call.max_k,
                 call.causal, self.scale, call.square, cache=call.cache,
-            )
+            ), False)
+
+    def merger(self, q) -> OutputMerger:
+        return OutputMerger(q, fused=self.tuning.fused_merge and q.is_cuda and fused.available())
 
 
 def _ring_forward(s: _Step, q, k, v, ring: Ring | None):
     """Returns ``(out, lse, kv blocks held at each step)``."""
-    merger = OutputMerger(q)
+    merger = s.merger(q)
     kv = [k, v]
     blocks = [kv]
     for index in range(len(s.calls)):
         pending = ring.exchange(kv, kv) if ring is not None and index < ring.size - 1 else None
         call = s.call(index)
         if call is not None:
-            out, lse = s.fwd(call, q, kv[0], kv[1])
+            out, lse, in_place = s.fwd(call, q, kv[0], kv[1])
             with phase("merge"):
-                merger.add(call.q_rows, out, lse)
+                merger.add(call.q_rows, out, lse, in_place)
         if pending is not None:
             kv = pending.wait()
             blocks.append(kv)
@@ -124,9 +164,10 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         grads = s.bwd(call, dout, q, bk, bv, out, lse) if call is not None else None
         with phase("grad_reduce"):
             if grads is not None:
-                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype)
+                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype, grads[3])
             block = [_block_grad(None, call.k_rows if call else None,
-                                 grads[1 + i] if grads else None, (bk, bv)[i]) for i in range(2)]
+                                 grads[1 + i] if grads else None, (bk, bv)[i],
+                                 bool(grads and grads[3])) for i in range(2)]
         if index > 0:
             sends.append((block, (ring.rank - index) % ring.size))
     if ring is not None and ring.size > 1:
@@ -158,13 +199,13 @@ def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
         if call is not None:
             grads = s.bwd(call, dout, q, kv[0], kv[1], out, lse)
             with phase("grad_reduce"):
-                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype)
+                dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype, grads[3])
         received = pending.wait() if pending is not None else []
         incoming = received[-2:] if index > 0 else [None, None]
         with phase("grad_reduce"):
             dkv_out = [
                 _block_grad(incoming[i], call.k_rows if call else None,
-                            grads[1 + i] if grads else None, kv[i])
+                            grads[1 + i] if grads else None, kv[i], bool(grads and grads[3]))
                 for i in range(2)
             ]
         kv = received[:2] if pass_kv else kv
@@ -175,11 +216,19 @@ def _ring_backward(s: _Step, dout, q, k, v, out, lse, ring: Ring | None):
     return dq.to(q.dtype), dkv_out[0].to(k.dtype), dkv_out[1].to(v.dtype)
 
 
-def _block_grad(incoming, rows: Rows | None, contrib, like):
-    """Add this rank's contribution to a KV block's running gradient (block dtype on the wire)."""
+def _block_grad(incoming, rows: Rows | None, contrib, like, in_place: bool = False):
+    """Add this rank's contribution to a KV block's running gradient (block dtype on the wire).
+
+    ``in_place``: ``contrib`` already has every row of the block (zero outside ``rows``).
+    """
     if contrib is None:
         return incoming if incoming is not None else torch.zeros_like(like)
     assert rows is not None
+    if in_place:
+        if incoming is None:
+            return contrib.to(like.dtype)
+        incoming += contrib.to(like.dtype)
+        return incoming
     if incoming is None:
         if rows.covers(like.shape[0]):
             return contrib.to(like.dtype)
@@ -192,12 +241,12 @@ def _block_grad(incoming, rows: Rows | None, contrib, like):
 
 
 def _gather_forward(s: _Step, q, kg, vg):
-    merger = OutputMerger(q)
+    merger = s.merger(q)
     call = s.call(0)
     if call is not None:
-        out, lse = s.fwd(call, q, kg, vg)
+        out, lse, in_place = s.fwd(call, q, kg, vg)
         with phase("merge"):
-            merger.add(call.q_rows, out, lse)
+            merger.add(call.q_rows, out, lse, in_place)
     with phase("merge"):
         return merger.result()
 
@@ -208,11 +257,11 @@ def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
     if call is None:
         dq, dkg, dvg = torch.zeros_like(q), torch.zeros_like(kg), torch.zeros_like(vg)
     else:
-        dq_s, dk_s, dv_s = s.bwd(call, dout, q, kg, vg, out, lse)
+        dq_s, dk_s, dv_s, in_place = s.bwd(call, dout, q, kg, vg, out, lse)
         with phase("grad_reduce"):
-            dq = add_rows(None, call.q_rows, dq_s, q, q.dtype)
-            dkg = add_rows(None, call.k_rows, dk_s, kg, acc)
-            dvg = add_rows(None, call.k_rows, dv_s, vg, acc)
+            dq = add_rows(None, call.q_rows, dq_s, q, q.dtype, in_place)
+            dkg = add_rows(None, call.k_rows, dk_s, kg, acc, in_place)
+            dvg = add_rows(None, call.k_rows, dv_s, vg, acc, in_place)
     # Each rank's partial sum is exact in the accumulator dtype; the cross-rank sum travels in
     # the input dtype (half the bytes of float32), as the P2P ring's dK/dV do.
     dk = reduce_scatter_tokens(dkg.to(kg.dtype), group)
@@ -260,6 +309,39 @@ class _CPAttention(torch.autograd.Function):
         if step.cfg.broken_always_zero_fill:
             zero_fill_padding([dq, dk, dv], step.meta, step.rank)
         return dq, dk, dv, None, None
+
+
+def rank_local_work(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    meta: PackedBatch,
+    rank: int,
+    ring: LoopbackRing | None,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    backend: str | None = None,
+    tuning: Tuning = Tuning(),
+) -> tuple[torch.Tensor, ...]:
+    """One rank's P2P forward + backward (saved-KV ring) on one device, remote data local.
+
+    Exactly the kernels, merges and corrections ``cp_attn`` launches on ``rank`` (without
+    autograd), with :class:`~cp_attention.ring.LoopbackRing` handing over the other ranks' KV
+    blocks and dK/dV contributions instead of the network: the per-rank compute floor
+    (``benchmarks/cp_attention_bench.py --floor``). ``ring`` may be None when ``cp_size`` is 1.
+
+    :returns: ``(out, lse, dq, dk, dv)`` of this rank (dk/dv include what the ring handed in).
+    """
+    cfg = CPConfig(None, "p2p", causal, softmax_scale, backend=backend)
+    step = _Step(
+        cfg, meta, rank, meta.calls_for("p2p", causal, rank), get_backend(q.device, backend),
+        softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5, tuning,
+    )
+    out, lse, blocks = _ring_forward(step, q, k, v, ring)
+    dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ring)
+    return out, lse, dq, dk, dv
 
 
 def cp_attn(

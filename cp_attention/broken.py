@@ -45,8 +45,7 @@ def recompute_step_cu(call: AttnCall, meta: PackedBatch, rank: int) -> AttnCall:
     cu_k = _cu_on_cp_rank(meta, rank, call.k_chunks or 2)
     if call.q_chunks is None or call.k_chunks is None:
         return call
-    return AttnCall(call.q_rows, call.k_rows, cu_q, cu_k, call.max_q, call.max_k, call.causal,
-                    call.square, call.q_chunks, call.k_chunks)
+    return call.with_offsets(cu_q, cu_k)
 
 
 def zero_fill_padding(grads: list[torch.Tensor], meta: PackedBatch, rank: int) -> None:

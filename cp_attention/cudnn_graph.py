@@ -11,19 +11,42 @@ Layout: packed ``[T, H, D]`` tensors are described as ``[B, H, S_max, D]`` with 
 stride and a per-sequence ragged offset (element offset of each sequence's first token). The
 softmax stats (log-sum-exp, natural log) come back ragged ``[T, H]``; the backward graph takes
 them ragged where the GPU accepts it (Hopper/Blackwell) and padded otherwise.
+
+In place (``fwd_in_place``/``bwd_in_place``): when every segment of a planned call is contiguous
+in its buffer (``AttnCall.q_starts``/``k_starts``), the ragged offsets point at the segments
+inside the whole local buffers (gaps between segments allowed, as in TE's padded THD), so the
+CP step gathers no rows into packed copies; outputs come back in buffers shaped like the inputs,
+valid at the call's rows (gradient buffers zero elsewhere). This relies on the lowering reading
+the bound offsets: the cuDNN library does; cudnn-frontend's own Python (FROST) THD lowerings did
+not in the versions of its issue #737, so a graph served by a Python engine is not used in place
+(:meth:`CudnnGraphAttention.serves_in_place`).
+
+Graphs, handles and cached plans are released at interpreter exit (:func:`release_all`), before
+the frontend's own exit hooks run, so nanobind reports no leaked instances.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
+import logging
 import threading
+import weakref
 from typing import Any
 
 import torch
+
+_LOG = logging.getLogger("cp_attention.cudnn")
+_INSTANCES: weakref.WeakSet = weakref.WeakSet()
 
 _FWD, _BWD = "fwd", "bwd"
 # Graph tensor ids.
 Q, K, V, OUT, STATS, DO, DQ, DK, DV = 1, 2, 3, 4, 5, 6, 7, 8, 9
 LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_STATS, R_DQ, R_DK, R_DV = range(20, 30)
+
+
+class GraphUnsupported(RuntimeError):
+    """cuDNN declined to build a graph for this shape (the caller may fall back)."""
 
 
 def _round64(n: int) -> int:
@@ -41,14 +64,53 @@ class CudnnGraphAttention:
 
     name = "cudnn"
 
-    def __init__(self) -> None:
+    def __init__(self, autotune: bool = False) -> None:
+        """:param autotune: build every plan the heuristics offer for a shape and keep the
+            fastest one, timed on the first call's real buffers (backend ``cudnn_autotune``).
+        """
         import cudnn
+
+        self.autotune = autotune
+        if autotune:
+            self.name = "cudnn_autotune"
+        #: Autotuned graph key -> (plans offered, plan kept, median ms of each plan).
+        self.tuned: dict[tuple, tuple[int, int, list[float]]] = {}
 
         self._cudnn = cudnn
         self._graphs: dict[tuple, tuple[Any, int, list[int]]] = {}
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
         self._ragged_stats_bwd: bool | None = None
+        #: Graph key -> the engine that serves it ("cudnn backend" or a frontend engine name).
+        self.engines: dict[tuple, str] = {}
+        if not _INSTANCES:
+            # Registered after ``import cudnn`` registered its own hooks: atexit runs in reverse,
+            # so the graphs are gone before the frontend destroys its default handles.
+            atexit.register(release_all)
+        _INSTANCES.add(self)
+
+    def release(self) -> None:
+        """Drop every cached graph and destroy the handles (the object stays usable)."""
+        with self._lock:
+            self._graphs.clear()
+            self.engines.clear()
+            handles, self._handles = list(self._handles.values()), {}
+        gc.collect()
+        for handle in handles:
+            try:
+                self._cudnn.destroy_handle(handle)
+            except Exception as exc:  # CUDA may already be torn down at exit
+                _LOG.debug("destroy_handle failed at release: %s", exc)
+
+    @staticmethod
+    def engine_name(graph: Any) -> str:
+        """Which engine serves a built graph: the cuDNN library, or a frontend Python engine."""
+        engine = getattr(graph, "selected_engine", None)
+        return "cudnn backend" if engine is None else f"frontend:{engine.name}"
+
+    def serves_in_place(self, key: tuple) -> bool:
+        """Whether the graph of ``key`` reads bound ragged offsets (the cuDNN library does)."""
+        return self.engines.get(key, "cudnn backend") == "cudnn backend"
 
     # -- host-side plumbing -------------------------------------------------------------
     def _handle(self, device: torch.device) -> Any:
@@ -61,12 +123,21 @@ class CudnnGraphAttention:
         return handle
 
     def _graph(self, key: tuple, build) -> tuple[Any, int, list[int]]:
+        """The cached graph of ``key``, built on first use.
+
+        :raises GraphUnsupported: when cuDNN declines to build it (validation, no plan).
+        """
         hit = self._graphs.get(key)
         if hit is None:
             with self._lock:
                 hit = self._graphs.get(key)
                 if hit is None:
-                    hit = self._graphs[key] = build()
+                    try:
+                        hit = build()
+                    except Exception as exc:
+                        raise GraphUnsupported(f"{type(exc).__name__}: {exc}") from exc
+                    self._graphs[key] = hit
+                    self.engines[key] = self.engine_name(hit[0])
         return hit
 
     @staticmethod
@@ -88,6 +159,30 @@ class CudnnGraphAttention:
         }
         if cache is not None:
             cache[key] = out
+        return out
+
+    @staticmethod
+    def _ragged_in_place(cache: dict, call: Any,
+                         strides: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        """Like :meth:`_ragged`, with each segment starting at its row in the whole buffer."""
+        key = ("cudnn_ragged_in_place", strides)
+        if key in cache:
+            return cache[key]
+        len_q = call.cu_q[1:] - call.cu_q[:-1]
+        len_k = call.cu_k[1:] - call.cu_k[:-1]
+        # b+1 entries: each segment's first row, then the end of the last segment.
+        rq = torch.cat([call.q_starts, call.q_starts[-1:] + len_q[-1:].to(torch.int64)])
+        rk = torch.cat([call.k_starts, call.k_starts[-1:] + len_k[-1:].to(torch.int64)])
+        sq, so, sst, sdq, sk, sv, sdk, sdv = strides
+        out = {
+            "len_q": len_q.to(torch.int32).view(-1, 1, 1, 1),
+            "len_k": len_k.to(torch.int32).view(-1, 1, 1, 1),
+            "q": (rq * sq).view(-1, 1, 1, 1), "o": (rq * so).view(-1, 1, 1, 1),
+            "stats": (rq * sst).view(-1, 1, 1, 1), "dq": (rq * sdq).view(-1, 1, 1, 1),
+            "k": (rk * sk).view(-1, 1, 1, 1), "v": (rk * sv).view(-1, 1, 1, 1),
+            "dk": (rk * sdk).view(-1, 1, 1, 1), "dv": (rk * sdv).view(-1, 1, 1, 1),
+        }
+        cache[key] = out
         return out
 
     def _strides(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
@@ -120,16 +215,52 @@ class CudnnGraphAttention:
         return {"diagonal_alignment": align,
                 "diagonal_band_right_bound": 0 if causal else None}
 
-    @staticmethod
-    def _finish(g: Any, uids: list[int]) -> tuple[Any, int, list[int]]:
+    def _finish(self, g: Any, uids: list[int]) -> tuple[Any, int, list[int]]:
         g.validate()
         g.build_operation_graph()
         import cudnn
 
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        g.build_plans()
-        return g, g.get_workspace_size(), uids
+        if not self.autotune:
+            g.build_plans()
+            return g, g.get_workspace_size(), uids
+        g.build_plans(cudnn.build_plan_policy.ALL)
+        sizes = []
+        for i in range(g.get_execution_plan_count()):
+            try:
+                sizes.append(g.get_workspace_size_plan_at_index(i))
+            except Exception:
+                sizes.append(-1)  # not built: never selected
+        # Workspace for any plan, so the choice made at the first call fits.
+        return g, max(max(sizes), g.get_workspace_size(), 0), uids
+
+    def _tune(self, key: tuple, g: Any, pack: list, workspace: torch.Tensor, handle: Any,
+              uids: list[int], device: torch.device) -> None:
+        """Time every built plan on this call's buffers and select the fastest (once per key)."""
+        if not self.autotune or key in self.tuned:
+            return
+        count = g.get_execution_plan_count()
+        times: list[float] = []
+        for i in range(count):
+            try:
+                for _ in range(2):
+                    g.execute_plan_at_index(pack, workspace, i, handle, tensor_uids=tuple(uids))
+                xs = []
+                for _ in range(5):
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    start.record()
+                    g.execute_plan_at_index(pack, workspace, i, handle, tensor_uids=tuple(uids))
+                    end.record()
+                    end.synchronize()
+                    xs.append(start.elapsed_time(end))
+                times.append(sorted(xs)[len(xs) // 2])
+            except Exception as exc:  # a plan that did not build or does not run
+                _LOG.debug("plan %d of %s not timed: %s", i, key[0], exc)
+                times.append(float("inf"))
+        best = min(range(count), key=lambda i: times[i])
+        g.select_plan(best)
+        self.tuned[key] = (count, best, times)
 
     def _build_fwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle):
         g, io = self._new_graph(q.dtype, handle)
@@ -196,53 +327,133 @@ class CudnnGraphAttention:
         return self._finish(g, uids)
 
     # -- interface ----------------------------------------------------------------------
+    def fwd_key(self, q, k, v, b, max_q, max_k, causal, square, scale) -> tuple:
+        """The cache key of a forward graph (everything the graph bakes in)."""
+        return (_FWD, q.dtype, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
+                v.stride(), max_q, max_k, causal, square, scale, q.device)
+
+    def bwd_key(self, q, k, v, b, max_q, max_k, causal, square, scale) -> tuple:
+        """The cache key of a backward graph (token counts size its workspace)."""
+        return (_BWD, q.dtype, b, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+                max_q, max_k, causal, square, scale, q.device)
+
+    def _fwd_graph(self, q, k, v, b, max_q, max_k, causal, square, scale, handle):
+        key = self.fwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
+        return key, self._graph(key, lambda: self._build_fwd(q, k, v, b, max_q, max_k, causal,
+                                                            square, scale, handle))
+
+    def _bwd_graph(self, q, k, v, b, max_q, max_k, causal, square, scale, handle):
+        key = self.bwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
+        if self._ragged_stats_bwd is None:
+            major = torch.cuda.get_device_capability(q.device)[0]
+            self._ragged_stats_bwd = major in (9, 10)
+        if self._ragged_stats_bwd:
+            try:
+                hit = self._graph((*key, True), lambda: self._build_bwd(
+                    q, k, v, b, max_q, max_k, causal, square, scale, handle, True))
+                return (*key, True), hit, True
+            except GraphUnsupported as exc:
+                _LOG.info("ragged-stats backward declined (%s); padded stats for this shape", exc)
+        ragged = False
+        hit = self._graph((*key, ragged), lambda: self._build_bwd(
+            q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
+        return (*key, ragged), hit, ragged
+
+    def _execute(self, key, g, ws, uids, handle, pack: dict, device) -> None:
+        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=device)
+        ordered = [pack[u] for u in uids]
+        self._tune(key, g, ordered, workspace, handle, uids, device)
+        g.execute(ordered, workspace, handle=handle, tensor_uids=tuple(uids))
+
+    def _execute_fwd(self, key, g, ws, uids, handle, q, k, v, out, stats, r) -> None:
+        pack = {Q: q, K: k, V: v, OUT: out, STATS: stats, LEN_Q: r["len_q"], LEN_K: r["len_k"],
+                R_Q: r["q"], R_K: r["k"], R_V: r["v"], R_O: r["o"], R_STATS: r["stats"]}
+        self._execute(key, g, ws, uids, handle, pack, q.device)
+
+    def _execute_bwd(self, key, g, ws, uids, handle, dout, q, k, v, out, stats, grads,
+                     r) -> None:
+        dq, dk, dv = grads
+        pack = {Q: q, K: k, V: v, OUT: out, DO: dout, STATS: stats, DQ: dq, DK: dk, DV: dv,
+                LEN_Q: r["len_q"], LEN_K: r["len_k"], R_Q: r["q"], R_K: r["k"], R_V: r["v"],
+                R_O: r["o"], R_DQ: r["dq"], R_DK: r["dk"], R_DV: r["dv"], R_STATS: r["stats"]}
+        self._execute(key, g, ws, uids, handle, pack, q.device)
+
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
         b = cu_q.numel() - 1
         handle = self._handle(q.device)
-        key = (_FWD, q.dtype, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
-               v.stride(), max_q, max_k, causal, square, scale, q.device)
-        g, ws, uids = self._graph(key, lambda: self._build_fwd(q, k, v, b, max_q, max_k, causal,
-                                                              square, scale, handle))
+        key, (g, ws, uids) = self._fwd_graph(q, k, v, b, max_q, max_k, causal, square, scale,
+                                             handle)
         r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
         stats = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-        pack = {Q: q, K: k, V: v, OUT: out, STATS: stats, LEN_Q: r["len_q"], LEN_K: r["len_k"],
-                R_Q: r["q"], R_K: r["k"], R_V: r["v"], R_O: r["o"], R_STATS: r["stats"]}
-        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
-        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
         return out, stats
 
     def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
             cache=None):
         b = cu_q.numel() - 1
         handle = self._handle(q.device)
-        key = (_BWD, q.dtype, b, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
-               max_q, max_k, causal, square, scale, q.device)
-        if self._ragged_stats_bwd is None:
-            major = torch.cuda.get_device_capability(q.device)[0]
-            self._ragged_stats_bwd = major in (9, 10)
-        ragged = self._ragged_stats_bwd
-        try:
-            g, ws, uids = self._graph((*key, ragged), lambda: self._build_bwd(
-                q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
-        except Exception:
-            if not ragged:
-                raise
-            self._ragged_stats_bwd = ragged = False
-            g, ws, uids = self._graph((*key, ragged), lambda: self._build_bwd(
-                q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
+        key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, max_q, max_k, causal, square,
+                                                     scale, handle)
         r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
         dout, out = dout.contiguous(), out.contiguous()
         stats = lse.contiguous() if ragged else _padded_stats(lse, cu_q, max_q, cache)
-        dq = torch.empty_like(q)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        pack = {Q: q, K: k, V: v, OUT: out, DO: dout, STATS: stats, DQ: dq, DK: dk, DV: dv,
-                LEN_Q: r["len_q"], LEN_K: r["len_k"], R_Q: r["q"], R_K: r["k"], R_V: r["v"],
-                R_O: r["o"], R_DQ: r["dq"], R_DK: r["dk"], R_DV: r["dv"], R_STATS: r["stats"]}
-        workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=q.device)
-        g.execute([pack[u] for u in uids], workspace, handle=handle, tensor_uids=tuple(uids))
+        grads = (torch.empty_like(q), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+                 torch.empty(v.shape, dtype=v.dtype, device=v.device))
+        self._execute_bwd(key, g, ws, uids, handle, dout, q, k, v, out, stats, grads, r)
+        return grads
+
+    # -- in place: whole buffers, segments addressed by their start rows ------------------
+    def fwd_in_place(self, q, k, v, call, scale) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Forward of ``call`` on whole buffers; ``(out, lse)`` shaped like ``q``'s rows and
+        valid at ``call.q_rows``. None when the graph's engine would ignore the offsets."""
+        b = call.cu_q.numel() - 1
+        handle = self._handle(q.device)
+        key, (g, ws, uids) = self._fwd_graph(q, k, v, b, call.max_q, call.max_k, call.causal,
+                                             call.square, scale, handle)
+        if not self.serves_in_place(key):
+            return None
+        r = self._ragged_in_place(call.cache, call, self._strides(q, k, v))
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+        stats = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+        self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
+        return out, stats
+
+    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale):
+        """Backward of ``call`` on whole buffers: ``(dq, dk, dv)`` shaped like ``q``/``k``/``v``,
+        the call's rows written, every other row zero. None as for :meth:`fwd_in_place`."""
+        b = call.cu_q.numel() - 1
+        handle = self._handle(q.device)
+        key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, call.max_q, call.max_k,
+                                                     call.causal, call.square, scale, handle)
+        if not ragged or not self.serves_in_place(key):
+            return None
+        r = self._ragged_in_place(call.cache, call, self._strides(q, k, v))
+        # Rows outside the call must read as zero gradient (a memset, no kernel of ours).
+        q_all, k_all = call.q_rows.covers(q.shape[0]), call.k_rows.covers(k.shape[0])
+        dq = torch.empty_like(q) if q_all else torch.zeros_like(q)
+        dk = (torch.empty if k_all else torch.zeros)(k.shape, dtype=k.dtype, device=k.device)
+        dv = (torch.empty if k_all else torch.zeros)(v.shape, dtype=v.dtype, device=v.device)
+        self._execute_bwd(key, g, ws, uids, handle, dout.contiguous(), q, k, v, out.contiguous(),
+                          lse.contiguous(), (dq, dk, dv), r)
         return dq, dk, dv
+
+
+def known_bad(kind: str, q: torch.Tensor, k: torch.Tensor, causal: bool,
+              square: bool) -> str | None:
+    """Why cuDNN must not serve a shape although it builds a graph for it, or None.
+
+    Filled from the single-GPU kernel checks (``python -m cp_attention.kernel_check``): every
+    shape listed here was measured wrong against the float64 reference. None are known.
+    """
+    return None
+
+
+def release_all() -> None:
+    """Release the graphs and handles of every cuDNN backend object (run at exit)."""
+    for instance in list(_INSTANCES):
+        instance.release()
+    gc.collect()
 
 
 def _padded_stats(lse: torch.Tensor, cu_q: torch.Tensor, max_q: int, cache: dict | None):

@@ -20,13 +20,21 @@ query heads.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+from collections import Counter
 from typing import Protocol
 
 import torch
 
-BACKENDS = ("auto", "math", "flash", "cudnn", "cudnn_op")
+_LOG = logging.getLogger("cp_attention.local_attention")
+
+#: Kernel calls served by a fallback kernel, by ``"<kernel>-><fallback> <fwd|bwd>: <reason>"``.
+#: Read with :func:`fallback_counts`; every new reason is also logged once (WARNING).
+FALLBACKS: Counter[str] = Counter()
+
+BACKENDS = ("auto", "math", "flash", "cudnn", "cudnn_autotune", "cudnn_op")
 ENV_BACKEND = "CPTRACE_CP_KERNEL"
 
 
@@ -215,7 +223,112 @@ class CudnnOpAttention:
         )
 
 
+class GuardedAttention:
+    """A fast kernel with a correct fallback for the shapes it must not serve.
+
+    A shape goes to ``fallback`` when the primary declines to build it (cuDNN's
+    ``GraphUnsupported``) or when ``known_bad(kind, q, k, causal, square)`` names a reason
+    (shapes found wrong by the single-GPU kernel checks). Each fallback call is counted in
+    :data:`FALLBACKS` and each new reason logged once, so a slower path is never silent.
+    The primary's in-place methods (``fwd_in_place``/``bwd_in_place``) pass through; they
+    return None for such shapes, and the caller then uses the packed calls, which fall back.
+    """
+
+    def __init__(self, primary, fallback, known_bad=None) -> None:
+        self.primary, self.fallback = primary, fallback
+        self.name = primary.name
+        self._known_bad = known_bad
+        self._bad: dict[tuple, str] = {}
+
+    @staticmethod
+    def _signature(kind: str, q, k, b: int, max_q: int, max_k: int, causal: bool,
+                   square: bool) -> tuple:
+        return (kind, q.dtype, q.shape[1:], k.shape[1:], b, max_q, max_k, causal, square)
+
+    def _reason(self, sig: tuple, q, k, causal: bool, square: bool) -> str | None:
+        if sig not in self._bad and self._known_bad is not None:
+            reason = self._known_bad(sig[0], q, k, causal, square)
+            if reason is not None:
+                self._bad[sig] = reason
+        return self._bad.get(sig)
+
+    def _fall_back(self, sig: tuple, reason: str) -> None:
+        label = f"{self.primary.name}->{self.fallback.name} {sig[0]}: {reason}"
+        if label not in FALLBACKS:
+            _LOG.warning("cp_attention: %s kernel not used for q%s k%s b=%d max_q=%d max_k=%d "
+                         "causal=%s (%s); using %s for this shape", self.primary.name,
+                         tuple(sig[2]), tuple(sig[3]), sig[4], sig[5], sig[6], sig[7], reason,
+                         self.fallback.name)
+        FALLBACKS[label] += 1
+
+    def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache=None):
+        sig = self._signature("fwd", q, k, cu_q.numel() - 1, max_q, max_k, causal, square)
+        reason = self._reason(sig, q, k, causal, square)
+        if reason is None:
+            from cp_attention.cudnn_graph import GraphUnsupported
+
+            try:
+                return self.primary.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square,
+                                        cache)
+            except GraphUnsupported as exc:
+                reason = self._bad[sig] = f"graph unsupported ({exc})"
+        self._fall_back(sig, reason)
+        return self.fallback.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache)
+
+    def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+            cache=None):
+        sig = self._signature("bwd", q, k, cu_q.numel() - 1, max_q, max_k, causal, square)
+        reason = self._reason(sig, q, k, causal, square)
+        if reason is None:
+            from cp_attention.cudnn_graph import GraphUnsupported
+
+            try:
+                return self.primary.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                                        causal, scale, square, cache)
+            except GraphUnsupported as exc:
+                reason = self._bad[sig] = f"graph unsupported ({exc})"
+        self._fall_back(sig, reason)
+        return self.fallback.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
+                                 scale, square, cache)
+
+    def _in_place(self, kind: str, q, k, call, run):
+        from cp_attention.cudnn_graph import GraphUnsupported
+
+        sig = self._signature(kind, q, k, call.cu_q.numel() - 1, call.max_q, call.max_k,
+                              call.causal, call.square)
+        if self._reason(sig, q, k, call.causal, call.square) is not None:
+            return None
+        try:
+            return run()
+        except GraphUnsupported:
+            return None  # the packed call that follows records and counts the fallback
+
+    def fwd_in_place(self, q, k, v, call, scale):
+        return self._in_place("fwd", q, k, call,
+                              lambda: self.primary.fwd_in_place(q, k, v, call, scale))
+
+    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale):
+        return self._in_place("bwd", q, k, call, lambda: self.primary.bwd_in_place(
+            dout, q, k, v, out, lse, call, scale))
+
+
+def fallback_counts() -> dict[str, int]:
+    """Calls served by a fallback kernel so far, by reason (empty when none)."""
+    return dict(FALLBACKS)
+
+
 _CACHE: dict[tuple[str, str], LocalAttention] = {}
+
+
+def release_cached_kernels() -> None:
+    """Drop the cached kernel objects and the cuDNN graphs and handles they hold."""
+    kernels = list(_CACHE.values())
+    _CACHE.clear()
+    for kernel in kernels:
+        primary = getattr(kernel, "primary", kernel)
+        release = getattr(primary, "release", None)
+        if release is not None:
+            release()
 
 
 def cudnn_available() -> bool:
@@ -255,10 +368,11 @@ def get_backend(device: torch.device, name: str | None = None) -> LocalAttention
 
 
 def _construct(choice: str) -> LocalAttention:
-    if choice == "cudnn":
-        from cp_attention.cudnn_graph import CudnnGraphAttention
+    if choice in ("cudnn", "cudnn_autotune"):
+        from cp_attention.cudnn_graph import CudnnGraphAttention, known_bad
 
-        return CudnnGraphAttention()
+        primary = CudnnGraphAttention(autotune=choice == "cudnn_autotune")
+        return GuardedAttention(primary, FlashAttention(), known_bad)
     return {"math": MathAttention, "flash": FlashAttention, "cudnn_op": CudnnOpAttention}[choice]()
 
 

@@ -89,8 +89,24 @@ class AttnCall:
     #: Q/KV side holds, when the call's cu_seqlens are exactly that fraction (else None).
     q_chunks: int | None = None
     k_chunks: int | None = None
+    #: Row of each segment's first query / key in the *unselected* buffer (int64, one per
+    #: segment), when every segment's rows are contiguous there; else None. A kernel that
+    #: addresses sequences by offset (cuDNN's ragged THD) then reads the buffers in place
+    #: instead of gathering ``q_rows``/``k_rows`` into packed copies.
+    q_starts: torch.Tensor | None = None
+    k_starts: torch.Tensor | None = None
     #: Metadata a kernel backend derives from this call once (e.g. cuDNN ragged offsets).
     cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the kernel can read this call's rows in place (segment starts known)."""
+        return self.q_starts is not None and self.k_starts is not None
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the packed form of this call copies rows (an index selection on a side)."""
+        return self.q_rows.index is not None or self.k_rows.index is not None
 
     def to(self, device: torch.device) -> AttnCall:
         """Move every tensor to ``device``, one copy per dtype (host values stay as they are)."""
@@ -98,7 +114,8 @@ class AttnCall:
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensor leaves, in the order :meth:`with_tensors` consumes them."""
-        return [*self.q_rows.tensors(), *self.k_rows.tensors(), self.cu_q, self.cu_k]
+        starts = [t for t in (self.q_starts, self.k_starts) if t is not None]
+        return [*self.q_rows.tensors(), *self.k_rows.tensors(), self.cu_q, self.cu_k, *starts]
 
     def with_tensors(self, leaves: Iterator[torch.Tensor]) -> AttnCall:
         """The same call with its leaves taken, in order, from ``leaves``.
@@ -117,7 +134,15 @@ class AttnCall:
             self.square,
             self.q_chunks,
             self.k_chunks,
+            None if self.q_starts is None else next(leaves),
+            None if self.k_starts is None else next(leaves),
         )
+
+    def with_offsets(self, cu_q: torch.Tensor, cu_k: torch.Tensor) -> AttnCall:
+        """The same call with other (value-equal) offsets (TE-style A/B path)."""
+        return AttnCall(self.q_rows, self.k_rows, cu_q, cu_k, self.max_q, self.max_k,
+                        self.causal, self.square, self.q_chunks, self.k_chunks, self.q_starts,
+                        self.k_starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,18 +216,32 @@ def build_call(
     q_len[~keep], k_len[~keep] = 0, 0
     has_padding = bool((geom.real_len != geom.padded_len).any())
     exact = chunks if chunks is not None and not has_padding and keep.all() else (None, None)
+    q_index, k_index = ranges_to_index(q_row, q_len), ranges_to_index(k_row, k_len)
+    cu_q, cu_k = _offsets(seg_q[keep]), _offsets(seg_k[keep])
     return AttnCall(
-        q_rows=_rows(ranges_to_index(q_row, q_len)),
-        k_rows=_rows(ranges_to_index(k_row, k_len)),
-        cu_q=_offsets(seg_q[keep]),
-        cu_k=_offsets(seg_k[keep]),
+        q_rows=_rows(q_index),
+        k_rows=_rows(k_index),
+        cu_q=cu_q,
+        cu_k=cu_k,
         max_q=int(seg_q[keep].max()),
         max_k=int(seg_k[keep].max()),
         causal=causal,
         square=bool(np.array_equal(seg_q[keep], seg_k[keep])),
         q_chunks=exact[0],
         k_chunks=exact[1],
+        q_starts=_segment_starts(q_index, cu_q.numpy()),
+        k_starts=_segment_starts(k_index, cu_k.numpy()),
     )
+
+
+def _segment_starts(index: np.ndarray, cu: np.ndarray) -> torch.Tensor | None:
+    """Buffer row of each segment's first row, when every segment is contiguous; else None."""
+    lengths = np.diff(cu)
+    starts = index[cu[:-1]]
+    expect = np.repeat(starts - cu[:-1], lengths) + np.arange(index.size, dtype=np.int64)
+    if not np.array_equal(index, expect) or (np.diff(starts) < 0).any():
+        return None
+    return torch.from_numpy(starts.astype(np.int64))
 
 
 def _rows(index: np.ndarray) -> Rows:

@@ -112,3 +112,45 @@ def reduce_scatter_tokens(x: torch.Tensor, group: dist.ProcessGroup | None) -> t
         out = x.new_empty((block, *x.shape[1:]))
         dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
         return out
+
+
+class LoopbackRing:
+    """A ring whose 'received' tensors are given up front: one device plays one rank.
+
+    For the per-rank compute floor (:func:`cp_attention.attention.rank_local_work`): the P2P
+    forward gets the other ranks' KV blocks in ring order and the saved-KV backward gets the
+    dK/dV contributions of the other ranks to our block, all as local tensors, so the rank's
+    own kernels run exactly as in a CP run with no transfer at all. The dK/dV this rank would
+    send to the owners of remote blocks are kept in :attr:`sent` (``(tensors, owner)``), so a
+    test can assemble the full result.
+    """
+
+    def __init__(self, rank: int, size: int, kv_blocks: Sequence[Sequence[torch.Tensor]],
+                 dkv_from_peers: Sequence[Sequence[torch.Tensor]]) -> None:
+        """:param kv_blocks: KV of ranks ``rank-1, rank-2, ...`` (ring order), ``size-1`` lists.
+        :param dkv_from_peers: for ``i = 1 .. size-1``, the dK/dV rank ``rank+i`` sends us.
+        """
+        if len(kv_blocks) != size - 1 or len(dkv_from_peers) != size - 1:
+            raise ValueError(f"a loopback ring of {size} ranks needs {size - 1} KV blocks and "
+                             f"{size - 1} dK/dV pairs, got {len(kv_blocks)} and "
+                             f"{len(dkv_from_peers)}")
+        self.rank, self.size = rank, size
+        self._kv = [list(b) for b in kv_blocks]
+        self._dkv = [list(g) for g in dkv_from_peers]
+        self._next_kv = 0
+        self.sent: list[tuple[list[torch.Tensor], int]] = []
+
+    def exchange(self, send: Sequence[torch.Tensor], recv_like: Sequence[torch.Tensor]) -> Pending:
+        """The next KV block of the ring (forward); ``send`` is what would leave."""
+        with phase("comm_send_recv"):
+            block = self._kv[self._next_kv % len(self._kv)]
+            self._next_kv += 1
+        return Pending([], block[: len(recv_like)])
+
+    def exchange_pairs(self, sends: list[tuple[list[torch.Tensor], int]],
+                       recvs: list[tuple[list[torch.Tensor], int]]) -> Pending:
+        """The other ranks' dK/dV for our block (saved-KV backward), in ``recvs`` order."""
+        with phase("comm_send_recv"):
+            self.sent += [(list(t), peer) for t, peer in sends]
+            received = [t for i in range(len(recvs)) for t in self._dkv[i]]
+        return Pending([], received)

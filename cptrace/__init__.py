@@ -1,3 +1,5 @@
 """cptrace: trace analysis and diagnostics for context-parallel attention on packed sequences."""
 
-__version__ = "0.1.0"
+from contracts.version import __version__
+
+__all__ = ["__version__"]

@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from analyzers.report import REPORT_SCHEMA_VERSION, AnalysisReport
+from analyzers.report import REPORT_SCHEMA_VERSION, AnalysisReport, IterationStats
 from service.auth import now_iso
+from service.storage import runs
 from service.storage.database import immediate, one
+from service.storage.runs import Metric
 
 
 def enqueue_analysis(conn: sqlite3.Connection, run_id: int) -> int:
@@ -134,20 +136,20 @@ def _finish(
     )
 
 
-def report_metrics(report: AnalysisReport) -> list[tuple[str, str, float]]:
+def report_metrics(report: AnalysisReport) -> list[tuple[Metric, str, float]]:
     """The ``(metric, label, value)`` rows trend charts and the run list read."""
-    out: list[tuple[str, str, float]] = [("findings", "", float(len(report.findings)))]
+    out: list[tuple[Metric, str, float]] = [(Metric.FINDINGS, "", float(len(report.findings)))]
     # Profiled-step durations carry the profiler's overhead: only timed iterations are an
     # iteration time a run list or a trend may show.
     timed = [s for s in report.iterations if s.source != "profiled"]
     overall = [s for s in timed if s.rank is None] or timed
     if overall:
-        out.append(("iteration_median_ms", "", overall[0].median_ms))
+        out += _iteration_rows("", overall[0])
     seen: set[str] = set()
     for stats in overall:
         if stats.label not in seen:
             seen.add(stats.label)
-            out.append(("iteration_median_ms", stats.label, stats.median_ms))
+            out += _iteration_rows(stats.label, stats)
     per_window: dict[str, list[float]] = {}
     for summary in report.rank_summaries:
         steps = max(summary.steps, 1)
@@ -157,11 +159,20 @@ def report_metrics(report: AnalysisReport) -> list[tuple[str, str, float]]:
         acc[2] += summary.span_ns / steps / 1e6
     for window, (kernels, busy_ms, span_ms) in per_window.items():
         out += [
-            ("kernels_per_step", window, kernels),
-            ("gpu_busy_ms_per_step", window, busy_ms),
-            ("span_ms_per_step", window, span_ms),
+            (Metric.KERNELS_PER_STEP, window, kernels),
+            (Metric.GPU_BUSY_MS_PER_STEP, window, busy_ms),
+            (Metric.SPAN_MS_PER_STEP, window, span_ms),
         ]
     return out
+
+
+def _iteration_rows(label: str, stats: IterationStats) -> list[tuple[Metric, str, float]]:
+    """The median and the run's own spread around it (p10/p90: the history's spread bars)."""
+    return [
+        (Metric.ITERATION_MEDIAN_MS, label, stats.median_ms),
+        (Metric.ITERATION_P10_MS, label, stats.p10_ms),
+        (Metric.ITERATION_P90_MS, label, stats.p90_ms),
+    ]
 
 
 def complete_analysis(
@@ -174,27 +185,14 @@ def complete_analysis(
             return False
         if one(conn, "SELECT id FROM runs WHERE id = ?", (task.run_id,)) is None:
             return False  # deleted while analysing
-        conn.execute(
-            "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
-            " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                task.run_id,
-                report.schema_version,
-                report.catalog_version,
-                report.model_dump_json(),
-                duration_s,
-                now_iso(),
-            ),
-        )
-        conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (task.run_id,))
-        conn.executemany(
-            "INSERT OR REPLACE INTO run_metrics (run_id, metric, label, value) VALUES (?,?,?,?)",
-            [(task.run_id, m, label, v) for m, label, v in report_metrics(report)],
-        )
-        # Comparisons computed from the previous report are stale now.
-        conn.execute(
-            "DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?",
-            (task.run_id, task.run_id),
+        runs.record_report(
+            conn,
+            run_id=task.run_id,
+            schema_version=report.schema_version,
+            catalog_version=report.catalog_version,
+            report_json=report.model_dump_json(),
+            duration_s=duration_s,
+            metrics=report_metrics(report),
         )
         _finish(conn, task.id, task.run_id, status="analysed", error=None)
     return True

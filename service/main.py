@@ -1,4 +1,7 @@
-"""The app factory: settings -> database, blob store, routers, one error handler.
+"""The API factory: settings -> database, blob store, API routers, one error handler.
+
+The dashboards are not included here: ``service`` imports neither ``web`` nor the CLI. The app
+that is served is assembled above both, in ``cptrace.app.create_app`` (the composition root).
 
 ``create_app`` opens the database and applies migrations eagerly (a ``TestClient`` without a
 ``with`` block works), and closes the writer and the ingest pool at shutdown.
@@ -17,11 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cptrace import __version__
+from contracts.version import __version__
 from service import supervisor, uploads_exec
 from service.api.main import api_router
 from service.core.config import Settings
-from service.core.errors import ApiError, error_body
+from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
 from service.storage.blobs import BlobStore
 from service.storage.database import Database
 from service.storage.migrations import apply_migrations
@@ -43,36 +46,19 @@ def open_database(settings: Settings) -> Database:
 
 
 def _status_of(exc: Exception) -> tuple[int, str]:
-    """Map library exceptions to a status; unknown ones are 500."""
-    from analyzers.errors import HostileTraceError, TraceError
-    from analyzers.manifest import ManifestError
-
+    """Map library exceptions to a status (``LIBRARY_STATUS``); unknown ones are 500."""
     if isinstance(exc, ApiError):
         return exc.status, exc.message
-    if isinstance(exc, (HostileTraceError, ManifestError)):
-        return 422, str(exc)
-    if isinstance(exc, TraceError):
-        return 400, str(exc)
-    with contextlib.suppress(ImportError):
-        from runners.spec import SpecError
-
-        if isinstance(exc, SpecError):
-            return 422, str(exc)
+    status = library_status(exc)
+    if status is not None:
+        return status, str(exc)
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return 503, "the database is busy; retry"
     return 500, "internal server error"
 
 
 def _handled_classes() -> list[type[Exception]]:
-    from analyzers.errors import TraceError
-    from analyzers.manifest import ManifestError
-
-    classes: list[type[Exception]] = [ApiError, TraceError, ManifestError, sqlite3.OperationalError]
-    with contextlib.suppress(ImportError):
-        from runners.spec import SpecError
-
-        classes.append(SpecError)
-    return classes
+    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -109,23 +95,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
 
 
-def _include_web(app: FastAPI) -> None:
-    """Mount the dashboards when the web package provides them."""
-    try:
-        from web.routes import router as web_router
-    except ImportError as exc:
-        if exc.name not in ("web.routes", "web"):
-            raise  # web.routes exists but is broken: say so
-        log.info("web.routes not available; serving the JSON API only")
-        return
-    app.include_router(web_router)
-    import web.routes
-
-    mount_static = getattr(web.routes, "mount_static", None)  # plotly.js etc., when provided
-    if callable(mount_static):
-        mount_static(app)
-
-
 def _describe_public_reads(app: FastAPI, settings: Settings) -> None:
     """With public reads on, a GET's bearer token is optional: say so in the schema
     (``security: [{}, {HTTPBearer: []}]``) so clients and fuzzers know what to expect."""
@@ -147,7 +116,7 @@ def _describe_public_reads(app: FastAPI, settings: Settings) -> None:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the cptrace API (and dashboards) over ``settings.data_dir``."""
+    """Build the cptrace JSON API over ``settings.data_dir`` (``cptrace.app`` adds the pages)."""
     settings = settings or Settings()
     db = open_database(settings)
     blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
@@ -171,6 +140,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.blobs = blobs
     _install_error_handlers(app)
     app.include_router(api_router)
-    _include_web(app)
     _describe_public_reads(app, settings)
     return app

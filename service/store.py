@@ -17,24 +17,24 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Container
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
 
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.core.errors import Conflict, NotFound
+from service.storage import runs
 from service.storage.database import Database, one, rows
+from service.storage.runs import SUMMARY_COLUMNS, Metric, RunFilters
 
-
-class RunFilters(BaseModel):
-    """Filters of the run list; all optional, combined with AND."""
-
-    status: str | None = None
-    branch: str | None = None
-    name: str | None = Field(default=None, description="substring of the run name")
-    config_key: str | None = None
-    commit: str | None = Field(default=None, description="prefix of the commit sha")
+__all__ = [
+    "AnalysisStatus", "ComparisonRecord", "ComparisonSummary", "HistoryPoint", "Metric",
+    "RunDetail", "RunFile", "RunFilters", "RunSummary", "count_runs", "find_comparison",
+    "get_analysis_status", "get_comparison", "get_comparison_record", "get_report", "get_run",
+    "list_comparisons", "list_runs", "metric_history", "run_detail_json", "run_page_json",
+    "scans_runs",
+]  # fmt: skip
 
 
 class RunFile(BaseModel):
@@ -79,6 +79,10 @@ class RunSummary(BaseModel):
     traces: int = 0
     findings: int | None = None
     median_ms: float | None = None
+    implementation: str | None = None
+    """The manifest's ``workload.implementation``."""
+    verdict: str = "pending"
+    """failed, pending (not analysed yet), clean (no findings), findings, or unknown."""
 
 
 class RunDetail(RunSummary):
@@ -123,41 +127,8 @@ class ComparisonRecord(ComparisonSummary):
     report: ComparisonReport
 
 
-_SUMMARY_COLUMNS = """
-SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
-       r.error, r.config_key, r.created_at, r.updated_at,
-       (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
-       (SELECT value FROM run_metrics m
-         WHERE m.run_id = r.id AND m.metric = 'findings' AND m.label = '') AS findings,
-       (SELECT value FROM run_metrics m
-         WHERE m.run_id = r.id AND m.metric = 'iteration_median_ms' AND m.label = '') AS median_ms
-"""
-_SUMMARY_SQL = f"{_SUMMARY_COLUMNS}FROM runs r\n"
 # The detail adds the stored JSON texts to the summary columns (one row read, not two).
-_DETAIL_SQL = f"{_SUMMARY_COLUMNS}, r.manifest_json, r.spec_json FROM runs r WHERE r.id = ?"
-
-
-def _where(filters: RunFilters) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    if filters.status:
-        clauses.append("r.status = ?")
-        params.append(filters.status)
-    if filters.branch:
-        clauses.append("r.branch = ?")
-        params.append(filters.branch)
-    if filters.config_key:
-        clauses.append("r.config_key = ?")
-        params.append(filters.config_key)
-    if filters.name:
-        clauses.append("instr(lower(r.name), lower(?)) > 0")
-        params.append(filters.name)
-    if filters.commit:
-        clauses.append("r.commit_sha LIKE ? ESCAPE '\\'")
-        params.append(
-            filters.commit.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        )
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+_DETAIL_SQL = f"{SUMMARY_COLUMNS}, r.manifest_json, r.spec_json FROM runs r WHERE r.id = ?"
 
 
 def _summary_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -171,30 +142,31 @@ def _summary(row: dict[str, Any]) -> RunSummary:
     return RunSummary.model_validate(_summary_row(row))
 
 
-def _list_rows(
-    conn: sqlite3.Connection, filters: RunFilters, limit: int, offset: int
-) -> list[dict[str, Any]]:
-    where, params = _where(filters)
-    sql = f"{_SUMMARY_SQL}{where} ORDER BY r.id DESC LIMIT ? OFFSET ?"
-    return [_summary_row(r) for r in rows(conn, sql, [*params, int(limit), int(offset)])]
-
-
-def _count(conn: sqlite3.Connection, filters: RunFilters) -> int:
-    where, params = _where(filters)
-    return int(conn.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0])
-
-
 def list_runs(
-    db: Database, *, filters: RunFilters | None = None, limit: int = 50, offset: int = 0
+    db: Database,
+    *,
+    filters: RunFilters | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    sort: str = "id",
+    order: Literal["asc", "desc"] = "desc",
 ) -> list[RunSummary]:
-    """Runs matching ``filters``, newest first."""
-    found = db.read(lambda c: _list_rows(c, filters or RunFilters(), limit, offset))
+    """Runs matching ``filters``, sorted (newest first by default), one page."""
+    flt = filters or RunFilters()
+    found = db.read(
+        lambda c: runs.list_runs(c, filters=flt, limit=limit, offset=offset, sort=sort, order=order)
+    )
     return [RunSummary.model_validate(r) for r in found]
 
 
 def count_runs(db: Database, *, filters: RunFilters | None = None) -> int:
     """How many runs match ``filters`` (for paging)."""
-    return db.read(lambda c: _count(c, filters or RunFilters()))
+    return db.read(lambda c: runs.count_runs(c, filters=filters or RunFilters()))
+
+
+def run_list_options(db: Database) -> dict[str, list[str]]:
+    """Values the run list's filter drop-downs offer (from the newest runs)."""
+    return db.read(lambda c: runs.distinct_values(c))
 
 
 def scans_runs(filters: RunFilters) -> bool:
@@ -221,8 +193,8 @@ def run_page_json(
         if tag in unless:
             return tag, None
         page = {
-            "items": _list_rows(conn, flt, limit, offset),
-            "total": _count(conn, flt),
+            "items": runs.list_runs(conn, filters=flt, limit=limit, offset=offset),
+            "total": runs.count_runs(conn, filters=flt),
             "limit": limit,
             "offset": offset,
         }
@@ -274,8 +246,7 @@ def get_analysis_status(db: Database, run_id: int) -> AnalysisStatus:
     """The analysis status of one run. :raises NotFound: no such run."""
 
     def read(conn: sqlite3.Connection) -> AnalysisStatus:
-        if one(conn, "SELECT id FROM runs WHERE id = ?", (run_id,)) is None:
-            raise NotFound(f"run {run_id} does not exist")
+        runs.require_run(conn, run_id=run_id)
         return _analysis_status(conn, run_id)
 
     return db.read(read)
@@ -305,9 +276,8 @@ def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
         (run_id,),
     )
     groups = conn.execute(
-        "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND "
-        "metric = 'gpu_busy_ms_per_step' ORDER BY label",
-        (run_id,),
+        "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND metric = ? ORDER BY label",
+        (run_id, Metric.GPU_BUSY_MS_PER_STEP.value),
     ).fetchall()
     detail = _summary_row(row)
     detail["manifest"] = detail.pop("manifest_json") or None
@@ -340,8 +310,7 @@ def run_detail_json(
 
     def read(conn: sqlite3.Connection, tag: str) -> tuple[str, bytes | None]:
         if tag in unless:
-            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
-                raise NotFound(f"run {run_id} does not exist")
+            runs.require_run(conn, run_id=run_id)
             return tag, None
         detail = _detail_row(conn, run_id)
         # The stored manifest and spec were written by json.dumps: embed the text, no re-parse.
@@ -447,7 +416,12 @@ def _require_report(db: Database, run_id: int) -> AnalysisReport:
 
 
 def metric_history(
-    db: Database, *, config_key: str, metric: str, label: str | None = None, limit: int = 500
+    db: Database,
+    *,
+    config_key: str,
+    metric: Metric | str,
+    label: str | None = None,
+    limit: int = 500,
 ) -> list[HistoryPoint]:
     """One metric across the runs of one workload configuration, oldest first."""
     sql = (
@@ -455,7 +429,7 @@ def metric_history(
         "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
-    params: list[Any] = [config_key, metric]
+    params: list[Any] = [config_key, str(metric)]
     if label is not None:
         sql += " AND m.label = ?"
         params.append(label)

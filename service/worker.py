@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzers.bundle import select_analysis_traces
 from service import analysis
 from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
@@ -112,10 +113,7 @@ class AnalysisWorker:
     ) -> list[Path]:
         if not files:
             raise ValueError("the run has no trace files")
-        # Same rule as analyzers.bundle.Bundle.analysis_paths: per-rank Kineto files when there
-        # are any, else the nsys exports; both formats of one rank would claim the rank twice.
-        kineto = [f for f in files if (f["format"] or "").startswith("kineto")]
-        files = kineto or files
+        files = select_analysis_traces(files, lambda f: f["format"] or "")
         scratch.mkdir(parents=True, exist_ok=True)
         paths = []
         for i, f in enumerate(files):

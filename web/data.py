@@ -15,8 +15,9 @@ from pydantic import BaseModel, Field
 
 from analyzers.catalog import Catalog
 from analyzers.compare import CompareError
-from analyzers.report import ComparisonReport, Finding, HelperDelta, HelperStat
+from analyzers.report import AnalysisReport, ComparisonReport, Finding, HelperDelta, HelperStat
 from service.core.errors import BadRequest
+from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web import figures
 from web.deltas import MetricRow, metric_rows
@@ -25,18 +26,10 @@ from web.store import WebStore
 
 Figure = dict[str, Any]
 
-SCAN_LIMIT = 2000  # runs the list page filters and sorts in memory; older runs need a filter
-_SCAN_PAGE = 500
-SORT_KEYS = (
-    "id", "name", "implementation", "config_key", "branch", "commit", "created_at", "verdict",
-    "median_ms", "findings",
-)  # fmt: skip
-KNOWN_METRICS = (
-    "iteration_median_ms", "gpu_busy_ms_per_step", "span_ms_per_step", "kernels_per_step",
-    "findings",
-)  # fmt: skip
-# metric -> the (low, high) metrics that give one run's own spread, when the service stores them
-SPREAD_METRICS = {"iteration_median_ms": ("iteration_p10_ms", "iteration_p90_ms")}
+KNOWN_METRICS = tuple(
+    m.value for m in Metric if m not in (Metric.ITERATION_P10_MS, Metric.ITERATION_P90_MS)
+)
+"""The metrics the history page offers (the p10/p90 ones are the median's spread bars)."""
 WHOLE_TRACE = "whole trace"  # the window group analyzers use for the entire trace
 NOISE_WINDOW = 10  # previous points that define the noise band of the history chart
 NOISE_MIN_POINTS = 3
@@ -49,11 +42,8 @@ class PageError(ValueError):
 # ----------------------------------------------------------------------------------- runs list
 
 
-class RunRow(RunSummary):
-    """A run-list row: the store's summary plus what the page filters and sorts on."""
-
-    implementation: str | None = None
-    verdict: str
+RunRow = RunSummary
+"""A run-list row: the store's summary (implementation and verdict included)."""
 
 
 class RunsQuery(BaseModel):
@@ -64,7 +54,7 @@ class RunsQuery(BaseModel):
     branch: str | None = None
     commit: str | None = None
     status: str | None = None
-    verdict: str | None = None
+    verdict: Verdict | None = None
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
     sort: str = "created_at"
@@ -76,95 +66,33 @@ class RunsQuery(BaseModel):
 class RunsPage(BaseModel):
     query: RunsQuery
     runs: list[RunRow]
-    total: int  # matching runs among the scanned ones
-    scanned: int
-    truncated: bool  # more than SCAN_LIMIT runs matched the store filters
+    total: int  # matching runs
+    scanned: int  # = total: the store filters, sorts and pages in SQL
+    truncated: bool  # always False (kept for the template and the JSON twin)
     options: dict[str, list[str]]  # values offered by the filter drop-downs
 
 
-def run_verdict(summary: RunSummary) -> str:
-    """A run's verdict for the list: failed, pending, clean (no findings) or findings."""
-    if summary.status == "failed":
-        return "failed"
-    if summary.status != "analysed":
-        return "pending"
-    if summary.findings is None:
-        return "unknown"
-    return "findings" if summary.findings else "clean"
-
-
-def _scan(store: WebStore, filters: RunFilters) -> tuple[list[RunSummary], bool]:
-    found: list[RunSummary] = []
-    while len(found) < SCAN_LIMIT:
-        chunk = store.list_runs(filters, _SCAN_PAGE, len(found))
-        found.extend(chunk)
-        if len(chunk) < _SCAN_PAGE:
-            return found, False
-    return found[:SCAN_LIMIT], True
-
-
-def _rows(store: WebStore, summaries: Sequence[RunSummary]) -> list[RunRow]:
-    impls = store.implementations([s.id for s in summaries])
-    return [
-        RunRow(**s.model_dump(), implementation=impls.get(s.id), verdict=run_verdict(s))
-        for s in summaries
-    ]
-
-
-def _sort_key(sort: str) -> Any:
-    def key(row: RunRow) -> tuple[bool, Any]:
-        value = getattr(row, sort)
-        return (value is None, value if value is not None else 0)
-
-    return key
-
-
 def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
-    """Filter (store-side where it can, in memory for the rest), sort, then page."""
+    """Filter, sort and page in the store (SQL, the same list the API serves)."""
     if query.sort not in SORT_KEYS:
         raise PageError(f"sort must be one of {', '.join(SORT_KEYS)}; got {query.sort!r}")
     filters = RunFilters(
         branch=query.branch or None, config_key=query.config_key or None,
         commit=query.commit or None, status=query.status or None,
+        implementation=query.implementation or None, verdict=query.verdict or None,
+        date_from=query.date_from or None, date_to=query.date_to or None,
     )  # fmt: skip
-    summaries, truncated = _scan(store, filters)
-    rows = _rows(store, summaries)
-    if query.implementation:
-        rows = [r for r in rows if r.implementation == query.implementation]
-    if query.verdict:
-        rows = [r for r in rows if r.verdict == query.verdict]
-    if query.date_from:
-        rows = [r for r in rows if r.created_at[:10] >= query.date_from]
-    if query.date_to:
-        rows = [r for r in rows if r.created_at[:10] <= query.date_to]
-    present = [r for r in rows if getattr(r, query.sort) is not None]
-    missing = [r for r in rows if getattr(r, query.sort) is None]
-    present.sort(key=_sort_key(query.sort), reverse=query.order == "desc")
-    rows = present + missing  # runs without the value always last
     start = (query.page - 1) * query.per_page
+    rows = store.list_runs(filters, query.per_page, start, query.sort, query.order)
+    total = store.count_runs(filters)
     return RunsPage(
         query=query,
-        runs=rows[start : start + query.per_page],
-        total=len(rows),
-        scanned=len(summaries),
-        truncated=truncated,
-        options=_options(store),
+        runs=rows,
+        total=total,
+        scanned=total,
+        truncated=False,
+        options={**store.run_list_options(), "verdict": list(VERDICTS)},
     )
-
-
-def _options(store: WebStore) -> dict[str, list[str]]:
-    recent = _rows(store, store.list_runs(RunFilters(), _SCAN_PAGE, 0))
-
-    def distinct(field: str) -> list[str]:
-        return sorted({str(v) for r in recent if (v := getattr(r, field)) is not None})
-
-    return {
-        "implementation": distinct("implementation"),
-        "config_key": distinct("config_key"),
-        "branch": distinct("branch"),
-        "status": distinct("status"),
-        "verdict": ["clean", "findings", "pending", "failed", "unknown"],
-    }
 
 
 # ------------------------------------------------------------------------------------ run page
@@ -251,6 +179,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
         if report.timeline is not None and report.timeline.events:
             figs["timeline"] = figures.timeline_figure(report.timeline)
+        figs.update(gpu_timeline_figures(report))
         helpers = helper_rows(report.helpers)
         severity_order = {"error": 0, "warning": 1, "info": 2}
         findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
@@ -263,13 +192,32 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
-        implementation=store.implementations([run_id]).get(run_id),
-        verdict=run_verdict(run),
+        implementation=run.implementation,
+        verdict=run.verdict,
         helpers=helpers,
         findings=findings,
         arm_comparisons=arms,
         figures=figs,
     )
+
+
+def gpu_timeline_figures(report: AnalysisReport) -> dict[str, Figure]:
+    """The run page's stacked GPU-timeline bars (none for a report without a timeline: one
+    stored before the timeline existed)."""
+    if not report.gpu_timeline:
+        return {}
+    return {"gpu_timeline": figures.run_timeline_breakdown(report.gpu_timeline)}
+
+
+def comparison_timeline_figures(report: ComparisonReport) -> dict[str, Figure]:
+    """Base and head GPU-timeline bars per rank for the comparison page."""
+    if not (report.timeline_base or report.timeline_head):
+        return {}
+    return {
+        "gpu_timeline": figures.comparison_timeline_breakdown(
+            report.timeline_base, report.timeline_head
+        )
+    }
 
 
 # ------------------------------------------------------------------------------ comparison page
@@ -310,6 +258,7 @@ def compare_page(
         figs["distributions"] = figures.comparison_distributions(report.iterations)
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
+    figs.update(comparison_timeline_figures(report))
     context = CommentContext(
         suite="preview",
         base_name=_run_label(base, base_window),
@@ -379,9 +328,7 @@ def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
 def history_page(
     store: WebStore, config_key: str | None, metric: str, label: str | None
 ) -> HistoryPage:
-    configs = sorted(
-        {r.config_key for r in store.list_runs(RunFilters(), _SCAN_PAGE, 0) if r.config_key}
-    )
+    configs = store.run_list_options()["config_key"]
     config_key = config_key or (configs[0] if configs else None)
     all_points = store.metric_history(config_key, metric, None) if config_key else []
     labels = sorted({p.label for p in all_points})
@@ -432,7 +379,7 @@ def _spreads(
     """run id -> (low, high) of the run's own spread, for metrics that have one stored."""
     if config_key is None or metric not in SPREAD_METRICS:
         return {}
-    low_name, high_name = SPREAD_METRICS[metric]
+    low_name, high_name = SPREAD_METRICS[Metric(metric)]
     lows = {p.run_id: p.value for p in store.metric_history(config_key, low_name, label)}
     highs = {p.run_id: p.value for p in store.metric_history(config_key, high_name, label)}
     return {run: (lows[run], highs[run]) for run in lows.keys() & highs.keys()}

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from analyzers.report import (
     Category,
+    GroupTimeline,
     HelperDelta,
     HelperStat,
     IterationComparison,
@@ -350,6 +351,69 @@ def helper_delta_bars(deltas: Sequence[HelperDelta], limit: int = 25) -> Figure:
         height=max(300, 28 * len(changed) + 140),
     )
     return {"data": data, "layout": layout}
+
+
+TIMELINE_PARTS = (
+    ("computation_ns", "computation", "#0072B2"),
+    ("exposed_communication_ns", "exposed communication", "#009E73"),
+    ("exposed_memcpy_ns", "exposed memcpy", "#E69F00"),
+    ("idle_ns", "idle", "#D9D9D9"),
+)
+"""The stacked parts of a window's GPU timeline: they add up to the window length."""
+
+
+def timeline_breakdown(columns: Sequence[tuple[str, GroupTimeline]], title: str) -> Figure:
+    """Stacked bars of the clipped GPU timeline, one bar per (label, rank timeline): computation
+    + exposed communication + exposed memcpy (= busy) + idle = the window.
+
+    Step groups are per step (sums / steps); a whole-trace group is its total, and the axis
+    title says which.
+    """
+    labels = [svg_text(label) for label, _ in columns]
+    whole = bool(columns) and all(t.window == "whole trace" for _, t in columns)
+    per = "whole trace (ms)" if whole else "ms per step"
+
+    def value(t: GroupTimeline, part: str) -> float:
+        steps = 1 if t.window == "whole trace" else max(t.steps, 1)
+        return float(getattr(t, part)) / steps / NS_PER_MS
+
+    data = [
+        {
+            "type": "bar",
+            "name": name,
+            "x": labels,
+            "y": [value(t, part) for _, t in columns],
+            "marker": {"color": color},
+            "hovertemplate": f"%{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
+        }
+        for part, name, color in TIMELINE_PARTS
+    ]
+    layout = _layout(
+        title,
+        barmode="stack",
+        yaxis={"title": {"text": per}},
+        xaxis={"type": "category", "automargin": True},
+    )
+    return {"data": data, "layout": layout}
+
+
+def run_timeline_breakdown(timelines: Sequence[GroupTimeline]) -> Figure:
+    """A run's step groups (the whole trace only when there is no step group), rank by rank."""
+    steps = [t for t in timelines if t.window != "whole trace"] or list(timelines)
+    columns = [(f"{t.window} · r{t.rank}", t) for t in steps]
+    return timeline_breakdown(columns, "GPU timeline per rank, clipped to the windows")
+
+
+def comparison_timeline_breakdown(
+    base: Sequence[GroupTimeline], head: Sequence[GroupTimeline]
+) -> Figure:
+    """Base and head side by side for each rank."""
+    ranks = sorted({t.rank for t in (*base, *head)})
+    columns = []
+    for rank in ranks:
+        columns += [(f"base · r{rank}", t) for t in base if t.rank == rank]
+        columns += [(f"head · r{rank}", t) for t in head if t.rank == rank]
+    return timeline_breakdown(columns, "GPU timeline per rank: base vs head")
 
 
 @dataclass(frozen=True, slots=True)

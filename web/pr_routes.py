@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from analyzers.compare import CompareError
-from service.api.deps import ReadAccess, TokenRole
-from service.auth import Role, role_allows
-from service.core.errors import ApiError, BadRequest, Conflict, Forbidden, Unauthorized
+from service.api.deps import ReadAccess, TokenRole, require_role
+from service.auth import Role
+from service.core.errors import ApiError, BadRequest, Conflict
 from web.data import compare_url
 from web.github import GitHubConfig, GitHubError, GitHubInputError
 from web.pr_comment import CommentContext, CommentError, render_comment
@@ -70,13 +70,6 @@ def github_config() -> GitHubConfig | None:
 GitHubConfigDep = Annotated[GitHubConfig | None, Depends(github_config)]
 
 
-def _require_poster(role: Role | None) -> None:
-    if role is None:
-        raise Unauthorized("posting to GitHub needs a bearer token (Authorization: Bearer ...)")
-    if not role_allows(role, Role.RUNNER):
-        raise Forbidden(f"posting to GitHub needs the runner role; this token is {role.value}")
-
-
 @router.post("/{base_id}/{head_id}/pr-comment", response_model=PrCommentResponse)
 def pr_comment(
     base_id: RunId,
@@ -107,7 +100,7 @@ def pr_comment(
     try:
         if not body.post:
             return PrCommentResponse(body=render_comment(report, context), posted=False)
-        _require_poster(role)
+        require_role(Role.RUNNER, role, action="posting to GitHub")
         if not body.repo or body.pr is None:
             raise BadRequest("posting needs both repo (OWNER/NAME) and pr")
         if body.status and not head.commit:

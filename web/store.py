@@ -7,25 +7,34 @@ in-memory store (``app.dependency_overrides[get_store]``) while the real app bin
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 
-from fastapi import Depends, Path
+from fastapi import Depends
 
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.report import ComparisonReport
 from service import store
 from service.api.deps import DbDep
-from service.storage.database import Database, rows
+from service.api.schemas import RunId as RunId
+from service.storage.database import Database
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 
 
 class WebStore(Protocol):
     """The read functions the dashboards use (a subset of ``service.store``)."""
 
-    def list_runs(self, filters: RunFilters, limit: int, offset: int) -> list[RunSummary]: ...
+    def list_runs(
+        self,
+        filters: RunFilters,
+        limit: int,
+        offset: int,
+        sort: str = "id",
+        order: Literal["asc", "desc"] = "desc",
+    ) -> list[RunSummary]: ...
 
-    def implementations(self, run_ids: list[int]) -> dict[int, str | None]: ...
+    def count_runs(self, filters: RunFilters) -> int: ...
+
+    def run_list_options(self) -> dict[str, list[str]]: ...
 
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail: ...
 
@@ -46,17 +55,23 @@ class ServiceStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def list_runs(self, filters: RunFilters, limit: int, offset: int) -> list[RunSummary]:
-        return store.list_runs(self.db, filters=filters, limit=limit, offset=offset)
+    def list_runs(
+        self,
+        filters: RunFilters,
+        limit: int,
+        offset: int,
+        sort: str = "id",
+        order: Literal["asc", "desc"] = "desc",
+    ) -> list[RunSummary]:
+        return store.list_runs(
+            self.db, filters=filters, limit=limit, offset=offset, sort=sort, order=order
+        )
 
-    def implementations(self, run_ids: list[int]) -> dict[int, str | None]:
-        """``workload.implementation`` of each run's manifest (not part of ``RunSummary``)."""
-        if not run_ids:
-            return {}
-        marks = ",".join("?" * len(run_ids))
-        sql = f"SELECT id, manifest_json FROM runs WHERE id IN ({marks})"
-        found = self.db.read(lambda c: rows(c, sql, [int(i) for i in run_ids]))
-        return {row["id"]: _implementation(row["manifest_json"]) for row in found}
+    def count_runs(self, filters: RunFilters) -> int:
+        return store.count_runs(self.db, filters=filters)
+
+    def run_list_options(self) -> dict[str, list[str]]:
+        return store.run_list_options(self.db)
 
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail:
         return store.get_run(self.db, run_id, include_report=include_report)
@@ -75,19 +90,9 @@ class ServiceStore:
         return load_catalog()
 
 
-def _implementation(manifest_json: str | None) -> str | None:
-    try:
-        workload = (json.loads(manifest_json or "null") or {}).get("workload") or {}
-    except (ValueError, AttributeError):
-        return None
-    value = workload.get("implementation") if isinstance(workload, dict) else None
-    return str(value) if value is not None else None
-
-
 def get_store(db: DbDep) -> WebStore:
     """The store the pages read (overridden in tests)."""
     return ServiceStore(db)
 
 
 StoreDep = Annotated[WebStore, Depends(get_store)]
-RunId = Annotated[int, Path(ge=1, le=2**63 - 1, description="run id (SQLite integer)")]

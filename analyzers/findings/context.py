@@ -74,37 +74,70 @@ class RuleContext:
         return None
 
 
+def per_step_basis(group: str, steps: int) -> tuple[int, str]:
+    """How a group's totals become evidence: ``(divisor, wording)``.
+
+    A step group's totals are divided by its step count and the name says so ("per step (total
+    / 3 steps)"); the whole trace is not a step, so its totals stay totals ("in the whole
+    trace") and never read as per step.
+    """
+    if group == WHOLE_TRACE:
+        return 1, "in the whole trace"
+    n = max(steps, 1)
+    return n, f"per step (total / {n} step{'s' if n != 1 else ''})"
+
+
 def helper_evidence(stats: Sequence[HelperStat], group: str) -> list[Evidence]:
-    """Per-rank launches, GPU time and host time per step of some helpers."""
+    """Per rank: CPU launch calls, GPU time and host time of some helpers, per step in a step
+    group and as totals in the whole trace; the first call's host time (a compiled helper
+    compiles on it) is reported apart from the steady state."""
     by_rank: dict[int, list[HelperStat]] = {}
     for s in stats:
         by_rank.setdefault(s.rank, []).append(s)
     out = []
     for rank, rows in sorted(by_rank.items()):
-        steps = max(rows[0].steps, 1)
+        steps, basis = per_step_basis(group, rows[0].steps)
         names = ", ".join(sorted({r.helper for r in rows}))
+        first = sum(r.first_call_host_ns for r in rows)
         out += [
             Evidence(
-                name=f"launches per step ({names})",
+                name=f"CPU launch calls {basis} ({names})",
                 value=round(sum(r.launches for r in rows) / steps, 2),
                 rank=rank,
                 window=group,
             ),
             Evidence(
-                name="GPU time per step",
+                name=f"GPU activities {basis}",
+                value=round(sum(r.activities for r in rows) / steps, 2),
+                rank=rank,
+                window=group,
+            ),
+            Evidence(
+                name=f"GPU time {basis}",
                 value=round(sum(r.gpu_time_ns for r in rows) / steps / 1e6, 4),
                 unit="ms",
                 rank=rank,
                 window=group,
             ),
             Evidence(
-                name="host time in the helper per step",
-                value=round(sum(r.host_time_ns for r in rows) / steps / 1e6, 4),
+                name=f"host time in the helper {basis}"
+                + (", first call excluded" if first else ""),
+                value=round((sum(r.host_time_ns for r in rows) - first) / steps / 1e6, 4),
                 unit="ms",
                 rank=rank,
                 window=group,
             ),
         ]
+        if first:
+            out.append(
+                Evidence(
+                    name="host time of the first call alone (compilation, warm-up)",
+                    value=round(first / 1e6, 4),
+                    unit="ms",
+                    rank=rank,
+                    window=group,
+                )
+            )
     return out
 
 
@@ -153,7 +186,7 @@ bundled implementation's forced zero-fill (112 launches, 0.69 ms GPU) costs 2.78
 class Saving:
     """An expected saving per iteration and how it was obtained."""
 
-    ms: float
+    ms: float | None  # None: only whole-trace totals, which are not per iteration
     basis: str  # "measured" | "estimate"
     evidence: list[Evidence]
     pct: float | None = None
@@ -214,7 +247,8 @@ def saving_from_arms(
 
 
 def estimated_cost_ms(stats: Sequence[HelperStat]) -> tuple[float, int, float, float]:
-    """Estimate per step on the slowest rank: GPU time + launches x LAUNCH_HOST_COST_US.
+    """Estimate per step on the slowest rank: GPU time + CPU launch calls x LAUNCH_HOST_COST_US
+    (in the whole trace, where steps is 1, the same sum over the whole trace).
 
     Returns ``(estimate ms, rank, GPU ms, launches)``. The helpers' kernels run on the compute
     stream in series with attention, so their GPU time is on the critical path; the launches
@@ -241,6 +275,7 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
     (b) otherwise an estimate from GPU time and launch count (never from profiled host time);
     (c) never more than the arm's own measured iteration time.
     """
+    ms: float | None
     evidence: list[Evidence] = []
     arm = saving_from_arms(ctx, target, helpers)
     if arm is not None and arm[0] > 0:
@@ -265,8 +300,12 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
             ),
         ]
     else:
-        ms, rank, gpu, launches = estimated_cost_ms(ctx.stats(target.group, helpers))
+        total, rank, gpu, launches = estimated_cost_ms(ctx.stats(target.group, helpers))
         basis = "estimate"
+        whole = target.group == WHOLE_TRACE
+        # whole-trace totals are not per iteration: no per-iteration saving can be claimed
+        ms = None if whole else total
+        per = "in the whole trace, not per iteration" if whole else "per step"
         if arm is not None:
             evidence.append(
                 Evidence(
@@ -280,8 +319,8 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
             Evidence(
                 name="saving basis",
                 value=(
-                    f"estimate: GPU time {gpu:.3f} ms + {launches:g} launches x "
-                    f"{LAUNCH_HOST_COST_US:g} us per launch (rank {rank}, per step); host time "
+                    f"estimate: GPU time {gpu:.3f} ms + {launches:g} CPU launch calls x "
+                    f"{LAUNCH_HOST_COST_US:g} us per launch (rank {rank}, {per}); host time "
                     f"under the profiler is not used (Python stacks inflate it)"
                     + (
                         f"; the timed arm {arm[1]!r} without the helper is not faster, so the "
@@ -294,7 +333,7 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
             )
         )
     iteration = arm_iteration_ms(ctx, target.group)
-    if iteration is not None and ms > iteration[0]:
+    if ms is not None and iteration is not None and ms > iteration[0]:
         ms = iteration[0]
         evidence.append(
             Evidence(
@@ -305,5 +344,5 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
             )
         )
     timed = timed_stats(ctx, target.group)
-    pct = 100.0 * ms / timed.median_ms if timed and timed.median_ms else None
+    pct = 100.0 * ms / timed.median_ms if ms is not None and timed and timed.median_ms else None
     return Saving(ms=ms, basis=basis, evidence=evidence, pct=pct)

@@ -59,7 +59,7 @@ def _forced(target: Target, flag: str) -> bool:
 
 def _saving_fields(saving: Any) -> dict[str, Any]:
     return {
-        "expected_saving_ms": round(saving.ms, 4),
+        "expected_saving_ms": None if saving.ms is None else round(saving.ms, 4),
         "expected_saving_pct": None if saving.pct is None else round(saving.pct, 2),
         "saving_basis": saving.basis,
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzers.findings.context import RuleContext, Target
+from analyzers.findings.context import RuleContext, Target, per_step_basis
 from analyzers.report import UNATTRIBUTED, Evidence, Finding, Severity
 from analyzers.windows import WHOLE_TRACE
 
@@ -17,20 +17,19 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
     out = []
     for helper in sorted({s.helper for s in rows}):
         mine = [s for s in rows if s.helper == helper]
-        per_rank = {
-            s.rank: (s.calls / max(s.steps, 1), s.blocked_ns / max(s.steps, 1) / 1e6) for s in mine
-        }
+        steps, basis = per_step_basis(target.group, mine[0].steps)
+        per_rank = {s.rank: (s.calls / steps, s.blocked_ns / steps / 1e6) for s in mine}
         blocked = max(ms for _, ms in per_rank.values())
         known = helper != UNATTRIBUTED
         evidence = [
             Evidence(
-                name=f"{mine[0].api} calls per step", value=round(c, 2), rank=r, window=target.group
+                name=f"{mine[0].api} calls {basis}", value=round(c, 2), rank=r, window=target.group
             )
             for r, (c, _) in sorted(per_rank.items())
         ]
         evidence += [
             Evidence(
-                name="host blocked per step",
+                name=f"host blocked {basis}",
                 value=round(ms, 4),
                 unit="ms",
                 rank=r,

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzers.findings.context import RuleContext, Target, real_seqlens, timed_stats
+from analyzers.findings.context import (
+    RuleContext,
+    Target,
+    per_step_basis,
+    real_seqlens,
+    timed_stats,
+)
 from analyzers.report import Category, Evidence, Finding, Severity
+from analyzers.windows import WHOLE_TRACE
 
 ALIGNMENT = "token-alignment"
 DIVISIBILITY = "seqlen-not-divisible"
@@ -198,9 +205,14 @@ def _balanced_arm(ctx: RuleContext, target: Target) -> tuple[str, float, int, in
 def _measured_evidence(
     ctx: RuleContext, target: Target, attention: dict[int, float]
 ) -> list[Evidence]:
+    basis = (
+        per_step_basis(target.group, 1)[1]
+        if target.group == WHOLE_TRACE
+        else "per step (each rank's total / its steps)"
+    )
     evidence = [
         Evidence(
-            name="attention GPU time per step",
+            name=f"attention GPU time {basis}",
             value=round(v, 3),
             unit="ms",
             rank=r,
@@ -212,7 +224,7 @@ def _measured_evidence(
         if item.window == target.group and item.metric == "compute_busy_ns":
             evidence += [
                 Evidence(
-                    name="GPU compute busy per step",
+                    name=f"GPU computation (clipped timeline) {basis}",
                     value=round(v / 1e6, 3),
                     unit="ms",
                     rank=r,

@@ -4,6 +4,9 @@
 misnamed upload still reads. ``read_traces`` reads a trace set (one nsys export covering all
 ranks, or one Kineto file per rank) and merges it, refusing two files that claim one rank.
 
+``check_trace`` is the upload check (structural and streaming, milliseconds; the full read is
+the analysis'), ``sniff`` the one content sniffer the bundle reader and the service share.
+
 Example::
 
     from analyzers.readers import read_traces
@@ -14,15 +17,106 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from analyzers.errors import MissingRankError, RankConflictError
+from analyzers.errors import MissingRankError, RankConflictError, TraceError, UnsupportedTraceError
 from analyzers.model import Trace, merge_traces
-from analyzers.readers._files import sniff
+from analyzers.readers._check import check_json_trace, sqlite_tables_ok
+from analyzers.readers._files import (
+    FORMAT_OF_KIND,
+    GZIP_MAGIC,
+    CappedGunzip,
+    Kind,
+    TraceFormat,
+    decompressed_copy,
+    is_gzip,
+    max_decompressed_bytes,
+    open_maybe_gzip,
+    sniff,
+)
 from analyzers.readers.kineto import read_kineto, read_kineto_files
 from analyzers.readers.nsys import read_nsys
 
-__all__ = ["read_kineto", "read_nsys", "read_trace", "read_trace_files", "read_traces"]
+__all__ = [
+    "FORMAT_OF_KIND",
+    "GZIP_MAGIC",
+    "CappedGunzip",
+    "CheckedTrace",
+    "Kind",
+    "TraceFormat",
+    "check_trace",
+    "is_gzip",
+    "read_kineto",
+    "read_nsys",
+    "read_trace",
+    "read_trace_files",
+    "read_traces",
+    "sniff",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedTrace:
+    """What ``check_trace`` found: the sniffed kind, its trace format, and gzip or not."""
+
+    kind: Kind
+    gzipped: bool
+
+    @property
+    def format(self) -> TraceFormat | None:
+        """``kineto`` or ``nsys``; None for a saved report."""
+        return FORMAT_OF_KIND[self.kind]
+
+
+def check_trace(
+    path: str | Path, *, label: str | None = None, max_bytes: int | None = None
+) -> CheckedTrace:
+    """The upload check of one file: is it a trace (or a saved report) worth analysing?
+
+    Structural and streaming, never a whole-file parse: Kineto JSON is tokenized with strict
+    grammar and a depth limit until ``traceEvents`` has shown its first events (all objects);
+    an nsys export passes the readers' SQLite guard (no triggers, views, virtual tables) and
+    has the tables the reader needs; a saved report is recognised by its first keys. The full
+    read, and everything it checks, is the analysis'.
+
+    Args:
+        path: the file (gzipped or not; its name is only used for ``.nsys-rep``).
+        label: the name messages use (the uploaded name, never a server path).
+        max_bytes: decompression cap for a gzipped SQLite export (default as the readers').
+
+    Raises:
+        UnsupportedTraceError: not a supported format, or a ``.nsys-rep`` (only ``nsys`` reads it).
+        CorruptTraceError: invalid JSON, no ``traceEvents`` list of objects, truncated gzip,
+            an SQLite file without the nsys tables.
+        HostileTraceError: triggers, views, virtual tables or generated columns.
+        TraceTooLargeError: the check's prefix or the decompression cap is exceeded.
+    """
+    source = Path(path)
+    name = label or str(source)
+    cap = max_decompressed_bytes() if max_bytes is None else max_bytes
+    try:
+        kind = sniff(source, label=name)
+        gzipped = is_gzip(source)
+        if kind == "json":
+            with source.open("rb") as raw:
+                stream, _ = open_maybe_gzip(raw, cap, label=name)
+                check_json_trace(stream, label=name)
+        elif kind == "sqlite" and gzipped:
+            with decompressed_copy(source, cap) as plain:
+                sqlite_tables_ok(plain, label=name)
+        elif kind == "sqlite":
+            sqlite_tables_ok(source, label=name)
+        elif kind == "nsys-rep":
+            raise UnsupportedTraceError(
+                f"{name}: a .nsys-rep cannot be checked without Nsight Systems; send its SQLite "
+                "export instead (nsys export --type sqlite)"
+            )
+    except TraceError as exc:
+        if label is None or str(source) not in str(exc):
+            raise
+        raise type(exc)(str(exc).replace(str(source), name)) from exc
+    return CheckedTrace(kind=kind, gzipped=gzipped)
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -36,6 +130,11 @@ def read_trace(path: str | Path) -> Trace:
     kind = sniff(source)
     if kind == "json":
         return read_kineto(source)
+    if kind == "report":
+        raise UnsupportedTraceError(
+            f"{source}: is a saved cptrace report, not a trace (analyze and compare accept it "
+            "as is)"
+        )
     return read_nsys(source)
 
 
@@ -49,7 +148,7 @@ def read_trace_files(paths: Iterable[str | Path]) -> list[Trace]:
         return [read_trace(p) for p in items]
     parsed = iter(read_kineto_files(kineto))
     return [
-        next(parsed) if kind == "json" else read_nsys(p)
+        next(parsed) if kind == "json" else read_trace(p)
         for p, kind in zip(items, kinds, strict=True)
     ]
 

@@ -68,6 +68,8 @@ def _read_table(
         ActivityKind.MEMCPY: src.column(table, "copyKind", "0"),
         ActivityKind.MEMSET: "0",
     }[kind]
+    if kind != ActivityKind.KERNEL and not src.schema.has(table, "bytes"):
+        src.notes.append(f"{table} has no bytes column: its byte counts are unknown (-1)")
     first = filled
     out, filled = src.fetch_into(
         out, filled, table, [_packed(src, table, kind, label), _plain(src, table, kind, label)]
@@ -83,14 +85,23 @@ def _packed(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tupl
     # graphNodeId is read with the rows even though it is usually NULL: probing for a non-NULL
     # value first scans the whole table when there is none (about twice the in-query cost).
     graph = src.schema.has(table, "graphNodeId")
+    size = _bytes_column(src, table, kind)
     sql = (
         f'SELECT "start", "end", CASE WHEN "correlationId" {_U32} AND {label} {_U32}'
         f' THEN ("correlationId" << 32) | {label} END,'
         f" CASE WHEN {pid} & 16777215 = 0 AND {device} BETWEEN 0 AND 255"
         f" AND {stream} BETWEEN 0 AND 65535 THEN {pid} | ({device} << 16) | {stream} END"
-        f"{', ' + src.column(table, 'graphNodeId') if graph else ''} FROM {table}"
+        f"{', ' + src.column(table, 'graphNodeId') if graph else ''}"
+        f"{', ' + size if size else ''} FROM {table}"
     )
-    columns = ("start", "end", "corr_label", "where", *(("graph",) if graph else ()))
+    columns = (
+        "start",
+        "end",
+        "corr_label",
+        "where",
+        *(("graph",) if graph else ()),
+        *(("bytes",) if size else ()),
+    )
 
     def fill(cols: Columns, rows: npt.NDArray[np.void]) -> None:
         rows["kind"], rows["rank"] = kind, -1
@@ -104,27 +115,50 @@ def _packed(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tupl
         rows["device"] = (where >> 16) & 0xFF
         rows["stream"] = where & 0xFFFF
         rows["graph_node"] = cols["graph"] if graph else -1
+        rows["bytes"] = cols["bytes"] if size else -1
 
     return Query(sql, columns, packed=True), fill
 
 
 def _plain(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tuple[Query, Fill]:
+    size = _bytes_column(src, table, kind) or "-1"
     sql = (
         f'SELECT "start", "end", {src.column(table, "deviceId")}, {src.column(table, "streamId")},'
         f' "correlationId", {src.column(table, "globalPid")}, {label},'
-        f" {src.column(table, 'graphNodeId')} FROM {table}"
+        f" {src.column(table, 'graphNodeId')}, {size} FROM {table}"
     )
-    columns = ("start", "end", "device", "stream", "correlation", "process", "label", "graph")
+    columns = (
+        "start",
+        "end",
+        "device",
+        "stream",
+        "correlation",
+        "process",
+        "label",
+        "graph",
+        "bytes",
+    )
 
     def fill(cols: Columns, rows: npt.NDArray[np.void]) -> None:
         rows["kind"], rows["rank"] = kind, -1
         for name in ("start", "end", "device", "stream", "correlation", "process"):
             rows[name] = cols[name]
         rows["graph_node"] = cols["graph"]
+        rows["bytes"] = cols["bytes"]
         _check_labels(src, table, cols["label"])
         rows["name"] = cols["label"]
 
     return Query(sql, columns), fill
+
+
+def _bytes_column(src: NsysSource, table: str, kind: ActivityKind) -> str | None:
+    """The ``bytes`` column of a memcpy/memset table (NULL -> -1); None for kernels, which move
+    no bytes of their own, and for an export without the column (``_read_table`` notes it)."""
+    if kind == ActivityKind.KERNEL:
+        return None
+    if not src.schema.has(table, "bytes"):
+        return None
+    return 'ifnull("bytes", -1)'
 
 
 def _check_labels(src: NsysSource, table: str, label: npt.NDArray[np.int64]) -> None:

@@ -15,7 +15,8 @@ python_function             ranges PYTHON (parent/depth from time among Python f
                             stored separately)
 cpu_op                      ranges CPU_OP (cpu_op, user_annotation and steps nest with each
                             other, Python frames with each other: two families per thread)
-gpu_user_annotation         not a CPU range: counted in metadata only
+gpu_user_annotation         gpu_ranges (GPU-side mirror of a CPU annotation, not a CPU range:
+                            the timeline measures a step's GPU time over it)
 =========================== ================================================================
 
 Timestamps are float microseconds; they become integer ns with ``round(ts * 1000)``, exact
@@ -49,6 +50,7 @@ import numpy.typing as npt
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.model import (
     ACTIVITY_DTYPE,
+    GPU_RANGE_DTYPE,
     LAUNCH_DTYPE,
     RANGE_DTYPE,
     ActivityKind,
@@ -113,6 +115,8 @@ class _Tables:
     drained: frozenset[str] = frozenset()
     """Tables whose pending rows the layout reader takes itself (never flushed by ``add``)."""
     step_ids: dict[int, bool] = field(default_factory=dict)
+    gpu_ranges: list[tuple[object, ...]] = field(default_factory=list)
+    """``gpu_user_annotation`` rows (``GPU_RANGE_DTYPE``): a few per step, never millions."""
 
     def add(self, table: str, row: tuple[object, ...]) -> None:
         rows = self.pending[table]
@@ -311,7 +315,10 @@ def _take(event: object, tables: _Tables) -> None:
         route = _ROUTES.get(cat.lower())
     if route is None:
         if cat == "gpu_user_annotation":
-            tables.skip("gpu_user_annotation (GPU-side, not a CPU range)")
+            try:
+                _gpu_annotation(event, tables)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                tables.skip(f"{cat} event without numeric ts/dur/pid/tid")
         return
     handler, kind = route
     try:
@@ -338,7 +345,26 @@ def _activity(event: dict[str, object], kind: int, tables: _Tables) -> None:
             tables.strings.intern(str(event.get("name", ""))),
             int(args.get("correlation", -1)),
             int(args.get("graph node id", -1)),
+            int(args.get("bytes", -1)) if kind != ActivityKind.KERNEL else -1,
         ),
+    )
+
+
+def _gpu_annotation(event: dict[str, object], tables: _Tables) -> None:
+    args = event.get("args") or {}
+    assert isinstance(args, dict)
+    start = _ns(event["ts"])
+    external = args.get("External id", -1)
+    tables.gpu_ranges.append(
+        (
+            -1,
+            int(event.get("pid", -1)),  # type: ignore[call-overload]
+            int(event.get("tid", -1)),  # type: ignore[call-overload]
+            start,
+            start + _ns(event.get("dur", 0)),
+            tables.strings.intern(str(event.get("name", ""))),
+            int(external) if isinstance(external, int) else -1,
+        )
     )
 
 
@@ -426,7 +452,8 @@ def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -
     ranges["parent"], ranges["depth"] = nest(
         ranges["thread"], ranges["start"], ranges["end"], family
     )
-    for table in (activities, launches, ranges):
+    gpu_ranges = np.array(tables.gpu_ranges, dtype=GPU_RANGE_DTYPE)
+    for table in (activities, launches, ranges, gpu_ranges):
         table["rank"] = rank
     processes = {int(p) for t in (activities, launches, ranges) for p in np.unique(t["process"])}
     all_tables = [t for t in (activities, launches, ranges) if len(t)]
@@ -445,6 +472,7 @@ def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -
         ),
         notes=_notes(launches),
         metadata=_metadata(header, tables),
+        gpu_ranges=gpu_ranges,
     )
 
 

@@ -17,6 +17,7 @@ import typer
 LARGE_INPUT_BYTES = 32 * 1024 * 1024
 """Show a progress bar when the inputs add up to more than this."""
 TOP_HELPERS = 15
+TOP_KERNELS = 15
 
 
 def _library_errors() -> tuple[type[BaseException], ...]:
@@ -228,8 +229,16 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
 
+def _per(group: str) -> tuple[str, str]:
+    """(title wording, column unit) of a group's numbers: per step, or whole-trace totals."""
+    if group == "whole trace":
+        return "totals over the whole trace", ""
+    return "per step (total / steps)", "/step"
+
+
 def render_report(report: Any) -> None:
-    """Sources, per-group helper tables, rank totals, iterations and findings."""
+    """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
+    (devices, kernels), iterations and findings."""
     from rich.table import Table
 
     console = _console()
@@ -239,65 +248,198 @@ def render_report(report: Any) -> None:
     for src in report.sources:
         console.print(
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
-            f"{src.launches} launches, {src.ranges} ranges"
+            f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
     for group in report.groups:
+        per, unit = _per(group)
         rows = [h for h in report.helpers if h.window == group]
-        # The whole-trace window is one window per rank: its numbers are totals (all arms,
-        # warm-up and the time between steps), not a step.
-        per = "totals over the trace" if group == "whole trace" else "per step"
-        table = Table(
-            title=f"{group}: helpers per step"
-            if group != "whole trace"
-            else f"{group}: helpers, {per}",
-            title_justify="left",
-        )
-        for col in ("rank", "helper", "category", "launches", "GPU ms", "host ms", "matched by"):
+        table = Table(title=f"{group}: helpers, {per}", title_justify="left")
+        for col in (
+            "rank",
+            "helper",
+            "category",
+            f"launches{unit}",
+            f"activities{unit}",
+            f"GPU ms{unit}",
+            f"host ms{unit}",
+            "first call ms",
+            "matched by",
+        ):
             table.add_column(
-                col, justify="right" if col in ("rank", "launches", "GPU ms", "host ms") else "left"
+                col, justify="left" if col in ("helper", "category", "matched by") else "right"
             )
         for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
             : TOP_HELPERS * max(1, len(report.ranks))
         ]:
-            steps = max(h.steps, 1)
+            steps = 1 if group == "whole trace" else max(h.steps, 1)
             table.add_row(
                 str(h.rank),
                 h.helper,
                 h.category.value,
                 f"{h.launches / steps:g}",
+                f"{h.activities / steps:g}",
                 _ms(h.gpu_time_ns / steps),
-                _ms(h.host_time_ns / steps),
+                _ms((h.host_time_ns - h.first_call_host_ns) / steps),
+                _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
                 h.matched_by,
             )
         console.print(table)
-        totals = Table(title=f"{group}: ranks ({per})", title_justify="left")
-        unit = "" if group == "whole trace" else "/step"
+        console.print(
+            "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
+            "excludes the first call (compilation, warm-up), shown apart[/]"
+        )
+        totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
         for col in (
             "rank",
             "steps",
             f"span ms{unit}",
-            f"GPU busy ms{unit}",
-            "compute busy",
             f"kernels{unit}",
+            f"launches{unit}",
+            f"activities{unit}",
             "attributed",
         ):
             totals.add_column(col, justify="right")
-        for s in (r for r in report.rank_summaries if r.window == group):
-            steps = max(s.steps, 1)
+        for r in (r for r in report.rank_summaries if r.window == group):
+            steps = 1 if group == "whole trace" else max(r.steps, 1)
             totals.add_row(
-                str(s.rank),
-                "-" if group == "whole trace" else str(s.steps),
-                _ms(s.span_ns / steps),
-                _ms(s.gpu_busy_ns / steps),
-                _ms(s.compute_busy_ns / steps),
-                f"{s.kernels / steps:g}",
-                f"{s.attributed_fraction:.1%}",
+                str(r.rank),
+                "-" if group == "whole trace" else str(r.steps),
+                _ms(r.span_ns / steps),
+                f"{r.kernels / steps:g}",
+                f"{r.launches / steps:g}",
+                f"{r.activities / steps:g}",
+                f"{r.attributed_fraction:.1%}",
             )
         console.print(totals)
+        _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
+    _render_devices(console, report.devices)
+    _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _render_timeline(console: Any, rows: list[Any], group: str) -> None:
+    """The clipped GPU timeline: computation + exposed communication + exposed memcpy = busy;
+    busy + idle = total (the window)."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    per, unit = _per(group)
+    table = Table(
+        title=f"{group}: GPU timeline (clipped to the windows), {per}", title_justify="left"
+    )
+    for col in (
+        "rank",
+        "window",
+        f"total ms{unit}",
+        "computation",
+        "exposed comm",
+        "exposed memcpy",
+        "busy",
+        "idle",
+    ):
+        table.add_column(col, justify="left" if col == "window" else "right")
+    for t in sorted(rows, key=lambda t: t.rank):
+        steps = 1 if group == "whole trace" else max(t.steps, 1)
+        table.add_row(
+            str(t.rank),
+            t.basis.value,
+            _ms(t.total_ns / steps),
+            _ms(t.computation_ns / steps),
+            _ms(t.exposed_communication_ns / steps),
+            _ms(t.exposed_memcpy_ns / steps),
+            _ms(t.busy_ns / steps),
+            _ms(t.idle_ns / steps),
+        )
+    console.print(table)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _render_devices(console: Any, devices: list[Any]) -> None:
+    from rich.table import Table
+
+    if not devices:
+        return
+    table = Table(title="GPU devices, totals over the whole trace", title_justify="left")
+    for col in (
+        "rank",
+        "device",
+        "kernels",
+        "kernel ms",
+        "kernel span ms",
+        "with launch",
+        "without launch",
+        "memcpy",
+        "memcpy ms",
+        "memcpy bytes",
+        "memset",
+        "memset ms",
+        "memset bytes",
+        "total GPU ms",
+    ):
+        table.add_column(col, justify="right")
+    for d in devices:
+        table.add_row(
+            str(d.rank),
+            str(d.device),
+            str(d.kernels),
+            _ms(d.kernel_time_ns),
+            _ms(d.kernel_span_ns),
+            str(d.kernels_with_launch),
+            str(d.kernels_without_launch),
+            str(d.memcpy),
+            _ms(d.memcpy_time_ns),
+            _bytes(d.memcpy_bytes)
+            + (f" (+{d.memcpy_bytes_unknown} unknown)" if d.memcpy_bytes_unknown else ""),
+            str(d.memset),
+            _ms(d.memset_time_ns),
+            _bytes(d.memset_bytes)
+            + (f" (+{d.memset_bytes_unknown} unknown)" if d.memset_bytes_unknown else ""),
+            _ms(d.gpu_time_ns),
+        )
+    console.print(table)
+    console.print(
+        "[dim]total GPU = kernel + memcpy + memset time (summed durations, not a union)[/]"
+    )
+
+
+def _render_kernels(console: Any, rows: list[Any]) -> None:
+    """The top of the per-kernel-name table over all ranks (``--json`` has every row and rank)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    pooled = [k for k in rows if k.rank is None]
+    if not pooled:
+        return
+    table = Table(
+        title=f"Kernels, whole trace, all ranks (top {min(TOP_KERNELS, len(pooled))} of "
+        f"{len(pooled)} names by total time; ns)",
+        title_justify="left",
+    )
+    for col in ("time %", "total", "count", "average", "median", "min", "max", "stddev", "name"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for k in sorted(pooled, key=lambda k: -k.total_ns)[:TOP_KERNELS]:
+        table.add_row(
+            f"{k.time_pct:.1f}",
+            str(k.total_ns),
+            str(k.count),
+            f"{k.average_ns:.1f}",
+            f"{k.median_ns:.1f}",
+            str(k.min_ns),
+            str(k.max_ns),
+            f"{k.stddev_ns:.1f}",
+            escape(k.name if len(k.name) <= 90 else k.name[:87] + "..."),
+        )
+    console.print(table)
 
 
 def _render_iterations(console: Any, iterations: list[Any]) -> None:
@@ -351,13 +493,22 @@ def _render_findings(console: Any, findings: list[Any], title: str) -> None:
         console.print(escape(f"    -> {f.recommendation}"), highlight=False)
 
 
+def _opt_ms(ns: float | None) -> str:
+    return "-" if ns is None else _ms(ns)
+
+
 def render_comparison(result: Any) -> None:
-    """Helper deltas, iteration statistics, and the one-line summary."""
+    """Warnings, helper and kernel deltas, Total GPU, per-rank rows, iteration statistics,
+    base and head findings, and the one-line summary."""
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
+    for note in result.notes:
+        console.print(escape(f"warning: {note}"), style="yellow", highlight=False)
+    basis = result.basis
     table = Table(
-        title=f"{result.base_label} -> {result.head_label}: per step, all ranks",
+        title=f"{result.base_label} -> {result.head_label}: helpers, {basis}",
         title_justify="left",
     )
     for col in (
@@ -366,14 +517,17 @@ def render_comparison(result: Any) -> None:
         "base launches",
         "head launches",
         "delta",
+        "base GPU ms",
+        "head GPU ms",
         "GPU ms delta",
+        "host ms delta",
         "status",
     ):
         table.add_column(
             col, justify="left" if col in ("helper", "category", "status") else "right"
         )
     for d in result.helpers:
-        if d.status == "unchanged" and abs(d.delta_gpu_time_ns) < 1e4:
+        if d.status == "unchanged":
             continue
         table.add_row(
             d.helper,
@@ -381,13 +535,32 @@ def render_comparison(result: Any) -> None:
             f"{d.base_launches:g}",
             f"{d.head_launches:g}",
             f"{d.delta_launches:+g}",
+            _ms(d.base_gpu_time_ns),
+            _ms(d.head_gpu_time_ns),
             f"{d.delta_gpu_time_ns / 1e6:+.3f}",
+            f"{d.delta_host_time_ns / 1e6:+.3f}",
             d.status,
         )
     console.print(table)
+    unchanged = sum(1 for d in result.helpers if d.status == "unchanged")
+    if unchanged:
+        console.print(
+            f"[dim]{unchanged} helper(s) unchanged (launches equal, times within noise)[/]"
+        )
+    _render_kernel_deltas(console, result)
+    total = result.total_gpu
+    if total is not None:
+        console.print(
+            f"Total GPU ({basis}): {_ms(total.base_ns)} -> {_ms(total.head_ns)} ms "
+            f"({total.delta_ns / 1e6:+.3f}); kernels only {_ms(total.base_kernel_ns)} -> "
+            f"{_ms(total.head_kernel_ns)} ms ({total.delta_kernel_ns / 1e6:+.3f})",
+            highlight=False,
+        )
+    _render_rank_deltas(console, result)
     console.print(
-        f"span delta per step {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
-        f"{result.busy_delta_ns / 1e6:+.3f} ms"
+        f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
+        f"{result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",
+        highlight=False,
     )
     it = result.iterations
     if it is not None:
@@ -398,11 +571,67 @@ def render_comparison(result: Any) -> None:
             highlight=False,
         )
         console.print(f"[dim]{it.method}[/]")
-    _render_findings(console, result.findings_base, f"Findings ({result.base_label})")
-    _render_findings(console, result.findings_head, f"Findings ({result.head_label})")
-    from rich.markup import escape
-
+    _render_findings(console, result.findings_base, f"Findings, base ({result.base_label})")
+    _render_findings(console, result.findings_head, f"Findings, head ({result.head_label})")
     console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)
+
+
+def _render_kernel_deltas(console: Any, result: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    changed = [k for k in result.kernel_deltas if k.status != "unchanged"]
+    if not result.kernel_deltas:
+        return
+    table = Table(
+        title=f"Kernels, {result.basis} (top {min(TOP_KERNELS, len(changed))} of "
+        f"{len(changed)} changed names by time change)",
+        title_justify="left",
+    )
+    for col in (
+        "base count",
+        "head count",
+        "delta",
+        "base ms",
+        "head ms",
+        "ms delta",
+        "mean us base -> head",
+        "status",
+        "name",
+    ):
+        table.add_column(col, justify="left" if col in ("status", "name") else "right")
+    for k in changed[:TOP_KERNELS]:
+        table.add_row(
+            f"{k.base_count:g}",
+            f"{k.head_count:g}",
+            f"{k.delta_count:+g}",
+            _ms(k.base_total_ns),
+            _ms(k.head_total_ns),
+            f"{k.delta_total_ns / 1e6:+.3f}",
+            f"{k.base_mean_ns / 1e3:.2f} -> {k.head_mean_ns / 1e3:.2f}",
+            k.status,
+            escape(k.name if len(k.name) <= 80 else k.name[:77] + "..."),
+        )
+    console.print(table)
+
+
+def _render_rank_deltas(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    if not result.ranks:
+        return
+    per = result.basis.split(",")[0]
+    table = Table(title=f"Ranks, {per}, base -> head", title_justify="left")
+    for col in ("rank", "span ms", "GPU busy ms", "total GPU ms"):
+        table.add_column(col, justify="right")
+    for r in result.ranks:
+        table.add_row(
+            str(r.rank),
+            f"{_opt_ms(r.base_span_ns)} -> {_opt_ms(r.head_span_ns)}",
+            f"{_opt_ms(r.base_busy_ns)} -> {_opt_ms(r.head_busy_ns)}",
+            f"{_opt_ms(r.base_gpu_time_ns)} -> {_opt_ms(r.head_gpu_time_ns)}",
+        )
+    console.print(table)
 
 
 def render_catalog(cat: Any) -> None:

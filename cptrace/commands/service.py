@@ -46,11 +46,11 @@ def serve(
     """
     import uvicorn
 
+    from cptrace.app import create_app
     from service.bootstrap import default_demo_dir, ensure_admin_token, sweep_at_startup
     from service.bootstrap import seed_demo as seed
     from service.core.config import Settings
     from service.http_timeouts import timed_protocol
-    from service.main import create_app
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
     settings = Settings(data_dir=data_dir, run_worker=worker)

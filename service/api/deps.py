@@ -126,7 +126,8 @@ async def token_role(db: DbDep, credentials: Credentials) -> Role | None:
 TokenRole = Annotated[Role | None, Depends(token_role)]
 
 
-def _require(needed: Role, role: Role | None, *, action: str) -> Role:
+def require_role(needed: Role, role: Role | None, *, action: str) -> Role:
+    """The one role check: 401 without a token, 403 when the role is below ``needed``."""
     if role is None:
         raise Unauthorized(f"{action} needs a bearer token (Authorization: Bearer <token>)")
     if not role_allows(role, needed):
@@ -138,17 +139,17 @@ async def read_access(settings: SettingsDep, role: TokenRole) -> Role | None:
     """Reads: anonymous when public reads are on, else any valid token."""
     if settings.public_read:
         return role
-    return _require(Role.VIEWER, role, action="reading")
+    return require_role(Role.VIEWER, role, action="reading")
 
 
 async def runner_access(role: TokenRole) -> Role:
     """Uploads and job work: runner or admin."""
-    return _require(Role.RUNNER, role, action="this write")
+    return require_role(Role.RUNNER, role, action="this write")
 
 
 async def admin_access(role: TokenRole) -> Role:
     """Deleting, submitting jobs, re-analysing: admin only."""
-    return _require(Role.ADMIN, role, action="this write")
+    return require_role(Role.ADMIN, role, action="this write")
 
 
 ReadAccess = Annotated[Role | None, Depends(read_access)]

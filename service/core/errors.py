@@ -1,13 +1,34 @@
 """Errors that carry their HTTP status, and the one JSON shape every error answer has.
 
 Datasette's pattern: each exception class knows its status; one handler turns any of them into
-``{"ok": false, "error": ..., "errors": [...], "status": ...}``. Library exceptions
-(``TraceError``, ``ManifestError``, ``SpecError``) are mapped to 4xx in ``service.main``.
+``{"ok": false, "error": ..., "errors": [...], "status": ...}``. Library exceptions (every
+``analyzers`` error class, ``SpecError``) get their status from ``LIBRARY_STATUS`` here: one
+table, walked by a test, so no input error of the libraries can become a 500.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from analyzers.bundle import (
+    BundleError,
+    BundleManifestError,
+    OversizedBundleError,
+    UnsafeBundleError,
+)
+from analyzers.catalog import CatalogError
+from analyzers.compare import CompareError
+from analyzers.errors import (
+    CorruptTraceError,
+    HostileTraceError,
+    MissingRankError,
+    RankConflictError,
+    TraceError,
+    TraceTooLargeError,
+    UnsupportedTraceError,
+)
+from analyzers.manifest import ManifestError
+from contracts.spec import SpecError
 
 
 class ApiError(Exception):
@@ -72,3 +93,33 @@ class QueryTimeout(ApiError):
 def error_body(status: int, message: str, errors: list[Any] | None = None) -> dict[str, Any]:
     """The single error shape of the API."""
     return {"ok": False, "error": message, "errors": errors or [message], "status": status}
+
+
+LIBRARY_STATUS: dict[type[Exception], int] = {
+    # Most specific first where a class has two bases (its own entry decides).
+    OversizedBundleError: 413,
+    BundleManifestError: 422,
+    TraceTooLargeError: 413,
+    UnsafeBundleError: 400,
+    BundleError: 400,
+    HostileTraceError: 422,
+    UnsupportedTraceError: 422,
+    CorruptTraceError: 400,
+    RankConflictError: 422,
+    MissingRankError: 422,
+    TraceError: 400,
+    ManifestError: 422,
+    CompareError: 400,
+    CatalogError: 422,
+    SpecError: 422,
+}
+"""HTTP status of each library error class (the first class of an exception's MRO listed)."""
+
+
+def library_status(exc: BaseException) -> int | None:
+    """The status ``LIBRARY_STATUS`` gives ``exc``; None for anything else (a bug: 500)."""
+    for cls in type(exc).__mro__:
+        status = LIBRARY_STATUS.get(cls)  # type: ignore[call-overload]
+        if status is not None:
+            return status
+    return None

@@ -82,6 +82,7 @@ class TraceBuilder:
                 self.strings.intern(name),
                 correlation,
                 -1,
+                -1 if kind == ActivityKind.KERNEL else 0,
             )
         )
         if launch_at is not None:

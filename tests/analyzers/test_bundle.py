@@ -85,7 +85,7 @@ def test_directory_bundle_reads_and_verifies(bundle_dir: Path) -> None:
             bundle_dir / "traces" / "kineto_rank1.json.gz",
         ]
         assert bundle.manifest.variants[0].window == "arm:a"
-        assert bundle.run["name"] == "test"
+        assert bundle.run.name == "test"
     assert bundle_dir.exists(), "closing a directory bundle must not delete it"
 
 
@@ -105,7 +105,11 @@ def test_tar_with_one_top_level_folder(tmp_path: Path, bundle_dir: Path) -> None
     members = [(tarfile.TarInfo(f"run1/{i.name}"), d) for i, d in _members_of(bundle_dir)]
     archive = _tar(tmp_path / "b.tar.gz", members, gz=True)
     with read_bundle(archive) as bundle:
-        assert bundle.root.name == "run1"
+        assert [t.member for t in bundle.traces] == [
+            "traces/kineto_rank0.json.gz",
+            "traces/kineto_rank1.json.gz",
+        ]
+        assert all(t.path.is_file() for t in bundle.traces)
 
 
 def _hostile(tmp_path: Path, bundle_dir: Path, extra: tarfile.TarInfo, data: bytes | None) -> Path:

@@ -42,14 +42,31 @@ def test_analyze_tables_show_helpers_and_findings(tmp_path: Path) -> None:
     result = _invoke("analyze", *map(str, KINETO_3ARMS), "--manifest", str(manifest))
     assert result.exit_code == 0, result.output
     for text in (
-        "arm:auto_clone: helpers per step",
+        "arm:auto_clone: helpers, per step (total / steps)",
         "get_cu_seqlens_on_cp_rank",
         "Findings",
         "padded-path-without-padding",
         "pad_between_seqs=False",
         "Iteration time",
+        "arm:auto_clone: GPU timeline (clipped to the windows), per step",
+        "GPU devices, totals over the whole trace",
+        "Kernels, whole trace, all ranks",
+        "whole trace: helpers, totals over the whole trace",
     ):
         assert text in result.output
+    # the whole-trace tables never say "per step" and the evidence says how it divides
+    whole = result.output[result.output.index("whole trace: helpers") :]
+    assert "/step" not in whole.split("GPU devices")[0]
+    assert "CPU launch calls per step (total / 3 steps)" in result.output
+
+
+def test_analyze_json_is_complete() -> None:
+    result = _invoke("analyze", *map(str, KINETO_3ARMS), "--step-pattern", "^arm:", "--json")
+    report = json.loads(result.output)
+    for key in ("gpu_timeline", "window_timelines", "devices", "kernels", "environment"):
+        assert report[key], key
+    assert report["environment"]["gpu_models"] == ["NVIDIA H200"]
+    assert {k["rank"] for k in report["kernels"]} == {0, 1, None}
 
 
 def test_compare_two_windows_of_one_run_and_a_saved_report(tmp_path: Path) -> None:
@@ -85,6 +102,26 @@ def test_compare_two_windows_of_one_run_and_a_saved_report(tmp_path: Path) -> No
     comparison = json.loads(result.output)
     assert comparison["base_label"] == "arm:auto_clone"
     assert comparison["helpers"][0]["helper"] == "get_cu_seqlens_on_cp_rank"
+    assert comparison["kernel_deltas"] and comparison["total_gpu"]["base_ns"] > 0
+    assert [r["rank"] for r in comparison["ranks"]] == [0, 1] and comparison["notes"] == []
+
+
+def test_compare_tables_label_sides_and_warn_on_different_runs() -> None:
+    result = _invoke(
+        "compare",
+        "--base",
+        str(SYNTHETIC / "nsys_single.sqlite.gz"),
+        "--head",
+        str(KINETO_3ARMS[0]),
+        "--head",
+        str(KINETO_3ARMS[1]),
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output.replace("\n", " ")
+    assert "warning: different rank sets" in out
+    assert "Findings, base (whole trace)" in out and "Findings, head (whole trace)" in out
+    assert "Total GPU (whole trace, summed over ranks)" in out
+    assert "Kernels, whole trace, summed over ranks" in out
 
 
 def test_catalog_command(tmp_path: Path) -> None:

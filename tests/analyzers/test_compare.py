@@ -5,8 +5,23 @@ from __future__ import annotations
 import pytest
 
 from analyzers.compare import CompareError, compare_reports, default_window
-from analyzers.report import AnalysisReport, Category, HelperStat, RankSummary
+from analyzers.report import (
+    AnalysisReport,
+    Category,
+    HelperStat,
+    KernelStat,
+    RankSummary,
+    RunEnvironment,
+)
 from analyzers.stats import iteration_stats
+
+
+def _kernel(group: str, name: str, count: int, total: int, rank: int | None) -> KernelStat:
+    return KernelStat(
+        rank=rank, window=group, steps=2, name=name, count=count, total_ns=total,
+        average_ns=total / count, median_ns=total / count, min_ns=total // count,
+        max_ns=total // count, stddev_ns=0.0, time_pct=0.0,
+    )  # fmt: skip
 
 
 def _report(
@@ -14,6 +29,10 @@ def _report(
     helpers: dict[str, int],
     iterations: list[float] | None = None,
     span_ms: float = 10.0,
+    gpu_scale: int = 1,
+    ranks: tuple[int, ...] = (0, 1),
+    kernels: dict[str, tuple[int, int]] | None = None,
+    environment: RunEnvironment | None = None,
 ) -> AnalysisReport:
     stats = [
         HelperStat(
@@ -23,13 +42,14 @@ def _report(
             helper=name,
             category=Category.METADATA,
             launches=2 * n,
+            activities=2 * n,
             kernels=2 * n,
-            gpu_time_ns=2 * n * 1000,
+            gpu_time_ns=2 * n * 1000 * gpu_scale,
             matched_by="range",
             calls=2 * n,
             host_time_ns=2 * n * 10_000,
         )
-        for r in (0, 1)
+        for r in ranks
         for name, n in helpers.items()
     ]
     summaries = [
@@ -43,7 +63,12 @@ def _report(
             launches=0,
             attributed_fraction=1.0,
         )
-        for r in (0, 1)
+        for r in ranks
+    ]
+    table = [
+        _kernel(group, name, count, total, rank)
+        for name, (count, total) in (kernels or {}).items()
+        for rank in (*ranks, None)
     ]
     its = [iteration_stats(group, iterations)] if iterations else []
     return AnalysisReport(
@@ -58,6 +83,8 @@ def _report(
         iterations=its,
         findings=[],
         groups=[group, "whole trace"],
+        kernels=table,
+        environment=environment or RunEnvironment(),
     )
 
 
@@ -93,3 +120,66 @@ def test_same_report_two_windows_and_defaults() -> None:
     assert unchanged.verdict == "no change" and "same launches" in unchanged.summary
     with pytest.raises(CompareError, match="'arm:zz' not in the report; available: arm:a"):
         compare_reports(report, report, head_window="arm:zz")
+
+
+def test_time_change_beyond_noise_is_changed_although_launches_are_not() -> None:
+    base = _report("ProfilerStep", {"attn": 10, "steady": 10})
+    head = base.model_copy(deep=True)
+    for s in head.helpers:
+        if s.helper == "attn":
+            s.gpu_time_ns *= 50  # 10 us -> 500 us per step per rank
+        else:
+            s.gpu_time_ns += 10  # 10 ns: noise
+    by_name = {d.helper: d for d in compare_reports(base, head).helpers}
+    assert by_name["attn"].delta_launches == 0 and by_name["attn"].status == "changed"
+    assert by_name["steady"].status == "unchanged"
+
+
+def test_kernel_deltas_total_gpu_and_per_rank_rows() -> None:
+    # per rank and all ranks rows; the all-ranks rows (rank None) feed the deltas, per step
+    base = _report("s", {"x": 1}, kernels={"gemm": (8, 8_000_000), "old": (2, 20_000)})
+    head = _report("s", {"x": 1}, kernels={"gemm": (8, 4_000_000), "new": (4, 40_000)})
+    result = compare_reports(base, head)
+    by_name = {k.name: k for k in result.kernel_deltas}
+    gemm = by_name["gemm"]
+    assert (gemm.base_count, gemm.head_count, gemm.delta_count) == (4, 4, 0)
+    assert (gemm.base_total_ns, gemm.delta_total_ns) == (4_000_000, -2_000_000)
+    assert (gemm.base_mean_ns, gemm.head_mean_ns) == (1_000_000, 500_000)
+    assert gemm.status == "changed"
+    assert by_name["old"].status == "disappeared" and by_name["new"].status == "appeared"
+    assert result.kernel_deltas[0].name == "gemm"  # the largest time change first
+    assert result.basis == "per step, summed over ranks"
+    # Total GPU: helper x has 2 activities x 1000 ns per rank over 2 steps, 2 ranks
+    assert result.total_gpu is not None
+    assert (result.total_gpu.base_ns, result.total_gpu.delta_ns) == (2000.0, 0.0)
+    # kernel-only time per step summed over the per-rank rows: (8 ms + 20 us) / 2 steps x 2
+    assert result.total_gpu.base_kernel_ns == 8_020_000
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert result.ranks[0].base_span_ns == 10e6 and result.notes == []
+
+
+def test_comparability_warnings_go_into_notes() -> None:
+    h200 = RunEnvironment(
+        gpu_models=["NVIDIA H200"], world_size=2, torch="2.11", transformer_engine="2.20.2"
+    )
+    a100 = RunEnvironment(
+        gpu_models=["NVIDIA A100"], world_size=4, torch="2.9", transformer_engine="2.20.2"
+    )
+    base = _report("s", {"x": 1}, [1.0] * 8, environment=h200)
+    head = _report("s", {"x": 1}, [2.0] * 8, ranks=(0, 1, 2, 3), environment=a100)
+    result = compare_reports(base, head)
+    text = " | ".join(result.notes)
+    assert "different GPU models: base NVIDIA H200; head NVIDIA A100" in text
+    assert "different world sizes: base 2, head 4" in text
+    assert "different rank sets: base [0, 1], head [0, 1, 2, 3]" in text
+    assert "different torch versions" in text and "Transformer Engine" not in text
+    assert "comparability warning" in result.summary
+    assert result.model_dump(mode="json")["notes"] == result.notes
+
+
+def test_whole_trace_comparison_says_so() -> None:
+    report = _report("whole trace", {"x": 1})
+    report.groups = ["whole trace"]
+    result = compare_reports(report, report)
+    assert result.basis == "whole trace, summed over ranks"
+    assert "per step" not in result.summary

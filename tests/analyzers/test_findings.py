@@ -48,6 +48,7 @@ def _stat(
         helper=helper,
         category=category,
         launches=launches,
+        activities=launches,
         kernels=launches,
         gpu_time_ns=gpu,
         matched_by="python",
@@ -113,7 +114,7 @@ def test_padded_path_with_equal_cu_seqlens_recommends_fast_path() -> None:
     )
     assert padded.saving_basis == "estimate"
     basis = next(e.value for e in padded.evidence if e.name == "saving basis")
-    assert str(basis).startswith("estimate:") and "16 launches" in str(basis)
+    assert str(basis).startswith("estimate:") and "16 CPU launch calls" in str(basis)
     assert _rules(findings)["zero-fill-without-padding"] is Severity.WARNING
     assert "fast-path-with-padding" not in _rules(findings)
 
@@ -323,3 +324,38 @@ def test_iteration_stats_type_is_accepted() -> None:
         samples_ms=[1],
     )
     assert evaluate(_metrics({"arm:x": []}), None, iterations=[stats]) == []
+
+
+def test_whole_trace_evidence_never_says_per_step() -> None:
+    # a trace without steps: its only target is the whole trace (steps=1), 8 real iterations
+    rows = [
+        s.model_copy(update={"steps": 1, "first_call_host_ns": 300_000})
+        for s in _slow_arm("whole trace")
+    ]
+    m = Metrics(windows=[], groups=["whole trace"], steps={(0, "whole trace"): 1})
+    m.helpers = rows
+    facts = {"cu_seqlens": EQUAL, "cu_seqlens_padded": EQUAL, "padded_is_same_object": False}
+    findings = evaluate(m, _manifest(facts, window="whole trace"))
+    padded = next(f for f in findings if f.rule == "padded-path-without-padding")
+    names = [e.name for e in padded.evidence]
+    assert not any("per step" in n for n in names), names
+    assert any(n.startswith("CPU launch calls in the whole trace") for n in names)
+    # whole-trace totals are not per iteration: no per-iteration saving is claimed from them
+    assert padded.expected_saving_ms is None and padded.saving_basis == "estimate"
+    basis = next(str(e.value) for e in padded.evidence if e.name == "saving basis")
+    assert "in the whole trace, not per iteration" in basis
+
+
+def test_step_evidence_says_how_it_divides_and_keeps_the_first_call_apart() -> None:
+    rows = [s.model_copy(update={"first_call_host_ns": 300_000}) for s in _slow_arm()]
+    facts = {"cu_seqlens": EQUAL, "cu_seqlens_padded": EQUAL, "padded_is_same_object": False}
+    findings = evaluate(_metrics({"arm:auto_clone": rows}), _manifest(facts))
+    padded = next(f for f in findings if f.rule == "padded-path-without-padding")
+    by_name = {(e.name, e.rank): e.value for e in padded.evidence}
+    launches = "CPU launch calls per step (total / 3 steps) (get_cu_seqlens_on_cp_rank)"
+    assert by_name[(launches, 0)] == 16.0
+    # 400 us host time over 3 steps, of which the first call took 300 us
+    steady = "host time in the helper per step (total / 3 steps), first call excluded"
+    assert by_name[(steady, 0)] == pytest.approx(0.1 / 3, abs=1e-4)
+    first = "host time of the first call alone (compilation, warm-up)"
+    assert by_name[(first, 0)] == 0.3

@@ -139,7 +139,7 @@ def test_hostile_file_is_left_unchanged(tmp_path: Path) -> None:
 
 
 def test_decompression_cap(tmp_path: Path) -> None:
-    with pytest.raises(HostileTraceError, match="more than 4096 bytes"):
+    with pytest.raises(HostileTraceError, match="more than the limit of 4096 bytes"):
         read_nsys(SINGLE, max_decompressed_bytes=4096)
 
 

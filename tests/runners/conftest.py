@@ -19,14 +19,12 @@ from runners.bundle import add_trace, finalize_bundle, run_info, trace_entry
 @contextlib.contextmanager
 def _serve(data_dir: Path) -> Iterator[LiveService]:
     """The real FastAPI service under uvicorn on 127.0.0.1 (a free port), with role tokens."""
-    try:
-        import uvicorn
+    import uvicorn
 
-        from service.auth import Role, create_token
-        from service.core.config import Settings
-        from service.main import create_app
-    except ImportError as exc:  # pragma: no cover - the service ships in the same repo
-        pytest.skip(f"service not importable: {exc}")
+    from cptrace.app import create_app
+    from service.auth import Role, create_token
+    from service.core.config import Settings
+
     settings = Settings(
         data_dir=data_dir, ingest_workers=0, job_lease_s=5.0, claim_max_wait_s=2.0
     )

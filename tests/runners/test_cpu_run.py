@@ -138,11 +138,8 @@ def _helper_calls_per_arm(bundle_dir: Path) -> dict[tuple[str, str], int]:
 
 
 def test_analyzers_find_the_bundled_helpers_per_arm(run_bundle: Path) -> None:
-    try:
-        from analyzers.pipeline import analyze
-        from analyzers.readers import read_traces  # noqa: F401 - the pipeline needs it
-    except ImportError as exc:
-        pytest.skip(f"analyzers pipeline not importable yet: {exc}")
+    from analyzers.pipeline import analyze
+
     report = analyze(run_bundle)
     assert set(report.ranks) == {0, 1}
     assert {"arm:fixed", "arm:broken"} <= set(report.groups)

@@ -29,7 +29,7 @@ def test_documented_settings_exist() -> None:
 
 
 def test_every_route_is_documented(tmp_path: Path) -> None:
-    from service.main import create_app
+    from cptrace.app import create_app
 
     app_ = create_app(Settings(data_dir=tmp_path, ingest_workers=0))
     try:

@@ -16,10 +16,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from service_factories import auth
 
-from analyzers.compare import CompareError
+from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
-from service.main import create_app
 
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="cptrace-schemathesis-"))
 # claim_max_wait_s=0: a generated wait_s must not turn each example into a 30 s long poll
@@ -116,9 +115,6 @@ def analysed_runs() -> tuple[list[int], list[str]]:
 @pytest.mark.parametrize(
     "operation", COMPARISON_OPERATIONS, ids=[op.label for op in COMPARISON_OPERATIONS]
 )
-# Strict: an unknown window answers 500 until issue 14 maps analyzers' CompareError to a 4xx;
-# the day it does, this XPASSes, fails, and the marker must go.
-@pytest.mark.xfail(raises=CompareError, strict=True, reason="unknown window: 500 (issue 14)")
 def test_comparison_routes_with_window_names(
     operation: schemathesis.APIOperation, analysed_runs: tuple[list[int], list[str]]
 ) -> None:

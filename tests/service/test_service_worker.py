@@ -95,6 +95,25 @@ def test_compare_two_runs_and_refuse_unanalysed(
     assert computed.status_code == 200 and computed.json()["verdict"]
 
 
+def test_unknown_window_is_a_400_on_every_comparison_route(
+    client: TestClient, runner: dict[str, str], te_run: int
+) -> None:
+    """``CompareError`` answers 400 with the one error shape, computed or stored alike."""
+    computed = client.get(
+        "/api/v1/comparisons/compute",
+        params={"base": te_run, "head": te_run, "base_window": "arm:nope"},
+    )
+    stored = client.post(
+        "/api/v1/comparisons",
+        json={"base_run_id": te_run, "head_run_id": te_run, "head_window": "arm:nope"},
+        headers=runner,
+    )
+    for resp in (computed, stored):
+        assert resp.status_code == 400, resp.text
+        body = resp.json()
+        assert body["ok"] is False and body["status"] == 400 and "arm:nope" in body["error"]
+
+
 def test_history_of_a_config(client: TestClient, te_run: int) -> None:
     key = client.get(f"/api/v1/runs/{te_run}").json()["config_key"]
     points = client.get(
@@ -107,9 +126,17 @@ def test_history_of_a_config(client: TestClient, te_run: int) -> None:
 def test_bad_trace_fails_the_run_with_the_reason(
     client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
 ) -> None:
-    # valid JSON, so the upload accepts it; the Kineto reader then finds no events
+    # a trace without traceEvents is refused at upload (the structural check)...
+    for text in (b'{"foo": 1}', b"{}", b'{"traceEvents": 5}'):
+        refused = client.post(
+            "/api/v1/uploads/traces", files={"trace": ("bad.json", text)}, headers=runner
+        )
+        assert refused.status_code == 400 and "traceEvents" in refused.json()["error"], text
+    # ...an empty event list passes it; the Kineto reader then finds no events
     resp = client.post(
-        "/api/v1/uploads/traces", files={"trace": ("empty.json", b'{"foo": 1}')}, headers=runner
+        "/api/v1/uploads/traces",
+        files={"trace": ("empty.json", b'{"traceEvents": []}')},
+        headers=runner,
     )
     run_id = resp.json()["run_id"]
     _drain(app_env)

@@ -135,3 +135,86 @@ def test_history_figure_band_and_values() -> None:
     assert line["customdata"] == ["/runs/1", "/runs/2", None]
     assert line["x"][0] == "1: abc1234"
     assert len(figures.history_figure([], "m")["data"]) == 1
+
+
+# ---- the GPU timeline, the per-kernel table and kernel deltas on a real report ---------------
+
+
+@pytest.fixture(scope="module")
+def real_report():
+    from pathlib import Path
+
+    from analyzers.pipeline import analyze
+
+    data = Path(__file__).resolve().parents[1] / "data" / "te-2.20.2-h200x2"
+    files = [data / "kineto_3arms_rank0.json.gz", data / "kineto_3arms_rank1.json.gz"]
+    return analyze(files, step_pattern="^arm:")
+
+
+def test_timeline_breakdown_stacks_to_the_window_per_step(real_report) -> None:
+    fig = _valid(figures.run_timeline_breakdown(real_report.gpu_timeline))
+    assert fig["layout"]["barmode"] == "stack"
+    assert [t["name"] for t in fig["data"]] == [
+        "computation",
+        "exposed communication",
+        "exposed memcpy",
+        "idle",
+    ]
+    steps = [t for t in real_report.gpu_timeline if t.window != "whole trace"]
+    assert fig["data"][0]["x"] == [f"{t.window} · r{t.rank}" for t in steps]
+    for i, t in enumerate(steps):
+        stacked = sum(trace["y"][i] for trace in fig["data"])
+        assert stacked == pytest.approx(t.total_ns / t.steps / 1e6)
+    assert fig["layout"]["yaxis"]["title"]["text"] == "ms per step"
+
+
+def test_whole_trace_breakdown_is_labelled_as_totals(real_report) -> None:
+    whole = [t for t in real_report.gpu_timeline if t.window == "whole trace"]
+    fig = _valid(figures.run_timeline_breakdown(whole))
+    assert fig["layout"]["yaxis"]["title"]["text"] == "whole trace (ms)"
+    assert fig["data"][3]["y"][0] == pytest.approx(whole[0].idle_ns / 1e6)
+
+
+def test_comparison_breakdown_puts_base_and_head_side_by_side(real_report) -> None:
+    from analyzers.compare import compare_reports
+
+    result = compare_reports(
+        real_report, real_report, base_window="arm:auto_clone", head_window="arm:auto_same"
+    )
+    fig = _valid(figures.comparison_timeline_breakdown(result.timeline_base, result.timeline_head))
+    assert fig["data"][0]["x"] == ["base · r0", "head · r0", "base · r1", "head · r1"]
+
+
+def test_run_and_compare_pages_show_the_new_figures(real_report) -> None:
+    from fastapi.testclient import TestClient
+    from web_fake_store import demo_store, make_app
+
+    from analyzers.compare import compare_reports
+
+    store = demo_store()
+    store.reports[1] = store.reports[2] = real_report
+    store.comparison = compare_reports(
+        real_report, real_report, base_window="arm:auto_clone", head_window="arm:explicit_false"
+    )
+    client = TestClient(make_app(store))
+    page = client.get("/runs/1")
+    assert page.status_code == 200
+    html = page.text
+    for anchor in ('id="gpu-timeline-table"', 'id="devices-table"', 'id="kernels-table"'):
+        assert anchor in html
+    assert 'class="kernels sortable"' in html and 'data-sort="num"' in html
+    assert "fig-gpu_timeline" in html
+    top = max(
+        (k for k in real_report.kernels if k.window == "whole trace" and k.rank is None),
+        key=lambda k: k.total_ns,
+    )
+    assert f'data-value="{top.total_ns}"' in html
+    twin = client.get("/runs/1.json").json()
+    assert twin["figures"]["gpu_timeline"]["layout"]["barmode"] == "stack"
+    compare = client.get("/compare/1/2?base_window=arm:auto_clone&head_window=arm:explicit_false")
+    assert compare.status_code == 200
+    text = compare.text
+    for anchor in ('id="kernel-deltas-table"', 'id="total-gpu-table"', 'id="rank-deltas-table"'):
+        assert anchor in text
+    assert "Head (arm:explicit_false)" in text and "Base (arm:auto_clone)" in text
+    assert "fig-gpu_timeline" in text

@@ -21,9 +21,9 @@ ARMS = "base_window=arm%3Aauto_clone&head_window=arm%3Aexplicit_false"
 def live(tmp_path_factory):
     """(server url, {bundle stem: run id}) of a service seeded with demo/bundles/*.tar.gz."""
     require_chromium()
+    from cptrace.app import create_app
     from service.bootstrap import default_demo_dir, seed_demo
     from service.core.config import Settings
-    from service.main import create_app
     from service.worker import AnalysisWorker
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("live"))

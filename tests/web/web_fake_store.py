@@ -34,30 +34,59 @@ def _summary(i: int, **kw: object) -> RunSummary:
         median_ms=21.0 - i * 0.1,
     )
     base.update(kw)
-    return RunSummary.model_validate(base)
+    summary = RunSummary.model_validate(base)
+    return summary.model_copy(update={"verdict": _verdict(summary)})
+
+
+def _verdict(summary: RunSummary) -> str:
+    """What the store's SQL computes: failed, pending, unknown, findings or clean."""
+    if summary.status == "failed":
+        return "failed"
+    if summary.status != "analysed":
+        return "pending"
+    if summary.findings is None:
+        return "unknown"
+    return "findings" if summary.findings else "clean"
 
 
 @dataclass
 class FakeStore:
     runs: dict[int, RunSummary] = field(default_factory=dict)
     reports: dict[int, AnalysisReport] = field(default_factory=dict)
-    impl: dict[int, str] = field(default_factory=dict)
     comparison: ComparisonReport = field(default_factory=f.comparison_report)
     history: list[HistoryPoint] = field(default_factory=list)
 
-    def list_runs(self, filters: RunFilters, limit: int, offset: int) -> list[RunSummary]:
-        found = [
+    def _matching(self, filters: RunFilters) -> list[RunSummary]:
+        return [
             r
-            for r in sorted(self.runs.values(), key=lambda r: -r.id)
+            for r in self.runs.values()
             if (not filters.branch or r.branch == filters.branch)
             and (not filters.config_key or r.config_key == filters.config_key)
             and (not filters.status or r.status == filters.status)
             and (not filters.commit or (r.commit or "").startswith(filters.commit))
+            and (not filters.implementation or r.implementation == filters.implementation)
+            and (not filters.verdict or r.verdict == filters.verdict)
+            and (not filters.date_from or r.created_at[:10] >= filters.date_from)
+            and (not filters.date_to or r.created_at[:10] <= filters.date_to)
         ]
-        return found[offset : offset + limit]
 
-    def implementations(self, run_ids: list[int]) -> dict[int, str | None]:
-        return {i: self.impl.get(i) for i in run_ids}
+    def list_runs(
+        self, filters: RunFilters, limit: int, offset: int, sort: str = "id", order: str = "desc"
+    ) -> list[RunSummary]:
+        found = sorted(self._matching(filters), key=lambda r: -r.id)
+        present = [r for r in found if getattr(r, sort) is not None]
+        present.sort(key=lambda r: getattr(r, sort), reverse=order == "desc")
+        ordered = present + [r for r in found if getattr(r, sort) is None]
+        return ordered[offset : offset + limit]
+
+    def count_runs(self, filters: RunFilters) -> int:
+        return len(self._matching(filters))
+
+    def run_list_options(self) -> dict[str, list[str]]:
+        def distinct(field: str) -> list[str]:
+            return sorted({str(v) for r in self.runs.values() if (v := getattr(r, field))})
+
+        return {f: distinct(f) for f in ("implementation", "config_key", "branch", "status")}
 
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail:
         if run_id not in self.runs:
@@ -93,8 +122,7 @@ class FakeStore:
 def demo_store() -> FakeStore:
     store = FakeStore()
     for i in range(1, 8):
-        store.runs[i] = _summary(i)
-        store.impl[i] = "te" if i % 2 else "bundled"
+        store.runs[i] = _summary(i, implementation="te" if i % 2 else "bundled")
         store.reports[i] = f.analysis_report()
     store.runs[8] = _summary(
         8,

@@ -44,8 +44,46 @@
     });
   }
 
+  // Tables marked "sortable": a click on a header with data-sort="num"|"text" sorts the body
+  // by that column (numbers from the cell's data-value, the exact figure), again to reverse.
+  function sortableTables() {
+    document.querySelectorAll("table.sortable").forEach(function (table) {
+      var headers = table.querySelectorAll("thead th");
+      headers.forEach(function (th, column) {
+        var kind = th.dataset.sort;
+        if (!kind) return;
+        th.classList.add("sortable-column");
+        th.addEventListener("click", function () {
+          var descending = th.dataset.order !== "desc";
+          headers.forEach(function (other) {
+            delete other.dataset.order;
+          });
+          th.dataset.order = descending ? "desc" : "asc";
+          var body = table.tBodies[0];
+          var rows = Array.prototype.slice.call(body.rows);
+          rows.sort(function (a, b) {
+            var x = a.cells[column], y = b.cells[column];
+            if (!x || !y) return 0;
+            var order;
+            if (kind === "num") {
+              order = parseFloat(x.dataset.value || x.textContent) -
+                parseFloat(y.dataset.value || y.textContent);
+            } else {
+              order = x.textContent.localeCompare(y.textContent);
+            }
+            return descending ? -order : order;
+          });
+          rows.forEach(function (row) {
+            body.appendChild(row);
+          });
+        });
+      });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     autosubmit();
+    sortableTables();
     drawCharts();
   });
 })();

@@ -11,7 +11,9 @@ from analyzers.report import AnalysisReport
 from service.analysis import enqueue_analysis
 from service.api.deps import AdminAccess, DbDep, ReadAccess
 from service.api.schemas import RunId
-from service.core.errors import Conflict, NotFound
+from service.core.errors import Conflict
+from service.storage import runs
+from service.storage.runs import Metric
 from service.store import (
     AnalysisStatus,
     HistoryPoint,
@@ -45,14 +47,8 @@ def reanalyse(run_id: RunId, db: DbDep, _: AdminAccess) -> AnalysisStatus:
     """Queue the run for analysis again (e.g. after a catalog update)."""
 
     def queue(conn: sqlite3.Connection) -> None:
-        if conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
-            raise NotFound(f"run {run_id} does not exist")
-        if (
-            conn.execute(
-                "SELECT 1 FROM run_files WHERE run_id = ? AND role = 'trace'", (run_id,)
-            ).fetchone()
-            is None
-        ):
+        runs.require_run(conn, run_id=run_id)
+        if not runs.has_traces(conn, run_id=run_id):
             raise Conflict(f"run {run_id} has no traces to analyse")
         enqueue_analysis(conn, run_id)
 
@@ -65,7 +61,7 @@ def read_history(
     db: DbDep,
     _: ReadAccess,
     config_key: Annotated[str, Query(max_length=64)],
-    metric: Annotated[str, Query(max_length=100)] = "iteration_median_ms",
+    metric: Annotated[Metric | str, Query(max_length=100)] = Metric.ITERATION_MEDIAN_MS,
     label: Annotated[str | None, Query(max_length=200)] = None,
 ) -> list[HistoryPoint]:
     """One metric across the runs of one workload configuration, oldest first."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -10,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 from analyzers.report import ComparisonReport
 from service.api.deps import DbDep, ReadAccess, RunnerAccess
 from service.api.schemas import MAX_ID, ComparisonCreate, ComparisonId, Offset
-from service.auth import now_iso
+from service.storage import runs
 from service.store import (
     ComparisonRecord,
     ComparisonSummary,
@@ -40,23 +39,18 @@ def create_comparison(
         return stored
     report = get_comparison(db, body.base_run_id, body.head_run_id, **windows)
 
-    def insert(conn: sqlite3.Connection) -> None:
-        conn.execute(
-            "INSERT OR IGNORE INTO comparisons (base_run_id, head_run_id, base_window, "
-            "head_window, verdict, summary, report_json, created_at) VALUES (?,?,?,?,?,?,?,?)",
-            (
-                body.base_run_id,
-                body.head_run_id,
-                body.base_window or "",
-                body.head_window or "",
-                report.verdict,
-                report.summary,
-                report.model_dump_json(),
-                now_iso(),
-            ),
+    db.write_tx(
+        lambda conn: runs.store_comparison(
+            conn,
+            base_run_id=body.base_run_id,
+            head_run_id=body.head_run_id,
+            base_window=body.base_window,
+            head_window=body.head_window,
+            verdict=report.verdict,
+            summary=report.summary,
+            report_json=report.model_dump_json(),
         )
-
-    db.write_tx(insert)
+    )
     found = find_comparison(db, body.base_run_id, body.head_run_id, **windows)
     assert found is not None  # inserted or raced in by an identical request
     return found

@@ -19,7 +19,7 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
-from cptrace import __version__
+from contracts.version import __version__
 from service.api.deps import DbDep
 from service.core.config import Settings
 from service.storage.database import Database

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Depends, Query, Response
 
+from contracts.spec import SpecError, parse_spec
 from service import jobs
 from service.api.deps import (
     AdminAccess,
@@ -62,7 +63,7 @@ def _owner(principal: Principal) -> int | None:
 
 
 def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
-    """The spec as a JSON object, validated by ``runners.spec`` when it is importable."""
+    """The spec as a JSON object, validated by the workload-spec contract (``contracts.spec``)."""
     if (body.spec is None) == (body.spec_yaml is None):
         raise BadRequest("give exactly one of 'spec' (an object) or 'spec_yaml' (YAML text)")
     raw: Any = body.spec
@@ -73,10 +74,6 @@ def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
             raise BadRequest(f"spec_yaml: not valid YAML ({exc})") from exc
     if not isinstance(raw, dict):
         raise UnprocessableEntity("spec: expected a mapping of workload fields at the top level")
-    try:
-        from runners.spec import SpecError, parse_spec
-    except ImportError:
-        return raw, body.spec_yaml
     try:
         parse_spec(raw, source="spec")
     except SpecError as exc:

@@ -15,9 +15,8 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerAccess, SettingsDep
 from service.api.schemas import Offset, OkBody, RunCreate, RunId, RunPage
-from service.auth import now_iso
-from service.core.errors import NotFound
 from service.ingest import config_key
+from service.storage import runs
 from service.store import (
     RunDetail,
     RunFilters,
@@ -40,27 +39,21 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
 
         parse_manifest(body.manifest, source="manifest")  # ManifestError -> 422
 
-    manifest_json = (
-        strict_dumps(body.manifest, what="manifest") if body.manifest is not None else None
-    )
+    if body.manifest is not None:
+        strict_dumps(body.manifest, what="manifest")  # NaN/Infinity -> 422, never stored
 
     def insert(conn: sqlite3.Connection) -> int:
-        now = now_iso()
-        cur = conn.execute(
-            "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
-            "manifest_json, created_at, updated_at) VALUES (?,?,?,?, 'api', 'empty', ?,?,?,?)",
-            (
-                body.name,
-                body.branch,
-                body.commit,
-                body.host,
-                config_key(body.manifest),
-                manifest_json,
-                now,
-                now,
-            ),
+        return runs.create_run(
+            conn,
+            name=body.name,
+            source="api",
+            status="empty",
+            branch=body.branch,
+            commit=body.commit,
+            host=body.host,
+            config_key=config_key(body.manifest),
+            manifest=body.manifest,
         )
-        return int(cur.lastrowid or 0)
 
     return get_run(db, db.write_tx(insert), include_report=False)
 
@@ -145,20 +138,5 @@ async def read_run(
 def delete_run(run_id: RunId, db: DbDep, _: AdminAccess) -> OkBody:
     """Delete a run with its files, report, metrics and comparisons (blobs stay: shared)."""
 
-    def delete(conn: sqlite3.Connection) -> None:
-        if conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
-            raise NotFound(f"run {run_id} does not exist")
-        for sql in (
-            "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
-            "DELETE FROM run_metrics WHERE run_id = ?1",
-            "DELETE FROM reports WHERE run_id = ?1",
-            "DELETE FROM analysis_tasks WHERE run_id = ?1",
-            "DELETE FROM uploads WHERE run_id = ?1",
-            "DELETE FROM run_files WHERE run_id = ?1",
-            "UPDATE jobs SET run_id = NULL WHERE run_id = ?1",
-            "DELETE FROM runs WHERE id = ?1",
-        ):
-            conn.execute(sql, (run_id,))
-
-    db.write_tx(delete)
+    db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id))
     return OkBody()

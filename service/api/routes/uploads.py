@@ -10,9 +10,10 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
 from service.core.config import MAX_RANK, Settings
-from service.core.errors import BadRequest, NotFound
+from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import receive_file
+from service.storage import runs
 from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
@@ -65,12 +66,10 @@ async def upload_bundle(
                 f"({received.sha256}); the upload was corrupted or the key is wrong"
             )
         key = f"bundle:{received.sha256}"
-        known = db.read(
-            lambda c: c.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
-        )
+        known = db.read(lambda c: runs.find_upload(c, key=key))
         if known is not None:
             response.status_code = 200
-            return UploadResult(run_id=known[0], created=False, sha256=received.sha256)
+            return UploadResult(run_id=known, created=False, sha256=received.sha256)
         staged = await run_staging(
             request.app,
             stage_bundle,
@@ -115,14 +114,8 @@ async def upload_trace(
     try:
         rank = _rank(received.fields.get("rank"))
         name = (received.fields.get("name") or received.filename or "trace")[:200]
-        if (
-            run_id is not None
-            and db.read(
-                lambda c: c.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
-            )
-            is None
-        ):
-            raise NotFound(f"run {run_id} does not exist")
+        if run_id is not None:
+            db.read(lambda c: runs.require_run(c, run_id=run_id))
         staged = await run_staging(
             request.app,
             stage_trace,
@@ -146,11 +139,6 @@ def _record(
 ) -> tuple[int, bool]:
     """On the writer: the run (or the files added to ``run_id``), atomically."""
     with immediate(conn):
-        if (
-            run_id is not None
-            and conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone() is None
-        ):
-            raise NotFound(f"run {run_id} does not exist")
         return record_run(conn, staged, key=key, source=source, run_id=run_id)
 
 

@@ -1,0 +1,175 @@
+"""The reference figures a user checks a profiler against: per device and per kernel name.
+
+``device_figures``: per (rank, device), over the whole trace: kernel count and kernel-only time,
+memcpy and memset counts, time and bytes, the kernel span, how many kernels joined a launch
+row, and total GPU time (the sum of every activity's duration, not a union: busy time is the
+timeline's job).
+
+``kernel_table``: per kernel name what ``nsys stats --report cuda_gpu_kern_sum`` prints: count
+(Instances), total, average, median, minimum, maximum, sample standard deviation (n - 1 in the
+denominator; 0 for a single instance) and the share of the kernel time, per rank and summed
+over ranks (``rank=None``, what nsys prints for a multi-process export).
+
+Durations are ``end - start`` in integer ns; counts, totals, minima and maxima are exact
+integers, the average, median and standard deviation are the only non-integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.model import ActivityKind, Trace
+from analyzers.report import DeviceFigures, KernelStat
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def device_figures(trace: Trace, rank: IntArray, launch: IntArray) -> list[DeviceFigures]:
+    """The whole-trace figures of every (rank, device) with at least one activity.
+
+    ``rank`` is each activity's rank (resolved through its launch where the reader left -1);
+    ``launch`` its launch row (-1: none joined).
+    """
+    acts = trace.activities
+    if len(acts) == 0:
+        return []
+    device = acts["device"].astype(np.int64)
+    start, end = acts["start"].astype(np.int64), acts["end"].astype(np.int64)
+    duration = end - start
+    kind = acts["kind"]
+    size = acts["bytes"].astype(np.int64)
+    keys, slot = np.unique(np.stack([rank, device], axis=1), axis=0, return_inverse=True)
+    slot = slot.reshape(-1)
+    n = len(keys)
+
+    def total(values: IntArray, mask: BoolArray) -> IntArray:
+        out = np.zeros(n, dtype=np.int64)
+        np.add.at(out, slot[mask], values[mask])
+        return out
+
+    def count(mask: BoolArray) -> IntArray:
+        return np.bincount(slot[mask], minlength=n).astype(np.int64)
+
+    is_kernel = kind == ActivityKind.KERNEL
+    is_copy, is_set = kind == ActivityKind.MEMCPY, kind == ActivityKind.MEMSET
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, slot[is_kernel], start[is_kernel])
+    np.maximum.at(last, slot[is_kernel], end[is_kernel])
+    kernels, joined = count(is_kernel), count(is_kernel & (launch >= 0))
+    known = size >= 0
+    columns = {
+        "kernel_time_ns": total(duration, is_kernel),
+        "memcpy": count(is_copy),
+        "memcpy_time_ns": total(duration, is_copy),
+        "memcpy_bytes": total(size, is_copy & known),
+        "memcpy_bytes_unknown": count(is_copy & ~known),
+        "memset": count(is_set),
+        "memset_time_ns": total(duration, is_set),
+        "memset_bytes": total(size, is_set & known),
+        "memset_bytes_unknown": count(is_set & ~known),
+        "gpu_time_ns": total(duration, np.ones(len(acts), dtype=bool)),
+    }
+    out = []
+    for i, (r, d) in enumerate(keys.tolist()):
+        has_kernels = bool(kernels[i])
+        out.append(
+            DeviceFigures(
+                rank=r,
+                device=d,
+                kernels=int(kernels[i]),
+                kernel_first_ns=int(first[i]) if has_kernels else None,
+                kernel_last_ns=int(last[i]) if has_kernels else None,
+                kernel_span_ns=int(last[i] - first[i]) if has_kernels else 0,
+                kernels_with_launch=int(joined[i]),
+                kernels_without_launch=int(kernels[i] - joined[i]),
+                **{name: int(values[i]) for name, values in columns.items()},
+            )
+        )
+    return out
+
+
+def _table(
+    key: IntArray, name: IntArray, duration: IntArray
+) -> list[tuple[int, int, int, int, float, float, int, int, float]]:
+    """(key, name, count, total, average, median, min, max, stddev) per distinct (key, name)."""
+    if len(duration) == 0:
+        return []
+    order = np.lexsort((duration, name, key))
+    k, nm, d = key[order], name[order], duration[order]
+    new = np.ones(len(d), dtype=bool)
+    new[1:] = (k[1:] != k[:-1]) | (nm[1:] != nm[:-1])
+    first = np.flatnonzero(new)
+    count = np.diff(np.append(first, len(d)))
+    total = np.add.reduceat(d, first)
+    mean = total / count
+    lo_mid = first + (count - 1) // 2
+    hi_mid = first + count // 2
+    median = (d[lo_mid] + d[hi_mid]) / 2  # the middle one, or the mean of the two middle ones
+    deviation = d - np.repeat(mean, count)
+    squares = np.add.reduceat(deviation * deviation, first)
+    stddev = np.sqrt(np.where(count > 1, squares / np.maximum(count - 1, 1), 0.0))
+    return list(
+        zip(
+            k[first].tolist(),
+            nm[first].tolist(),
+            count.tolist(),
+            total.tolist(),
+            mean.tolist(),
+            median.tolist(),
+            d[first].tolist(),
+            d[first + count - 1].tolist(),
+            stddev.tolist(),
+            strict=True,
+        )
+    )
+
+
+def kernel_table(
+    trace: Trace,
+    rank: IntArray,
+    selected: BoolArray,
+    group: str,
+    steps: Mapping[tuple[int, str], int],
+) -> list[KernelStat]:
+    """Per kernel name, per rank and over all ranks (``rank=None``), of the kernels in
+    ``selected`` (the activities placed in the group's windows); sorted by total time."""
+    acts = trace.activities
+    rows = np.flatnonzero(selected & (acts["kind"] == ActivityKind.KERNEL))
+    duration = (acts["end"][rows] - acts["start"][rows]).astype(np.int64)
+    name = acts["name"][rows].astype(np.int64)
+    ranks = rank[rows].astype(np.int64)
+    all_steps = [s for (r, g), s in steps.items() if g == group]
+    out = []
+    for per_rank in (True, False):
+        key = ranks if per_rank else np.zeros(len(rows), dtype=np.int64)
+        table = _table(key, name, duration)
+        kernel_time: dict[int, int] = {}
+        for k, _, _, tot, *_ in table:
+            kernel_time[k] = kernel_time.get(k, 0) + tot
+        for k, nm, n, tot, avg, med, lo, hi, sd in table:
+            out.append(
+                KernelStat(
+                    rank=k if per_rank else None,
+                    window=group,
+                    steps=steps.get((k, group), 1) if per_rank else max(all_steps, default=1),
+                    name=trace.strings[nm],
+                    count=n,
+                    total_ns=tot,
+                    average_ns=avg,
+                    median_ns=med,
+                    min_ns=lo,
+                    max_ns=hi,
+                    stddev_ns=sd,
+                    time_pct=100.0 * tot / kernel_time[k] if kernel_time[k] else 0.0,
+                )
+            )
+    out.sort(key=lambda s: (s.rank is None, s.rank or 0, -s.total_ns, s.name))
+    return out
+
+
+__all__ = ["device_figures", "kernel_table"]

@@ -1,0 +1,93 @@
+"""One-kernel log-sum-exp merge of a CP step's partial output (CUDA, Triton).
+
+The eager merge in :mod:`cp_attention.merge` is ~10 elementwise kernels per step (gather the
+old rows, ``logaddexp``, two ``exp``, two products in float32, the cast, two scatters), each a
+full pass over ``[rows, heads, dim]``. This kernel does the same arithmetic in one pass: for
+each selected row it reads the running ``(out, lse)`` and the step's ``(out, lse)``, and writes
+the merged pair in place. Arithmetic as in the eager path: LSE and weights in float32,
+``logaddexp`` with ``-inf`` handled the same way, the output rounded once to its dtype.
+
+The step's result may be packed (one row per selected row) or in place (shaped like the running
+output, valid at the selected rows: what the in-place cuDNN call returns). Used on CUDA when
+Triton imports; :func:`available` says so, and the eager path is used otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def available() -> bool:
+    """Whether Triton imports (it ships with CUDA builds of torch)."""
+    try:
+        import triton
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def merge_rows(out_ptr, lse_ptr, step_out_ptr, step_lse_ptr, rows_ptr, first_row,
+                   s_out_t, s_out_h, s_lse_t, s_lse_h, s_step_t, s_step_h, s_slse_t, s_slse_h,
+                   HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                   BLOCK_D: tl.constexpr, HAS_INDEX: tl.constexpr,
+                   STEP_IN_PLACE: tl.constexpr):
+        i = tl.program_id(0)
+        if HAS_INDEX:
+            row = tl.load(rows_ptr + i)
+        else:
+            row = first_row + i
+        step_row = row if STEP_IN_PLACE else i
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        h_ok = h < HEADS
+        a = tl.load(lse_ptr + row * s_lse_t + h * s_lse_h, mask=h_ok, other=0.0)
+        b = tl.load(step_lse_ptr + step_row * s_slse_t + h * s_slse_h, mask=h_ok, other=0.0)
+        m = tl.maximum(a, b)
+        both_inf = (a == b) & (tl.abs(a) == float("inf"))
+        new = tl.where(both_inf, a, m + tl.log(1.0 + tl.exp(-tl.abs(a - b))))
+        w_old = tl.exp(a - new)
+        w_new = tl.exp(b - new)
+        mask = h_ok[:, None] & (d[None, :] < DIM)
+        o_off = row * s_out_t + h[:, None] * s_out_h + d[None, :]
+        s_off = step_row * s_step_t + h[:, None] * s_step_h + d[None, :]
+        old = tl.load(out_ptr + o_off, mask=mask, other=0.0).to(tl.float32)
+        step = tl.load(step_out_ptr + s_off, mask=mask, other=0.0).to(tl.float32)
+        merged = old * w_old[:, None] + step * w_new[:, None]
+        tl.store(out_ptr + o_off, merged.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(lse_ptr + row * s_lse_t + h * s_lse_h, new, mask=h_ok)
+
+    return merge_rows
+
+
+def merge_rows_(out: torch.Tensor, lse: torch.Tensor, rows, step_out: torch.Tensor,
+                step_lse: torch.Tensor, step_in_place: bool) -> None:
+    """Merge ``(step_out, step_lse)`` into ``(out, lse)`` at ``rows`` (a ``Rows``), in place.
+
+    ``out``/``step_out`` are ``[T, H, D]`` with unit stride over ``D``; ``lse``/``step_lse``
+    ``[T, H]`` float32, any strides.
+    """
+    import triton
+
+    if out.stride(2) != 1 or step_out.stride(2) != 1:
+        raise ValueError("merge_rows_ needs unit stride over the head dimension")
+    heads, dim = out.shape[1], out.shape[2]
+    # Without an index the pointer is never read; any valid device pointer will do.
+    index = rows.index if rows.index is not None else lse
+    _kernel()[(rows.count,)](
+        out, lse, step_out, step_lse, index, rows.start,
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        step_out.stride(0), step_out.stride(1), step_lse.stride(0), step_lse.stride(1),
+        HEADS=heads, DIM=dim, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_D=triton.next_power_of_2(dim), HAS_INDEX=rows.index is not None,
+        STEP_IN_PLACE=step_in_place, num_warps=4,
+    )

@@ -1,0 +1,115 @@
+"""Single-GPU checks of the local kernels (``cudnn``, ``flash``) against float64 (CUDA only).
+
+The cases are :func:`cp_attention.kernel_check.cases`: hand-made packs (padding between
+sequences, tail padding, one sequence, length-1 and many short sequences, GQA, head dims
+64/128/256, causal and not) and every per-step block shape of the cp = 2, 4, 8 plans under
+DualChunkSwap and NoLoadBalance. Each kernel runs packed and, where it can, in place, forward
+and backward (out, LSE, dQ, dK, dV). With ``CP_KERNEL_TABLE=<path>`` the full table, with the
+versions, is written there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from cp_attention import kernel_check
+from cp_attention.local_attention import cudnn_available, get_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CASES = kernel_check.cases() if torch.cuda.is_available() else []
+GROUPS = sorted({c.group for c in CASES}, key=lambda g: (g != "packs", g))
+KERNELS = ["flash", "cudnn", "cudnn_autotune"]
+_ROWS: list = []
+
+
+def _write_table() -> None:
+    """Rewrite the table after every group, so a run cut short still leaves its rows."""
+    path = os.environ.get("CP_KERNEL_TABLE")
+    if path and _ROWS:
+        head = [f"- {k}: {v}" for k, v in kernel_check.versions().items()]
+        head.append(f"- cuDNN graphs by engine: {dict(kernel_check.engines_used())}")
+        lines = [*head, "", *kernel_check.summary(_ROWS), "", *kernel_check.table(_ROWS)]
+        Path(path).write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS)
+@pytest.mark.parametrize("group", GROUPS or ["none"])
+def test_local_kernel_matches_float64(group: str, kernel_name: str) -> None:
+    if kernel_name.startswith("cudnn") and not cudnn_available():
+        pytest.skip("nvidia-cudnn-frontend does not import")
+    device = torch.device("cuda")
+    kernel = get_backend(device, kernel_name)
+    rows = []
+    for case in (c for c in CASES if c.group == group):
+        rows.extend(kernel_check.run_case(case, kernel, device, torch.bfloat16))
+    _ROWS.extend(rows)
+    _write_table()
+    failed = [f"{r.case} [{r.layout}]: {r.errors} {r.error}" for r in rows if not r.ok]
+    assert rows and not failed, "\n".join(failed[:20])
+
+
+@pytest.mark.skipif(not cudnn_available(), reason="nvidia-cudnn-frontend does not import")
+def test_cudnn_process_exit_prints_no_leak_warnings() -> None:
+    """Cached cuDNN graphs are released at exit: no ``nanobind: leaked`` lines."""
+    code = textwrap.dedent("""
+        import torch
+        from cp_attention import PackedBatch, cp_attn
+        meta = PackedBatch.from_cu_seqlens([0, 256, 384], cp_size=1, device="cuda")
+        q, k, v = (torch.randn(384, 4, 128, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        cp_attn(q, k, v, meta, backend="cudnn").sum().backward()
+        torch.cuda.synchronize()
+        from cp_attention.local_attention import get_backend
+        assert get_backend(q.device, "cudnn").primary.engines, "no cuDNN graph was cached"
+        print("ran")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                  "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env, check=False)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-3000:]
+    assert "leaked" not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("indexed", [False, True])
+def test_fused_merge_matches_eager_merge(in_place: bool, indexed: bool) -> None:
+    from cp_attention import fused
+    from cp_attention.merge import OutputMerger
+    from cp_attention.plan import Rows
+
+    if not fused.available():
+        pytest.skip("triton does not import")
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(3)
+    tokens, heads, dim = 1000, 16, 128
+    q = torch.empty(tokens, heads, dim, device=device, dtype=torch.bfloat16)
+    first_out = torch.randn(tokens, heads, dim, device=device, generator=gen).bfloat16()
+    first_lse = torch.randn(tokens, heads, device=device, generator=gen) * 3
+    index = torch.randperm(tokens, device=device, generator=gen)[:357].sort().values
+    rows = Rows(0, 357, index) if indexed else Rows(100, 457)
+    n_step = tokens if in_place else 357
+    step_out = torch.randn(n_step, heads, dim, device=device, generator=gen).bfloat16()
+    # A transposed LSE view, as the flash kernel returns it.
+    step_lse = (torch.randn(heads, n_step, device=device, generator=gen) * 3).transpose(0, 1)
+    merged = []
+    for use_fused in (False, True):
+        m = OutputMerger(q, fused=use_fused)
+        m.add(Rows(0, tokens), first_out.clone(), first_lse.clone())
+        m.add(rows, step_out, step_lse, in_place)
+        merged.append(m.result())
+    (eager_out, eager_lse), (fused_out, fused_lse) = merged
+    torch.testing.assert_close(fused_lse, eager_lse, rtol=1e-6, atol=1e-6)
+    # One bf16 rounding of the same float32 value: at most one ulp apart.
+    torch.testing.assert_close(fused_out.float(), eager_out.float(), rtol=8e-3, atol=1e-5)

@@ -1,0 +1,108 @@
+"""The house's import rules, read from the source (every import statement, also inside functions).
+
+- Data flows one way: ``service`` imports neither ``web`` nor the CLI (``cptrace``) nor the
+  runners; ``analyzers`` and ``contracts`` import nothing of ours above them; ``web`` does not
+  import the CLI or the runners. The served app is assembled in ``cptrace/app.py``.
+- A private module (``_name``) belongs to its package: only modules inside that package import it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("analyzers", "contracts", "service", "web", "cptrace", "runners", "cp_attention")
+FORBIDDEN = {
+    "service": {"web", "cptrace", "runners"},
+    "analyzers": {"service", "web", "cptrace", "runners", "cp_attention", "contracts"},
+    "contracts": {"analyzers", "service", "web", "cptrace", "runners", "cp_attention"},
+    "web": {"cptrace", "runners"},
+}
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            yield ".".join(parts), path
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, imported module)`` for every import in the file; relative ones resolved."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield node.lineno, base
+            for alias in node.names:  # ``from pkg import _private_module``
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def _private_owner(imported: str) -> str | None:
+    """The package that owns ``imported`` if it names a private module of ours, else None."""
+    parts = imported.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            candidate = REPO.joinpath(*parts[:i], part)
+            if candidate.with_suffix(".py").is_file() or (candidate / "__init__.py").is_file():
+                return ".".join(parts[:i])
+            return None  # a private name inside a module, not a module
+    return None
+
+
+def test_lower_rooms_never_import_higher_ones() -> None:
+    found = []
+    for module, path in _modules():
+        banned = FORBIDDEN.get(module.split(".")[0], set())
+        for line, imported in _imports(module, path):
+            if imported.split(".")[0] in banned:
+                found.append(f"{path.relative_to(REPO)}:{line}: imports {imported}")
+    assert not found, "imports against the flow:\n" + "\n".join(sorted(set(found)))
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    found = []
+    for module, path in _modules():
+        for line, imported in _imports(module, path):
+            owner = _private_owner(imported)
+            if owner is not None and not (module == owner or module.startswith(owner + ".")):
+                found.append(f"{path.relative_to(REPO)}:{line}: imports {imported} ({owner}'s)")
+    assert not found, "private modules used from outside:\n" + "\n".join(sorted(set(found)))
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("service.x", "from web.routes import router", "web.routes"),
+        ("service.x", "def f():\n    import cptrace\n", "cptrace"),
+        ("analyzers.a.b", "from .._files import x", "analyzers._files"),
+        ("analyzers.a", "from analyzers.readers import _files", "analyzers.readers._files"),
+    ],
+)
+def test_the_scanner_sees_every_kind_of_import(
+    tmp_path: Path, module: str, source: str, expected: str
+) -> None:
+    """The rules above can fail: nested, relative and ``from pkg import module`` imports count."""
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert expected in {name for _, name in _imports(module, path)}
+
+
+def test_private_module_detection() -> None:
+    assert _private_owner("analyzers.readers._files") == "analyzers.readers"
+    assert _private_owner("analyzers.readers._files.sniff") == "analyzers.readers"
+    assert _private_owner("analyzers.readers.sniff") is None
+    assert _private_owner("analyzers.bundle._safe_member_name") is None  # a name, not a module
