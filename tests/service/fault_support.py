@@ -3,6 +3,7 @@ and the log that ``scripts/fault_table.py`` turns into the table in docs/service
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -182,3 +183,107 @@ def running(pid: int) -> bool:
     """The process exists and is not a zombie (an exited child not yet reaped by init)."""
     st = _stat(pid)
     return st is not None and st[1] != "Z"
+
+
+class _Repeat:
+    """A read-only file of ``size`` bytes: a JSON opening, one event repeated, the closing."""
+
+    EVENT = (
+        b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, '
+        b'"ts": 1000, "dur": 5, "args": {}},'
+    )
+
+    def __init__(self, size: int) -> None:
+        head, tail = b'{"schemaVersion": 1, "traceEvents": [', self.EVENT[:-1] + b"]}"
+        body = (size - len(head) - len(tail)) // len(self.EVENT)
+        self.parts = [
+            (head, 1),
+            (self.EVENT * 4096, body // 4096),
+            (self.EVENT, body % 4096),
+            (tail, 1),
+        ]
+        self.size = sum(len(p) * n for p, n in self.parts)
+
+    def chunks(self):  # type: ignore[no-untyped-def]
+        for part, count in self.parts:
+            for _ in range(count):
+                yield part
+
+
+@functools.lru_cache(maxsize=2)
+def slow_bundle(size: int, *, salt: str = "") -> bytes:
+    """A ~size/1000 byte bundle whose trace member is ``size`` bytes of plain JSON: the reader
+    inflates, hashes and stores all of it, so validation takes seconds (not a memory attack)."""
+    import hashlib
+    import io
+    import tarfile
+    import zlib
+
+    trace = _Repeat(size)
+    digest = hashlib.sha256()
+    for chunk in trace.chunks():
+        digest.update(chunk)
+    manifest = {
+        "schema_version": 1,
+        "bundle_version": 1,
+        "run": {"name": "slow", "branch": "main", "commit": "abc", "host": "test"},
+        "environment": {"salt": salt},
+        "traces": [
+            {
+                "path": "traces/rank0.json",
+                "format": "kineto",
+                "rank": 0,
+                "sha256": digest.hexdigest(),
+            }
+        ],
+    }
+    raw = json.dumps(manifest).encode()
+
+    class Reader(io.RawIOBase):
+        def __init__(self) -> None:
+            self.it = trace.chunks()
+            self.buf = b""
+
+        def readable(self) -> bool:
+            return True
+
+        def read(self, n: int = -1) -> bytes:
+            while len(self.buf) < n:
+                try:
+                    self.buf += next(self.it)
+                except StopIteration:
+                    break
+            out, self.buf = self.buf[:n], self.buf[n:]
+            return out
+
+    tar_buf = io.BytesIO()
+    comp = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+
+    class Sink(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:  # type: ignore[no-untyped-def]
+            tar_buf.write(comp.compress(bytes(b)))
+            return len(b)
+
+    with tarfile.open(fileobj=Sink(), mode="w|") as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        info = tarfile.TarInfo("traces/rank0.json")
+        info.size = trace.size
+        tar.addfile(info, Reader())
+    tar_buf.write(comp.flush())
+    return tar_buf.getvalue()
+
+
+def wait_quiet(pids: list[int], timeout: float = 60, quiet_s: float = 0.5) -> None:
+    """Until none of ``pids`` uses CPU for ``quiet_s`` (freshly spawned ones import for a while)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = [cpu_ticks(p) for p in pids]
+        time.sleep(quiet_s)
+        if [cpu_ticks(p) for p in pids] == before:
+            return
+    raise AssertionError(f"{pids} never went quiet within {timeout}s")
