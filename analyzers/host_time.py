@@ -7,7 +7,7 @@ for how long on the host. Those figures, and the findings they alone support, ar
 Definitions (per rank and window group; whole-trace numbers are totals over the trace):
 
 * **calls**: outermost ranges of the helper: a catalogued range whose nearest enclosing
-  catalogued range (same thread, same tracer family) is not of the same helper. Recursion and
+  catalogued range (same thread) is not of the same helper. Recursion and
   a helper's NVTX + ``record_function`` twin ranges count once.
 * **inclusive ns**: summed duration of those calls.
 * **self ns**: inclusive time minus the time of catalogued ranges of *other* helpers nested
@@ -26,11 +26,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import RangeHelpers
+from analyzers.attribution import RangeHelpers, RangeIndex
 from analyzers.catalog import Catalog
 from analyzers.metrics import assign_windows
-from analyzers.model import RangeKind, Trace
-from analyzers.readers._nesting import nest
+from analyzers.model import Trace
 from analyzers.report import (
     HOST_TIME_BASIS,
     Evidence,
@@ -64,8 +63,7 @@ def host_time(
     helper = ranges.helper[rows].astype(np.int64)
     start = table["start"][rows].astype(np.int64)
     end = np.maximum(table["end"][rows].astype(np.int64), start)
-    family = (table["kind"][rows] == RangeKind.PYTHON).astype(np.int64)
-    parent, _ = nest(table["thread"][rows].astype(np.int64), start, end, family)
+    parent = _parents(table["thread"][rows].astype(np.int64), start, end)
     parent_helper = np.where(parent >= 0, helper[np.maximum(parent, 0)], -1)
     top = _outermost(parent, helper)
     is_call = parent_helper != helper
@@ -102,6 +100,15 @@ def host_time(
                     self_ns=max(inclusive - int(charged[sel].sum()), 0),
                 )
             )
+    return out
+
+
+def _parents(thread: IntArray, start: IntArray, end: IntArray) -> IntArray:
+    """Position of the nearest enclosing range among the given ones (same thread), -1 if none:
+    the nesting attribution's ``RangeIndex`` computes, mapped back to the input order."""
+    index = RangeIndex(thread, start, end, np.arange(len(start), dtype=np.int64))
+    out = np.full(len(start), -1, dtype=np.int64)
+    out[index.rows] = np.where(index.parent >= 0, index.rows[np.maximum(index.parent, 0)], -1)
     return out
 
 
