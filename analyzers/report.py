@@ -314,6 +314,34 @@ class IterationStats(_Model):
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
+HOST_TIME_BASIS = "host ranges (annotation ranges on the CPU; no GPU activity needed)"
+
+
+class HelperHostTime(_Model):
+    """Host-side calls and time of one helper on one rank within one window group, from the
+    annotation ranges alone (``analyzers.host_time`` defines each figure)."""
+
+    rank: int
+    window: str
+    steps: int
+    """Windows of the group on this rank: divide by it for per-step numbers (the whole trace is
+    one window per rank, so its numbers are totals over the trace)."""
+    helper: str
+    category: Category
+    calls: int  # outermost ranges of the helper
+    inclusive_ns: int  # summed duration of those calls
+    self_ns: int  # inclusive minus other catalogued helpers' ranges nested inside
+
+
+class HostTimeReport(_Model):
+    """Host time per helper for every window group (``analyzers.host_time``)."""
+
+    basis: str = HOST_TIME_BASIS
+    gpu_activity: bool
+    """Whether the trace has GPU activity (if not, these are the only per-helper figures)."""
+    helpers: list[HelperHostTime] = Field(default_factory=list)
+
+
 class RunEnvironment(_Model):
     """What the run ran on, as far as the traces and the manifest say (None: not recorded)."""
 
@@ -351,6 +379,8 @@ class AnalysisReport(_Model):
     kernels: list[KernelStat] = Field(default_factory=list)
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
+    host_time: HostTimeReport | None = None
+    """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
 
 
 class HelperDelta(_Model):

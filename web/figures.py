@@ -488,5 +488,46 @@ def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -
     return {"data": data, "layout": layout}
 
 
+def mark_change_points(figure: Figure, marks: Sequence[tuple[int, str]]) -> Figure:
+    """Draw each change point of a :func:`history_figure` as a dashed vertical line at the
+    first run of the new level, labelled with its shift (``marks``: point index, label)."""
+    data = figure.get("data") or []
+    series = data[-1] if data else {}
+    xs = list(series.get("x") or [])
+    layout = figure.setdefault("layout", {})
+    shapes = list(layout.get("shapes") or [])
+    notes = list(layout.get("annotations") or [])
+    for index, label in marks:
+        if not 0 <= index < len(xs):
+            continue
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": xs[index],
+                "x1": xs[index],
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#D55E00", "width": 2, "dash": "dash"},
+            }
+        )
+        notes.append(
+            {
+                "x": xs[index],
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": svg_text(label),
+                "font": {"color": "#D55E00"},
+            }
+        )
+    layout["shapes"] = shapes
+    layout["annotations"] = notes
+    return figure
+
+
 def _gap(high: float | None, low: float | None) -> float:
     return max(high - low, 0.0) if high is not None and low is not None else 0.0

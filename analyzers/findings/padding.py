@@ -19,6 +19,7 @@ from analyzers.findings.context import (
     padding_differences,
     real_seqlens,
 )
+from analyzers.findings.observed import observed_evidence, observed_prefix
 from analyzers.metrics import per_step
 from analyzers.report import Category, Evidence, Finding, Severity
 
@@ -102,10 +103,12 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
                 evidence=[
                     *evidence,
                     Evidence(name="padding", value="; ".join(detail), window=target.group),
+                    *observed_evidence(target, about="metadata"),
                 ],
                 title=f"Padded THD path in {target.label!r} is required: the batch is padded",
                 recommendation=(
-                    "Keep the padded path (pad_between_seqs=True or distinct padded cu_seqlens); "
+                    observed_prefix(target, about="metadata")
+                    + "Keep the padded path (pad_between_seqs=True or distinct padded cu_seqlens); "
                     "do not pass pad_between_seqs=False here."
                 ),
                 **base,
@@ -142,9 +145,10 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
                     value=True,
                     window=target.group,
                 ),
+                *observed_evidence(target, about="metadata"),
             ],
             title=f"{who} in {target.label!r} although nothing is padded",
-            recommendation=recommendation,
+            recommendation=observed_prefix(target, about="metadata") + recommendation,
             **_saving_fields(saving),
             **base,
         )
@@ -193,7 +197,10 @@ def fast_path_with_padding(ctx: RuleContext, target: Target) -> list[Finding]:
     if not differences and not tails:
         return []
     padded = target.facts.cu_seqlens_padded if differences else _suggested_padded(target)
-    evidence = [Evidence(name="fast path because", value=why, window=target.group)]
+    evidence = [
+        Evidence(name="fast path because", value=why, window=target.group),
+        *observed_evidence(target, about="metadata"),
+    ]
     if differences:
         evidence.append(
             Evidence(name="padding", value="; ".join(differences[:4]), window=target.group)
@@ -217,7 +224,7 @@ def fast_path_with_padding(ctx: RuleContext, target: Target) -> list[Finding]:
             ),
             evidence=evidence,
             references=["TE issue #3331", "NeMo-RL PR #4070"],
-            recommendation=(
+            recommendation=observed_prefix(target, about="metadata") + (
                 f"Take the padded path: pass pad_between_seqs=True with cu_seqlens_q_padded/"
                 f"cu_seqlens_kv_padded = {padded} as tensors distinct from cu_seqlens (each length "
                 f"rounded up to a multiple of 2*cp={2 * _cp(target)}), or use {ADAPTER}. The "
@@ -252,6 +259,7 @@ def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]
                 *helper_evidence(stats, target.group),
                 *_zero_fill_elsewhere(ctx, target, helpers),
                 *saving.evidence,
+                *observed_evidence(target, about="metadata"),
             ],
             recommendation=_zero_fill_recommendation(ctx, target, helpers),
             **_saving_fields(saving),

@@ -71,7 +71,10 @@ def run(
         bundle_dir = run_spec(loaded, target, options)
     except (SpecError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    except (LaunchError, BundleError, FileExistsError) as exc:
+    except LaunchError as exc:
+        where = f"\nbundle with the failure record: {exc.bundle}" if exc.bundle else ""
+        _fail(f"{exc}{where}")
+    except (BundleError, FileExistsError) as exc:
         _fail(str(exc))
     typer.echo(f"bundle: {bundle_dir}")
     if pack:
