@@ -35,4 +35,11 @@ step fp8-aligned 70 cptrace run runners/examples/te_fp8_aligned.yaml --out "$OUT
 step fp8-aligned-analyze 30 cptrace analyze "$OUT/fp8-aligned" --json
 { echo "| step | outcome | wall s |"; echo "|---|---|---|"; printf '%s\n' "${rows[@]}"; } \
   | tee "$OUT/results.md"
-rm -rf "$OUT/.bin"; du -sh "$OUT"/* 2>/dev/null
+# Few files come back from the device: one archive per bundle, one for all logs.
+for b in te-profile-nsys fp8-misaligned fp8-aligned; do
+  [ -f "$OUT/$b/manifest.json" ] && cptrace bundle pack "$OUT/$b" --out "$OUT/$b.tar.gz" \
+    && rm -rf "${OUT:?}/$b"
+done
+rm -rf "$OUT/.bin"
+(cd "$OUT" && logs=$(ls ./*.log | grep -v '/all.log$') && tar czf logs.tar.gz $logs && rm -f $logs)
+du -sh "$OUT"/* 2>/dev/null
