@@ -69,6 +69,9 @@ class LaunchOptions:
     include_hostname: bool = False
     cancel: threading.Event | None = None
     """Set to stop the launch (the agent's SIGTERM/lease-lost path)."""
+    run_tags: dict[str, Any] | None = None
+    """Manifest ``run`` fields that replace the runner checkout's own git facts (the agent's
+    pull-request jobs: branch, commit, repo, pr, suite, spec_name of the measured checkout)."""
 
 
 def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:
@@ -134,6 +137,7 @@ def run_logged(
     cancel: threading.Event | None = None,
     status_dir: Path | None = None,
     watchdog_s: float | None = None,
+    cwd: Path | None = None,
 ) -> Supervised:
     """Run ``cmd`` with its output in ``log``; raise ``LaunchError`` with the tail on failure.
 
@@ -143,7 +147,7 @@ def run_logged(
     """
     result = supervise(
         cmd, log=log, env=env, status_dir=status_dir, watchdog_s=watchdog_s,
-        timeout_s=timeout, cancel=cancel, stop_grace_s=15.0,
+        timeout_s=timeout, cancel=cancel, stop_grace_s=15.0, cwd=cwd,
     )
     if result.start_error:
         raise LaunchError(result.start_error, supervised=result)
@@ -224,7 +228,7 @@ def _run_info(spec: RunSpec, launcher: str, opts: LaunchOptions) -> dict[str, An
         spec=spec.model_dump(mode="json"),
         host=socket.gethostname() if opts.include_hostname else None,
         command=started,
-        **_git_info(),
+        **(_git_info() if opts.run_tags is None else opts.run_tags),
     )
 
 

@@ -43,6 +43,56 @@ def submit_job(
     return int(cur.lastrowid or 0)
 
 
+def submit_checkout_job(
+    conn: sqlite3.Connection,
+    *,
+    spec: dict[str, Any],
+    name: str,
+    gpus: int,
+    max_attempts: int,
+    batch_id: int,
+    checkout: dict[str, Any],
+) -> int:
+    """Queue a spec that runs on a checkout of a repository's commit (the pull-request loop).
+
+    ``checkout`` (``service.github_loop.models.JobCheckout`` as JSON) goes to the runner with the
+    claim; repo, PR number, head/base SHA and suite are also columns, for lookups. The caller
+    holds the transaction (a batch and its jobs are queued together).
+    """
+    now = now_iso()
+    cur = conn.execute(
+        "INSERT INTO jobs (name, spec_json, gpus, status, attempts, max_attempts, created_at, "
+        "updated_at, batch_id, repo, pr_number, head_sha, base_sha, suite, checkout_json) "
+        "VALUES (?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            name,
+            json.dumps(spec),
+            gpus,
+            max_attempts,
+            now,
+            now,
+            batch_id,
+            checkout["repo"],
+            checkout.get("pr"),
+            checkout["sha"],
+            checkout.get("base_sha"),
+            checkout["suite"],
+            json.dumps(checkout),
+        ),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def batch_jobs(conn: sqlite3.Connection, batch_id: int) -> list[dict[str, Any]]:
+    """The jobs of one pull-request batch, in queue order, with their outcome."""
+    return rows(
+        conn,
+        "SELECT id, name, status, run_id, reason, log_tail, spec_json FROM jobs "
+        "WHERE batch_id = ? ORDER BY id",
+        (batch_id,),
+    )
+
+
 def touch_runner(
     conn: sqlite3.Connection, runner: str, *, gpus: int | None = None, job_id: int | None = None
 ) -> None:
@@ -106,7 +156,7 @@ def claim_job(
             if cur.rowcount == 1:
                 claimed = one(
                     conn,
-                    "SELECT id, spec_json, lease_expires_at FROM jobs WHERE id = ?",
+                    "SELECT id, spec_json, lease_expires_at, checkout_json FROM jobs WHERE id = ?",
                     (job["id"],),
                 )
         touch_runner(conn, runner, gpus=gpus, job_id=claimed["id"] if claimed else None)
@@ -116,6 +166,7 @@ def claim_job(
         "id": claimed["id"],
         "spec": json.loads(claimed["spec_json"]),
         "lease_expires_at": claimed["lease_expires_at"],
+        "checkout": json.loads(claimed["checkout_json"]) if claimed["checkout_json"] else None,
     }
 
 

@@ -56,11 +56,23 @@ class AnalysisWorker:
         self.stop = threading.Event()
 
     def run_forever(self) -> None:
-        """Work until ``stop`` is set; idle polling every ``worker_poll_s``."""
+        """Work until ``stop`` is set; idle polling every ``worker_poll_s``.
+
+        Between tasks it also publishes the pull-request loop's finished batches (comments and
+        commit statuses) when ``GITHUB_TOKEN`` is set: right after the analysis they wait for.
+        """
         log.info("analysis worker %s started on %s", self.name, self.settings.db_path)
-        while not self.stop.is_set():
-            if not self.run_once():
-                self.stop.wait(self.settings.worker_poll_s)
+        publisher = _pr_publisher(self.settings)
+        try:
+            while not self.stop.is_set():
+                busy = self.run_once()
+                if publisher is not None:
+                    publisher.maybe_tick()
+                if not busy:
+                    self.stop.wait(self.settings.worker_poll_s)
+        finally:
+            if publisher is not None:
+                publisher.db.close()
         log.info("analysis worker %s stopped", self.name)
 
     def run_once(self) -> bool:
@@ -119,6 +131,24 @@ class AnalysisWorker:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _pr_publisher(settings: Settings) -> Any:
+    """The pull-request loop's publisher, or None when GitHub is not configured."""
+    from service.github_loop.publisher import Publisher
+    from service.storage.database import Database
+
+    db = Database(
+        settings.db_path,
+        busy_timeout_ms=settings.busy_timeout_ms,
+        read_time_limit_ms=settings.read_time_limit_ms,
+    )
+    publisher = Publisher.from_env(db)
+    if publisher is None:
+        db.close()
+    else:
+        log.info("pull-request loop: publishing to %s", publisher.github.api_url)
+    return publisher
 
 
 def _is_input_error(exc: BaseException) -> bool:

@@ -80,8 +80,8 @@ def test_manifest_records_variants_facts_and_timings(run_bundle: Path) -> None:
             assert sorted(variant.iteration_ms) == [0, 1]
             assert all(len(v) == 3 and min(v) > 0 for v in variant.iteration_ms.values())
         assert manifest.environment["torch"] and manifest.environment["gpu_count"] == 0
-        assert bundle.run["spec"]["name"] == "cpu-test"
-        assert bundle.run["host"] is None  # only with --hostname
+        assert bundle.run.spec is not None and bundle.run.spec["name"] == "cpu-test"
+        assert bundle.run.host is None  # only with --hostname
     raw = json.loads((run_bundle / "manifest.json").read_text())
     assert raw["variant_facts"]["fixed"]["padded_equals_unpadded"] is True
     assert raw["variant_facts"]["fixed"]["same_object"] is False
