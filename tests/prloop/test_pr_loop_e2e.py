@@ -147,7 +147,13 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             assert len(first) == 1
             assert "setup command failed" in first[0] and "exited with status 3" in first[0]
             assert "no such package: cp-attn" in first[0]  # the log's tail
-            assert [s["state"] for s in github.statuses_for(broken_setup)][-1] == "error"
+            # The status follows the comment (same publish step, a moment later).
+            setup_status = wait_for(
+                "the first push's status",
+                lambda: [s for s in github.statuses_for(broken_setup) if s["state"] != "pending"],
+                30,
+            )
+            assert setup_status[-1]["state"] == "error"
 
             # main is measured (the baseline), right before the slow commit so that both run
             # under similar load on the shared machine.
