@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from analyzers.account.compare import account_deltas
 from analyzers.report import (
     AnalysisReport,
     Category,
@@ -409,6 +410,7 @@ def compare_reports(
         findings_head=[f for f in head.findings if f.window in (None, head_window)],
         summary=summary,
         verdict=verdict,
+        account=account_deltas(base, head, base_window, head_window),
         basis=f"{'whole trace' if whole else 'per step'}, summed over ranks",
         kernel_deltas=kernel_deltas(base, head, base_window, head_window),
         total_gpu=total_gpu(base, head, base_window, head_window),

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from analyzers.account import compute_accounts
 from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ranges
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.errors import RankConflictError, TraceError
 from analyzers.findings import evaluate
+from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time, host_time_findings
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
@@ -260,7 +262,12 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
+    findings = idle_statement(
+        evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
+        accounts.groups,
+        catalog,
+    )
     hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings += host_time_findings(hosted, catalog)
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
@@ -276,12 +283,14 @@ def analyze_trace(
         iterations=iterations,
         findings=findings,
         timeline=metrics.timeline,
-        notes=_notes(trace, manifest, metrics, iterations),
+        notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         host_time=hosted,
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
+        accounts=accounts.groups,
+        step_accounts=accounts.steps,
         devices=metrics.devices,
         kernels=metrics.kernels,
         environment=_environment(trace, manifest, ranks),

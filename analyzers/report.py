@@ -314,6 +314,78 @@ class IterationStats(_Model):
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
+class AccountPartKind(StrEnum):
+    """The parts a step's time is split into (``analyzers.account``); they add up to the span."""
+
+    COMPUTE = "compute"
+    EXPOSED_COMMUNICATION = "exposed communication"
+    EXPOSED_MEMCPY = "exposed memcpy"
+    IDLE_HOST = "idle: host-bound"
+    IDLE_SYNC = "idle: synchronisation"
+    IDLE_PEER = "idle: waiting on another rank"
+    IDLE_OTHER = "idle: other"
+
+
+class AccountGap(_Model):
+    """One piece of time behind an account part (a gap, or the exposed share of an activity)."""
+
+    start_ns: int  # trace clock
+    offset_ns: int  # from the start of the window it lies in
+    duration_ns: int
+    window: str  # the window's own name ("ProfilerStep#3")
+    index: int  # the window's index within its (rank, group)
+    thread: str | None = None  # the launching thread (host-side parts)
+
+
+class AccountPart(_Model):
+    """One line of a step account: a part, who it is attributed to, its time and its evidence."""
+
+    part: AccountPartKind
+    label: str  # helper, collective (ring step), range name, sync op, "unannotated host", ...
+    category: Category | None = None  # the helper's category, where the label is a helper
+    time_ns: int
+    gaps: int  # how many gaps (idle parts) or activities (busy parts) contribute
+    largest: list[AccountGap] = Field(default_factory=list)  # the largest few, longest first
+    thread: str | None = None  # the thread with most of the time (host-side parts)
+    detail: str | None = None  # the sync API and Python frame, the late peer, the copy kind
+
+
+class StepAccount(_Model):
+    """Where one window's time went on one rank: ``sum(p.time_ns for p in parts) == span_ns``."""
+
+    rank: int
+    window: str  # group
+    name: str
+    index: int
+    basis: WindowBasis
+    start_ns: int
+    end_ns: int
+    span_ns: int
+    parts: list[AccountPart]
+
+
+class GroupAccount(_Model):
+    """The accounts of one rank's windows of one group, summed (divide by ``steps``)."""
+
+    rank: int
+    window: str
+    steps: int
+    windows: int
+    span_ns: int
+    parts: list[AccountPart]
+
+
+class AccountDelta(_Model):
+    """One account line of base and head side by side: ns per step, mean over ranks."""
+
+    part: AccountPartKind
+    label: str
+    category: Category | None = None
+    base_ns: float
+    head_ns: float
+    delta_ns: float
+
+
 HOST_TIME_BASIS = "host ranges (annotation ranges on the CPU; no GPU activity needed)"
 
 
@@ -374,6 +446,10 @@ class AnalysisReport(_Model):
     """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
     window_timelines: list[WindowTimeline] = Field(default_factory=list)
     """The same decomposition for every window (each step on its own)."""
+    accounts: list[GroupAccount] = Field(default_factory=list)
+    """Per (rank, window group): where the steps' time went (``analyzers.account``)."""
+    step_accounts: list[StepAccount] = Field(default_factory=list)
+    """The same account for every window on its own."""
     devices: list[DeviceFigures] = Field(default_factory=list)
     """Whole-trace reference figures per (rank, device)."""
     kernels: list[KernelStat] = Field(default_factory=list)
@@ -475,6 +551,9 @@ class ComparisonReport(_Model):
     findings_head: list[Finding] = Field(default_factory=list)
     summary: str  # one line: verdict and the helper(s) behind the difference
     verdict: str
+    account: list[AccountDelta] = Field(default_factory=list)
+    """Step account of base and head side by side (per step, mean over ranks), largest change
+    first."""
     basis: str = "per step, summed over ranks"
     """How helper, kernel and Total GPU numbers were aggregated (per step or whole trace)."""
     kernel_deltas: list[KernelDelta] = Field(default_factory=list)

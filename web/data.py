@@ -17,7 +17,14 @@ from analyzers.catalog import Catalog
 from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
 from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
-from analyzers.report import AnalysisReport, ComparisonReport, Finding, HelperDelta, HelperStat
+from analyzers.report import (
+    AnalysisReport,
+    ComparisonReport,
+    Finding,
+    GroupAccount,
+    HelperDelta,
+    HelperStat,
+)
 from pr_bot.comment import CommentContext, render_comment
 from pr_bot.deltas import MetricRow, metric_rows
 from pr_bot.labels import compare_url, run_label
@@ -138,6 +145,61 @@ class RunPage(BaseModel):
     findings: list[Finding]
     arm_comparisons: list[ArmComparison]
     figures: dict[str, Figure]
+    idle_causes: list[IdleCause] = Field(default_factory=list)
+
+
+class IdleCause(BaseModel):
+    """One idle line of the step account, for the run page's "top idle causes" table."""
+
+    window: str
+    rank: int
+    part: str
+    label: str
+    ms_per_step: float
+    gaps: int
+    largest_ms: float | None
+    largest_at: str | None  # "+12.345 ms in arm:auto_clone#1"
+    thread: str | None
+    detail: str | None
+
+
+def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCause]:
+    """The largest idle lines (ms per step) of each step group, over its ranks."""
+    rows = []
+    for a in accounts:
+        if a.window == WHOLE_TRACE:
+            continue
+        steps = max(a.steps, 1)
+        for p in a.parts:
+            if not p.part.value.startswith("idle"):
+                continue
+            g = p.largest[0] if p.largest else None
+            rows.append(
+                IdleCause(
+                    window=a.window,
+                    rank=a.rank,
+                    part=p.part.value,
+                    label=p.label,
+                    ms_per_step=p.time_ns / steps / 1e6,
+                    gaps=p.gaps,
+                    largest_ms=g.duration_ns / 1e6 if g else None,
+                    largest_at=(
+                        f"+{g.offset_ns / 1e6:.3f} ms in "
+                        + (g.window if g.window != a.window else f"{g.window}#{g.index}")
+                        if g
+                        else None
+                    ),
+                    thread=p.thread,
+                    detail=p.detail,
+                )
+            )
+    order = list(dict.fromkeys(a.window for a in accounts))
+    rows.sort(key=lambda r: (order.index(r.window), -r.ms_per_step))
+    out: list[IdleCause] = []
+    for r in rows:
+        if sum(1 for o in out if o.window == r.window) < limit:
+            out.append(r)
+    return out
 
 
 def helper_rows(stats: Sequence[HelperStat]) -> list[HelperRow]:
@@ -182,6 +244,8 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         if report.timeline is not None and report.timeline.events:
             figs["timeline"] = figures.timeline_figure(report.timeline)
         figs.update(gpu_timeline_figures(report))
+        if report.accounts:
+            figs["account"] = figures.account_bars(report.accounts)
         helpers = helper_rows(report.helpers)
         severity_order = {"error": 0, "warning": 1, "info": 2}
         findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
@@ -200,6 +264,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         findings=findings,
         arm_comparisons=arms,
         figures=figs,
+        idle_causes=idle_causes(report.accounts) if report is not None else [],
     )
 
 
@@ -261,6 +326,8 @@ def compare_page(
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
     figs.update(comparison_timeline_figures(report))
+    if report.account:
+        figs["account_delta"] = figures.account_delta_bars(report.account)
     context = CommentContext(
         suite="preview",
         base_name=run_label(base.id, base.name, base.commit, base_window),

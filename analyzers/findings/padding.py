@@ -9,8 +9,10 @@ CP (TE issue #3331). The trace shows which path ran; only the manifest can show 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from analyzers.catalog import Catalog
 from analyzers.findings.context import (
     RuleContext,
     Target,
@@ -21,7 +23,14 @@ from analyzers.findings.context import (
 )
 from analyzers.findings.observed import observed_evidence, observed_prefix
 from analyzers.metrics import per_step
-from analyzers.report import Category, Evidence, Finding, Severity
+from analyzers.report import (
+    AccountPartKind,
+    Category,
+    Evidence,
+    Finding,
+    GroupAccount,
+    Severity,
+)
 
 PADDED_PATH = "padded-path-without-padding"
 ZERO_FILL = "zero-fill-without-padding"
@@ -325,3 +334,57 @@ def _zero_fill_recommendation(ctx: RuleContext, target: Target, helpers: list[st
 
 
 RULES = (padded_path, fast_path_with_padding, zero_fill_without_padding)
+
+
+def idle_statement(
+    findings: list[Finding], accounts: Sequence[GroupAccount], catalog: Catalog
+) -> list[Finding]:
+    """The padded-path finding, with how long the GPU sat idle because of the helper.
+
+    Measured by the step account (``analyzers.account``): host-bound idle time attributed to
+    the helpers feeding this rule, per step of the finding's window, per rank. It goes next to
+    the finding's measured iteration difference against a sibling arm (already in its
+    evidence when the run has one); the title names the slowest rank's figure.
+    """
+    helpers = {h.name for h in catalog.helpers if h.finding == PADDED_PATH}
+    out = []
+    for finding in findings:
+        if finding.rule != PADDED_PATH or finding.window is None:
+            out.append(finding)
+            continue
+        per_rank = {
+            g.rank: sum(
+                p.time_ns
+                for p in g.parts
+                if p.part == AccountPartKind.IDLE_HOST and p.label in helpers
+            )
+            / max(g.steps, 1)
+            / 1e6
+            for g in accounts
+            if g.window == finding.window
+        }
+        if not per_rank or max(per_rank.values()) <= 0:
+            out.append(finding)
+            continue
+        names = ", ".join(sorted(helpers & {finding.helper or ""}) or sorted(helpers))
+        evidence = [
+            Evidence(
+                name=f"GPU idle per step because of {names} on the host",
+                value=round(ms, 4),
+                unit="ms",
+                rank=rank,
+                window=finding.window,
+            )
+            for rank, ms in sorted(per_rank.items())
+        ]
+        worst = max(per_rank.values())
+        out.append(
+            finding.model_copy(
+                update={
+                    "title": f"{finding.title}: the GPU was idle {worst:.2f} ms per step because "
+                    f"of {names} on the host",
+                    "evidence": [*finding.evidence, *evidence],
+                }
+            )
+        )
+    return out

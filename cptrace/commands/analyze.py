@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from cptrace.commands._account_tables import render_account, render_account_delta
+
 LARGE_INPUT_BYTES = 32 * 1024 * 1024
 """Show a progress bar when the inputs add up to more than this."""
 TOP_HELPERS = 15
@@ -326,6 +328,7 @@ def render_report(report: Any) -> None:
             )
         console.print(totals)
         _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
+        render_account(console, report, group)
     _render_devices(console, report.devices)
     _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
     _render_host_time(console, report)
@@ -610,6 +613,7 @@ def render_comparison(result: Any) -> None:
             highlight=False,
         )
     _render_rank_deltas(console, result)
+    render_account_delta(console, result)
     console.print(
         f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
         f"{result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",
