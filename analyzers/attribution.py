@@ -409,7 +409,17 @@ def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None
         acts["name"], len(trace.strings), lambda s: catalog.match_kernel(trace.strings[s])
     )
     kernel_helper = kernel_by_symbol[acts["name"]] if n else np.empty(0, dtype=np.int32)
-    kernel_helper[~_within_mask(catalog, kernel_helper, container_helper)] = -1
+    # A restricted pattern (``within``) that fired outside its containers gives way to the
+    # first unrestricted one: the library owning the kernel (NCCL, cuDNN, flash-attn), so a
+    # TE/CP helper is only claimed where the trace shows TE/CP around the launch.
+    outside = ~_within_mask(catalog, kernel_helper, container_helper)
+    if outside.any():
+        anywhere = _symbol_table(
+            acts["name"][outside],
+            len(trace.strings),
+            lambda s: catalog.match_kernel_anywhere(trace.strings[s]),
+        )
+        kernel_helper[outside] = anywhere[acts["name"][outside]]
 
     # Precedence, lowest first, each step overwriting: container, kernel name, specific range.
     helper = np.where(container >= 0, container_helper, np.int32(-1)).astype(np.int32)

@@ -527,7 +527,10 @@ def _assemble(
         manifest = parse_manifest(raw, source=where)
     except ManifestError as exc:
         raise BundleManifestError(str(exc)) from exc
-    traces = _match_traces(raw.get("traces"), lookup, source=source)
+    # A run that failed before its profiler captured anything still has a bundle: its failure
+    # record (runners/profile/supervise.py) is the content, so it may list no traces.
+    failed = isinstance(raw.get("failure"), dict)
+    traces = _match_traces(raw.get("traces"), lookup, source=source, allow_empty=failed)
     listed = {t.member for t in traces}
     for member in trace_members:
         if member not in listed:
@@ -558,8 +561,14 @@ def _run_info(raw: object, *, source: str) -> RunInfo:
 
 
 def _match_traces(
-    entries: object, lookup: Callable[[str], BundleFile | None], *, source: str
+    entries: object,
+    lookup: Callable[[str], BundleFile | None],
+    *,
+    source: str,
+    allow_empty: bool = False,
 ) -> tuple[BundleTrace, ...]:
+    if isinstance(entries, list) and not entries and allow_empty:
+        return ()
     if not isinstance(entries, list) or not entries:
         raise BundleManifestError(
             f"{source}: field traces: expected a non-empty list of trace entries"

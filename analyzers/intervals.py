@@ -16,20 +16,38 @@ GAP_THRESHOLD_NS = 10_000
 """Idle time on a stream shorter than this is launch jitter, not a gap worth reporting."""
 
 
+def union_order(seg: IntArray, start: IntArray) -> IntArray:
+    """The row order ``interval_union`` works in (by segment, then start): callers taking several
+    unions of subsets of the same rows sort once and pass ``presorted=True`` (a subset of sorted
+    rows, taken with a mask, stays sorted)."""
+    if len(start) == 0:
+        return np.empty(0, dtype=np.int64)
+    base, width = int(start.min()), int(start.max()) - int(start.min()) + 1
+    lo, hi = int(seg.min()), int(seg.max())
+    if (hi - lo + 1) * width < (1 << 62):
+        # one int64 key (segment, then start): a single argsort is several times faster than
+        # numpy's two-key lexsort on millions of rows
+        return np.argsort((seg - lo) * width + (start - base), kind="stable")
+    return np.lexsort((start, seg))
+
+
 def interval_union(
-    seg: IntArray, start: IntArray, end: IntArray, n_segments: int
+    seg: IntArray, start: IntArray, end: IntArray, n_segments: int, *, presorted: bool = False
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Per segment: union length, number of gaps > threshold, and their summed length.
 
-    Inputs need not be sorted. Segment ids index the outputs (length ``n_segments``).
+    Inputs need not be sorted (unless ``presorted`` says they are in ``union_order``). Segment
+    ids index the outputs (length ``n_segments``).
     """
     busy = np.zeros(n_segments, dtype=np.int64)
     gaps = np.zeros(n_segments, dtype=np.int64)
     gap_ns = np.zeros(n_segments, dtype=np.int64)
     if len(start) == 0:
         return busy, gaps, gap_ns
-    order = np.lexsort((start, seg))
-    seg, start, end = seg[order], start[order], np.maximum(end[order], start[order])
+    if not presorted:
+        order = union_order(seg, start)
+        seg, start, end = seg[order], start[order], end[order]
+    end = np.maximum(end, start)
     base = int(start.min())
     s, e = start - base, end - base
     width = int(e.max()) + 1
@@ -57,4 +75,4 @@ def interval_union(
     return busy, gaps, gap_ns
 
 
-__all__ = ["GAP_THRESHOLD_NS", "interval_union"]
+__all__ = ["GAP_THRESHOLD_NS", "interval_union", "union_order"]

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
+from analyzers.attribution import factorize
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import DeviceFigures, KernelStat
 
@@ -42,8 +43,11 @@ def device_figures(trace: Trace, rank: IntArray, launch: IntArray) -> list[Devic
     duration = end - start
     kind = acts["kind"]
     size = acts["bytes"].astype(np.int64)
-    keys, slot = np.unique(np.stack([rank, device], axis=1), axis=0, return_inverse=True)
-    slot = slot.reshape(-1)
+    # (rank, device) as one int64 code: a handful of distinct values, factorized in O(n)
+    code = (rank.astype(np.int64) << 16) | (device & 0xFFFF)
+    [slot] = factorize(code)
+    distinct = np.unique(code)
+    keys = np.stack([distinct >> 16, ((distinct & 0xFFFF) ^ 0x8000) - 0x8000], axis=1)
     n = len(keys)
 
     def total(values: IntArray, mask: BoolArray) -> IntArray:
@@ -96,11 +100,17 @@ def device_figures(trace: Trace, rank: IntArray, launch: IntArray) -> list[Devic
 def _table(
     key: IntArray, name: IntArray, duration: IntArray
 ) -> list[tuple[int, int, int, int, float, float, int, int, float]]:
-    """(key, name, count, total, average, median, min, max, stddev) per distinct (key, name)."""
+    """(key, name, count, total, average, median, min, max, stddev) per distinct (key, name).
+
+    The rows must already be ordered by (name, duration); a stable sort by ``key`` (a radix sort
+    of small integers) then orders them by (key, name, duration).
+    """
     if len(duration) == 0:
         return []
-    order = np.lexsort((duration, name, key))
-    k, nm, d = key[order], name[order], duration[order]
+    if len(key) > 1 and bool(np.any(key[1:] != key[:-1])):
+        by_key = np.argsort(key, kind="stable")
+        key, name, duration = key[by_key], name[by_key], duration[by_key]
+    k, nm, d = key, name, duration
     new = np.ones(len(d), dtype=bool)
     new[1:] = (k[1:] != k[:-1]) | (nm[1:] != nm[:-1])
     first = np.flatnonzero(new)
@@ -129,6 +139,74 @@ def _table(
     )
 
 
+def _name_duration_order(name: IntArray, duration: IntArray) -> IntArray:
+    """Row order by (name, duration): one packed int64 key when it fits (a single argsort is
+    several times faster than a two-key lexsort), else the lexsort."""
+    if len(name) == 0:
+        return np.empty(0, dtype=np.int64)
+    low = int(duration.min())
+    width = int(duration.max()) - low + 1
+    if (int(name.max()) + 1) * width < (1 << 62) and int(name.min()) >= 0:
+        return np.argsort(name * width + (duration - low), kind="stable")
+    return np.lexsort((duration, name))
+
+
+class KernelTables:
+    """Per-kernel-name tables of any selection of a trace's kernels.
+
+    The kernels are sorted by (name, duration) once; every window group's table is a masked,
+    still sorted, subset of them, so a trace with several groups pays for one sort.
+    """
+
+    def __init__(self, trace: Trace, rank: IntArray) -> None:
+        acts = trace.activities
+        rows = np.flatnonzero(acts["kind"] == ActivityKind.KERNEL)
+        duration = (acts["end"][rows] - acts["start"][rows]).astype(np.int64)
+        name = acts["name"][rows].astype(np.int64)
+        order = _name_duration_order(name, duration)
+        self.trace = trace
+        self.rows = rows[order]
+        self.duration = duration[order]
+        self.name = name[order]
+        self.rank = rank[self.rows].astype(np.int64)
+
+    def table(
+        self, selected: BoolArray, group: str, steps: Mapping[tuple[int, str], int]
+    ) -> list[KernelStat]:
+        """Per kernel name, per rank and over all ranks (``rank=None``), of the kernels in
+        ``selected`` (a mask over all activities: those placed in the group's windows); sorted
+        by rank, then total time."""
+        mask = selected[self.rows]
+        duration, name, ranks = self.duration[mask], self.name[mask], self.rank[mask]
+        all_steps = [s for (r, g), s in steps.items() if g == group]
+        out = []
+        for per_rank in (True, False):
+            key = ranks if per_rank else np.zeros(len(duration), dtype=np.int64)
+            table = _table(key, name, duration)
+            kernel_time: dict[int, int] = {}
+            for k, _, _, tot, *_ in table:
+                kernel_time[k] = kernel_time.get(k, 0) + tot
+            for k, nm, n, tot, avg, med, lo, hi, sd in table:
+                out.append(
+                    KernelStat(
+                        rank=k if per_rank else None,
+                        window=group,
+                        steps=steps.get((k, group), 1) if per_rank else max(all_steps, default=1),
+                        name=self.trace.strings[nm],
+                        count=n,
+                        total_ns=tot,
+                        average_ns=avg,
+                        median_ns=med,
+                        min_ns=lo,
+                        max_ns=hi,
+                        stddev_ns=sd,
+                        time_pct=100.0 * tot / kernel_time[k] if kernel_time[k] else 0.0,
+                    )
+                )
+        out.sort(key=lambda s: (s.rank is None, s.rank or 0, -s.total_ns, s.name))
+        return out
+
+
 def kernel_table(
     trace: Trace,
     rank: IntArray,
@@ -136,40 +214,8 @@ def kernel_table(
     group: str,
     steps: Mapping[tuple[int, str], int],
 ) -> list[KernelStat]:
-    """Per kernel name, per rank and over all ranks (``rank=None``), of the kernels in
-    ``selected`` (the activities placed in the group's windows); sorted by total time."""
-    acts = trace.activities
-    rows = np.flatnonzero(selected & (acts["kind"] == ActivityKind.KERNEL))
-    duration = (acts["end"][rows] - acts["start"][rows]).astype(np.int64)
-    name = acts["name"][rows].astype(np.int64)
-    ranks = rank[rows].astype(np.int64)
-    all_steps = [s for (r, g), s in steps.items() if g == group]
-    out = []
-    for per_rank in (True, False):
-        key = ranks if per_rank else np.zeros(len(rows), dtype=np.int64)
-        table = _table(key, name, duration)
-        kernel_time: dict[int, int] = {}
-        for k, _, _, tot, *_ in table:
-            kernel_time[k] = kernel_time.get(k, 0) + tot
-        for k, nm, n, tot, avg, med, lo, hi, sd in table:
-            out.append(
-                KernelStat(
-                    rank=k if per_rank else None,
-                    window=group,
-                    steps=steps.get((k, group), 1) if per_rank else max(all_steps, default=1),
-                    name=trace.strings[nm],
-                    count=n,
-                    total_ns=tot,
-                    average_ns=avg,
-                    median_ns=med,
-                    min_ns=lo,
-                    max_ns=hi,
-                    stddev_ns=sd,
-                    time_pct=100.0 * tot / kernel_time[k] if kernel_time[k] else 0.0,
-                )
-            )
-    out.sort(key=lambda s: (s.rank is None, s.rank or 0, -s.total_ns, s.name))
-    return out
+    """One group's table (see ``KernelTables``; build that once for several groups)."""
+    return KernelTables(trace, rank).table(selected, group, steps)
 
 
-__all__ = ["device_figures", "kernel_table"]
+__all__ = ["KernelTables", "device_figures", "kernel_table"]

@@ -59,6 +59,56 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ObservedFacts(_Model):
+    """How the in-process probe (``cptrace.probe``) saw the facts, counted over sampled calls.
+
+    Counts are over ``sampled_calls`` calls of the most frequent call signature; a count of None
+    means the probe could not observe that fact at this entry point (``not_observed`` says why).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    source: str = "cptrace.probe"
+    function: str | None = None
+    """The wrapped entry point (``transformer_engine.DotProductAttention.forward``, ...)."""
+    ranks: list[int] = Field(default_factory=list)
+    calls: int = 0
+    sampled_calls: int = 0
+    same_object_calls: int | None = None
+    """Sampled calls where ``cu_seqlens_*_padded is cu_seqlens_*``."""
+    value_equal_calls: int | None = None
+    """Sampled calls where padded and unpadded offsets were equal in every entry."""
+    pad_between_seqs_passed: dict[str, int] = Field(default_factory=dict)
+    """Value passed (JSON spelling: ``"null"``, ``"true"``, ``"false"``) -> sampled calls."""
+    pad_between_seqs_resolved: dict[str, int] = Field(default_factory=dict)
+    """What TE resolved it to (read inside the call) -> sampled calls; empty: not observed."""
+    seqlens_divisible_2cp_calls: int | None = None
+    local_tokens_aligned: dict[str, int] = Field(default_factory=dict)
+    """Multiple (8, 16, 128) -> sampled calls whose per-rank token count was a multiple of it."""
+    fp8_recipes: list[str] = Field(default_factory=list)
+    fsdp: list[str] = Field(default_factory=list)
+    transformer_engine: str | None = None
+    not_observed: list[str] = Field(default_factory=list)
+
+
+class FailureRecord(_Model):
+    """How a run that did not end cleanly ended (``runners/profile/supervise.py``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    summary: str = ""
+    exit_status: int | None = None
+    failed_rank: int | None = None
+    failed_ranks: list[int] = Field(default_factory=list)
+    exception: dict[str, object] | None = None
+    """``{type, message, where: {file, line, function}, traceback}`` of the first failure."""
+    ranks: dict[str, dict[str, object]] = Field(default_factory=dict)
+    """rank -> last status (``state``: failed/waiting/running/exited, ``collective``)."""
+    stopped_by_watchdog: bool = False
+    watchdog_s: float | None = None
+    timed_out: bool = False
+
+
 class MetadataFacts(_Model):
     """Packed-batch metadata as the workload passed it to attention."""
 
@@ -80,6 +130,8 @@ class MetadataFacts(_Model):
     """The multiple the batch was padded to (8, 16, 128), if any."""
     zero_fill_grad_tails: bool | None = None
     """Whether the implementation zero-fills gradient padding in backward (None = unknown)."""
+    observed: ObservedFacts | None = None
+    """Set when the facts come from the probe inside the process rather than from the spec."""
 
     @model_validator(mode="after")
     def _check_cu_seqlens(self) -> MetadataFacts:
@@ -143,6 +195,8 @@ class RunManifest(_Model):
     workload: Workload = Field(default_factory=Workload)
     variants: list[VariantManifest] = Field(default_factory=list)
     environment: dict[str, object] = Field(default_factory=dict)
+    failure: FailureRecord | None = None
+    """Present when the run failed or hung (which rank, where, why)."""
 
     def effective_workload(self, variant: VariantManifest) -> Workload:
         """The run's workload with the variant's overrides applied."""

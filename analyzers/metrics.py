@@ -27,7 +27,7 @@ from analyzers.attribution import (
 )
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
-from analyzers.kernels import device_figures, kernel_table
+from analyzers.kernels import KernelTables, device_figures
 from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     UNATTRIBUTED,
@@ -139,32 +139,47 @@ def _helper_stats(
     helper = att.helper[inside].astype(np.int64)
     duration = (acts["end"][inside] - acts["start"][inside]).astype(np.int64)
     is_kernel = acts["kind"][inside] == ActivityKind.KERNEL
-    how = att.matched_by[inside]
+    how = att.matched_by[inside].astype(np.int64)
     launch = att.launch[inside]
+    # One code per (rank, helper); every figure is a bincount over it, no per-helper masks.
+    rank_values = np.unique(w_rank)
+    n_helpers = len(att.helper_names) + 1  # helper ids -1 .. n-1 shift to 0 .. n
+    pair = np.searchsorted(rank_values, w_rank) * n_helpers + helper + 1
+    n_pairs = len(rank_values) * n_helpers
+    activities = np.bincount(pair, minlength=n_pairs)
+    kernels = np.bincount(pair[is_kernel], minlength=n_pairs)
+    gpu_time = np.zeros(n_pairs, dtype=np.int64)
+    np.add.at(gpu_time, pair, duration)
+    n_labels = len(MATCHED_BY_LABELS)
+    labels = np.bincount(pair * n_labels + how, minlength=n_pairs * n_labels)
+    label = labels.reshape(n_pairs, n_labels).argmax(axis=1)  # the most frequent, lowest on ties
+    # distinct launch rows: one sort of (pair, launch) codes
+    has = launch >= 0
+    span = int(launch.max(initial=0)) + 1
+    codes = np.sort(pair[has] * span + launch[has])  # a sort: hashing many distinct ids is slower
+    distinct = codes[np.append(True, codes[1:] != codes[:-1])] if len(codes) else codes
+    launches = np.bincount(distinct // span, minlength=n_pairs)
     out = []
-    for rank in np.unique(w_rank):
-        r = w_rank == rank
-        for h in np.unique(helper[r]):
-            rows = r & (helper == h)
-            label = Counter(how[rows].tolist()).most_common(1)[0][0]
-            n_calls, host, first_host = calls.get((int(rank), int(h)), (0, 0, 0))
-            out.append(
-                HelperStat(
-                    rank=int(rank),
-                    window=placed.group,
-                    steps=steps[(int(rank), placed.group)],
-                    helper=att.name_of(int(h)),
-                    category=att.category_of(int(h)),
-                    launches=len(np.unique(launch[rows & (launch >= 0)])),
-                    activities=int(rows.sum()),
-                    kernels=int((rows & is_kernel).sum()),
-                    gpu_time_ns=int(duration[rows].sum()),
-                    matched_by=MATCHED_BY_LABELS[label],
-                    calls=n_calls,
-                    host_time_ns=host,
-                    first_call_host_ns=first_host,
-                )
+    for p in np.flatnonzero(activities).tolist():
+        rank, h = int(rank_values[p // n_helpers]), p % n_helpers - 1
+        n_calls, host, first_host = calls.get((rank, h), (0, 0, 0))
+        out.append(
+            HelperStat(
+                rank=rank,
+                window=placed.group,
+                steps=steps[(rank, placed.group)],
+                helper=att.name_of(h),
+                category=att.category_of(h),
+                launches=int(launches[p]),
+                activities=int(activities[p]),
+                kernels=int(kernels[p]),
+                gpu_time_ns=int(gpu_time[p]),
+                matched_by=MATCHED_BY_LABELS[int(label[p])],
+                calls=n_calls,
+                host_time_ns=host,
+                first_call_host_ns=first_host,
             )
+        )
     return out
 
 
@@ -183,15 +198,24 @@ def _combined_codes(*columns: IntArray) -> tuple[npt.NDArray[np.int64], IntArray
     return keys, inverse.reshape(-1)
 
 
-def _helper_calls(
-    trace: Trace, ranges: RangeHelpers, group_windows: list[Window], rank_of_range: IntArray
-) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """(rank, helper) -> (outermost catalogued calls, host ns, host ns of the rank's first call
-    of the helper in the whole trace if it is one of them) in the group's windows."""
+@dataclass(slots=True)
+class _Calls:
+    """Outermost catalogued ranges of the trace (host-side helper calls), computed once for all
+    window groups; ``first`` marks each (rank, helper)'s first call in the whole trace."""
+
+    rank: IntArray
+    helper: IntArray
+    start: IntArray
+    duration: IntArray
+    first: npt.NDArray[np.bool_]
+
+
+def _outermost_calls(trace: Trace, ranges: RangeHelpers, rank_of_range: IntArray) -> _Calls:
     index = ranges.specific
-    if len(index.rows) == 0:
-        return {}
     rows = index.rows
+    empty = np.empty(0, dtype=np.int64)
+    if len(rows) == 0:
+        return _Calls(empty, empty, empty, empty, np.empty(0, dtype=bool))
     helper = ranges.helper[rows].astype(np.int64)
     parent_helper = np.where(
         index.parent >= 0, ranges.helper[rows[np.maximum(index.parent, 0)]], -1
@@ -199,27 +223,39 @@ def _helper_calls(
     outermost = parent_helper != helper
     rows, helper = rows[outermost], helper[outermost]
     start = trace.ranges["start"][rows].astype(np.int64)
-    dur = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
-    _, inverse_all = _combined_codes(rank_of_range[rows], helper)
-    earliest = np.lexsort((start, inverse_all))
+    duration = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
+    rank = rank_of_range[rows]
+    _, key = _combined_codes(rank, helper)
+    earliest = np.lexsort((start, key))
     new = np.ones(len(earliest), dtype=bool)
-    new[1:] = inverse_all[earliest][1:] != inverse_all[earliest][:-1]
-    is_first = np.zeros(len(rows), dtype=bool)
-    is_first[earliest[new]] = True
-    w = assign_windows(rank_of_range[rows], start, group_windows)
+    new[1:] = key[earliest][1:] != key[earliest][:-1]
+    first = np.zeros(len(rows), dtype=bool)
+    first[earliest[new]] = True
+    return _Calls(rank, helper, start, duration, first)
+
+
+def _helper_calls(
+    calls: _Calls, group_windows: list[Window]
+) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(rank, helper) -> (outermost catalogued calls, host ns, host ns of the rank's first call
+    of the helper in the whole trace if it is one of them) in the group's windows."""
+    if len(calls.rank) == 0:
+        return {}
+    w = assign_windows(calls.rank, calls.start, group_windows)
     inside = w >= 0
     if not inside.any():
         return {}
-    keys, inverse = _combined_codes(rank_of_range[rows][inside], helper[inside])
-    calls = np.bincount(inverse, minlength=len(keys))
+    keys, inverse = _combined_codes(calls.rank[inside], calls.helper[inside])
+    count = np.bincount(inverse, minlength=len(keys))
+    dur = calls.duration[inside]
     host = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(host, inverse, dur[inside])
+    np.add.at(host, inverse, dur)
     first = np.zeros(len(keys), dtype=np.int64)
-    np.add.at(first, inverse, np.where(is_first[inside], dur[inside], 0))
+    np.add.at(first, inverse, np.where(calls.first[inside], dur, 0))
     return {
         (int(rank), int(h)): (int(c), int(t), int(f))
         for (rank, h), c, t, f in zip(
-            keys.tolist(), calls.tolist(), host.tolist(), first.tolist(), strict=True
+            keys.tolist(), count.tolist(), host.tolist(), first.tolist(), strict=True
         )
     }
 
@@ -275,13 +311,29 @@ def _rank_summaries(
     in_window = assign_windows(
         launches["rank"].astype(np.int64), launches["start"].astype(np.int64), placed.windows
     )
-    launch_counts = Counter(w_rank[in_window[in_window >= 0]].tolist())
+    per_window = np.bincount(in_window[in_window >= 0], minlength=len(placed.windows))
+    launch_counts: Counter[int] = Counter()
+    for window_rank, n in zip(w_rank.tolist(), per_window.tolist(), strict=True):
+        launch_counts[window_rank] += n
+    # per-window counts and sums (bincounts over the window index), then per rank
+    inside = placed.window >= 0
+    window = placed.window[inside]
+    n_w = len(placed.windows)
+    duration = (acts["end"][inside] - acts["start"][inside]).astype(np.int64)
+    per_w = {
+        "activities": np.bincount(window, minlength=n_w),
+        "kernels": np.bincount(window[acts["kind"][inside] == ActivityKind.KERNEL], minlength=n_w),
+        "total": np.zeros(n_w, dtype=np.int64),
+        "attributed": np.zeros(n_w, dtype=np.int64),
+    }
+    np.add.at(per_w["total"], window, duration)
+    claimed = att.helper[inside] >= 0
+    np.add.at(per_w["attributed"], window[claimed], duration[claimed])
     out = []
     for rank in sorted({w.rank for w in placed.windows}):
-        in_rank = (placed.window >= 0) & (w_rank[np.maximum(placed.window, 0)] == rank)
-        duration = (acts["end"][in_rank] - acts["start"][in_rank]).astype(np.int64)
-        total = int(duration.sum())
-        attributed = int(duration[att.helper[in_rank] >= 0].sum())
+        mine = w_rank == rank
+        sums = {name: int(values[mine].sum()) for name, values in per_w.items()}
+        total = sums["total"]
         out.append(
             RankSummary(
                 rank=rank,
@@ -290,10 +342,10 @@ def _rank_summaries(
                 span_ns=sum(w.end_ns - w.start_ns for w in placed.windows if w.rank == rank),
                 gpu_busy_ns=clipped[rank].busy_ns if rank in clipped else 0,
                 compute_busy_ns=clipped[rank].computation_ns if rank in clipped else 0,
-                kernels=int((acts["kind"][in_rank] == ActivityKind.KERNEL).sum()),
+                kernels=sums["kernels"],
                 launches=int(launch_counts.get(rank, 0)),
-                activities=int(in_rank.sum()),
-                attributed_fraction=attributed / total if total else 0.0,
+                activities=sums["activities"],
+                attributed_fraction=sums["attributed"] / total if total else 0.0,
             )
         )
     return out
@@ -462,14 +514,16 @@ def compute_metrics(
     metrics.window_timelines, metrics.notes = window_timelines(trace, windows, rank)
     metrics.gpu_timeline = group_timelines(metrics.window_timelines, metrics.steps)
     metrics.devices = device_figures(trace, rank, att.launch)
+    kernel_tables = KernelTables(trace, rank)
     range_rank = trace.ranges["rank"].astype(np.int64)
+    outermost_calls = _outermost_calls(trace, ranges, range_rank)
     for group in groups:
         group_windows = [w for w in windows if (w.group or w.name) == group]
         placed = _Placed(group, group_windows, assign_windows(rank, time, group_windows))
-        calls = _helper_calls(trace, ranges, group_windows, range_rank)
+        calls = _helper_calls(outermost_calls, group_windows)
         metrics.helpers += _helper_stats(trace, att, placed, metrics.steps, calls)
         metrics.streams += _stream_stats(trace, placed)
-        metrics.kernels += kernel_table(trace, rank, placed.window >= 0, group, metrics.steps)
+        metrics.kernels += kernel_tables.table(placed.window >= 0, group, metrics.steps)
         summaries = _rank_summaries(trace, att, placed, metrics.steps, metrics.gpu_timeline)
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from analyzers.account import compute_accounts
 from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ranges
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.errors import (
@@ -24,6 +25,8 @@ from analyzers.errors import (
     UnsupportedTraceError,
 )
 from analyzers.findings import evaluate
+from analyzers.findings.padding import idle_statement
+from analyzers.host_time import host_time, host_time_findings
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
@@ -81,7 +84,9 @@ def _open_bundle(path: Path) -> Bundle | None:
     return read_bundle(path) if is_bundle(path) else None
 
 
-def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list[SourceInfo]]:
+def _read(
+    files: Sequence[Path], progress: Progress | None, rank: int | None = None
+) -> tuple[Trace, list[SourceInfo]]:
     from analyzers.readers import read_trace_files
 
     if not files:
@@ -91,12 +96,12 @@ def _read(files: Sequence[Path], progress: Progress | None) -> tuple[Trace, list
     if progress:
         progress(f"reading {', '.join(p.name for p in files)}", 0.0)
     # one call for all files: per-rank Kineto files can be read in parallel workers
-    for path, trace in zip(files, read_trace_files(files), strict=True):
+    for path, trace in zip(files, read_trace_files(files, rank=rank), strict=True):
         ranks = [r for r in trace.rank_list() if r >= 0]
-        for rank in ranks:
-            if rank in claimed:
-                raise RankConflictError(f"{path}: rank {rank} is also claimed by {claimed[rank]}")
-            claimed[rank] = path
+        for found in ranks:
+            if found in claimed:
+                raise RankConflictError(f"{path}: rank {found} is also claimed by {claimed[found]}")
+            claimed[found] = path
         traces.append(trace)
         sources.append(
             SourceInfo(
@@ -262,7 +267,14 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    findings = evaluate(metrics, manifest, catalog=catalog, iterations=iterations)
+    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
+    findings = idle_statement(
+        evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
+        accounts.groups,
+        catalog,
+    )
+    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
+    findings += host_time_findings(hosted, catalog)
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
@@ -276,11 +288,14 @@ def analyze_trace(
         iterations=iterations,
         findings=findings,
         timeline=metrics.timeline,
-        notes=_notes(trace, manifest, metrics, iterations),
+        notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
+        host_time=hosted,
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
+        accounts=accounts.groups,
+        step_accounts=accounts.steps,
         devices=metrics.devices,
         kernels=metrics.kernels,
         environment=_environment(trace, manifest, ranks),
@@ -297,13 +312,14 @@ def run_analysis(
     step_pattern: str | None = None,
     catalog: Catalog | None = None,
     progress: Progress | None = None,
+    rank: int | None = None,
 ) -> Analysis:
     """Like :func:`analyze` but returns the intermediate arrays too."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     catalog = catalog or load_catalog()
     with ExitStack() as stack:
         files, manifest_obj = _expand(items, manifest, stack)
-        trace, sources = _read(files, progress)
+        trace, sources = _read(files, progress, rank)
     return analyze_trace(
         trace,
         manifest=manifest_obj,
@@ -321,6 +337,7 @@ def analyze(
     step_pattern: str | None = None,
     catalog: Catalog | None = None,
     progress: Progress | None = None,
+    rank: int | None = None,
 ) -> AnalysisReport:
     """Analyze trace files (Kineto JSON per rank, nsys exports) or run bundles.
 
@@ -328,6 +345,9 @@ def analyze(
     :param step_pattern: regex for step ranges (default ``ProfilerStep#N``).
     :param catalog: helper catalog (default: built-in plus ``$CPTRACE_CATALOG``).
     :param progress: callback ``(stage, fraction)``.
+    :param rank: the rank of a single trace file that does not say its own (default: what the
+        file says, else rank 0 with a note).
+
     A saved report (``cptrace analyze --json`` output, recognised by content like a trace) is
     accepted wherever a trace is: given alone, it is validated and returned as is.
 
@@ -338,7 +358,12 @@ def analyze(
     if saved is not None:
         return saved
     return run_analysis(
-        paths, manifest=manifest, step_pattern=step_pattern, catalog=catalog, progress=progress
+        paths,
+        manifest=manifest,
+        step_pattern=step_pattern,
+        catalog=catalog,
+        progress=progress,
+        rank=rank,
     ).report
 
 

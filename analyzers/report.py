@@ -314,6 +314,106 @@ class IterationStats(_Model):
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
 
 
+class AccountPartKind(StrEnum):
+    """The parts a step's time is split into (``analyzers.account``); they add up to the span."""
+
+    COMPUTE = "compute"
+    EXPOSED_COMMUNICATION = "exposed communication"
+    EXPOSED_MEMCPY = "exposed memcpy"
+    IDLE_HOST = "idle: host-bound"
+    IDLE_SYNC = "idle: synchronisation"
+    IDLE_PEER = "idle: waiting on another rank"
+    IDLE_OTHER = "idle: other"
+
+
+class AccountGap(_Model):
+    """One piece of time behind an account part (a gap, or the exposed share of an activity)."""
+
+    start_ns: int  # trace clock
+    offset_ns: int  # from the start of the window it lies in
+    duration_ns: int
+    window: str  # the window's own name ("ProfilerStep#3")
+    index: int  # the window's index within its (rank, group)
+    thread: str | None = None  # the launching thread (host-side parts)
+
+
+class AccountPart(_Model):
+    """One line of a step account: a part, who it is attributed to, its time and its evidence."""
+
+    part: AccountPartKind
+    label: str  # helper, collective (ring step), range name, sync op, "unannotated host", ...
+    category: Category | None = None  # the helper's category, where the label is a helper
+    time_ns: int
+    gaps: int  # how many gaps (idle parts) or activities (busy parts) contribute
+    largest: list[AccountGap] = Field(default_factory=list)  # the largest few, longest first
+    thread: str | None = None  # the thread with most of the time (host-side parts)
+    detail: str | None = None  # the sync API and Python frame, the late peer, the copy kind
+
+
+class StepAccount(_Model):
+    """Where one window's time went on one rank: ``sum(p.time_ns for p in parts) == span_ns``."""
+
+    rank: int
+    window: str  # group
+    name: str
+    index: int
+    basis: WindowBasis
+    start_ns: int
+    end_ns: int
+    span_ns: int
+    parts: list[AccountPart]
+
+
+class GroupAccount(_Model):
+    """The accounts of one rank's windows of one group, summed (divide by ``steps``)."""
+
+    rank: int
+    window: str
+    steps: int
+    windows: int
+    span_ns: int
+    parts: list[AccountPart]
+
+
+class AccountDelta(_Model):
+    """One account line of base and head side by side: ns per step, mean over ranks."""
+
+    part: AccountPartKind
+    label: str
+    category: Category | None = None
+    base_ns: float
+    head_ns: float
+    delta_ns: float
+
+
+HOST_TIME_BASIS = "host ranges (annotation ranges on the CPU; no GPU activity needed)"
+
+
+class HelperHostTime(_Model):
+    """Host-side calls and time of one helper on one rank within one window group, from the
+    annotation ranges alone (``analyzers.host_time`` defines each figure)."""
+
+    rank: int
+    window: str
+    steps: int
+    """Windows of the group on this rank: divide by it for per-step numbers (the whole trace is
+    one window per rank, so its numbers are totals over the trace)."""
+    helper: str
+    category: Category
+    calls: int  # outermost ranges of the helper
+    inclusive_ns: int  # summed duration of those calls
+    self_ns: int  # inclusive minus other catalogued helpers' ranges nested inside
+
+
+class HostTimeReport(_Model):
+    """Host time per helper for every window group (``analyzers.host_time``)."""
+
+    basis: str = HOST_TIME_BASIS
+    gpu_activity: bool
+    """Whether the trace has GPU activity (if not, these are the only per-helper figures)."""
+    helpers: list[HelperHostTime] = Field(default_factory=list)
+
+
 class RunEnvironment(_Model):
     """What the run ran on, as far as the traces and the manifest say (None: not recorded)."""
 
@@ -346,11 +446,17 @@ class AnalysisReport(_Model):
     """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
     window_timelines: list[WindowTimeline] = Field(default_factory=list)
     """The same decomposition for every window (each step on its own)."""
+    accounts: list[GroupAccount] = Field(default_factory=list)
+    """Per (rank, window group): where the steps' time went (``analyzers.account``)."""
+    step_accounts: list[StepAccount] = Field(default_factory=list)
+    """The same account for every window on its own."""
     devices: list[DeviceFigures] = Field(default_factory=list)
     """Whole-trace reference figures per (rank, device)."""
     kernels: list[KernelStat] = Field(default_factory=list)
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
+    host_time: HostTimeReport | None = None
+    """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
 
 
 class HelperDelta(_Model):
@@ -367,7 +473,8 @@ class HelperDelta(_Model):
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
     """"changed" when the launch calls differ at all, or GPU or host time beyond the noise
     (``analyzers.compare.TIME_NOISE_*``)."""
-    base_host_time_ns: float = 0.0  # time on the CPU inside the helper's ranges, per step
+    base_host_time_ns: float = 0.0
+    """CPU time inside the helper's ranges per step, the first call excluded."""
     head_host_time_ns: float = 0.0
     delta_host_time_ns: float = 0.0
     base_activities: float = 0.0  # GPU activities per step, summed over ranks
@@ -444,6 +551,9 @@ class ComparisonReport(_Model):
     findings_head: list[Finding] = Field(default_factory=list)
     summary: str  # one line: verdict and the helper(s) behind the difference
     verdict: str
+    account: list[AccountDelta] = Field(default_factory=list)
+    """Step account of base and head side by side (per step, mean over ranks), largest change
+    first."""
     basis: str = "per step, summed over ranks"
     """How helper, kernel and Total GPU numbers were aggregated (per step or whole trace)."""
     kernel_deltas: list[KernelDelta] = Field(default_factory=list)

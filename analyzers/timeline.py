@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.intervals import interval_union
+from analyzers.intervals import interval_union, union_order
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import GroupTimeline, Window, WindowBasis, WindowTimeline
 
@@ -147,16 +147,18 @@ def decompose(windows: Sequence[TimelineWindow], acts: GpuActivities) -> list[Wi
     """The timeline parts of each window (same order as ``windows``)."""
     n = len(windows)
     seg, start, end, row = _clipped(windows, acts)
+    order = union_order(seg, start)  # one sort for the three unions below
+    seg, start, end, row = seg[order], start[order], end[order], row[order]
     kind = acts.kind[row]
     nccl = acts.communication[row]
     computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
     with_nccl = computation | nccl
 
     def union(mask: BoolArray) -> IntArray:
-        return interval_union(seg[mask], start[mask], end[mask], n)[0]
+        return interval_union(seg[mask], start[mask], end[mask], n, presorted=True)[0]
 
     comp, comp_nccl = union(computation), union(with_nccl)
-    busy = interval_union(seg, start, end, n)[0]
+    busy = interval_union(seg, start, end, n, presorted=True)[0]
     out = []
     for i, w in enumerate(windows):
         total = w.end_ns - w.start_ns

@@ -284,14 +284,16 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
 
 # -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
 FLOOR_ARMS = {
-    "before": {"fused_merge": False, "in_place": False},
-    "fused merge only": {"fused_merge": True, "in_place": False},
-    "in place only": {"fused_merge": False, "in_place": True},
-    "after": {"fused_merge": True, "in_place": True},
+    "before": {"fused_merge": False, "in_place": False, "remote_rows": False},
+    "fused merge only": {"fused_merge": True, "in_place": False, "remote_rows": False},
+    "in place only": {"fused_merge": False, "in_place": True, "remote_rows": False},
+    "remote rows only": {"fused_merge": False, "in_place": False, "remote_rows": True},
+    "after, no remote rows": {"fused_merge": True, "in_place": True, "remote_rows": False},
+    "after": {"fused_merge": True, "in_place": True, "remote_rows": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend).
-FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
-                     "after, cudnn autotune": ("after", "cudnn_autotune")}
+#: (run 2 also had "after, cudnn autotune": ("after", "cudnn_autotune"), no gain: 1 plan.)
+FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash")}
 
 
 def _call_pairs(call) -> int:
@@ -366,11 +368,27 @@ def _floor_inputs(args, cp: int, device, dtype):
                 for n in ("q", "k", "v", "dout")}
         local = {n: [partition_for_rank(t, meta, r).contiguous() for r in range(cp)]
                  for n, t in full.items()}
-        # What the other ranks send back for our KV block: random, never zeros.
-        dkv = [[[torch.randn_like(local["k"][r]), torch.randn_like(local["v"][r])]
-                for _ in range(cp - 1)] for r in range(cp)]
+        # What the other ranks send back for our KV block: random (never zeros) at the rows
+        # the sender's step read, zero elsewhere (so arms that add whole blocks agree).
+        dkv = [[[_peer_grad(local["k"][r], meta, r, step),
+                 _peer_grad(local["v"][r], meta, r, step)]
+                for step in range(1, cp)] for r in range(cp)]
         layers.append((local, dkv))
     return meta, layers
+
+
+def _peer_grad(like: torch.Tensor, meta, owner: int, step: int) -> torch.Tensor:
+    """A random gradient for ``owner``'s block from rank ``owner + step``, zero off its rows."""
+    call = meta.calls_for("p2p", True, (owner + step) % meta.cp_size)[step]
+    grad = torch.zeros_like(like)
+    if call is not None:
+        rows = call.k_rows
+        noise = torch.randn_like(like)
+        if rows.index is None:
+            grad[rows.start : rows.stop] = noise[rows.start : rows.stop]
+        else:
+            grad[rows.index] = noise[rows.index]
+    return grad
 
 
 def _rank_fn(meta, layers, rank: int, tuning, backend: str | None):
@@ -466,7 +484,8 @@ def run_floor(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         from cp_attention.local_attention import get_backend
 
-        tuned = getattr(get_backend(device, "cudnn_autotune"), "primary", None)
+        here = torch.device("cuda", torch.cuda.current_device())  # the key kernels use
+        tuned = getattr(get_backend(here, "cudnn_autotune"), "primary", None)
         for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
             print(f"autotune {key[0]} b={key[2]} max_q={key[9]} max_k={key[10]} causal="
                   f"{key[11]}: {count} plans, kept {best}, ms {[round(x, 3) for x in ms]}")

@@ -32,8 +32,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -45,11 +47,15 @@ Strategy = Literal["dual_chunk_swap", "no_load_balance"]
 DType = Literal["bf16", "fp16", "fp32"]
 MetadataPassing = Literal["same_object", "value_equal_clone", "real_padding"]
 ProfilerMode = Literal["nsys", "torch", "both", "none"]
+ModelKind = Literal["te_transformer", "torch_transformer"]
+FP8Recipe = Literal["delayed", "current", "mxfp8", "blockwise"]
+FSDPMode = Literal["none", "fsdp", "fully_shard"]
 
 # Fields a variant may not override: they shape the launch itself (process count, profilers,
 # how many iterations every arm gets), so they must be one value for the whole run.
 RUN_LEVEL_FIELDS = frozenset(
-    {"name", "ranks", "device", "warmup", "iterations", "profilers", "variants"}
+    {"name", "ranks", "device", "warmup", "iterations", "profilers", "variants", "model",
+     "watchdog_s"}
 )
 
 
@@ -134,6 +140,38 @@ class Profilers(_Strict):
     @property
     def uses_nsys(self) -> bool:
         return self.mode in ("nsys", "both")
+
+
+class ModelSpec(_Strict):
+    """A real model instead of attention alone (``runners/models/``): layers, optimizer step.
+
+    Each step is forward + backward + optimizer step of a stack of transformer layers on the
+    rank's CP partition of the packed batch; ``layers``, ``heads``, ``kv_heads``, ``head_dim``,
+    ``dtype``, ``causal``, ``cp_comm`` and ``strategy`` come from the workload fields.
+    """
+
+    kind: ModelKind
+    """``te_transformer`` (``te.TransformerLayer``, ``attn_input_format="thd"``, CUDA) or
+    ``torch_transformer`` (torch layers around the bundled ``cp_attn``; CPU or CUDA)."""
+    hidden: int | None = Field(default=None, ge=1)
+    """Model width; None = ``heads * head_dim``."""
+    ffn_hidden: int | None = Field(default=None, ge=1)
+    """MLP width; None = ``4 * hidden``."""
+    fp8: bool = False
+    """Run the layers under ``te.fp8_autocast`` (te_transformer only)."""
+    fp8_recipe: FP8Recipe = "delayed"
+    """``delayed`` (DelayedScaling), ``current`` (Float8CurrentScaling), ``mxfp8``,
+    ``blockwise``."""
+    fsdp: FSDPMode = "none"
+    """Shard parameters over the ranks: ``fsdp`` (FullyShardedDataParallel) or ``fully_shard``."""
+    lr: float = Field(default=1e-4, gt=0)
+    """AdamW learning rate."""
+
+    @model_validator(mode="after")
+    def _check_model(self) -> ModelSpec:
+        if self.fp8 and self.kind != "te_transformer":
+            raise ValueError(f"field model.fp8: needs kind te_transformer, not {self.kind!r}")
+        return self
 
 
 class Workload(_Strict):
@@ -230,6 +268,11 @@ class RunSpec(Workload):
     iterations: int = Field(default=50, ge=0)
     """Timed iterations per arm (interleaved ABBA, no profiler attached)."""
     profilers: Profilers = Field(default_factory=Profilers)
+    model: ModelSpec | None = None
+    """A real model (``runners/models/``); None = attention layers alone (``runners/arms.py``)."""
+    watchdog_s: float = Field(default=60.0, gt=0)
+    """After the first rank reports an exception, stop the others this many seconds later (a
+    rank that raised before a collective must not leave the rest waiting in it forever)."""
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Variant name -> workload fields it overrides. Empty: one variant named ``base``."""
 
@@ -247,7 +290,26 @@ class RunSpec(Workload):
                     "these are one value per launch"
                 )
             self.variant_workload(vname)  # raises with the variant's field named
+        torch_model = self.model is not None and self.model.kind == "torch_transformer"
+        if torch_model and any(
+            self.variant_workload(v).implementation != "bundled" for v in self.variant_names()
+        ):
+            raise ValueError(
+                "field implementation: model torch_transformer runs the bundled cp_attn; "
+                "leave implementation 'bundled'"
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave ``model``/``watchdog_s`` out while unset: a spec that does not use them dumps
+        exactly as before they existed (recorded bundles keep their bytes and hashes)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("model") is None:
+            data.pop("model", None)
+        if data.get("watchdog_s") == RunSpec.model_fields["watchdog_s"].default:
+            data.pop("watchdog_s", None)
+        return data
 
     def variant_workload(self, name: str) -> Workload:
         """The workload of one variant: the base fields with the variant's overrides applied."""

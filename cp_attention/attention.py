@@ -22,7 +22,7 @@ import torch.distributed as dist
 from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
 from cp_attention.local_attention import LocalAttention, get_backend
-from cp_attention.merge import OutputMerger, accum_dtype, add_rows
+from cp_attention.merge import OutputMerger, accum_dtype, add_block_rows, add_rows
 from cp_attention.metadata import PackedBatch
 from cp_attention.plan import COMMS, AttnCall, Rows
 from cp_attention.ranges import phase
@@ -38,11 +38,14 @@ class Tuning:
       of ~10 eager ones;
     * ``in_place``: calls whose segments are contiguous in their buffers run on the whole
       buffers with offset addressing (cuDNN), instead of gathering rows into packed copies and
-      scattering the results back.
+      scattering the results back;
+    * ``remote_rows``: (saved-KV backward) the owner of a KV block adds a peer's dK/dV only at
+      the rows the peer's step read, so the peer need not zero-fill the others.
     """
 
     fused_merge: bool = True
     in_place: bool = True
+    remote_rows: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +108,13 @@ class _Step:
             )
             return out, lse, False
 
-    def bwd(self, call: AttnCall, dout, q, k, v, out, lse):
-        """``(dq, dk, dv, in_place)``: in place, whole buffers, zero outside the call's rows."""
+    def bwd(self, call: AttnCall, dout, q, k, v, out, lse, zero_k_outside: bool = True):
+        """``(dq, dk, dv, in_place)``: in place, whole buffers, zero outside the call's rows
+        (dK/dV rows outside undefined when ``zero_k_outside`` is False)."""
         with phase("attn_bwd_step"):
             run = self._in_place(call, "bwd")
             if run is not None:
-                res = run(dout, q, k, v, out, lse, call, self.scale)
+                res = run(dout, q, k, v, out, lse, call, self.scale, zero_k_outside)
                 if res is not None:
                     return (*res, True)
             rows = call.q_rows
@@ -120,8 +124,19 @@ class _Step:
                 call.causal, self.scale, call.square, cache=call.cache,
             ), False)
 
+    @property
+    def fused(self) -> bool:
+        """Whether the one-kernel merge/add paths run (CUDA with Triton)."""
+        return self.tuning.fused_merge and fused.available()
+
     def merger(self, q) -> OutputMerger:
-        return OutputMerger(q, fused=self.tuning.fused_merge and q.is_cuda and fused.available())
+        return OutputMerger(q, fused=self.fused and q.is_cuda)
+
+    def peer_rows(self, step: int) -> Rows | None:
+        """Rows of our KV block that rank ``rank + step`` reads at its ring step ``step``."""
+        peer = (self.rank + step) % self.meta.cp_size
+        call = self.meta.calls_for("p2p", self.cfg.causal, peer)[step]
+        return None if call is None else call.k_rows
 
 
 def _ring_forward(s: _Step, q, k, v, ring: Ring | None):
@@ -161,7 +176,10 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
                 sends, [([k, v], (ring.rank + i) % ring.size) for i in range(1, ring.size)])
         call = s.call(index)
         bk, bv = blocks[index]
-        grads = s.bwd(call, dout, q, bk, bv, out, lse) if call is not None else None
+        # A remote block's dK/dV may keep garbage outside the rows the step read: its owner
+        # adds only those rows (peer_rows), so no zero-fill is needed for them.
+        zero = index == 0 or not s.tuning.remote_rows
+        grads = s.bwd(call, dout, q, bk, bv, out, lse, zero) if call is not None else None
         with phase("grad_reduce"):
             if grads is not None:
                 dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype, grads[3])
@@ -173,9 +191,14 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
     if ring is not None and ring.size > 1:
         received = pending.wait()
         with phase("grad_reduce"):
-            for i in range(0, len(received), 2):
-                block[0] += received[i]
-                block[1] += received[i + 1]
+            for j, step in enumerate(range(1, ring.size)):
+                if s.tuning.remote_rows:
+                    rows = s.peer_rows(step)
+                    add_block_rows(block[0], received[2 * j], rows, s.fused)
+                    add_block_rows(block[1], received[2 * j + 1], rows, s.fused)
+                else:
+                    block[0] += received[2 * j]
+                    block[1] += received[2 * j + 1]
     dq = dq if dq is not None else torch.zeros_like(q)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
 

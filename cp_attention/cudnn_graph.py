@@ -419,9 +419,10 @@ class CudnnGraphAttention:
         self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
         return out, stats
 
-    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale):
+    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True):
         """Backward of ``call`` on whole buffers: ``(dq, dk, dv)`` shaped like ``q``/``k``/``v``,
-        the call's rows written, every other row zero. None as for :meth:`fwd_in_place`."""
+        the call's rows written, every other row zero (dK/dV rows outside left unwritten when
+        ``zero_k_outside`` is False). None as for :meth:`fwd_in_place`."""
         b = call.cu_q.numel() - 1
         handle = self._handle(q.device)
         key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, call.max_q, call.max_k,
@@ -432,8 +433,9 @@ class CudnnGraphAttention:
         # Rows outside the call must read as zero gradient (a memset, no kernel of ours).
         q_all, k_all = call.q_rows.covers(q.shape[0]), call.k_rows.covers(k.shape[0])
         dq = torch.empty_like(q) if q_all else torch.zeros_like(q)
-        dk = (torch.empty if k_all else torch.zeros)(k.shape, dtype=k.dtype, device=k.device)
-        dv = (torch.empty if k_all else torch.zeros)(v.shape, dtype=v.dtype, device=v.device)
+        alloc_k = torch.empty if k_all or not zero_k_outside else torch.zeros
+        dk = alloc_k(k.shape, dtype=k.dtype, device=k.device)
+        dv = alloc_k(v.shape, dtype=v.dtype, device=v.device)
         self._execute_bwd(key, g, ws, uids, handle, dout.contiguous(), q, k, v, out.contiguous(),
                           lse.contiguous(), (dq, dk, dv), r)
         return dq, dk, dv

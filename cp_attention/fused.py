@@ -91,3 +91,44 @@ def merge_rows_(out: torch.Tensor, lse: torch.Tensor, rows, step_out: torch.Tens
         BLOCK_D=triton.next_power_of_2(dim), HAS_INDEX=rows.index is not None,
         STEP_IN_PLACE=step_in_place, num_warps=4,
     )
+
+
+@functools.cache
+def _add_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_rows(dest_ptr, src_ptr, rows_ptr, first_row, s_dest_t, s_src_t,
+                 WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_INDEX: tl.constexpr):
+        i = tl.program_id(0)
+        if HAS_INDEX:
+            row = tl.load(rows_ptr + i)
+        else:
+            row = first_row + i
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < WIDTH
+        a = tl.load(dest_ptr + row * s_dest_t + col, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(src_ptr + row * s_src_t + col, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dest_ptr + row * s_dest_t + col, (a + b).to(dest_ptr.dtype.element_ty),
+                 mask=mask)
+
+    return add_rows
+
+
+def add_rows_(dest: torch.Tensor, src: torch.Tensor, rows) -> None:
+    """``dest[rows] += src[rows]`` for two ``[T, ...]`` tensors of one dtype, one kernel.
+
+    The sum is rounded once to the dtype, as ``torch.add`` does; rows outside ``rows`` are
+    neither read nor written (``src`` may hold anything there).
+    """
+    import triton
+
+    width = dest[0].numel()
+    if not (dest.is_contiguous() and src.is_contiguous()) or dest.dtype != src.dtype:
+        raise ValueError("add_rows_ needs two contiguous tensors of one dtype")
+    index = rows.index if rows.index is not None else dest
+    block = min(4096, triton.next_power_of_2(width))
+    grid = (rows.count, triton.cdiv(width, block))
+    _add_kernel()[grid](dest, src, index, rows.start, dest.stride(0), src.stride(0), WIDTH=width,
+                        BLOCK=block, HAS_INDEX=rows.index is not None, num_warps=4)

@@ -110,3 +110,24 @@ def add_rows(dest: torch.Tensor | None, rows: Rows, value: torch.Tensor, like: t
     else:
         dest.index_add_(0, rows.index, value.to(dtype))
     return dest
+
+
+def add_block_rows(dest: torch.Tensor, src: torch.Tensor, rows: Rows | None,
+                   fused: bool = False) -> None:
+    """``dest[rows] += src[rows]``: a peer's gradient for our KV block, valid at ``rows``.
+
+    ``rows`` are the rows of our block the peer's step read; ``src`` may hold anything
+    elsewhere (the peer did not zero them), and None means the peer read none of them.
+    """
+    if rows is None:
+        return
+    if rows.covers(dest.shape[0]):
+        dest += src
+    elif rows.index is None:
+        dest[rows.start : rows.stop] += src[rows.start : rows.stop]
+    elif fused and dest.is_cuda:
+        from cp_attention.fused import add_rows_
+
+        add_rows_(dest, src, rows)
+    else:
+        dest.index_add_(0, rows.index, src.index_select(0, rows.index))

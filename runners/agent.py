@@ -3,8 +3,10 @@
 Protocol (docs/architecture.md, "Runner <-> service API"): long-poll ``POST /jobs/claim``; a
 claimed job carries a lease that a heartbeat thread extends while the job runs. Success uploads
 the bundle and calls ``complete`` with the run id; failure calls ``fail`` with the reason and
-the launch log's tail. If the lease is lost (the service gave the job to someone else), the
-launch is cancelled and nothing is reported.
+the launch log's tail. A job with a ``checkout`` (the pull-request loop) first gets a fresh
+workspace with that commit and its setup command (``runners.workspace``), and its run is tagged
+with the repository, branch, commit, pull request and suite. If the lease is lost (the service
+gave the job to someone else), the launch is cancelled and nothing is reported.
 
 SIGTERM (e.g. the node is being drained): the current job may finish within ``term_grace_s``;
 after that its launch is stopped and the job is *released* back to the queue, so another runner
@@ -20,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ from runners.http import ApiError, RetryPolicy, ServiceClient, with_retries
 from runners.launch import LaunchError, LaunchOptions
 from runners.spec import RunSpec, SpecError, parse_spec
 from runners.upload import UploadResult
+from runners.workspace import Checkout, CheckoutError, prepare_workspace
 
 log = logging.getLogger("cptrace.agent")
-LEASE_LOST = (404, 409, 410)
+LEASE_LOST = (403, 404, 409, 410)  # 403: the job is held by another runner's token
 
 
 @dataclass(slots=True, kw_only=True)
@@ -158,10 +161,22 @@ class Agent:
                 worker.join(0.2)
 
     def _run_job(self, job: dict[str, Any], cancel: threading.Event, out: dict[str, Any]) -> None:
+        workspace: Path | None = None
         try:
             spec = parse_spec(job.get("spec"), source=f"job {job['id']} spec")
             run_dir = self.config.work_dir / f"job{job['id']}-{spec.name}-{int(time.time())}"
             options = _with_cancel(self.config.launch, cancel)
+            if job.get("checkout") is not None:
+                checkout = Checkout.from_job(job["checkout"])
+                workspace = self.config.work_dir / f"job{job['id']}-workspace"
+                prepare_workspace(
+                    checkout,
+                    workspace,
+                    log=self.config.work_dir / f"job{job['id']}-checkout.log",
+                    timeout_s=self.config.launch.timeout_s or 900.0,
+                    cancel=cancel,
+                )
+                options = replace(options, run_tags=checkout.run_tags(spec.name))
             bundle = self.run_fn(spec, run_dir, options)
             if cancel.is_set():
                 raise LaunchError("cancelled")
@@ -170,10 +185,15 @@ class Agent:
                 shutil.rmtree(run_dir, ignore_errors=True)
         except SpecError as exc:
             out["error"] = (f"invalid spec: {exc}", "")
+        except CheckoutError as exc:
+            out["error"] = (str(exc).split("\n--- log tail ---")[0], exc.log_tail)
         except LaunchError as exc:
             out["error"] = (str(exc).split("\n--- log tail ---")[0], exc.log_tail)
         except Exception as exc:  # any failure is the job's failure, reported, not fatal
             out["error"] = (f"{type(exc).__name__}: {exc}", "")
+        finally:
+            if workspace is not None:  # clean: the next job never sees this one's files
+                shutil.rmtree(workspace, ignore_errors=True)
 
     def _heartbeat(
         self, job_id: int, done: threading.Event, lost: threading.Event, cancel: threading.Event
@@ -211,6 +231,4 @@ class Agent:
 
 
 def _with_cancel(options: LaunchOptions, cancel: threading.Event) -> LaunchOptions:
-    from dataclasses import replace
-
     return replace(options, cancel=cancel)

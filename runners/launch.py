@@ -15,19 +15,15 @@ written into ``out`` and checked with the same reader the service uses.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,18 +33,25 @@ from analyzers.bundle import MANIFEST_NAME
 from runners import bundle as bundle_writer
 from runners import nsys as nsys_cmds
 from runners.manifest import build_manifest_parts
+from runners.profile.rankstatus import STATUS_ENV
+from runners.profile.supervise import Supervised, failure_record, supervise
 from runners.spec import RunSpec, parse_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-LOG_TAIL_LINES = 60
 
 
 class LaunchError(RuntimeError):
     """A launch failed; the message carries the command's exit status and its log tail."""
 
-    def __init__(self, message: str, *, log_tail: str = "") -> None:
+    def __init__(
+        self, message: str, *, log_tail: str = "", supervised: Supervised | None = None
+    ) -> None:
         super().__init__(f"{message}\n--- log tail ---\n{log_tail}" if log_tail else message)
         self.log_tail = log_tail
+        self.supervised = supervised
+        """How the launch ended (ranks' statuses, watchdog), when it was started at all."""
+        self.bundle: Path | None = None
+        """The bundle written with the failure record, if one could be written."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +69,9 @@ class LaunchOptions:
     include_hostname: bool = False
     cancel: threading.Event | None = None
     """Set to stop the launch (the agent's SIGTERM/lease-lost path)."""
+    run_tags: dict[str, Any] | None = None
+    """Manifest ``run`` fields that replace the runner checkout's own git facts (the agent's
+    pull-request jobs: branch, commit, repo, pr, suite, spec_name of the measured checkout)."""
 
 
 def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:
@@ -122,14 +128,6 @@ def _child_env(launcher: str) -> dict[str, str]:
     return env
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            return "".join(deque(fh, maxlen=lines))
-    except OSError:
-        return ""
-
-
 def run_logged(
     cmd: list[str],
     *,
@@ -137,50 +135,36 @@ def run_logged(
     env: dict[str, str],
     timeout: float | None,
     cancel: threading.Event | None = None,
-) -> None:
+    status_dir: Path | None = None,
+    watchdog_s: float | None = None,
+    cwd: Path | None = None,
+) -> Supervised:
     """Run ``cmd`` with its output in ``log``; raise ``LaunchError`` with the tail on failure.
 
-    The command gets its own process group so a timeout or ``cancel`` stops every rank, not
-    just the launcher.
+    The command gets its own process group so a timeout, ``cancel`` or the watchdog stops every
+    rank, not just the launcher. With ``status_dir`` the ranks' status files are watched: once
+    one reports an exception the rest get ``watchdog_s`` seconds, then the group is stopped.
     """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"$ {shlex.join(cmd)}\n")
-        fh.flush()
-        try:
-            proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        except OSError as exc:
-            raise LaunchError(f"cannot start {cmd[0]}: {exc}") from exc
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(0.2)
-                break
-            if cancel is not None and cancel.is_set():
-                _stop_group(proc)
-                raise LaunchError(f"{cmd[0]} cancelled", log_tail=_tail(log))
-            if deadline is not None and time.monotonic() > deadline:
-                _stop_group(proc)
-                raise LaunchError(f"{cmd[0]} ran over {timeout} s", log_tail=_tail(log))
-    if proc.returncode != 0:
+    result = supervise(
+        cmd, log=log, env=env, status_dir=status_dir, watchdog_s=watchdog_s,
+        timeout_s=timeout, cancel=cancel, stop_grace_s=15.0, cwd=cwd,
+    )
+    if result.start_error:
+        raise LaunchError(result.start_error, supervised=result)
+    if result.cancelled:
+        raise LaunchError(f"{cmd[0]} cancelled", log_tail=result.tail(), supervised=result)
+    if result.timed_out:
+        raise LaunchError(f"{cmd[0]} ran over {timeout} s", log_tail=result.tail(),
+                          supervised=result)
+    if result.returncode != 0 or result.first_failure is not None:
+        record = failure_record(result, watchdog_s=watchdog_s)
+        why = f": {record['summary']}" if record and result.first_failure else ""
         raise LaunchError(
-            f"{shlex.join(cmd[:6])} ... exited with status {proc.returncode}",
-            log_tail=_tail(log),
+            f"{shlex.join(cmd[:6])} ... exited with status {result.returncode}{why}",
+            log_tail=result.tail(),
+            supervised=result,
         )
-
-
-def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    """SIGTERM the launch's process group, then SIGKILL what is left after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    return result
 
 
 def _with_ranks(spec: RunSpec, nproc: int | None) -> RunSpec:
@@ -213,25 +197,72 @@ def run_spec(spec: RunSpec, out: Path, options: LaunchOptions | None = None) -> 
         spec_json = scratch / "spec.json"
         spec_json.write_text(spec.model_dump_json(), encoding="utf-8")
         env = _child_env(launcher)
-        traces, extra = _launch_all(spec, out, scratch, spec_json, launcher, env, opts)
+        env[STATUS_ENV] = str(scratch / "status")
+        try:
+            traces, extra = _launch_all(spec, out, scratch, spec_json, launcher, env, opts)
+        except LaunchError as exc:
+            exc.bundle = _failure_bundle(spec, out, scratch, launcher, opts, exc)
+            raise
         parts = build_manifest_parts(spec, _read_results(scratch))
-        started = " ".join(["cptrace", "run", f"--nproc {spec.ranks}", f"--launcher {launcher}"])
-        run = bundle_writer.run_info(
-            name=spec.name,
-            spec=spec.model_dump(mode="json"),
-            host=socket.gethostname() if opts.include_hostname else None,
-            command=started,
-            **_git_info(),
-        )
+        run = _run_info(spec, launcher, opts)
         bundle_writer.finalize_bundle(
             out, run=run, traces=traces, extra={**parts.extra, **extra}, **parts.fields
         )
+    except LaunchError as exc:
+        if exc.bundle is None:  # logs stay for diagnosis; a manifest only with the failure
+            (out / MANIFEST_NAME).unlink(missing_ok=True)
+        raise
     except BaseException:
         # Leave logs for diagnosis, but never a manifest that claims a complete run.
         (out / MANIFEST_NAME).unlink(missing_ok=True)
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def _run_info(spec: RunSpec, launcher: str, opts: LaunchOptions) -> dict[str, Any]:
+    started = " ".join(["cptrace", "run", f"--nproc {spec.ranks}", f"--launcher {launcher}"])
+    return bundle_writer.run_info(
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        host=socket.gethostname() if opts.include_hostname else None,
+        command=started,
+        **(_git_info() if opts.run_tags is None else opts.run_tags),
+    )
+
+
+def _kineto_traces(out: Path, scratch: Path) -> list[dict[str, Any]]:
+    traces = []
+    for path in sorted((scratch / "traces").glob("kineto_rank*.json")):
+        rank = int(path.stem.removeprefix("kineto_rank"))
+        member = bundle_writer.add_trace(out, bundle_writer.gzip_file(path))
+        traces.append(bundle_writer.trace_entry(member, fmt="kineto", rank=rank))
+    return traces
+
+
+def _failure_bundle(
+    spec: RunSpec, out: Path, scratch: Path, launcher: str, opts: LaunchOptions,
+    exc: LaunchError,
+) -> Path | None:
+    """The bundle of a failed launch: what was captured, the spec's facts, the failure record.
+
+    Returns None (no bundle) when the launch never started a rank: there is nothing to record.
+    """
+    result = exc.supervised
+    if result is None or result.start_error:
+        return None
+    failure = failure_record(result, watchdog_s=spec.watchdog_s) or {
+        "summary": str(exc).splitlines()[0], "exit_status": result.returncode,
+    }
+    parts = build_manifest_parts(spec, _read_results(scratch))
+    bundle_writer.finalize_bundle(
+        out,
+        run={**_run_info(spec, launcher, opts), "exit_status": result.returncode},
+        traces=_kineto_traces(out, scratch),
+        extra={**parts.extra, "failure": failure},
+        **parts.fields,
+    )
     return out
 
 
@@ -259,13 +290,12 @@ def _launch_all(
         if "nsys" in phases:
             traces.append(_run_nsys(spec, out, scratch, cmd, log, env, opts, extra))
         else:
-            run_logged(cmd, log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel)
+            run_logged(
+                cmd, log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel,
+                status_dir=scratch / "status", watchdog_s=spec.watchdog_s,
+            )
     if spec.profilers.uses_torch:
-        for path in sorted((scratch / "traces").glob("kineto_rank*.json")):
-            rank = int(path.stem.removeprefix("kineto_rank"))
-            gz = bundle_writer.gzip_file(path)
-            member = bundle_writer.add_trace(out, gz)
-            traces.append(bundle_writer.trace_entry(member, fmt="kineto", rank=rank))
+        traces += _kineto_traces(out, scratch)
     return traces, extra
 
 
@@ -297,7 +327,10 @@ def _run_nsys(
         functions_json=functions_json,
         extra_args=spec.profilers.nsys.extra_args,
     )
-    run_logged([*profile, *cmd], log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel)
+    run_logged(
+        [*profile, *cmd], log=log, env=env, timeout=opts.timeout_s, cancel=opts.cancel,
+        status_dir=scratch / "status", watchdog_s=spec.watchdog_s,
+    )
     rep = report.with_suffix(".nsys-rep")
     sqlite = scratch / "nsys.sqlite"
     export = nsys_cmds.export_command(list(opts.nsys_cmd), report=rep, sqlite=sqlite)

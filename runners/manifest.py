@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runners.packing import PackedLayout
-from runners.spec import RunSpec, Workload, layout_for
+from runners.spec import ModelSpec, RunSpec, Workload, layout_for
 
 # Manifest spelling of implementations (analyzers.manifest.Workload.implementation).
 MANIFEST_IMPLEMENTATION = {"bundled": "bundled", "te": "te", "te_adapter": "te-adapter"}
@@ -37,10 +37,15 @@ class ManifestParts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def manifest_workload(workload: Workload, *, ranks: int) -> dict[str, Any]:
+def manifest_workload(
+    workload: Workload, *, ranks: int, model: ModelSpec | None = None
+) -> dict[str, Any]:
     """A workload in the manifest's vocabulary (``analyzers.manifest.Workload``)."""
+    implementation = MANIFEST_IMPLEMENTATION[workload.implementation]
+    if model is not None:  # the model decides the attention: TE's or the bundled cp_attn
+        implementation = "te" if model.kind == "te_transformer" else "bundled"
     out: dict[str, Any] = {
-        "implementation": MANIFEST_IMPLEMENTATION[workload.implementation],
+        "implementation": implementation,
         "cp_size": ranks,
         "seqlens": workload.resolved_seqlens(),
     }
@@ -52,13 +57,17 @@ def manifest_workload(workload: Workload, *, ranks: int) -> dict[str, Any]:
         broken_identity_padding=workload.broken_identity_padding,
         broken_always_zero_fill=workload.broken_always_zero_fill,
     )
+    if model is not None:
+        out["model"] = model.model_dump(mode="json")
     return out
 
 
-def variant_facts(workload: Workload, layout: PackedLayout) -> dict[str, Any]:
+def variant_facts(
+    workload: Workload, layout: PackedLayout, model: ModelSpec | None = None
+) -> dict[str, Any]:
     """``MetadataFacts`` of one variant: the metadata exactly as passed to attention."""
     zero_fill = None
-    if workload.implementation == "bundled":
+    if workload.implementation == "bundled" and (model is None or model.kind != "te_transformer"):
         # The bundled implementation zero-fills only real padding unless told to be broken.
         zero_fill = workload.broken_always_zero_fill or not layout.padded_equals_unpadded
     same_object = workload.metadata == "same_object"
@@ -75,6 +84,8 @@ def variant_facts(workload: Workload, layout: PackedLayout) -> dict[str, Any]:
         "total_tokens": layout.total_tokens,
         "token_alignment": workload.token_alignment,
         "zero_fill_grad_tails": zero_fill,
+        # Model runs only: attention-only arms have neither (the manifest's default is False).
+        **({"fp8": model.fp8, "fsdp": model.fsdp != "none"} if model is not None else {}),
     }
 
 
@@ -102,12 +113,12 @@ def variant_entry(
     """One ``variants`` item: window, facts, the workload fields it changes, timings per rank."""
     workload = spec.variant_workload(name)
     layout = layout_for(workload, spec.ranks)
-    base = manifest_workload(spec, ranks=spec.ranks)
-    mine = manifest_workload(workload, ranks=spec.ranks)
+    base = manifest_workload(spec, ranks=spec.ranks, model=spec.model)
+    mine = manifest_workload(workload, ranks=spec.ranks, model=spec.model)
     return {
         "name": name,
         "window": window or f"arm:{name}",
-        "facts": variant_facts(workload, layout),
+        "facts": variant_facts(workload, layout, spec.model),
         "workload": {k: v for k, v in mine.items() if base.get(k) != v},
         "iteration_ms": dict(sorted((iteration_ms or {}).items())),
     }
@@ -127,7 +138,7 @@ def build_manifest_parts(spec: RunSpec, results: list[dict[str, Any]]) -> Manife
     )
     return ManifestParts(
         fields={
-            "workload": manifest_workload(spec, ranks=spec.ranks),
+            "workload": manifest_workload(spec, ranks=spec.ranks, model=spec.model),
             "variants": variants,
             "environment": environment,
         },

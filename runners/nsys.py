@@ -110,25 +110,18 @@ def profile_command(
     trace: str,
     functions_json: Path | None,
     extra_args: list[str],
+    capture_range: bool = True,
 ) -> list[str]:
     """``nsys profile`` arguments that wrap a launcher command (append the command after).
 
-    Only the profiled steps are captured: the workload brackets them with
-    ``cudaProfilerStart/Stop``, so the 50 timed iterations stay out of the report.
+    With ``capture_range`` (``cptrace run``) only the profiled steps are captured: the workload
+    brackets them with ``cudaProfilerStart/Stop``, so the 50 timed iterations stay out of the
+    report. ``cptrace profile`` turns it off unless the user's job brackets its own steps.
     """
-    cmd = [
-        *nsys,
-        "profile",
-        "-t",
-        trace,
-        "--sample=none",
-        "--cpuctxsw=none",
-        "--capture-range=cudaProfilerApi",
-        "--capture-range-end=stop",
-        "--force-overwrite=true",
-        "-o",
-        str(output),
-    ]
+    cmd = [*nsys, "profile", "-t", trace, "--sample=none", "--cpuctxsw=none"]
+    if capture_range:
+        cmd += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+    cmd += ["--force-overwrite=true", "-o", str(output)]
     if functions_json is not None:
         cmd.append(f"--python-functions-trace={functions_json}")
     return [*cmd, *extra_args]

@@ -43,7 +43,7 @@ def prepare_archive(path: Path, work_dir: Path) -> Path:
     with read_bundle(path, extract_to=work_dir) as bundle:
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
             return path
-        target = work_dir / f"{bundle.run.name or 'bundle'}.tar.gz"
+        target = work_dir / f"{bundle.run.name or 'bundle'}.tar.gz"  # RunInfo, a model
         pack_bundle(bundle.root, target)
         return target
 

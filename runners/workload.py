@@ -35,6 +35,7 @@ import torch.distributed as dist
 from cp_attention.ranges import named_range
 from runners.arms import Arm, FullInputs, RankContext, build_arm, full_inputs
 from runners.env import capture_environment
+from runners.profile import rankstatus
 from runners.spec import RunSpec, layout_for, parse_spec
 
 PHASES = ("timed", "torch", "nsys")
@@ -74,6 +75,16 @@ def _init_distributed(spec: RunSpec) -> RankContext:
 
 def build_arms(spec: RunSpec, ctx: RankContext) -> list[Arm]:
     """One arm per variant; variants with the same batch shape share one set of inputs."""
+    if spec.model is not None:
+        from runners.models import build_model_arm
+
+        return [
+            build_model_arm(
+                name, spec.model, spec.variant_workload(name),
+                layout_for(spec.variant_workload(name), spec.ranks), ctx,
+            )
+            for name in spec.variant_names()
+        ]
     cache: dict[tuple[Any, ...], FullInputs] = {}
     arms = []
     for name in spec.variant_names():
@@ -180,6 +191,35 @@ def run_nsys_capture(spec: RunSpec, arms: list[Arm], ctx: RankContext) -> None:
         torch.cuda.cudart().cudaProfilerStop()
 
 
+def first_steps_captured_on_failure(arms: list[Arm], ctx: RankContext, out: Path) -> None:
+    """One step per arm under the PyTorch profiler, exported only if a step raises.
+
+    A model that fails, fails in its first step (TE issue #1795: the first FP8 GEMM on a token
+    count that is not a multiple of 8), before any profiled phase: this keeps what happened up
+    to the exception, inside the arm's window, for the bundle. Steps that succeed are warm-up
+    and their recording is dropped.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if ctx.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(activities=activities, with_stack=True)
+    prof.start()
+    try:
+        for arm in arms:
+            with named_range(window_name(arm.name)):
+                arm.step()
+        _sync(ctx.device)
+    except BaseException:
+        prof.stop()
+        path = out / "traces" / f"kineto_rank{ctx.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+        raise
+    prof.stop()
+
+
 def run_rank(spec: RunSpec, out: Path, phases: list[str]) -> dict[str, Any]:
     """Everything one rank does; returns the rank's result record."""
     ctx = _init_distributed(spec)
@@ -188,6 +228,8 @@ def run_rank(spec: RunSpec, out: Path, phases: list[str]) -> dict[str, Any]:
         result["environment"] = capture_environment()
     try:
         arms = build_arms(spec, ctx)
+        if spec.model is not None:
+            first_steps_captured_on_failure(arms, ctx, out)
         if "timed" in phases:
             result["iteration_ms"] = run_timed(spec, arms, ctx.device)
         elif spec.warmup:  # profiled phases still need compiled kernels and warm caches
@@ -214,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--phases: unknown {sorted(unknown)}; choose from {PHASES}")
     spec = parse_spec(json.loads(args.spec.read_text()), source=str(args.spec))
+    rankstatus.install_from_environment()  # the launcher's watchdog reads it (exceptions, waits)
     result = run_rank(spec, args.out, phases)
     target = args.out / "results" / f"rank{result['rank']}.{'-'.join(phases)}.json"
     target.parent.mkdir(parents=True, exist_ok=True)

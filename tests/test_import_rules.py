@@ -2,7 +2,8 @@
 
 - Data flows one way: ``service`` imports neither ``web`` nor the CLI (``cptrace``) nor the
   runners; ``analyzers`` and ``contracts`` import nothing of ours above them; ``web`` does not
-  import the CLI or the runners. The served app is assembled in ``cptrace/app.py``.
+  import the CLI or the runners; ``pr_bot`` imports only ``analyzers`` (and ``contracts``).
+  The served app is assembled in ``cptrace/app.py``.
 - A private module (``_name``) belongs to its package: only modules inside that package import it.
 """
 
@@ -15,12 +16,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("analyzers", "contracts", "service", "web", "cptrace", "runners", "cp_attention")
+PACKAGES = (
+    "analyzers", "contracts", "service", "web", "cptrace", "runners", "cp_attention", "pr_bot",
+)  # fmt: skip
 FORBIDDEN = {
     "service": {"web", "cptrace", "runners"},
     "analyzers": {"service", "web", "cptrace", "runners", "cp_attention", "contracts"},
     "contracts": {"analyzers", "service", "web", "cptrace", "runners", "cp_attention"},
     "web": {"cptrace", "runners"},
+    # the PR bot (comment, policy, GitHub client) sits below service, web and the CLI
+    "pr_bot": {"service", "web", "cptrace", "runners", "cp_attention"},
 }
 
 

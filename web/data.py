@@ -11,17 +11,27 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from analyzers.catalog import Catalog
+from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
+from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
-from analyzers.report import AnalysisReport, ComparisonReport, Finding, HelperDelta, HelperStat
+from analyzers.report import (
+    AnalysisReport,
+    ComparisonReport,
+    Finding,
+    GroupAccount,
+    HelperDelta,
+    HelperStat,
+)
+from pr_bot.comment import CommentContext, render_comment
+from pr_bot.deltas import MetricRow, metric_rows
+from pr_bot.labels import compare_url, run_label
 from service.core.errors import BadRequest
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web import figures
-from web.deltas import MetricRow, metric_rows
-from web.pr_comment import CommentContext, render_comment
 from web.store import WebStore
 
 Figure = dict[str, Any]
@@ -31,6 +41,7 @@ KNOWN_METRICS = tuple(
 )
 """The metrics the history page offers (the p10/p90 ones are the median's spread bars)."""
 WHOLE_TRACE = "whole trace"  # the window group analyzers use for the entire trace
+MAIN_BRANCH = "main"  # the branch whose history series is searched for change points
 NOISE_WINDOW = 10  # previous points that define the noise band of the history chart
 NOISE_MIN_POINTS = 3
 
@@ -61,6 +72,15 @@ class RunsQuery(BaseModel):
     order: Literal["asc", "desc"] = "desc"
     page: int = Field(default=1, ge=1)
     per_page: int = Field(default=50, ge=1, le=500)
+
+    @field_validator(
+        "implementation", "config_key", "branch", "commit", "status", "verdict", "date_from",
+        "date_to", mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """The filter form submits every field; an empty one means 'any', not an invalid value."""
+        return None if value == "" else value
 
 
 class RunsPage(BaseModel):
@@ -131,6 +151,61 @@ class RunPage(BaseModel):
     findings: list[Finding]
     arm_comparisons: list[ArmComparison]
     figures: dict[str, Figure]
+    idle_causes: list[IdleCause] = Field(default_factory=list)
+
+
+class IdleCause(BaseModel):
+    """One idle line of the step account, for the run page's "top idle causes" table."""
+
+    window: str
+    rank: int
+    part: str
+    label: str
+    ms_per_step: float
+    gaps: int
+    largest_ms: float | None
+    largest_at: str | None  # "+12.345 ms in arm:auto_clone#1"
+    thread: str | None
+    detail: str | None
+
+
+def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCause]:
+    """The largest idle lines (ms per step) of each step group, over its ranks."""
+    rows = []
+    for a in accounts:
+        if a.window == WHOLE_TRACE:
+            continue
+        steps = max(a.steps, 1)
+        for p in a.parts:
+            if not p.part.value.startswith("idle"):
+                continue
+            g = p.largest[0] if p.largest else None
+            rows.append(
+                IdleCause(
+                    window=a.window,
+                    rank=a.rank,
+                    part=p.part.value,
+                    label=p.label,
+                    ms_per_step=p.time_ns / steps / 1e6,
+                    gaps=p.gaps,
+                    largest_ms=g.duration_ns / 1e6 if g else None,
+                    largest_at=(
+                        f"+{g.offset_ns / 1e6:.3f} ms in "
+                        + (g.window if g.window != a.window else f"{g.window}#{g.index}")
+                        if g
+                        else None
+                    ),
+                    thread=p.thread,
+                    detail=p.detail,
+                )
+            )
+    order = list(dict.fromkeys(a.window for a in accounts))
+    rows.sort(key=lambda r: (order.index(r.window), -r.ms_per_step))
+    out: list[IdleCause] = []
+    for r in rows:
+        if sum(1 for o in out if o.window == r.window) < limit:
+            out.append(r)
+    return out
 
 
 def helper_rows(stats: Sequence[HelperStat]) -> list[HelperRow]:
@@ -157,17 +232,6 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
     return windowed or list(stats)
 
 
-def compare_url(
-    base_id: int, head_id: int, base_window: str | None, head_window: str | None
-) -> str:
-    """Site-relative URL of a comparison page (window names are query-encoded)."""
-    from urllib.parse import urlencode
-
-    params = {k: v for k, v in (("base_window", base_window), ("head_window", head_window)) if v}
-    suffix = f"?{urlencode(params)}" if params else ""
-    return f"/compare/{base_id}/{head_id}{suffix}"
-
-
 def run_page(store: WebStore, run_id: int) -> RunPage:
     run = store.get_run(run_id)
     report = run.report
@@ -186,6 +250,8 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         if report.timeline is not None and report.timeline.events:
             figs["timeline"] = figures.timeline_figure(report.timeline)
         figs.update(gpu_timeline_figures(report))
+        if report.accounts:
+            figs["account"] = figures.account_bars(report.accounts)
         helpers = helper_rows(report.helpers)
         severity_order = {"error": 0, "warning": 1, "info": 2}
         findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
@@ -204,6 +270,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         findings=findings,
         arm_comparisons=arms,
         figures=figs,
+        idle_causes=idle_causes(report.accounts) if report is not None else [],
     )
 
 
@@ -265,10 +332,12 @@ def compare_page(
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
     figs.update(comparison_timeline_figures(report))
+    if report.account:
+        figs["account_delta"] = figures.account_delta_bars(report.account)
     context = CommentContext(
         suite="preview",
-        base_name=_run_label(base, base_window),
-        head_name=_run_label(head, head_window),
+        base_name=run_label(base.id, base.name, base.commit, base_window),
+        head_name=run_label(head.id, head.name, head.commit, head_window),
         comparison_url=page_url,
     )
     return ComparePage(
@@ -285,13 +354,6 @@ def compare_page(
     )
 
 
-def _run_label(run: RunSummary, window: str | None) -> str:
-    label = f"#{run.id} {run.name}"
-    if run.commit:
-        label += f" @ {run.commit[:10]}"
-    return f"{label} [{window}]" if window else label
-
-
 # --------------------------------------------------------------------------------- history page
 
 
@@ -300,6 +362,7 @@ class HistoryRow(BaseModel):
     band_low: float | None
     band_high: float | None
     outside_band: bool
+    change_point: str | None = None  # "+10.1% (20.01 -> 22.04, p=0.0013)" at a new level
 
 
 class HistoryPage(BaseModel):
@@ -310,6 +373,23 @@ class HistoryPage(BaseModel):
     options: dict[str, list[str]]
     points: list[HistoryRow]
     figures: dict[str, Figure]
+    change_point_branch: str = MAIN_BRANCH
+    change_point_method: str = CHANGE_POINT_METHOD
+
+
+def mark_history_change_points(rows: list[HistoryRow], branch: str = MAIN_BRANCH) -> None:
+    """Set ``change_point`` on the rows where ``branch``'s series moved to a new level.
+
+    Only one branch's runs form the series: pull-request runs interleaved with main's would
+    make every experiment look like a regression of main.
+    """
+    on_branch = [i for i, r in enumerate(rows) if r.point.branch == branch]
+    found = change_points([rows[i].point.value for i in on_branch])
+    for cp in found:
+        rows[on_branch[cp.index]].change_point = (
+            f"{cp.shift_pct:+.1f}% ({cp.before_median:.3g} -> {cp.after_median:.3g}, "
+            f"p={cp.p_value:.2g})"
+        )
 
 
 def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
@@ -351,6 +431,7 @@ def history_page(
         )
         for p, b in zip(points, bands, strict=True)
     ]
+    mark_history_change_points(rows)
     spread = _spreads(store, config_key, metric, label) if rows else {}
     series = [
         figures.SeriesPoint(
@@ -367,7 +448,13 @@ def history_page(
         for r in rows
     ]
     unit = "ms" if metric.endswith("_ms") or "_ms_" in metric else ""
-    figs = {"history": figures.history_figure(series, metric, unit)} if rows else {}
+    figs = {}
+    if rows:
+        marks = [(i, f"change {r.change_point.split(' ')[0]}") for i, r in enumerate(rows)
+                 if r.change_point]  # fmt: skip
+        figs["history"] = figures.mark_change_points(
+            figures.history_figure(series, metric, unit), marks
+        )
     return HistoryPage(
         config_key=config_key,
         metric=metric,

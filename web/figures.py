@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from analyzers.report import (
+    AccountDelta,
     Category,
+    GroupAccount,
     GroupTimeline,
     HelperDelta,
     HelperStat,
@@ -488,5 +490,140 @@ def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -
     return {"data": data, "layout": layout}
 
 
+def mark_change_points(figure: Figure, marks: Sequence[tuple[int, str]]) -> Figure:
+    """Draw each change point of a :func:`history_figure` as a dashed vertical line at the
+    first run of the new level, labelled with its shift (``marks``: point index, label)."""
+    data = figure.get("data") or []
+    series = data[-1] if data else {}
+    xs = list(series.get("x") or [])
+    layout = figure.setdefault("layout", {})
+    shapes = list(layout.get("shapes") or [])
+    notes = list(layout.get("annotations") or [])
+    for index, label in marks:
+        if not 0 <= index < len(xs):
+            continue
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": xs[index],
+                "x1": xs[index],
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#D55E00", "width": 2, "dash": "dash"},
+            }
+        )
+        notes.append(
+            {
+                "x": xs[index],
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": svg_text(label),
+                "font": {"color": "#D55E00"},
+            }
+        )
+    layout["shapes"] = shapes
+    layout["annotations"] = notes
+    return figure
+
+
 def _gap(high: float | None, low: float | None) -> float:
     return max(high - low, 0.0) if high is not None and low is not None else 0.0
+
+
+ACCOUNT_COLORS: dict[str, str] = {
+    "compute": "#0072B2",
+    "exposed communication": "#009E73",
+    "exposed memcpy": "#56B4E9",
+    "idle: host-bound": "#D55E00",
+    "idle: synchronisation": "#F0E442",
+    "idle: waiting on another rank": "#CC79A7",
+    "idle: other": "#BBBBBB",
+}
+"""One colour per step-account part (``AccountPartKind`` values), the same on every page."""
+
+
+def account_bars(accounts: Sequence[GroupAccount], lines_in_hover: int = 5) -> Figure:
+    """Where the step went: one stacked horizontal bar per (window group, rank), ms per step,
+    one trace per account part; the hover lists each part's largest lines.
+
+    The whole-trace group is left out when step groups exist (its bar is the whole capture,
+    not a step).
+    """
+    rows = [a for a in accounts if a.window != "whole trace"] or list(accounts)
+    rows = sorted(rows, key=lambda a: (a.window, a.rank))[::-1]  # first at the top
+    y = [svg_text(f"{a.window} · rank {a.rank}") for a in rows]
+    data = []
+    for part, color in ACCOUNT_COLORS.items():
+        x, hover = [], []
+        for a in rows:
+            steps = max(a.steps, 1)
+            mine = sorted((p for p in a.parts if p.part.value == part), key=lambda p: -p.time_ns)
+            total = sum(p.time_ns for p in mine) / steps
+            x.append(total / NS_PER_MS)
+            pct = 100 * total * steps / a.span_ns if a.span_ns else 0.0
+            lines = [
+                f"{svg_text(p.label)}: {p.time_ns / steps / NS_PER_MS:.3f} ms ({p.gaps})"
+                for p in mine[:lines_in_hover]
+            ]
+            hover.append(
+                f"<b>{svg_text(part)}</b> {total / NS_PER_MS:.3f} ms/step ({pct:.1f}%)<br>"
+                + "<br>".join(lines)
+            )
+        if any(x):
+            data.append(
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "name": svg_text(part),
+                    "y": y,
+                    "x": x,
+                    "marker": {"color": color},
+                    "hovertext": hover,
+                    "hoverinfo": "text",
+                }
+            )
+    layout = _layout(
+        "Where the step went (ms per step)",
+        barmode="stack",
+        xaxis={"title": {"text": "ms per step"}},
+        yaxis={"automargin": True, "type": "category"},
+        height=max(260, 36 * len(rows) + 140),
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return {"data": data, "layout": layout}
+
+
+def account_delta_bars(deltas: Sequence[AccountDelta]) -> Figure:
+    """Base and head per account part side by side (ms per step, mean over ranks)."""
+    totals = [d for d in deltas if d.label == "(all)"][::-1]
+    names = [svg_text(d.part.value) for d in totals]
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": side,
+            "y": names,
+            "x": [getattr(d, f"{side}_ns") / NS_PER_MS for d in totals],
+            "marker": {"color": color},
+            "hovertext": [
+                f"{svg_text(d.part.value)}: {d.base_ns / NS_PER_MS:.3f} -> "
+                f"{d.head_ns / NS_PER_MS:.3f} ms ({d.delta_ns / NS_PER_MS:+.3f})"
+                for d in totals
+            ],
+            "hoverinfo": "text",
+        }
+        for side, color in (("base", BASE_COLOR), ("head", HEAD_COLOR))
+    ]
+    layout = _layout(
+        "Where the step went: base vs head (ms per step, mean over ranks)",
+        barmode="group",
+        xaxis={"title": {"text": "ms per step"}},
+        yaxis={"automargin": True, "type": "category"},
+        height=max(260, 44 * len(totals) + 120),
+    )
+    return {"data": data, "layout": layout}

@@ -13,13 +13,13 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from analyzers.compare import CompareError
+from pr_bot.comment import CommentContext, CommentError, render_comment
+from pr_bot.github import GitHubConfig, GitHubError, GitHubInputError
+from pr_bot.labels import compare_url, run_label
+from pr_bot.publish import publish
 from service.api.deps import ReadAccess, TokenRole, require_role
 from service.auth import Role
 from service.core.errors import ApiError, BadRequest, Conflict
-from web.data import compare_url
-from web.github import GitHubConfig, GitHubError, GitHubInputError
-from web.pr_comment import CommentContext, CommentError, render_comment
-from web.publish import publish
 from web.store import RunId, StoreDep
 
 router = APIRouter(prefix="/api/v1/comparisons", tags=["github"])
@@ -91,10 +91,8 @@ def pr_comment(
     path = compare_url(base_id, head_id, body.base_window, body.head_window)
     context = CommentContext(
         suite=body.suite,
-        base_name=f"#{base.id} {base.name}"
-        + (f" [{body.base_window}]" if body.base_window else ""),
-        head_name=f"#{head.id} {head.name}"
-        + (f" [{body.head_window}]" if body.head_window else ""),
+        base_name=run_label(base.id, base.name, base.commit, body.base_window),
+        head_name=run_label(head.id, head.name, head.commit, body.head_window),
         comparison_url=str(request.base_url).rstrip("/") + path,
     )
     try:

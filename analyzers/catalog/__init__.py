@@ -86,10 +86,11 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(fnmatch.translate(pattern))
 
 
-def _matcher(helpers: Sequence[Helper], kind: str) -> _Matcher:
+def _matcher(helpers: Sequence[Helper], kind: str, *, unrestricted: bool = False) -> _Matcher:
     regexes = [
         (index, _compile(pattern))
         for index, helper in enumerate(helpers)
+        if not (unrestricted and helper.within)
         for pattern in getattr(helper, kind)
     ]
     return _Matcher(tuple(regexes))
@@ -109,12 +110,15 @@ class Catalog:
     _ranges: _Matcher = field(init=False, repr=False, compare=False)
     _python: _Matcher = field(init=False, repr=False, compare=False)
     _kernels: _Matcher = field(init=False, repr=False, compare=False)
+    _kernels_anywhere: _Matcher = field(init=False, repr=False, compare=False)
     _sync: dict[str, tuple[re.Pattern[str], ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_ranges", _matcher(self.helpers, "ranges"))
         object.__setattr__(self, "_python", _matcher(self.helpers, "python"))
         object.__setattr__(self, "_kernels", _matcher(self.helpers, "kernels"))
+        anywhere = _matcher(self.helpers, "kernels", unrestricted=True)
+        object.__setattr__(self, "_kernels_anywhere", anywhere)
         sync = {
             "apis": tuple(_compile(p) for p in self.host_sync_apis),
             "ops": tuple(_compile(p) for p in self.host_sync_ops),
@@ -141,6 +145,11 @@ class Catalog:
     def match_kernel(self, name: str) -> int:
         """Helper index whose kernel patterns match a GPU activity ``name``; -1 when none."""
         return self._kernels.first(name)
+
+    def match_kernel_anywhere(self, name: str) -> int:
+        """Like ``match_kernel`` among helpers without ``within``: the claim for a kernel
+        launched outside the containers a restricted helper needs (-1 when none)."""
+        return self._kernels_anywhere.first(name)
 
     def is_sync(self, kind: str, name: str) -> bool:
         """Whether ``name`` is a host-synchronising API ('apis'), op ('ops') or copy ('memcpy')."""

@@ -9,8 +9,10 @@ CP (TE issue #3331). The trace shows which path ran; only the manifest can show 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from analyzers.catalog import Catalog
 from analyzers.findings.context import (
     RuleContext,
     Target,
@@ -19,8 +21,16 @@ from analyzers.findings.context import (
     padding_differences,
     real_seqlens,
 )
+from analyzers.findings.observed import observed_evidence, observed_prefix
 from analyzers.metrics import per_step
-from analyzers.report import Category, Evidence, Finding, Severity
+from analyzers.report import (
+    AccountPartKind,
+    Category,
+    Evidence,
+    Finding,
+    GroupAccount,
+    Severity,
+)
 
 PADDED_PATH = "padded-path-without-padding"
 ZERO_FILL = "zero-fill-without-padding"
@@ -102,10 +112,12 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
                 evidence=[
                     *evidence,
                     Evidence(name="padding", value="; ".join(detail), window=target.group),
+                    *observed_evidence(target, about="metadata"),
                 ],
                 title=f"Padded THD path in {target.label!r} is required: the batch is padded",
                 recommendation=(
-                    "Keep the padded path (pad_between_seqs=True or distinct padded cu_seqlens); "
+                    observed_prefix(target, about="metadata")
+                    + "Keep the padded path (pad_between_seqs=True or distinct padded cu_seqlens); "
                     "do not pass pad_between_seqs=False here."
                 ),
                 **base,
@@ -142,9 +154,10 @@ def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
                     value=True,
                     window=target.group,
                 ),
+                *observed_evidence(target, about="metadata"),
             ],
             title=f"{who} in {target.label!r} although nothing is padded",
-            recommendation=recommendation,
+            recommendation=observed_prefix(target, about="metadata") + recommendation,
             **_saving_fields(saving),
             **base,
         )
@@ -167,6 +180,9 @@ def _fast_path(ctx: RuleContext, target: Target) -> str | None:
         and attention > 0
         and facts.pad_between_seqs is None
         and (target.workload.implementation or "te").startswith("te")
+        # Without CP there is no per-step metadata to miss: its absence proves nothing (a
+        # one-GPU te_transformer run with padded offsets was flagged before this).
+        and _cp(target) >= 2
     ):
         return "the trace shows attention but no get_cu_seqlens_on_cp_rank launches"
     return None
@@ -193,7 +209,10 @@ def fast_path_with_padding(ctx: RuleContext, target: Target) -> list[Finding]:
     if not differences and not tails:
         return []
     padded = target.facts.cu_seqlens_padded if differences else _suggested_padded(target)
-    evidence = [Evidence(name="fast path because", value=why, window=target.group)]
+    evidence = [
+        Evidence(name="fast path because", value=why, window=target.group),
+        *observed_evidence(target, about="metadata"),
+    ]
     if differences:
         evidence.append(
             Evidence(name="padding", value="; ".join(differences[:4]), window=target.group)
@@ -217,7 +236,7 @@ def fast_path_with_padding(ctx: RuleContext, target: Target) -> list[Finding]:
             ),
             evidence=evidence,
             references=["TE issue #3331", "NeMo-RL PR #4070"],
-            recommendation=(
+            recommendation=observed_prefix(target, about="metadata") + (
                 f"Take the padded path: pass pad_between_seqs=True with cu_seqlens_q_padded/"
                 f"cu_seqlens_kv_padded = {padded} as tensors distinct from cu_seqlens (each length "
                 f"rounded up to a multiple of 2*cp={2 * _cp(target)}), or use {ADAPTER}. The "
@@ -252,6 +271,7 @@ def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]
                 *helper_evidence(stats, target.group),
                 *_zero_fill_elsewhere(ctx, target, helpers),
                 *saving.evidence,
+                *observed_evidence(target, about="metadata"),
             ],
             recommendation=_zero_fill_recommendation(ctx, target, helpers),
             **_saving_fields(saving),
@@ -317,3 +337,57 @@ def _zero_fill_recommendation(ctx: RuleContext, target: Target, helpers: list[st
 
 
 RULES = (padded_path, fast_path_with_padding, zero_fill_without_padding)
+
+
+def idle_statement(
+    findings: list[Finding], accounts: Sequence[GroupAccount], catalog: Catalog
+) -> list[Finding]:
+    """The padded-path finding, with how long the GPU sat idle because of the helper.
+
+    Measured by the step account (``analyzers.account``): host-bound idle time attributed to
+    the helpers feeding this rule, per step of the finding's window, per rank. It goes next to
+    the finding's measured iteration difference against a sibling arm (already in its
+    evidence when the run has one); the title names the slowest rank's figure.
+    """
+    helpers = {h.name for h in catalog.helpers if h.finding == PADDED_PATH}
+    out = []
+    for finding in findings:
+        if finding.rule != PADDED_PATH or finding.window is None:
+            out.append(finding)
+            continue
+        per_rank = {
+            g.rank: sum(
+                p.time_ns
+                for p in g.parts
+                if p.part == AccountPartKind.IDLE_HOST and p.label in helpers
+            )
+            / max(g.steps, 1)
+            / 1e6
+            for g in accounts
+            if g.window == finding.window
+        }
+        if not per_rank or max(per_rank.values()) <= 0:
+            out.append(finding)
+            continue
+        names = ", ".join(sorted(helpers & {finding.helper or ""}) or sorted(helpers))
+        evidence = [
+            Evidence(
+                name=f"GPU idle per step because of {names} on the host",
+                value=round(ms, 4),
+                unit="ms",
+                rank=rank,
+                window=finding.window,
+            )
+            for rank, ms in sorted(per_rank.items())
+        ]
+        worst = max(per_rank.values())
+        out.append(
+            finding.model_copy(
+                update={
+                    "title": f"{finding.title}: the GPU was idle {worst:.2f} ms per step because "
+                    f"of {names} on the host",
+                    "evidence": [*finding.evidence, *evidence],
+                }
+            )
+        )
+    return out

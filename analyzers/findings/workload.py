@@ -15,6 +15,7 @@ from analyzers.findings.context import (
     real_seqlens,
     timed_stats,
 )
+from analyzers.findings.observed import observed_evidence, observed_prefix
 from analyzers.report import Category, Evidence, Finding, Severity
 from analyzers.windows import WHOLE_TRACE
 
@@ -84,8 +85,10 @@ def token_alignment(ctx: RuleContext, target: Target) -> list[Finding]:
                     Evidence(
                         name="required multiple per rank", value=multiple, window=target.group
                     ),
+                    *observed_evidence(target, about="tokens"),
+                    *_failure_evidence(ctx, target),
                 ],
-                recommendation=(
+                recommendation=observed_prefix(target, about="tokens") + (
                     f"Pad the packed batch to {target_tokens} tokens "
                     f"({target_tokens - tokens} padding "
                     f"tokens; cp_attention.pad_to_multiple(..., {multiple * cp})) and "
@@ -100,6 +103,14 @@ def token_alignment(ctx: RuleContext, target: Target) -> list[Finding]:
             )
         ]
     return []
+
+
+def _failure_evidence(ctx: RuleContext, target: Target) -> list[Evidence]:
+    """The run's failure record, when the run died (the #1795 symptom: one rank raised)."""
+    failure = ctx.manifest.failure if ctx.manifest else None
+    if failure is None or not failure.summary:
+        return []
+    return [Evidence(name="the run failed", value=failure.summary, window=target.group)]
 
 
 def seqlen_divisibility(ctx: RuleContext, target: Target) -> list[Finding]:
@@ -130,8 +141,9 @@ def seqlen_divisibility(ctx: RuleContext, target: Target) -> list[Finding]:
             evidence=[
                 Evidence(name="lengths (index, tokens)", value=str(bad[:8]), window=target.group),
                 Evidence(name="padding tokens needed", value=pad, window=target.group),
+                *observed_evidence(target, about="tokens"),
             ],
-            recommendation=(
+            recommendation=observed_prefix(target, about="tokens") + (
                 f"DualChunkSwap cuts every sequence into {2 * cp} chunks: pad each listed "
                 f"sequence to a "
                 f"multiple of {2 * cp} ({pad} tokens in all), describe it in distinct "

@@ -35,6 +35,7 @@ from analyzers.readers._files import (
     open_maybe_gzip,
     sniff,
 )
+from analyzers.readers._ranks import resolve_ranks
 from analyzers.readers.kineto import read_kineto, read_kineto_files
 from analyzers.readers.nsys import read_nsys
 
@@ -120,14 +121,22 @@ def check_trace(
     return CheckedTrace(kind=kind, gzipped=gzipped)
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, *, rank: int | None = None) -> Trace:
     """Read one trace file of any supported format, chosen by content.
+
+    ``rank`` sets the file's rank (``cptrace analyze --rank N``); a file that does not say its
+    rank is rank 0, with a note.
 
     Raises:
         UnsupportedTraceError: neither an nsys export nor Kineto JSON.
         CorruptTraceError, HostileTraceError: see the format readers.
     """
-    source = Path(path)
+    trace = _read_one(Path(path))
+    resolve_ranks([trace], rank)
+    return trace
+
+
+def _read_one(source: Path) -> Trace:
     kind = sniff(source)
     if kind == "json":
         return read_kineto(source)
@@ -139,26 +148,35 @@ def read_trace(path: str | Path) -> Trace:
     return read_nsys(source)
 
 
-def read_trace_files(paths: Iterable[str | Path]) -> list[Trace]:
+def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) -> list[Trace]:
     """Read each file like ``read_trace``, in order; several Kineto files (one per rank) may be
-    read in parallel worker processes (``CPTRACE_READ_WORKERS``, see ``read_kineto_files``)."""
+    read in parallel worker processes (``CPTRACE_READ_WORKERS``, see ``read_kineto_files``).
+
+    ``rank`` applies to a single file only; several files that do not say their rank are an
+    ``UnsupportedTraceError`` naming the ``--rank`` option (see ``_ranks.resolve_ranks``)."""
     items = [Path(p) for p in paths]
     kinds = [sniff(p) for p in items]
     kineto = [p for p, kind in zip(items, kinds, strict=True) if kind == "json"]
     if len(kineto) < 2:
-        return [read_trace(p) for p in items]
-    parsed = iter(read_kineto_files(kineto))
-    return [
-        next(parsed) if kind == "json" else read_trace(p)
-        for p, kind in zip(items, kinds, strict=True)
-    ]
+        traces = [_read_one(p) for p in items]
+    else:
+        parsed = iter(read_kineto_files(kineto))
+        traces = [
+            next(parsed) if kind == "json" else _read_one(p)
+            for p, kind in zip(items, kinds, strict=True)
+        ]
+    resolve_ranks(traces, rank)
+    return traces
 
 
-def read_traces(paths: Iterable[str | Path], *, require_all_ranks: bool = False) -> Trace:
+def read_traces(
+    paths: Iterable[str | Path], *, require_all_ranks: bool = False, rank: int | None = None
+) -> Trace:
     """Read and merge a trace set.
 
     Args:
         paths: trace files; order does not matter.
+        rank: the rank of a single file (see ``read_trace``).
         require_all_ranks: raise ``MissingRankError`` (instead of adding a note) when the
             traces announce a world size larger than the ranks given.
 
@@ -169,7 +187,7 @@ def read_traces(paths: Iterable[str | Path], *, require_all_ranks: bool = False)
     items = [Path(p) for p in paths]
     if not items:
         raise ValueError("read_traces: no trace files given")
-    traces = read_trace_files(items)
+    traces = read_trace_files(items, rank=rank)
     _check_rank_conflicts(traces)
     merged = merge_traces(traces)
     _check_missing_ranks(traces, merged, require_all_ranks)

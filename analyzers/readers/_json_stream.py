@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import TextIO
 
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
@@ -80,7 +81,8 @@ class _Buffer:
         )
 
 
-_DECODER = json.JSONDecoder()
+_DECODER = json.JSONDecoder(parse_float=Decimal)
+"""Numbers with a fraction stay exact decimals: times become integer ns without a float."""
 
 
 def _value(buf: _Buffer) -> object:

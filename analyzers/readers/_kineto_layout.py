@@ -28,16 +28,18 @@ Memory stays at one chunk (``CHUNK_BYTES`` of text plus its index arrays) plus t
 
 Anything that is not this layout raises ``LayoutMismatch`` and the caller re-reads the file with
 the general streaming scanner (``_json_stream``), which also produces the precise error for a
-malformed file. Numbers are converted exactly like the scanner path: ``round(float(text) * 1000)``
-(the mantissa and the power of ten are exact doubles, so their quotient is the correctly
-rounded ``float(text)``; numbers whose digits exceed 2**53 go to the JSON path).
+malformed file. Times are exact: ``ts``/``dur`` text (microseconds with up to three decimals)
+becomes integer nanoseconds by integer arithmetic, never through a float (``_ns``); the events
+handed over as JSON carry their exact times too (``ExactNs``, cut from the same line).
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import repeat
 from pathlib import Path
 
@@ -81,7 +83,14 @@ LAUNCH_CATS = (b"cuda_runtime", b"cuda_driver")
 """Launch categories cut out by the vectorized path (their args line ends with the id)."""
 CORRELATION_KEY = b'"correlation": '
 _MAX_DIGITS = 18  # int64-safe decimal digits
-_EXACT = 2**53
+_INT64_MAX = 2**63 - 1
+
+
+class ExactNs(int):
+    """A time already converted to integer ns from its text (not µs, not via a float): set on
+    the JSON-path events of a chunk, so the row builders take it as is."""
+
+    __slots__ = ()
 
 
 class LayoutMismatch(Exception):
@@ -168,14 +177,20 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
     buf = b""
     for block in blocks:
         buf += block
-        if EVENTS_OPEN in buf or len(buf) > MAX_HEADER_BYTES:
+        # The key without Kineto's spacing after it: another layout, known at once (reading
+        # on would only scan the whole file for a line that never comes).
+        if EVENTS_OPEN in buf or b'"traceEvents"' in buf or len(buf) > MAX_HEADER_BYTES:
             break
     found = buf.find(EVENTS_OPEN)
     if found < 0:
         raise LayoutMismatch("no traceEvents array in Kineto's layout")
     header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
     buf = buf[found + len(EVENTS_OPEN) :]
+    if buf.startswith(b"  {\n") and not buf.startswith(b'  {\n    "'):
+        # The first event's keys are not at indent 4 (json.dump(indent=1) and the like).
+        raise LayoutMismatch("the first event is not in Kineto's line layout")
     done = False
+    first = True
     while True:
         while not done and len(buf) < CHUNK_BYTES:
             block = next(blocks, b"")  # the blocks are never empty
@@ -190,13 +205,19 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
             return
         cut = buf.rfind(SEPARATOR)
         if cut < 0:  # one event longer than a chunk: read on
-            if len(buf) > MAX_EVENT_BYTES:
+            if len(buf) > MAX_EVENT_BYTES or (first and len(buf) > _PROBE_BYTES):
+                # (before any event: most likely another indentation, not one huge event)
                 raise LayoutMismatch("no event separator in Kineto's layout")
             block = next(blocks, b"")
             done = not block
             buf += block
             continue
-        _chunk(buf[: cut + 6], sink)  # through "  },\n"
+        vectorized, events = _chunk(buf[: cut + 6], sink)  # through "  },\n"
+        if first and events >= _PROBE_EVENTS and not vectorized:
+            # Events at indent 2 but no line in Kineto's layout (``json.dump(indent=1)``):
+            # give up now, not after sending the whole file through the JSON path.
+            raise LayoutMismatch("no event of the first chunk is in Kineto's line layout")
+        first = False
         buf = buf[cut + 6 :]
 
 
@@ -221,6 +242,10 @@ def _tail(text: bytes, header: dict[str, object]) -> None:
     header.update(_object_text(b"{" + rest[1:], b""))
 
 
+_PROBE_BYTES = 4 * CHUNK_BYTES
+"""Text of a first chunk without an event separator that makes it another layout."""
+_PROBE_EVENTS = 64
+"""Events in a first chunk without any in Kineto's line layout that make it another layout."""
 _PAD = 64
 """Zero bytes after a chunk, so fixed-width reads past its end need no bounds checks."""
 _WIDTH = _MAX_DIGITS
@@ -281,8 +306,8 @@ def _numbers(
 
     Returns (mantissa, digits after the dot, start of the number, ok). The number is the run of
     digits and dots before ``end``; ``ok`` is False unless it reads ``digits(.digits)?`` in at
-    most ``_WIDTH - 1`` characters with a mantissa below 2**53 (a sign, an exponent, ``1.``:
-    the JSON path decides those). Read right-aligned, every column has a fixed power of ten.
+    most ``_WIDTH - 1`` characters (a sign, an exponent, ``1.``: the JSON path decides those).
+    Read right-aligned, every column has a fixed power of ten.
     """
     g = data.columns(np.maximum(end - _WIDTH, 0))  # numbers never start a chunk: no clipping
     digit = g - np.uint8(48)  # wraps below '0', so one comparison tests the digit range
@@ -304,23 +329,41 @@ def _numbers(
     fraction = np.where(dots > 0, _WIDTH - 1 - np.argmax(is_dot, axis=1), 0)
     right = text_value % _POW10[fraction]
     mantissa: npt.NDArray[np.int64] = (text_value - right) // np.where(dots > 0, 10, 1) + right
-    ok &= mantissa < _EXACT
     return mantissa, fraction, end - width, ok
 
 
-def _ns(signed: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """µs -> ns exactly as ``round(float(text) * 1000)`` does.
+def _ns(mantissa: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """µs text (``mantissa`` with ``fraction`` decimals) -> exact integer ns.
 
-    The mantissa (below 2**53) and the power of ten are exact doubles, so their IEEE quotient
-    is the correctly rounded ``float(text)``; ``np.rint`` rounds half to even like ``round``.
+    Up to three decimals scale by an integer power of ten: no rounding at all. More decimals
+    (below a nanosecond) round half to even, like ``round`` of the exact value. Callers check
+    ``_fits_ns`` first.
     """
-    value = signed.astype(np.float64) / _POW10[fraction].astype(np.float64)
-    out: npt.NDArray[np.int64] = np.rint(value * 1000.0).astype(np.int64)
+    out = np.empty(len(mantissa), dtype=np.int64)
+    short = fraction <= 3
+    out[short] = mantissa[short] * _POW10[3 - fraction[short]]
+    if not short.all():
+        divisor = _POW10[fraction[~short] - 3]
+        quotient, remainder = np.divmod(mantissa[~short], divisor)
+        twice = 2 * remainder
+        up = (twice > divisor) | ((twice == divisor) & (quotient % 2 == 1))
+        out[~short] = quotient + up
     return out
 
 
-def _chunk(text: bytes, sink: RowSink) -> None:
-    """One run of whole events ``  {\\n ... \\n  },?\\n``: ranges vectorized, the rest as JSON."""
+def _fits_ns(
+    mantissa: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Whether ``_ns`` of the number stays within int64 (else the JSON path decides)."""
+    scale = _POW10[np.maximum(3 - fraction, 0)]
+    out: npt.NDArray[np.bool_] = mantissa <= _INT64_MAX // scale
+    return out
+
+
+def _chunk(text: bytes, sink: RowSink) -> tuple[int, int]:
+    """One run of whole events ``  {\\n ... \\n  },?\\n``: ranges vectorized, the rest as JSON.
+
+    Returns (events read vectorized, events in the chunk)."""
     data = _Bytes(text)
     newlines = np.flatnonzero(data.arr == 10)
     if not len(newlines) or newlines[-1] != data.size - 1 or not text.startswith(b"  {\n"):
@@ -363,7 +406,35 @@ def _chunk(text: bytes, sink: RowSink) -> None:
     fast = candidates[ok]
     slow = ~skip
     slow[fast] = False
-    _emit(text, opens, closes, fast, fast_kind[fast], fields, names, slow, sink)
+    slow_events = np.flatnonzero(slow)
+    times = _timing_line(data, _Lines(newlines, opens[slow_events], closes[slow_events]))
+    _emit(text, opens, closes, fast, fast_kind[fast], fields, names, slow_events, times, sink)
+    return len(fast), len(opens)
+
+
+def _timing_line(
+    data: _Bytes, line: _Lines
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Exact (start ns, duration ns, ok) from the ``"ts": T, "dur": D`` line of each event.
+
+    Kernels and the other JSON-path events keep Kineto's second line; where it reads exactly
+    ``ts`` then ``dur``, their times come from the text, not from the JSON parser's float.
+    """
+    timing, timing_end = line.span(2)
+    arr = data.arr
+    dur_end = np.where(arr[timing_end - 1] == 44, timing_end - 1, timing_end)
+    dur, dur_frac, dur_start, ok = _numbers(data, dur_end)
+    ts_end = dur_start - len(DUR_KEY)
+    ok &= (line.count >= 4) & data.has(timing, TS_PREFIX) & data.has(ts_end, DUR_KEY)
+    ts, ts_frac, ts_start, ts_ok = _numbers(data, ts_end)
+    ok &= ts_ok & (ts_start == timing + len(TS_PREFIX))
+    ok &= _fits_ns(ts, ts_frac) & _fits_ns(dur, dur_frac)
+    keep = np.flatnonzero(ok)
+    start = np.zeros(len(ok), dtype=np.int64)
+    duration = np.zeros(len(ok), dtype=np.int64)
+    start[keep] = _ns(ts[keep], ts_frac[keep])
+    duration[keep] = _ns(dur[keep], dur_frac[keep])
+    return start, duration, ok
 
 
 class _Lines:
@@ -429,6 +500,7 @@ def _fast_fields(
     ok &= dur_ok & data.has(ts_end, DUR_KEY)
     ts, ts_frac, ts_start, ts_ok = _numbers(data, ts_end)
     ok &= ts_ok & (ts_start == timing + len(TS_PREFIX))
+    ok &= _fits_ns(ts, ts_frac) & _fits_ns(dur, dur_frac)
     # A launch's args line ends with its correlation id (Kineto writes it last).
     launch = kind == LAUNCH
     correlation, corr_frac, corr_start, corr_ok = _numbers(data, line.span(4)[1])
@@ -466,20 +538,22 @@ def _emit(
     kinds: npt.NDArray[np.int64],
     fields: tuple[npt.NDArray[np.int64], ...],
     names: list[bytes],
-    slow: npt.NDArray[np.bool_],
+    slow_events: npt.NDArray[np.int64],
+    times: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]],
     sink: RowSink,
 ) -> None:
     """Hand events to the sink in file order (names are interned in order of appearance)."""
-    slow_events = np.flatnonzero(slow)
     parsed: list[object] = []
     if len(slow_events):
         starts = (opens[slow_events] + 2).tolist()  # the "{"
         ends = (closes[slow_events] + 3).tolist()  # through the "}"
-        joined = b",".join([text[a:b] for a, b in zip(starts, ends, strict=True)])
+        pieces = [text[a:b] for a, b in zip(starts, ends, strict=True)]
+        joined = b",".join(pieces)
         try:
             parsed = orjson.loads(b"[" + joined + b"]")
         except orjson.JSONDecodeError as exc:
             raise LayoutMismatch(f"an event is not valid JSON ({exc})") from exc
+        set_exact_times(parsed, *times, texts=pieces)
     is_launch = kinds == LAUNCH
     name_of = np.empty(len(names), dtype=np.int64)
     for table, rows in ((sink.name_ids, ~is_launch), (sink.launch_ids, is_launch)):
@@ -544,6 +618,53 @@ def _emit(
         sink.emit("ranges", ranges)
     if keep.any():
         sink.emit("launches", launches[keep])
+
+
+def set_exact_times(
+    events: list[object],
+    start: npt.NDArray[np.int64],
+    duration: npt.NDArray[np.int64],
+    ok: npt.NDArray[np.bool_],
+    texts: list[bytes] | None = None,
+) -> None:
+    """Replace the parsed (float) ``ts``/``dur`` of each event by its exact ns where known.
+
+    Where the vectorized cut could not read them (a number longer than ``_WIDTH - 1``
+    characters, such as epoch microseconds with decimals), the event's own text is searched
+    and the number read as a ``Decimal``: no event keeps a float time that had exact text.
+    """
+    for index in np.flatnonzero(ok).tolist():
+        event = events[index]
+        if isinstance(event, dict) and "ts" in event:
+            event["ts"] = ExactNs(int(start[index]))
+            if "dur" in event:
+                event["dur"] = ExactNs(int(duration[index]))
+    if texts is None:
+        return
+    for index in np.flatnonzero(~ok).tolist():
+        event = events[index]
+        if not (isinstance(event, dict) and isinstance(event.get("ts"), float)):
+            continue
+        if event.get("ph") != "X":  # metadata and the like: their times make no row
+            continue
+        for key in ("ts", "dur"):
+            found = _TIME_TEXT[key].search(texts[index])
+            if found and isinstance(event.get(key), float):
+                event[key] = ExactNs(_decimal_ns(found.group(1)))
+
+
+_TIME_TEXT = {
+    key: re.compile(
+        rb'"' + key.encode() + rb'"[ \t\r\n]*:[ \t\r\n]*([0-9]+(?:\.[0-9]+)?)(?![0-9.eE])'
+    )
+    for key in ("ts", "dur")
+}
+
+
+def _decimal_ns(text: bytes) -> int:
+    """Decimal µs text -> ns, rounded half to even below a nanosecond."""
+    scaled = Decimal(text.decode()) * 1000
+    return int(scaled.to_integral_value(ROUND_HALF_EVEN))
 
 
 def _name_id(raw: bytes, launch: bool, sink: RowSink) -> int:

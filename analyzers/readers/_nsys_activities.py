@@ -192,7 +192,8 @@ def _names(
 
 
 def _memcpy_labels(src: NsysSource) -> dict[int, str]:
-    if not src.schema.has("ENUM_CUDA_MEMCPY_OPER", "label"):
+    table = "ENUM_CUDA_MEMCPY_OPER"
+    if not (src.schema.has(table, "id") and src.schema.has(table, "label")):
         return dict(MEMCPY_LABELS)
     rows = src.conn.execute('SELECT "id", "label" FROM ENUM_CUDA_MEMCPY_OPER').fetchall()
     return {int(i): str(v) for i, v in rows}

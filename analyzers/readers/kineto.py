@@ -19,17 +19,24 @@ gpu_user_annotation         gpu_ranges (GPU-side mirror of a CPU annotation, not
                             the timeline measures a step's GPU time over it)
 =========================== ================================================================
 
-Timestamps are float microseconds; they become integer ns with ``round(ts * 1000)``, exact
-while ``ts`` stays below 2**53 / 1000 µs (about 104 days of epoch-relative time: Kineto's
-clock starts at boot, far below that).
+Timestamps are microseconds; they become integer ns exactly, from their decimal text, never
+through a float: an integer, or up to three decimals, is exact; more decimals round half to even
+at the nanosecond (``_ns``). The fast path cuts the digits out itself; the streaming scanner
+parses numbers as ``Decimal``. Only a ``ts`` the layout reader could not cut out of its line
+(an exponent, a sign) arrives as a float; it is read through its shortest decimal form.
 
-Two parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
-line layout with numpy (the fast path, about 10x faster than building a dict per event), and any
-file not in that layout is read by the general streaming scanner ``_json_stream`` (compact or
-re-indented JSON, other writers), which also reports malformed JSON precisely.
+Three parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
+line layout with numpy (the fast path, about 10x faster than building a dict per event); a file
+in any other JSON layout (re-indented, compact, other writers) is read by ``_json_chunks``,
+which finds the events' keys from the string delimiters of a chunk and vectorizes the range
+events the same way; and malformed JSON ends in the streaming scanner ``_json_stream``, which
+reports the exact position of the error. Each hands over early (the layout reader after its
+first chunk), so a file is not read twice in full.
 
-The rank comes from ``distributedInfo.rank``, else from ``rank<N>`` in the file name, else the
-read fails: a trace set whose ranks are guessed would compare the wrong ranks.
+The rank comes from the ``rank`` argument, else ``distributedInfo.rank``, else ``rank<N>`` in
+the file name, else it is -1 with ``metadata["rank_source"] == "unknown"``: ``read_trace`` and
+``read_trace_files`` then make a lone file rank 0 (with a note) and refuse several such files,
+since a trace set whose ranks are guessed would compare the wrong ranks (``_ranks``).
 """
 
 from __future__ import annotations
@@ -41,13 +48,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.errors import CorruptTraceError, UnsupportedTraceError
+from analyzers.errors import CorruptTraceError
 from analyzers.model import (
     ACTIVITY_DTYPE,
     GPU_RANGE_DTYPE,
@@ -59,14 +67,17 @@ from analyzers.model import (
     Trace,
 )
 from analyzers.readers._cuda_api import is_launch_api
+from analyzers.readers._json_chunks import ChunkMismatch, read_chunks
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
+    ExactNs,
     LayoutMismatch,
     RowSink,
     decompressed_blocks,
     read_layout,
 )
 from analyzers.readers._nesting import nest
+from analyzers.readers._ranks import UNKNOWN
 
 ACTIVITY_CATS = {
     "kernel": ActivityKind.KERNEL,
@@ -89,7 +100,9 @@ RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
 LAYOUT_FAST_PATH = True
-"""Try Kineto's fixed layout first; tests switch it off to compare with the scanner."""
+"""Try Kineto's fixed layout first; tests switch it off to compare with the other paths."""
+CHUNKS_PATH = True
+"""Then the any-layout chunked path; tests switch it off to compare with the scanner."""
 WORKERS_ENV = "CPTRACE_READ_WORKERS"
 """Worker processes ``read_kineto_files`` may fork (default 1: none). Measured on the 2-core
 CI machine under load, two workers were not faster and took 1.5x the memory (the traces come
@@ -153,10 +166,11 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
 
     Args:
         path: ``.json`` or ``.json.gz`` (detected from content).
-        rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name).
+        rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name,
+            else -1: see the module docstring).
 
     Raises:
-        UnsupportedTraceError: JSON that is not a trace, or the rank cannot be told.
+        UnsupportedTraceError: JSON that is not a trace.
         CorruptTraceError: truncated or malformed file, or no events.
     """
     source = Path(path)
@@ -168,19 +182,29 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         _read_layout(source, header, tables)
         parser = "kineto-layout"
     except LayoutMismatch:
-        # Not Kineto's own layout (or malformed): start over with the general scanner, which
-        # accepts any JSON formatting and names the exact position of a syntax error.
+        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
         header, tables = {}, _Tables()
-        with _open_text(source) as stream:
-            for event in iter_events(stream, str(source), header):
-                _take(event, tables)
-        parser = "json-scanner"
+        try:
+            if not CHUNKS_PATH:
+                raise ChunkMismatch("chunked path switched off")
+            _read_chunks(source, header, tables)
+            parser = "json-chunks"
+        except (ChunkMismatch, LayoutMismatch):
+            # Malformed (or not a trace): the streaming scanner names the exact position of
+            # a syntax error, or reads what the chunked path could not.
+            header, tables = {}, _Tables()
+            with _open_text(source) as stream:
+                for event in iter_events(stream, str(source), header):
+                    _take(event, tables)
+            parser = "json-scanner"
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
         raise CorruptTraceError(f"{source}: Kineto trace has no events (traceEvents is empty)")
-    trace = _finish(source, header, tables, _rank(source, header, rank))
+    rank_found, rank_source = _rank(source, header, rank)
+    trace = _finish(source, header, tables, rank_found)
     trace.metadata["json_parser"] = parser
+    trace.metadata["rank_source"] = rank_source
     return trace
 
 
@@ -224,6 +248,16 @@ def _workers(files: int) -> int:
 
 def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
     """The fast path: vectorized ranges and launches, every other event through ``_take``."""
+    read_layout(decompressed_blocks(source), header, _sink(tables))
+
+
+def _read_chunks(source: Path, header: dict[str, object], tables: _Tables) -> None:
+    """Any JSON layout: vectorized ranges, every other event through ``_take``."""
+    read_chunks(decompressed_blocks(source), header, _sink(tables))
+
+
+def _sink(tables: _Tables) -> RowSink:
+    """Where the vectorized readers put their rows (and hand every other event)."""
     tables.drained = frozenset(("ranges", "launches"))  # merged per chunk, in file order
 
     def emit(table: str, rows: npt.NDArray[np.void]) -> None:
@@ -240,14 +274,13 @@ def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> No
             found = tables.launch_names[name] = is_launch_api(name)
         return found
 
-    sink = RowSink(
+    return RowSink(
         strings=tables.strings,
         take=lambda event: _take(event, tables),
         pending=tables.pending,
         emit=emit,
         is_launch=is_launch,
     )
-    read_layout(decompressed_blocks(source), header, sink)
 
 
 def _is_step(name_id: int, tables: _Tables) -> bool:
@@ -294,8 +327,21 @@ def _open_text(path: Path) -> Iterator[TextIO]:
 
 
 def _ns(value: object) -> int:
-    """Kineto µs (float or int) -> integer ns."""
-    return round(float(value) * 1000)  # type: ignore[arg-type]
+    """Kineto µs (int, ``Decimal``, decimal text, or ``ExactNs``) -> exact integer ns."""
+    if isinstance(value, ExactNs):
+        return int(value)
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a time")
+    if isinstance(value, int):
+        return value * 1000
+    if isinstance(value, float):
+        value = repr(value)  # the shortest decimal that reads back as this float
+    if not isinstance(value, Decimal | str):
+        raise TypeError(f"not a number: {value!r}")
+    exact = Decimal(value) * 1000
+    if not exact.is_finite():
+        raise ValueError(f"not a finite time: {value!r}")
+    return int(exact.to_integral_value(ROUND_HALF_EVEN))
 
 
 def _take(event: object, tables: _Tables) -> None:
@@ -323,7 +369,7 @@ def _take(event: object, tables: _Tables) -> None:
     handler, kind = route
     try:
         handler(event, kind, tables)
-    except (KeyError, TypeError, ValueError, OverflowError):
+    except (KeyError, TypeError, ValueError, ArithmeticError):
         tables.skip(f"{cat} event without numeric ts/dur/pid/tid")
 
 
@@ -400,7 +446,7 @@ def _range(event: dict[str, object], kind: int, tables: _Tables) -> None:
     name = str(event.get("name", ""))
     if kind == _RECORD_FUNCTION and STEP_NAME.match(name):
         kind = _STEP
-    start = round(float(event["ts"]) * 1000)  # type: ignore[arg-type]
+    start = _ns(event["ts"])
     tables.add(
         "ranges",
         (
@@ -409,7 +455,7 @@ def _range(event: dict[str, object], kind: int, tables: _Tables) -> None:
             int(event["pid"]),  # type: ignore[call-overload]
             int(event["tid"]),  # type: ignore[call-overload]
             start,
-            start + round(float(event.get("dur", 0)) * 1000),  # type: ignore[arg-type]
+            start + _ns(event.get("dur", 0)),
             tables.strings.intern(name),
             -1,
             0,
@@ -425,19 +471,18 @@ def _metadata_event(event: dict[str, object], tables: _Tables) -> None:
             tables.thread_names[tid] = str(args["name"])
 
 
-def _rank(path: Path, header: dict[str, object], override: int | None) -> int:
+def _rank(path: Path, header: dict[str, object], override: int | None) -> tuple[int, str]:
+    """(rank, where it came from); rank -1 with source ``UNKNOWN`` when the file does not say
+    (``resolve_ranks`` then decides: a lone file is rank 0, several are an error)."""
     if override is not None:
-        return override
+        return override, "rank argument"
     info = header.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+        return int(info["rank"]), "distributedInfo.rank"
     found = RANK_IN_NAME.search(path.name)
     if found:
-        return int(found.group(1))
-    raise UnsupportedTraceError(
-        f"{path}: cannot tell the rank: no distributedInfo.rank in the trace and no 'rank<N>' "
-        "in the file name; rename the file (e.g. trace_rank0.json) or pass the rank explicitly"
-    )
+        return int(found.group(1)), "file name"
+    return -1, UNKNOWN
 
 
 def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -> Trace:

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from cptrace.commands._account_tables import render_account, render_account_delta
+
 LARGE_INPUT_BYTES = 32 * 1024 * 1024
 """Show a progress bar when the inputs add up to more than this."""
 TOP_HELPERS = 15
@@ -51,6 +53,7 @@ def _run_analyze(
     step_pattern: str | None,
     catalog: list[Path] | None,
     show_progress: bool,
+    rank: int | None = None,
 ) -> Any:
     from analyzers import analyze as run
 
@@ -59,7 +62,7 @@ def _run_analyze(
     cat = _catalog(catalog)
     size = sum(p.stat().st_size for p in paths if p.is_file())
     if not show_progress or size < LARGE_INPUT_BYTES:
-        return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat)
+        return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, rank=rank)
     from rich.console import Console
     from rich.progress import Progress
 
@@ -70,7 +73,12 @@ def _run_analyze(
             bar.update(task, completed=fraction, description=stage)
 
         return run(
-            paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, progress=update
+            paths,
+            manifest=manifest,
+            step_pattern=step_pattern,
+            catalog=cat,
+            progress=update,
+            rank=rank,
         )
 
 
@@ -96,13 +104,20 @@ def analyze(
         None, "--catalog", help="Extra helper catalog TOML (repeatable)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the AnalysisReport as JSON."),
+    rank: int | None = typer.Option(
+        None,
+        "--rank",
+        help="Rank of a single trace file that does not say its own (default: rank 0, noted).",
+    ),
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     try:
-        report = _run_analyze(traces, manifest, step_pattern, catalog, show_progress=not as_json)
+        report = _run_analyze(
+            traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
+        )
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
@@ -271,11 +286,12 @@ def render_report(report: Any) -> None:
                 _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
                 h.matched_by,
             )
-        console.print(table)
-        console.print(
-            "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
-            "excludes the first call (compilation, warm-up), shown apart[/]"
-        )
+        if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
+            console.print(table)
+            console.print(
+                "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
+                "excludes the first call (compilation, warm-up), shown apart[/]"
+            )
         totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
         for col in (
             "rank",
@@ -300,12 +316,52 @@ def render_report(report: Any) -> None:
             )
         console.print(totals)
         _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
+        render_account(console, report, group)
     _render_devices(console, report.devices)
     _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    _render_host_time(console, report)
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _cpu_only(report: Any) -> bool:
+    return report.host_time is not None and not report.host_time.gpu_activity
+
+
+def _render_host_time(console: Any, report: Any) -> None:
+    """Host time per helper from the ranges: shown when the trace has no GPU activity (then the
+    GPU tables are empty and these are the figures there are)."""
+    from rich.table import Table
+
+    host = report.host_time
+    if host is None or host.gpu_activity or not host.helpers:
+        return
+    for group in report.groups:
+        rows = [h for h in host.helpers if h.window == group]
+        if not rows:
+            continue
+        whole = group == "whole trace"
+        unit = "" if whole else "/step"
+        title = f"{group}: host time per helper from the ranges (no GPU activity), " + (
+            "totals over the trace" if whole else "per step (totals / steps)"
+        )
+        table = Table(title=title, title_justify="left")
+        for col in ("rank", "helper", "category", f"calls{unit}", f"inclusive ms{unit}"):
+            table.add_column(col, justify="left" if col in ("helper", "category") else "right")
+        table.add_column(f"self ms{unit}", justify="right")
+        for h in sorted(rows, key=lambda h: (h.rank, -h.inclusive_ns)):
+            steps = 1 if whole else max(h.steps, 1)
+            table.add_row(
+                str(h.rank),
+                h.helper,
+                h.category.value,
+                f"{h.calls / steps:g}",
+                _ms(h.inclusive_ns / steps),
+                _ms(h.self_ns / steps),
+            )
+        console.print(table)
 
 
 def _render_timeline(console: Any, rows: list[Any], group: str) -> None:
@@ -545,6 +601,7 @@ def render_comparison(result: Any) -> None:
             highlight=False,
         )
     _render_rank_deltas(console, result)
+    render_account_delta(console, result)
     console.print(
         f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
         f"{result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",

@@ -15,6 +15,7 @@ import typer
 
 bundle_app = typer.Typer(help="Check or pack run bundles.", no_args_is_help=True)
 
+
 def _fail(message: str) -> NoReturn:
     """Report a library error and exit 1.
 
@@ -71,7 +72,10 @@ def run(
         bundle_dir = run_spec(loaded, target, options)
     except (SpecError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    except (LaunchError, BundleError, FileExistsError) as exc:
+    except LaunchError as exc:
+        where = f"\nbundle with the failure record: {exc.bundle}" if exc.bundle else ""
+        _fail(f"{exc}{where}")
+    except (BundleError, FileExistsError) as exc:
         _fail(str(exc))
     typer.echo(f"bundle: {bundle_dir}")
     if pack:

@@ -1,4 +1,4 @@
-"""``cptrace pr-comment`` and ``cptrace screenshots``: thin wrappers over ``web.*``.
+"""``cptrace pr-comment`` and ``cptrace screenshots``: thin wrappers over ``pr_bot`` and ``web``.
 
 httpx, playwright and the web package are imported inside the commands, so ``cptrace`` starts on
 a GPU host that has none of them. Library errors (``GitHubError``, ``CommentError``,
@@ -24,7 +24,7 @@ def _fetch_comparison(
     """The comparison page's JSON twin: the report plus both runs' summaries."""
     import httpx
 
-    from web.data import compare_url
+    from pr_bot.labels import compare_url
 
     url = f"{server.rstrip('/')}{compare_url(base, head, base_window, head_window)}"
     url = url.replace(f"/compare/{base}/{head}", f"/compare/{base}/{head}.json", 1)
@@ -69,10 +69,10 @@ def pr_comment(
     Example: cptrace pr-comment --base 12 --head 15 --repo octo/model --pr 42 --post --status
     """
     from analyzers.report import ComparisonReport
-    from web.data import compare_url
-    from web.github import GitHubConfig, GitHubError
-    from web.pr_comment import CommentContext, CommentError, render_comment
-    from web.publish import publish
+    from pr_bot.comment import CommentContext, CommentError, render_comment
+    from pr_bot.github import GitHubConfig, GitHubError
+    from pr_bot.labels import compare_url
+    from pr_bot.publish import publish
 
     if post and (not repo or pr is None):
         raise typer.BadParameter("--post needs --repo OWNER/NAME and --pr N")
@@ -105,10 +105,9 @@ def pr_comment(
 
 
 def _label(run: dict[str, Any], window: str | None) -> str:
-    label = f"#{run['id']} {run['name']}"
-    if run.get("commit"):
-        label += f" @ {run['commit'][:10]}"
-    return f"{label} [{window}]" if window else label
+    from pr_bot.labels import run_label
+
+    return run_label(int(run["id"]), str(run["name"]), run.get("commit"), window)
 
 
 def screenshots(

@@ -6,7 +6,17 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.api.routes import analyses, catalog, comparisons, health, jobs, runners, runs, uploads
+from service.api.routes import (
+    analyses,
+    catalog,
+    comparisons,
+    github,
+    health,
+    jobs,
+    runners,
+    runs,
+    uploads,
+)
 from service.api.schemas import ErrorBody
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -24,5 +34,5 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 api_router = APIRouter(prefix="/api/v1", responses=_ERRORS)
-for module in (health, runs, uploads, analyses, comparisons, jobs, runners, catalog):
+for module in (health, runs, uploads, analyses, comparisons, jobs, runners, catalog, github):
     api_router.include_router(module.router)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.github_loop.models import JobCheckout
 from service.store import RunSummary
 
 MAX_ID = 2**53 - 1  # exact in JSON numbers (and in SQLite INTEGER): larger ids are a 422
@@ -117,6 +118,9 @@ class ClaimedJob(BaseModel):
     id: int
     spec: dict[str, Any]
     lease_expires_at: float
+    checkout: JobCheckout | None = Field(
+        default=None, description="pull-request loop jobs: the commit to check out and run at"
+    )
 
 
 class Lease(BaseModel):

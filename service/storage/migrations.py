@@ -118,6 +118,61 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db.table("tokens").create_index(["token_hash"], unique=True)
 
 
+@migrations()
+def m010_job_ownership(db: sqlite_utils.Database) -> None:
+    """Bind runner tokens to a runner identity, and jobs to the token that claimed them, so a
+    runner token acts only on its own jobs (admins act on any)."""
+    db.execute("ALTER TABLE tokens ADD COLUMN runner TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN claim_token_id INTEGER")
+
+
+@migrations()
+def m011_worker_heartbeats(db: sqlite_utils.Database) -> None:
+    """Analysis workers record that they are alive; ``/health`` reads the freshest beat."""
+    db.table("worker_heartbeats").create(
+        {"name": str, "started_at": str, "beat_at": float, "state": str}, pk="name"
+    )
+
+
+@migrations()
+def m020_github_loop(db: sqlite_utils.Database) -> None:
+    """The automated pull-request loop: webhook deliveries, PR batches, job checkout fields.
+
+    ``github_deliveries`` makes a replayed delivery id a no-op. A batch is one (repository,
+    pull request or pushed branch, head SHA, suite): its jobs run the suite's specs, and once
+    they all ended the worker publishes one comment and one commit status for it. The jobs'
+    new columns say what to check out and how the run is tagged (``checkout_json``: clone URL,
+    SHA, setup command).
+    """
+    db.execute(
+        "CREATE TABLE github_deliveries (delivery_id TEXT PRIMARY KEY, event TEXT NOT NULL,"
+        " action TEXT, received_at TEXT NOT NULL, outcome TEXT)"
+    )
+    db.execute(
+        "CREATE TABLE pr_batches (id INTEGER PRIMARY KEY AUTOINCREMENT, repo TEXT NOT NULL,"
+        " pr_number INTEGER, head_sha TEXT NOT NULL, head_ref TEXT, base_sha TEXT,"
+        " base_ref TEXT, suite TEXT NOT NULL, config_json TEXT NOT NULL, status TEXT NOT NULL,"
+        " state TEXT, reason TEXT, comment_url TEXT, delivery_id TEXT, created_at TEXT NOT NULL,"
+        " updated_at TEXT, published_at TEXT)"
+    )
+    db.execute(
+        "CREATE UNIQUE INDEX pr_batches_key ON pr_batches"
+        " (repo, coalesce(pr_number, 0), head_sha, suite)"
+    )
+    db.table("pr_batches").create_index(["status", "id"])
+    for column, kind in (
+        ("batch_id", int),
+        ("repo", str),
+        ("pr_number", int),
+        ("head_sha", str),
+        ("base_sha", str),
+        ("suite", str),
+        ("checkout_json", str),
+    ):
+        db.table("jobs").add_column(column, kind)
+    db.table("jobs").create_index(["batch_id"])
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

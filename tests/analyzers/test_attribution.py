@@ -18,6 +18,7 @@ from tests.analyzers.factories import TraceBuilder
 
 CATALOG = builtin_catalog()
 CP_FWD = "transformer_engine.AttnFuncWithCPAndKVP2P.forward"
+TE_CP_PY = "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
 HELPER_RANGE = (
     "transformer_engine.pytorch.attention.dot_product_attention.context_parallel."
     "get_cu_seqlens_on_cp_rank"
@@ -131,11 +132,26 @@ def test_docstring_example_precedence() -> None:
 def test_innermost_catalogued_range_wins_and_ranges_beat_kernel_names() -> None:
     b = TraceBuilder()
     py = RangeKind.PYTHON
-    b.range("te/context_parallel.py(1587): forward", 0, 1000, kind=py)
-    b.range("te/cpp_extensions/fused_attn.py(175): fused_attn_fwd", 100, 500, kind=py)
+    b.range(
+        TE_CP_PY + "(1587): forward",
+        0,
+        1000,
+        kind=py,
+    )
+    b.range(
+        "transformer_engine/pytorch/cpp_extensions/fused_attn.py(175): fused_attn_fwd",
+        100,
+        500,
+        kind=py,
+    )
     b.range("torch/foo.py(1): uncatalogued", 150, 400, kind=py)
     # An attention kernel launched inside a metadata helper belongs to the helper.
-    b.range("te/context_parallel.py(214): get_cu_seqlens_on_cp_rank", 600, 700, kind=py)
+    b.range(
+        TE_CP_PY + "(214): get_cu_seqlens_on_cp_rank",
+        600,
+        700,
+        kind=py,
+    )
     b.kernel("thd_read_half_tensor_kernel", 200, 2000, 10)
     b.kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_x", 650, 2100, 10)
     att = attribute(b.build(), CATALOG)

@@ -72,7 +72,7 @@ KERNEL_CASES = [
     ),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "cp_p2p_send_recv"),
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "cp_all_gather"),
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl_other"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl_all_reduce"),
     ("thd_partition_indices_kernel", "te_thd_get_partitioned_indices"),
 ]
 

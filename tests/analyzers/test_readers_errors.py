@@ -183,7 +183,7 @@ def test_missing_rank_is_a_note_or_an_error() -> None:
         read_traces([KINETO0], require_all_ranks=True)
 
 
-def test_kineto_rank_from_file_name_or_error(tmp_path: Path) -> None:
+def test_kineto_rank_from_file_name_else_rank_0_for_a_lone_file(tmp_path: Path) -> None:
     body = (
         '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, '
         '"tid": 1, "ts": 10.5, "dur": 2}]}'
@@ -193,9 +193,19 @@ def test_kineto_rank_from_file_name_or_error(tmp_path: Path) -> None:
     assert read_kineto(named).rank_list() == [3]
     anonymous = tmp_path / "trace.json"
     anonymous.write_text(body)
-    with pytest.raises(UnsupportedTraceError, match="cannot tell the rank"):
-        read_kineto(anonymous)
+    raw = read_kineto(anonymous)
+    assert raw.rank_list() == [-1] and raw.metadata["rank_source"] == "unknown"
+    lone = read_trace(anonymous)
+    assert lone.rank_list() == [0]
+    assert any("analysed as rank 0" in n and "--rank N" in n for n in lone.notes)
+    assert read_trace(anonymous, rank=5).rank_list() == [5]
     assert read_kineto(anonymous, rank=5).rank_list() == [5]
+    other = tmp_path / "other.json"
+    other.write_text(body)
+    with pytest.raises(UnsupportedTraceError, match=r"cannot tell the rank.*--rank N"):
+        read_traces([anonymous, other])
+    with pytest.raises(UnsupportedTraceError, match="one trace file, but 2 were given"):
+        read_traces([named, other], rank=1)
 
 
 def test_nsys_rep_without_nsys_says_how_to_export(

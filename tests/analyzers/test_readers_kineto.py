@@ -166,6 +166,7 @@ def test_tiny_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch) -> Non
     """Chunk boundaries inside keys, numbers and strings must not change the result."""
     reference = read_kineto(SYNTH[1])
     monkeypatch.setattr(kineto, "LAYOUT_FAST_PATH", False)
+    monkeypatch.setattr(kineto, "CHUNKS_PATH", False)
     monkeypatch.setattr(_json_stream, "CHUNK_CHARS", 7)
     chunked = read_kineto(SYNTH[1])
     _assert_same(chunked, reference)
@@ -184,6 +185,7 @@ def test_content_sniffing_ignores_the_extension(tmp_path: Path) -> None:
 def _scanner(path: Path, monkeypatch: pytest.MonkeyPatch) -> Trace:
     with monkeypatch.context() as patch:
         patch.setattr(kineto, "LAYOUT_FAST_PATH", False)
+        patch.setattr(kineto, "CHUNKS_PATH", False)
         trace = read_kineto(path)
     assert trace.metadata["json_parser"] == "json-scanner"
     return trace
@@ -217,7 +219,7 @@ def test_layout_chunk_boundaries_do_not_matter(monkeypatch: pytest.MonkeyPatch) 
     _assert_same(chunked, reference)
 
 
-def test_other_json_layouts_fall_back_to_the_scanner(
+def test_other_json_layouts_take_the_chunked_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with gzip.open(SYNTH[0], "rt") as fh:
@@ -225,7 +227,7 @@ def test_other_json_layouts_fall_back_to_the_scanner(
     compact = tmp_path / "kineto_rank0.json"
     compact.write_text(json.dumps(document, separators=(",", ":")))
     trace = read_kineto(compact)
-    assert trace.metadata["json_parser"] == "json-scanner"
+    assert trace.metadata["json_parser"] == "json-chunks"
     _assert_same(trace, read_kineto(SYNTH[0]))
 
 

@@ -10,36 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cp_loopback import run_all_ranks
 from cp_reference import reference_attention
 
-from cp_attention import PackedBatch, pad_sequences_to_multiple, partition_for_rank, unpartition
-from cp_attention.attention import Tuning, rank_local_work
+from cp_attention import PackedBatch, pad_sequences_to_multiple
+from cp_attention.attention import Tuning
 from cp_attention.plan import AttnCall
 from cp_attention.ring import LoopbackRing
 
 CU = (0, 13, 18, 40, 41)  # real lengths 13, 5, 22, 1
-
-
-def _run_all_ranks(meta: PackedBatch, full: dict, causal: bool, tuning: Tuning) -> dict:
-    cp = meta.cp_size
-    local = {n: [partition_for_rank(t, meta, r) for r in range(cp)] for n, t in full.items()}
-    results, sent = [], []
-    for rank in range(cp):
-        kv_blocks = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
-                     for i in range(1, cp)]
-        zeros = [[torch.zeros_like(local["k"][rank]), torch.zeros_like(local["v"][rank])]
-                 for _ in range(1, cp)]
-        ring = LoopbackRing(rank, cp, kv_blocks, zeros) if cp > 1 else None
-        out, _, dq, dk, dv = rank_local_work(local["q"][rank], local["k"][rank],
-                                             local["v"][rank], local["dout"][rank], meta, rank,
-                                             ring, causal=causal, tuning=tuning)
-        results.append({"out": out, "dq": dq, "dk": dk.clone(), "dv": dv.clone()})
-        sent.append(ring.sent if ring is not None else [])
-    for rank in range(cp):
-        for (dk, dv), owner in sent[rank]:  # dK/dV of remote blocks, back to their owners
-            results[owner]["dk"] += dk
-            results[owner]["dv"] += dv
-    return {n: unpartition([r[n] for r in results], meta) for n in ("out", "dq", "dk", "dv")}
 
 
 @pytest.mark.parametrize("cp", [2, 4])
@@ -55,7 +34,7 @@ def test_every_rank_local_work_reassembles_to_reference(cp: int, strategy: str,
             for n, h in (("q", 4), ("k", 2), ("v", 2), ("dout", 4))}
     want = reference_attention(full["q"], full["k"], full["v"], full["dout"], CU, tuple(cup),
                                causal)
-    got = _run_all_ranks(meta, full, causal, Tuning())
+    got = run_all_ranks(meta, full, causal, Tuning())
     for name in ("out", "dq", "dk", "dv"):
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-9)
 

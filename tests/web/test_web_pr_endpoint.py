@@ -10,9 +10,9 @@ from web_fake_store import demo_store, make_app
 from web_server import serve
 
 from cptrace.cli import app as cli_app
+from pr_bot.github import GitHubConfig
 from service.api.deps import token_role
 from service.auth import Role
-from web.github import GitHubConfig
 from web.pr_routes import github_config
 
 REPO = "octo/cp-attn"

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
-from service.core.config import Settings
+from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import receive_file
@@ -18,8 +18,6 @@ from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
 router = APIRouter(prefix="/uploads", tags=["uploads"])
-MAX_RANK = 2**31
-"""Ranks are below this (the bundle manifest's bound too)."""
 
 
 def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -97,7 +95,7 @@ async def upload_bundle(
         "an nsys SQLite export or PyTorch profiler JSON, optionally gzipped",
         {
             "name": {"type": "string", "maxLength": 200},
-            "rank": {"type": "integer", "minimum": 0, "maximum": MAX_RANK - 1},
+            "rank": {"type": "integer", "minimum": 0, "maximum": MAX_RANK},
         },
     ),
 )
@@ -150,10 +148,10 @@ def _record(
 def _rank(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    # isascii: "²".isdigit() is True but int() refuses it; the bound keeps SQLite's INTEGER
-    if not (raw.isascii() and raw.isdigit()) or int(raw) >= MAX_RANK:
+    # isascii: str.isdigit() is true for '²', which int() refuses
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_RANK:
         raise BadRequest(
-            f"form field 'rank': expected an integer from 0 to {MAX_RANK - 1}, got {raw[:40]!r}"
+            f"form field 'rank': expected an integer from 0 to {MAX_RANK}, got {raw[:40]!r}"
         )
     return int(raw)
 

@@ -6,7 +6,7 @@ import pytest
 import web_factories as f
 
 from analyzers.report import HelperDelta
-from web.pr_comment import (
+from pr_bot.comment import (
     MAX_COMMENT_CHARS,
     CommentContext,
     CommentError,

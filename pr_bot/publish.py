@@ -1,7 +1,7 @@
 """Post a rendered comparison to a pull request: one comment per suite, plus an optional status.
 
 Shared by ``cptrace pr-comment --post`` and the service endpoint, so both find and update the
-same comment. Rendering is :mod:`web.pr_comment` (pure); HTTP is :mod:`web.github`.
+same comment. Rendering is :mod:`pr_bot.comment` (pure); HTTP is :mod:`pr_bot.github`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import httpx
 
 from analyzers.report import ComparisonReport
-from web.github import (
+from pr_bot.comment import CommentContext, render_comment, suite_marker
+from pr_bot.github import (
     CommentResult,
     GitHubClient,
     GitHubConfig,
@@ -19,7 +20,6 @@ from web.github import (
     status_for_verdict,
     upsert_comment,
 )
-from web.pr_comment import CommentContext, render_comment, suite_marker
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
-from web.deltas import metric_rows
+from pr_bot.deltas import metric_rows
 
 MAX_COMMENT_CHARS = 65_536
 """GitHub refuses issue comments longer than this."""
@@ -100,6 +100,45 @@ def _helper_rows(helpers: Sequence[HelperDelta], limit: int) -> tuple[list[str],
     return rows, max(0, len(changed) - limit)
 
 
+def _kernel_rows(report: ComparisonReport, limit: int) -> tuple[list[str], int]:
+    changed = [k for k in report.kernel_deltas if k.status != "unchanged"]
+    changed.sort(key=lambda k: (abs(k.delta_total_ns), abs(k.delta_count)), reverse=True)
+    rows = [
+        f"| {md_code(k.name)} | {_num(k.base_count, 1)} | {_num(k.head_count, 1)} | "
+        f"{_signed(k.delta_count, 1)} | {_signed(k.delta_total_ns / _NS_PER_MS, 3)} | "
+        f"{_signed(k.delta_mean_ns / 1e3, 2)} | {k.status} |"
+        for k in changed[:limit]
+    ]
+    return rows, max(0, len(changed) - limit)
+
+
+def _kernel_section(report: ComparisonReport, heading: str, limit: int) -> list[str]:
+    """Total GPU time and the kernels whose count or time changed most (largest first)."""
+    lines: list[str] = []
+    total = report.total_gpu
+    if total is not None and (total.base_ns or total.head_ns):
+        pct = f" ({total.delta_ns / total.base_ns:+.1%})" if total.base_ns else ""
+        lines += [
+            f"Total GPU time ({md_text(report.basis)}): {_num(total.base_ns / _NS_PER_MS, 3)} -> "
+            f"{_num(total.head_ns / _NS_PER_MS, 3)} ms, {_signed(total.delta_ns / _NS_PER_MS, 3)} "
+            f"ms{pct}; kernels only {_signed(total.delta_kernel_ns / _NS_PER_MS, 3)} ms.",
+            "",
+        ]
+    rows, more = _kernel_rows(report, limit)
+    if rows:
+        lines += [
+            f"{heading} Top kernel deltas ({md_text(report.basis)})",
+            "",
+            "| kernel | base count | head count | Δ count | Δ total ms | Δ mean µs | status |",
+            "|---|---:|---:|---:|---:|---:|---|",
+            *rows,
+        ]
+        if more:
+            lines.append(f"\n…and {more} more changed kernels on the comparison page.")
+        lines.append("")
+    return lines
+
+
 def _finding_line(finding: Finding, tag: str = "") -> str:
     icon = _SEVERITY_ICON.get(finding.severity, "")
     saving = ""
@@ -130,16 +169,21 @@ def _findings_section(report: ComparisonReport) -> list[str]:
     return lines or ["No findings on either run."]
 
 
-def render_comment(
-    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
-) -> str:
-    """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
-    marker = suite_marker(context.suite)
-    icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+def comparison_lines(
+    report: ComparisonReport,
+    context: CommentContext,
+    *,
+    helper_limit: int = 30,
+    kernel_limit: int = 10,
+    level: int = 4,
+) -> list[str]:
+    """The comparison without marker and title: summary, runs, tables, findings, link.
+
+    Shared by :func:`render_comment` (one comparison) and the loop's suite comment (one section
+    per spec); ``level`` is the markdown heading level of its sub-sections.
+    """
+    heading = "#" * level
     lines = [
-        marker,
-        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
-        "",
         md_text(report.summary),
         "",
         f"Base: {md_code(context.base_name)} ({md_text(report.base_label)}) · "
@@ -153,7 +197,7 @@ def render_comment(
     helper_rows, more = _helper_rows(report.helpers, helper_limit)
     if helper_rows:
         lines += [
-            "#### Per-helper launch deltas (per step, summed over ranks)",
+            f"{heading} Per-helper launch deltas (per step, summed over ranks)",
             "",
             "| helper | category | base | head | Δ launches | Δ GPU ms | status |",
             "|---|---|---:|---:|---:|---:|---|",
@@ -164,9 +208,35 @@ def render_comment(
         lines.append("")
     else:
         lines += ["No helper changed its launch count or GPU time.", ""]
-    lines += ["#### Findings (head)", "", *_findings_section(report), ""]
+    lines += _kernel_section(report, heading, kernel_limit)
+    if report.notes:
+        lines += [
+            f"> :warning: Comparability: {md_text('; '.join(report.notes))}",
+            "",
+        ]
+    lines += [f"{heading} Findings (head)", "", *_findings_section(report), ""]
     if context.comparison_url:
         lines.append(f"[Full comparison]({context.comparison_url})")
+    return lines
+
+
+def finding_lines(findings: Sequence[Finding]) -> list[str]:
+    """One run's findings with their recommendations (no comparison to mark new ones)."""
+    return [_finding_line(f) for f in findings] or ["No findings."]
+
+
+def render_comment(
+    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
+) -> str:
+    """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
+    marker = suite_marker(context.suite)
+    icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+    lines = [
+        marker,
+        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
+        "",
+        *comparison_lines(report, context, helper_limit=helper_limit),
+    ]
     return cap_length("\n".join(lines) + "\n", context.comparison_url)
 
 

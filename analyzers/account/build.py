@@ -1,0 +1,683 @@
+"""Where did the step go: every window's span split into parts that add up to it exactly.
+
+Per window and rank, over the window's GPU timeline (``analyzers.timeline``: the same window
+interval and the same clipping, so the totals equal its decomposition):
+
+====================================  ==========================================================
+part                                  what, attributed to
+====================================  ==========================================================
+compute                               union of computation (kernels that are not NCCL, and
+                                      memsets), each instant to the activity that started first
+                                      there; by its helper
+exposed communication                 NCCL kernel time no computation overlaps; by collective
+                                      (helper) and, inside a CP forward/backward container, by
+                                      ring step (the i-th collective launched in that call)
+idle: waiting on another rank         the part of that exposed NCCL time before the last rank
+                                      taking part started its matching kernel (``peers``)
+exposed memcpy                        memcpy time under neither computation nor NCCL; by helper
+idle: host-bound / synchronisation    gaps with no GPU activity that the launching thread caused
+                                      (``host``): the thread that launched the activity ending
+                                      the gap had not returned from that launch when the gap
+                                      began; split where the thread's state changes
+idle: other                           gaps whose next activity was queued before the gap began
+                                      (a stream dependency), or has no launch row
+====================================  ==========================================================
+
+The launch API time and the launch-to-start latency are inside the gap they end, so they count
+as host-bound with the state the thread was in at that instant. A gap at the end of a window
+(nothing starts before the window ends) belongs to the thread that launched the activity before
+it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from analyzers.account.host import UNANNOTATED, HostStates, LabelType
+from analyzers.account.peers import arrivals
+from analyzers.account.sweep import Owned, Union, owned
+from analyzers.attribution import Attribution, RangeHelpers, factorize
+from analyzers.catalog import Catalog
+from analyzers.metrics import _activity_points
+from analyzers.model import ActivityKind, Trace
+from analyzers.report import (
+    AccountGap,
+    AccountPart,
+    AccountPartKind,
+    Category,
+    GroupAccount,
+    StepAccount,
+    Window,
+)
+from analyzers.timeline import GpuActivities, TimelineWindow, _clipped, timeline_windows
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+LARGEST = 3
+"""How many of the largest pieces each part keeps as evidence."""
+QUEUED = "queued before the gap (stream dependency)"
+NO_LAUNCH = "no launch row for the next activity"
+NO_WORK = "no GPU work in the window"
+PART_ORDER = list(AccountPartKind)
+
+
+@dataclass(slots=True)
+class Accounts:
+    """The account of every window and of every (rank, group), plus what it could not do."""
+
+    steps: list[StepAccount] = field(default_factory=list)
+    groups: list[GroupAccount] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One account line: a part and what it is attributed to."""
+
+    part: AccountPartKind
+    label: str
+    category: Category | None = None
+    detail: str | None = None
+
+
+class _Lines:
+    """Interns account lines to dense codes, so records are int arrays."""
+
+    def __init__(self) -> None:
+        self.lines: list[Line] = []
+        self._codes: dict[Line, int] = {}
+
+    def code(self, line: Line) -> int:
+        found = self._codes.get(line)
+        if found is None:
+            found = self._codes[line] = len(self.lines)
+            self.lines.append(line)
+        return found
+
+    def codes(self, keys: IntArray, make: Mapping[int, Line]) -> IntArray:
+        """Global codes for per-record local ``keys`` (``make`` gives each key's line)."""
+        if len(keys) == 0:
+            return np.empty(0, dtype=np.int64)
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        table = np.array([self.code(make[int(k)]) for k in distinct.tolist()], dtype=np.int64)
+        return table[inverse.reshape(-1)]
+
+
+@dataclass(slots=True)
+class _Records:
+    """Pieces of time: window (segment), line code, duration, start, thread, unit.
+
+    ``unit`` identifies what a piece belongs to (an activity row, or a gap) so a part can count
+    its gaps or activities once however many pieces they were cut into."""
+
+    seg: list[IntArray] = field(default_factory=list)
+    code: list[IntArray] = field(default_factory=list)
+    dur: list[IntArray] = field(default_factory=list)
+    start: list[IntArray] = field(default_factory=list)
+    thread: list[IntArray] = field(default_factory=list)
+    unit: list[IntArray] = field(default_factory=list)
+
+    def add(
+        self,
+        seg: IntArray,
+        code: IntArray,
+        dur: IntArray,
+        start: IntArray,
+        thread: IntArray,
+        unit: IntArray,
+    ) -> None:
+        keep = dur > 0
+        for bucket, values in zip(
+            (self.seg, self.code, self.dur, self.start, self.thread, self.unit),
+            (seg, code, dur, start, thread, unit),
+            strict=True,
+        ):
+            bucket.append(np.asarray(values, dtype=np.int64)[keep])
+
+    def arrays(self) -> tuple[IntArray, ...]:
+        empty = np.empty(0, dtype=np.int64)
+        return tuple(
+            np.concatenate(b) if b else empty
+            for b in (self.seg, self.code, self.dur, self.start, self.thread, self.unit)
+        )
+
+
+class _Context:
+    """Everything per trace that the per-group passes share."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        att: Attribution,
+        ranges: RangeHelpers,
+        catalog: Catalog,
+        windows: Sequence[Window],
+    ) -> None:
+        self.trace, self.att, self.ranges = trace, att, ranges
+        self.rank, _ = _activity_points(trace, att)
+        self.acts = GpuActivities.of_trace(trace, self.rank)
+        self.lines = _Lines()
+        launches = trace.launches
+        has = att.launch >= 0
+        self.l_thread = np.full(len(att.launch), -1, dtype=np.int64)
+        self.l_start = np.full(len(att.launch), -1, dtype=np.int64)
+        self.l_end = np.full(len(att.launch), -1, dtype=np.int64)
+        self.l_thread[has] = launches["thread"][att.launch[has]]
+        self.l_start[has] = launches["start"][att.launch[has]]
+        self.l_end[has] = launches["end"][att.launch[has]]
+        self.peers = arrivals(trace, self.rank, self.acts.communication)
+        self.comm_key, self.comm_lines = self._communication_lines()
+        names = {w.name for w in windows}
+        self.host = HostStates(trace, catalog, att, ranges, names)
+        self._thread_names: dict[int, str] = {}
+
+    def helper_line(self, part: AccountPartKind, helper: int, detail: str | None = None) -> Line:
+        return Line(part, self.att.name_of(helper), self.att.category_of(helper), detail)
+
+    def _communication_lines(self) -> tuple[IntArray, dict[int, tuple[int, str]]]:
+        """Per NCCL activity a key of its collective label: the helper, and inside a catalogued
+        container (TE's CP forward/backward) the direction and the ring step, i.e. the index of
+        the collective among that container call's collectives of the same helper."""
+        n = len(self.att.helper)
+        key = np.full(n, -1, dtype=np.int64)
+        rows = np.flatnonzero(self.acts.communication)
+        if len(rows) == 0:
+            return key, {}
+        helper = self.att.helper[rows].astype(np.int64)
+        container = np.full(len(rows), -1, dtype=np.int64)
+        has = self.l_thread[rows] >= 0
+        container[has] = self.ranges.container.lookup(
+            self.l_thread[rows][has], self.l_start[rows][has]
+        )
+        step = np.zeros(len(rows), dtype=np.int64)
+        inside = np.flatnonzero(container >= 0)
+        if len(inside):
+            order = inside[
+                np.lexsort((self.l_start[rows][inside], helper[inside], container[inside]))
+            ]
+            c, h = container[order], helper[order]
+            new = np.ones(len(order), dtype=bool)
+            new[1:] = (c[1:] != c[:-1]) | (h[1:] != h[:-1])
+            group_start = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
+            step[order] = np.arange(len(order)) - group_start
+        # A trailing -1 makes "no container" an ordinary index (the range table may be empty).
+        c_helper = np.append(self.ranges.helper.astype(np.int64), -1)[container]
+        width = 1 << 20
+        local = ((helper + 1) * (len(self.att.helper_names) + 2) + (c_helper + 1)) * width + step
+        local = np.where(
+            container >= 0, local, (helper + 1) * (len(self.att.helper_names) + 2) * width - 1
+        )
+        key[rows] = local
+        labels: dict[int, tuple[int, str]] = {}
+        for k, h, ch, s in zip(
+            *np.unique(np.stack([local, helper, c_helper, step]), axis=1), strict=True
+        ):
+            name = self.att.name_of(int(h))
+            if ch >= 0:
+                container_name = self.att.name_of(int(ch))
+                direction = (
+                    "bwd"
+                    if "backward" in container_name
+                    else "fwd"
+                    if "forward" in container_name
+                    else container_name
+                )
+                name = f"{name} {direction} step {int(s)}"
+            labels[int(k)] = (int(h), name)
+        return key, labels
+
+    def thread_name(self, thread: int) -> str | None:
+        if thread < 0:
+            return None
+        found = self._thread_names.get(thread)
+        if found is None:
+            found = self._thread_names[thread] = (
+                self.trace.thread_names.get(thread) or f"thread {thread}"
+            )
+        return found
+
+
+def _owned(
+    seg: IntArray, start: IntArray, end: IntArray, mask: BoolArray
+) -> tuple[IntArray, Owned]:
+    rows = np.flatnonzero(mask)
+    return rows, owned(seg[rows], start[rows], end[rows])
+
+
+class _GroupPass:
+    """The records of one window group (its windows may not overlap each other's activities
+    twice: a group's windows are disjoint steps, or one whole-trace window per rank)."""
+
+    def __init__(self, ctx: _Context, windows: Sequence[TimelineWindow]) -> None:
+        self.ctx = ctx
+        self.windows = windows
+        self.records = _Records()
+        seg, start, end, row = _clipped(windows, ctx.acts)
+        # Ties at one instant go to the activity launched first (the sweeps are stable).
+        order = np.lexsort((ctx.l_start[row], start, seg))
+        self.seg, self.start, self.end, self.row = seg[order], start[order], end[order], row[order]
+        self.win_start = np.array([w.start_ns for w in windows], dtype=np.int64)
+        self.win_end = np.array([w.end_ns for w in windows], dtype=np.int64)
+
+    def run(self) -> _Records:
+        acts, row = self.ctx.acts, self.row
+        kind = acts.kind[row]
+        nccl = acts.communication[row]
+        computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
+        comp_union = self._compute(computation)
+        self._communication(nccl, comp_union)
+        self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
+        self._idle()
+        return self.records
+
+    def _union(self, mask: BoolArray) -> Union:
+        return Union.of(self.seg[mask], self.start[mask], self.end[mask])
+
+    def _add(self, rows: IntArray, code: IntArray, dur: IntArray, start: IntArray) -> None:
+        r = self.row[rows]
+        self.records.add(self.seg[rows], code, dur, start, self.ctx.l_thread[r], r)
+
+    def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
+        helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
+        make = {int(h): self.ctx.helper_line(part, int(h)) for h in np.unique(helper).tolist()}
+        return self.ctx.lines.codes(helper, make)
+
+    def _compute(self, mask: BoolArray) -> Union:
+        """Computation by helper; returns the computation union the other parts subtract."""
+        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        code = self._helper_codes(AccountPartKind.COMPUTE, rows)
+        self._add(rows, code, mine.length, mine.piece_start)
+        return Union.of(self.seg[rows], self.start[rows], self.end[rows], mine)
+
+    def _communication(self, mask: BoolArray, comp: Union) -> None:
+        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        if len(rows) == 0:
+            return
+        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
+        exposed = (hi - lo) - comp.covered(seg, lo, hi)
+        r = self.row[rows]
+        last = self.ctx.peers.last_start[r]
+        wait_end = np.where(last >= 0, np.clip(last, lo, hi), lo)
+        waiting = (wait_end - lo) - comp.covered(seg, lo, wait_end)
+        keys = self.ctx.comm_key[r]
+        lines = self.ctx.comm_lines
+        comm = {
+            k: Line(AccountPartKind.EXPOSED_COMMUNICATION, name, self.ctx.att.category_of(h))
+            for k, (h, name) in lines.items()
+        }
+        self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
+        peer_rank = self.ctx.peers.last_rank[r]
+        peer_keys = keys * 1024 + (peer_rank + 1)
+        peer: dict[int, Line] = {}
+        _, first = np.unique(peer_keys, return_index=True)
+        for i in first.tolist():
+            h, name = lines[int(keys[i])]
+            pr = int(peer_rank[i])
+            peer[int(peer_keys[i])] = Line(
+                AccountPartKind.IDLE_PEER,
+                name,
+                self.ctx.att.category_of(h),
+                f"last to arrive: rank {pr}" if pr >= 0 else None,
+            )
+        self._add(rows, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
+
+    def _memcpy(self, mask: BoolArray, busy: Union) -> None:
+        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        if len(rows) == 0:
+            return
+        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
+        exposed = (hi - lo) - busy.covered(seg, lo, hi)
+        r = self.row[rows]
+        helper = self.ctx.att.helper[r].astype(np.int64)
+        name = self.ctx.trace.activities["name"][r].astype(np.int64)
+        keys = (helper + 1) * (len(self.ctx.trace.strings) + 1) + name
+        _, first = np.unique(keys, return_index=True)
+        make = {
+            int(keys[i]): self.ctx.helper_line(
+                AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), self.ctx.trace.strings[int(name[i])]
+            )
+            for i in first.tolist()
+        }
+        self._add(rows, self.ctx.lines.codes(keys, make), exposed, lo)
+
+    def _idle(self) -> None:
+        ctx = self.ctx
+        union = Union.of(self.seg, self.start, self.end)
+        gaps = union.gaps(self.win_start, self.win_end)
+        n = len(gaps.start)
+        if n == 0:
+            return
+        nxt = np.full(n, -1, dtype=np.int64)
+        prv = np.full(n, -1, dtype=np.int64)
+        has_next, has_prev = gaps.next >= 0, gaps.prev >= 0
+        nxt[has_next] = self.row[union.first_row[gaps.next[has_next]]]
+        prv[has_prev] = self.row[union.last_row[gaps.prev[has_prev]]]
+        # The activity that ends the gap launched it; a trailing gap goes to the previous one's
+        # launching thread.
+        owner = np.where(has_next, nxt, prv)
+        # A trailing -1 makes "no owner" an ordinary index (a trace may have no GPU activity).
+        thread = np.append(ctx.l_thread, -1)[owner]
+        l_end = np.append(ctx.l_end, -1)[owner]
+        host = (thread >= 0) & (~has_next | (l_end > gaps.start))
+        cut = np.where(has_next, np.minimum(l_end, gaps.end), gaps.end)
+        unit = np.arange(n, dtype=np.int64) + len(ctx.att.helper)  # gaps: never an activity row
+        other_reason = np.where(
+            owner < 0, 0, np.where(thread < 0, 1, 2)
+        )  # 0: no work, 1: no launch row, 2: queued
+        reasons = {0: NO_WORK, 1: NO_LAUNCH, 2: QUEUED}
+        other = ~host
+        make = {k: Line(AccountPartKind.IDLE_OTHER, v) for k, v in reasons.items()}
+        self.records.add(
+            gaps.seg[other],
+            ctx.lines.codes(other_reason[other], make),
+            (gaps.end - gaps.start)[other],
+            gaps.start[other],
+            thread[other],
+            unit[other],
+        )
+        q = np.flatnonzero(host)
+        which, lo, hi = ctx.host.split(thread[q], gaps.start[q], cut[q], gaps.end[q])
+        gap = q[which]
+        labels = ctx.host.labels(thread[gap], lo)
+        width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
+        keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
+        _, first = np.unique(keys, return_index=True)
+        make = {
+            int(keys[i]): self._host_line(
+                int(labels.type[i]), int(labels.value[i]), int(labels.detail[i])
+            )
+            for i in first.tolist()
+        }
+        self.records.add(
+            gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, thread[gap], unit[gap]
+        )
+
+    def _host_line(self, label_type: int, value: int, detail: int) -> Line:
+        strings = self.ctx.trace.strings
+        if label_type == LabelType.SYNC:
+            return Line(
+                AccountPartKind.IDLE_SYNC,
+                strings[value],
+                None,
+                f"in {strings[detail]}" if detail >= 0 else None,
+            )
+        if label_type == LabelType.HELPER:
+            return self.ctx.helper_line(AccountPartKind.IDLE_HOST, value)
+        if label_type == LabelType.RANGE:
+            return Line(AccountPartKind.IDLE_HOST, strings[value])
+        return Line(AccountPartKind.IDLE_HOST, UNANNOTATED)
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """Per (bucket, line): total, distinct units, the largest pieces and the main thread."""
+
+    bucket: int
+    code: int
+    time: int
+    units: int
+    largest: list[int]  # record indices
+    thread: int
+
+
+def _sorted_distinct(values: IntArray) -> IntArray:
+    """Distinct values by sorting (numpy's hash-based ``unique`` is slow on wide int keys)."""
+    v = np.sort(values)
+    keep = np.ones(len(v), dtype=bool)
+    keep[1:] = v[1:] != v[:-1]
+    return v[keep]
+
+
+def _dense_small(values: IntArray) -> tuple[IntArray, int]:
+    """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
+    present = np.bincount(values) > 0
+    table = np.cumsum(present) - 1
+    return table[values].astype(np.int64), int(present.sum())
+
+
+def _summaries(
+    bucket: IntArray,
+    code: IntArray,
+    dur: IntArray,
+    thread: IntArray,
+    unit: IntArray,
+    n_codes: int,
+) -> list[_Summary]:
+    """Group records by (bucket, line) with plain int64 keys: two sorts, no structured sort."""
+    if len(dur) == 0:
+        return []
+    key_code, n_keys = _dense_small(bucket * n_codes + code)
+    small = key_code.astype(np.int16) if n_keys < (1 << 15) else key_code
+    order = np.argsort(small, kind="stable")  # radix sort on small keys
+    k = key_code[order]
+    heads = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+    d = dur[order]
+    totals = np.add.reduceat(d, heads)
+    span = int(unit.max()) + 1
+    units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
+    (thread_code,) = factorize(thread)
+    n_threads = int(thread_code.max()) + 1
+    per_thread = np.bincount(
+        key_code * n_threads + thread_code, weights=dur, minlength=n_keys * n_threads
+    ).reshape(n_keys, n_threads)
+    threads = np.zeros(n_threads, dtype=np.int64)
+    threads[thread_code] = thread
+    main_thread = threads[per_thread.argmax(axis=1)].tolist()
+    largest = [[r for r in row if r >= 0] for row in zip(*_largest(d, heads, order), strict=True)]
+    first = order[heads]
+    return [
+        _Summary(bucket=b, code=c, time=t, units=u, largest=top, thread=th)
+        for b, c, t, u, top, th in zip(
+            bucket[first].tolist(),
+            code[first].tolist(),
+            totals.tolist(),
+            units.tolist(),
+            largest,
+            main_thread,
+            strict=True,
+        )
+    ]
+
+
+def _largest(d: IntArray, heads: IntArray, order: IntArray) -> list[list[int]]:
+    """Record indices of the ``LARGEST`` longest records of each key segment (-1: fewer).
+
+    Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
+    the low digits, so the maximum names its record (ties: the earliest); no sort by duration.
+    """
+    n = len(d)
+    if n == 0:
+        return []
+    if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
+        by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
+        cols = []
+        ends = np.append(heads[1:], n)
+        for j in range(LARGEST):
+            pos = heads + j
+            cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1).tolist())
+        return cols
+    enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
+    cols = []
+    for _ in range(LARGEST):
+        best = np.maximum.reduceat(enc, heads)
+        hit = best >= 0
+        pos = n - 1 - (best % n)
+        cols.append(np.where(hit, order[np.where(hit, pos, 0)], -1).tolist())
+        enc[pos[hit]] = -1
+    return cols
+
+
+def _parts(
+    ctx: _Context,
+    summaries: Sequence[_Summary],
+    records: tuple[IntArray, ...],
+    windows: Sequence[TimelineWindow],
+) -> dict[int, list[AccountPart]]:
+    seg, _, dur, start, thread, _ = records
+    out: dict[int, list[AccountPart]] = {}
+    for s in summaries:
+        line = ctx.lines.lines[s.code]
+        largest = []
+        for r in s.largest:
+            w = windows[int(seg[r])]
+            largest.append(
+                AccountGap(
+                    start_ns=int(start[r]),
+                    offset_ns=int(start[r]) - w.start_ns,
+                    duration_ns=int(dur[r]),
+                    window=w.window.name,
+                    index=w.window.index,
+                    thread=ctx.thread_name(int(thread[r])),
+                )
+            )
+        out.setdefault(s.bucket, []).append(
+            AccountPart(
+                part=line.part,
+                label=line.label,
+                category=line.category,
+                time_ns=s.time,
+                gaps=s.units,
+                largest=largest,
+                thread=ctx.thread_name(s.thread),
+                detail=line.detail,
+            )
+        )
+    for parts in out.values():
+        parts.sort(key=lambda p: (PART_ORDER.index(p.part), -p.time_ns, p.label))
+    return out
+
+
+def compute_accounts(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    steps: Mapping[tuple[int, str], int],
+) -> Accounts:
+    """The account of every window of ``windows`` and of every (rank, window group).
+
+    :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
+    """
+    ctx = _Context(trace, att, ranges, catalog, windows)
+    measured, _ = timeline_windows(trace, windows)
+    result = Accounts(notes=list(ctx.peers.notes))
+    groups: dict[str, list[int]] = {}
+    for i, win in enumerate(windows):
+        groups.setdefault(win.group or win.name, []).append(i)
+    for group, ids in groups.items():
+        tw = [measured[i] for i in ids]
+        records = _GroupPass(ctx, tw).run().arrays()
+        seg, code, dur, _, thread, unit = records
+        spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
+        totals = np.zeros(len(tw), dtype=np.int64)
+        np.add.at(totals, seg, dur)
+        bad = np.flatnonzero(totals != spans)
+        if len(bad):
+            w = tw[int(bad[0])]
+            raise RuntimeError(
+                f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
+                f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
+            )
+        n_codes = max(len(ctx.lines.lines), 1)
+        per_window = _parts(ctx, _summaries(seg, code, dur, thread, unit, n_codes), records, tw)
+        for i, w in enumerate(tw):
+            result.steps.append(
+                StepAccount(
+                    rank=w.window.rank,
+                    window=group,
+                    name=w.window.name,
+                    index=w.window.index,
+                    basis=w.basis,
+                    start_ns=w.start_ns,
+                    end_ns=w.end_ns,
+                    span_ns=w.end_ns - w.start_ns,
+                    parts=per_window.get(i, []),
+                )
+            )
+        rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
+        ranks = sorted(set(rank_of.tolist()))
+        if len(ranks) == len(tw):  # one window per rank (the whole trace): the same lines
+            per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
+        else:
+            bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
+            summaries = _summaries(bucket, code, dur, thread, unit, n_codes)
+            per_rank = _parts(ctx, summaries, records, tw)
+        for b, rank in enumerate(ranks):
+            mine = [w for w in tw if w.window.rank == rank]
+            result.groups.append(
+                GroupAccount(
+                    rank=rank,
+                    window=group,
+                    steps=steps.get((rank, group), len(mine)),
+                    windows=len(mine),
+                    span_ns=sum(w.end_ns - w.start_ns for w in mine),
+                    parts=per_rank.get(b, []),
+                )
+            )
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """The raw pieces of some windows' accounts, for views that draw them (the export).
+
+    Rows of ``seg``/``line``/``start``/``duration``/``thread``/``unit`` are pieces of time;
+    ``unit < activities`` means the piece is an activity's share (``unit`` is its row in
+    ``trace.activities``), otherwise it is an idle gap piece, exactly ``[start, start +
+    duration)``. ``seg`` indexes ``windows``; ``line`` indexes ``lines``.
+    """
+
+    windows: list[TimelineWindow]
+    lines: list[Line]
+    activities: int
+    seg: IntArray
+    line: IntArray
+    start: IntArray
+    duration: IntArray
+    thread: IntArray
+    unit: IntArray
+    clipped_row: IntArray
+    clipped_start: IntArray
+    clipped_end: IntArray
+    """Every activity-window overlap the account saw: activity row, clipped start and end."""
+    clipped_seg: IntArray
+
+
+def account_pieces(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    selected: Sequence[int],
+) -> Pieces:
+    """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
+    ctx = _Context(trace, att, ranges, catalog, windows)
+    measured, _ = timeline_windows(trace, windows)
+    tw = [measured[i] for i in selected]
+    group_pass = _GroupPass(ctx, tw)
+    seg, code, dur, start, thread, unit = group_pass.run().arrays()
+    return Pieces(
+        windows=tw,
+        lines=list(ctx.lines.lines),
+        activities=len(att.helper),
+        seg=seg,
+        line=code,
+        start=start,
+        duration=dur,
+        thread=thread,
+        unit=unit,
+        clipped_row=group_pass.row,
+        clipped_start=group_pass.start,
+        clipped_end=group_pass.end,
+        clipped_seg=group_pass.seg,
+    )
+
+
+__all__ = ["Accounts", "Pieces", "account_pieces", "compute_accounts"]

@@ -1,0 +1,1 @@
+"""Exports of what cptrace measured, in other tools' formats (``perfetto``: Chrome trace JSON)."""

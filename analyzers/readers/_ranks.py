@@ -1,0 +1,89 @@
+"""Which distributed rank a trace file is: what the file says, what the user says, or rank 0.
+
+Why a rule and not a guess per file: a trace set whose ranks are guessed would compare the wrong
+ranks, so several files without a rank are refused. One file without a rank is the most common
+trace there is (one process, one GPU, no ``torch.distributed``): it is rank 0, and the report
+says so. ``--rank N`` (``rank=`` here) names the rank of one file explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from analyzers.errors import UnsupportedTraceError
+from analyzers.model import Trace
+
+RANK_OPTION = "--rank"
+"""The CLI option that sets the rank of one file (named in messages)."""
+UNKNOWN = "unknown"
+"""``metadata["rank_source"]`` of a trace that does not say its rank."""
+
+
+def set_rank(trace: Trace, rank: int, source: str) -> None:
+    """Make every row and process of a one-rank trace belong to ``rank``."""
+    processes = set(trace.ranks)
+    for table in (trace.activities, trace.launches, trace.ranges):
+        table["rank"] = rank
+        processes.update(int(p) for p in np.unique(table["process"]))
+    trace.ranks = dict.fromkeys(sorted(processes), rank)
+    trace.metadata["rank_source"] = source
+
+
+def resolve_ranks(traces: Sequence[Trace], rank: int | None = None) -> None:
+    """Give every trace a rank, in place.
+
+    Args:
+        traces: the files of one trace set, as read.
+        rank: the rank the user gave for a single file (``--rank N``), or None.
+
+    Raises:
+        UnsupportedTraceError: ``rank`` given for several files or for a file covering several
+            processes' ranks; several files of which some do not say their rank.
+    """
+    if rank is not None:
+        _override(traces, rank)
+        return
+    unknown = [t for t in traces if _rankless(t)]
+    if not unknown:
+        return
+    if len(traces) > 1:
+        names = ", ".join(t.source for t in unknown[:3])
+        raise UnsupportedTraceError(
+            f"{names}: cannot tell the rank of {len(unknown)} of {len(traces)} trace files (no "
+            "distributedInfo.rank in the trace, no 'rank<N>' in the file name); name the files "
+            f"trace_rank<N>.json, or analyse one file at a time with {RANK_OPTION} N"
+        )
+    (trace,) = traces
+    set_rank(trace, 0, "assumed (a single file without a rank)")
+    trace.notes.append(
+        f"{trace.source}: the trace does not say its rank (no distributedInfo.rank, no "
+        f"'rank<N>' in the file name): analysed as rank 0; pass {RANK_OPTION} N to set it"
+    )
+
+
+def _rankless(trace: Trace) -> bool:
+    """The file does not say its rank (a Kineto file without one, an nsys export without GPU
+    activity, whose ranks come from the devices its processes used)."""
+    if trace.metadata.get("rank_source") == UNKNOWN:
+        return True
+    return all(r < 0 for r in trace.rank_list())
+
+
+def _override(traces: Sequence[Trace], rank: int) -> None:
+    if rank < 0:
+        raise UnsupportedTraceError(f"{RANK_OPTION} {rank}: expected a rank >= 0")
+    if len(traces) != 1:
+        raise UnsupportedTraceError(
+            f"{RANK_OPTION} {rank} sets the rank of one trace file, but {len(traces)} were "
+            "given; analyse them one at a time, or let each file say its rank"
+        )
+    (trace,) = traces
+    present = [r for r in trace.rank_list() if r >= 0]
+    if len(present) > 1:
+        raise UnsupportedTraceError(
+            f"{trace.source}: {RANK_OPTION} {rank} sets the rank of a one-rank trace, but this "
+            f"file covers ranks {present} (one nsys export of several processes)"
+        )
+    set_rank(trace, rank, f"{RANK_OPTION} {rank}")

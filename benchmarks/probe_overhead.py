@@ -1,0 +1,89 @@
+"""Overhead of ``cptrace profile --probe`` (probe + rank status, no profiler) on a model workload.
+
+Runs ``python -m runners.models.train SPEC`` alternately plain and with the profile bootstrap
+(``CPTRACE_PROBE`` + ``CPTRACE_STATUS_DIR``, exactly the children's environment of ``cptrace
+profile --probe``), ``--repeats`` times each (ABAB), and prints a table: the median step time
+(first step excluded) of each, the difference in percent, and the probe's own measured time on
+its sampled calls. Target: < 1 % of the step on the reference workload.
+
+    python benchmarks/probe_overhead.py runners/examples/te_transformer.yaml --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runners.profile.run import ProfileOptions, child_environment  # noqa: E402
+
+
+def _train(spec: Path, steps: int, env: dict[str, str], timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "runners.models.train", str(spec), "--steps", str(steps)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                         cwd=ROOT, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    line = [x for x in res.stdout.splitlines() if x.startswith("{")][-1]
+    return json.loads(line)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--probe-first", type=int, default=16)
+    parser.add_argument("--probe-every", type=int, default=50)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", type=Path, default=None, help="write the numbers here too")
+    args = parser.parse_args()
+    plain_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    plain, probed, probe_ms, sampled = [], [], [], []
+    for _ in range(args.repeats):
+        plain.append(_train(args.spec, args.steps, plain_env, args.timeout))
+        with tempfile.TemporaryDirectory() as scratch:
+            opts = ProfileOptions(probe=True, probe_first=args.probe_first,
+                                  probe_every=args.probe_every)
+            env = child_environment(opts, Path(scratch))
+            probed.append(_train(args.spec, args.steps, env, args.timeout))
+            record = json.loads((Path(scratch) / "probe" / "probe_rank0.json").read_text())
+            probe_ms.append(record["overhead_ms"])
+            sampled.append(sum(s["sampled_calls"] for s in record["sites"].values()))
+    a = statistics.median(r["median_ms_after_first"] for r in plain)
+    b = statistics.median(r["median_ms_after_first"] for r in probed)
+    steps_total = args.steps * args.repeats
+    per_step_probe = statistics.median(probe_ms) / args.steps
+    rows = [
+        ("plain", f"{a:.3f}", "", "", ""),
+        ("--probe", f"{b:.3f}", f"{100 * (b - a) / a:+.2f}%",
+         f"{statistics.median(sampled):.0f}", f"{per_step_probe:.4f}"),
+    ]
+    print(f"spec {args.spec}, {args.steps} steps x {args.repeats} repeats (ABAB), "
+          f"probe first={args.probe_first} every={args.probe_every}")
+    print("| run | median step ms | vs plain | sampled calls/run | probe's own ms/step |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"probe's own time over the run: {statistics.median(probe_ms):.3f} ms "
+          f"({100 * per_step_probe / a:.3f}% of a step on average over {args.steps} steps)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "spec": str(args.spec), "steps": args.steps, "repeats": args.repeats,
+            "plain_median_ms": a, "probe_median_ms": b, "probe_own_ms": probe_ms,
+            "sampled_calls": sampled, "steps_total": steps_total,
+        }, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""How a run is named in a comment and where its comparison page lives.
+
+One function per job, shared by the comparison page's preview, the PR endpoint, the CLI and the
+service loop, so the same run is labelled the same way wherever a comment is rendered.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+
+def run_label(run_id: int, name: str, commit: str | None = None, window: str | None = None) -> str:
+    """``#12 nightly @ 0123456789 [arm:a]``: id, name, the short commit and the window if any."""
+    label = f"#{run_id} {name}"
+    if commit:
+        label += f" @ {commit[:10]}"
+    return f"{label} [{window}]" if window else label
+
+
+def compare_url(
+    base_id: int, head_id: int, base_window: str | None = None, head_window: str | None = None
+) -> str:
+    """Site-relative URL of a comparison page (window names are query-encoded)."""
+    params = {k: v for k, v in (("base_window", base_window), ("head_window", head_window)) if v}
+    suffix = f"?{urlencode(params)}" if params else ""
+    return f"/compare/{base_id}/{head_id}{suffix}"

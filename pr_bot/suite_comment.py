@@ -1,0 +1,196 @@
+"""The automated loop's comment: one per pull request and suite, one section per spec.
+
+Each spec ended one of three ways: compared with a baseline run (the verdict of the suite's
+policy, the metric table, the per-helper deltas, findings), measured without a baseline (the
+head's findings alone, and why there was none), or failed (the reason and the log's tail). The
+suite's state is the worst of its specs; the commit status says the same in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from analyzers.report import ComparisonReport, Finding
+from pr_bot.comment import (
+    CommentContext,
+    cap_length,
+    comparison_lines,
+    finding_lines,
+    md_code,
+    md_text,
+    suite_marker,
+)
+from pr_bot.github import StatusState as GitHubState
+from pr_bot.policy import StatusState, Thresholds, Verdict, combine
+
+LOG_TAIL_LINES = 40
+_STATE_TEXT = {
+    StatusState.SUCCESS: (":white_check_mark:", "no regression"),
+    StatusState.FAILURE: (":x:", "regression"),
+    StatusState.NEUTRAL: (":grey_question:", "no baseline"),
+    StatusState.ERROR: (":boom:", "a job failed"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The base-branch run a head run was compared with, and how it was chosen."""
+
+    run_id: int
+    label: str
+    how: Literal["merge-base", "newest"]
+    merge_base: str | None = None
+    base_ref: str = "main"
+
+    def sentence(self) -> str:
+        if self.how == "merge-base":
+            return (
+                f"Baseline: {md_code(self.label)}, measured at the merge base "
+                f"{md_code((self.merge_base or '')[:12])} of {md_code(self.base_ref)}."
+            )
+        missing = (
+            f"the merge base {md_code(self.merge_base[:12])} has not been measured"
+            if self.merge_base
+            else "the merge base is unknown"
+        )
+        return (
+            f"Baseline: {md_code(self.label)}, the newest measured run of "
+            f"{md_code(self.base_ref)} ({missing})."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ComparedSpec:
+    spec: str
+    report: ComparisonReport
+    verdict: Verdict
+    context: CommentContext
+    baseline: Baseline
+
+
+@dataclass(frozen=True, slots=True)
+class UnbaselinedSpec:
+    spec: str
+    head_name: str
+    reason: str
+    findings: list[Finding] = field(default_factory=list)
+    head_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedSpec:
+    spec: str
+    reason: str
+    log_tail: str = ""
+
+
+SpecResult = ComparedSpec | UnbaselinedSpec | FailedSpec
+
+
+def spec_state(result: SpecResult) -> StatusState:
+    if isinstance(result, ComparedSpec):
+        return result.verdict.state
+    if isinstance(result, UnbaselinedSpec):
+        return StatusState.NEUTRAL
+    return StatusState.ERROR
+
+
+def suite_state(results: Sequence[SpecResult]) -> StatusState:
+    return combine([spec_state(r) for r in results])
+
+
+def github_state(state: StatusState) -> GitHubState:
+    """Commit statuses know no "neutral": no baseline passes (nothing to judge), and says so
+    in the description."""
+    return {
+        StatusState.SUCCESS: "success",
+        StatusState.NEUTRAL: "success",
+        StatusState.FAILURE: "failure",
+        StatusState.ERROR: "error",
+    }[state]  # type: ignore[return-value]
+
+
+def status_description(results: Sequence[SpecResult]) -> str:
+    """One line for the commit status (GitHub shows at most 140 characters)."""
+    state = suite_state(results)
+    parts = []
+    for r in results:
+        if isinstance(r, ComparedSpec) and r.verdict.reasons:
+            parts.append(f"{r.spec}: {r.verdict.reasons[0]}")
+        elif isinstance(r, FailedSpec):
+            parts.append(f"{r.spec}: {r.reason}")
+    if not parts:
+        parts = [
+            "no baseline on the base branch"
+            if state == StatusState.NEUTRAL
+            else "no regression beyond the suite's thresholds"
+        ]
+    return f"{_STATE_TEXT[state][1]}: " + "; ".join(parts)
+
+
+def _tail(text: str) -> list[str]:
+    lines = text.rstrip().splitlines()[-LOG_TAIL_LINES:]
+    body = "\n".join(lines).replace("```", "'''")
+    return ["<details><summary>log tail</summary>", "", "```text", body, "```", "", "</details>"]
+
+
+def _section(result: SpecResult) -> list[str]:
+    icon, text = _STATE_TEXT[spec_state(result)]
+    lines = [f"#### {md_code(result.spec)}: {icon} {text}", ""]
+    if isinstance(result, ComparedSpec):
+        lines += [f"- {md_text(reason)}" for reason in result.verdict.reasons]
+        if result.verdict.reasons:
+            lines.append("")
+        lines += [result.baseline.sentence(), ""]
+        lines += comparison_lines(result.report, result.context, level=5)
+    elif isinstance(result, UnbaselinedSpec):
+        lines += [
+            f"No baseline: {md_text(result.reason)}. The head's findings alone "
+            f"({md_code(result.head_name)}):",
+            "",
+            *finding_lines(result.findings),
+        ]
+        if result.head_url:
+            lines += ["", f"[Head run]({result.head_url})"]
+    else:
+        lines += [f"The job failed: {md_text(result.reason)}", ""]
+        if result.log_tail.strip():
+            lines += _tail(result.log_tail)
+    return [*lines, ""]
+
+
+def render_suite_comment(
+    suite: str,
+    head_sha: str,
+    results: Sequence[SpecResult],
+    thresholds: Thresholds,
+    *,
+    link: str | None = None,
+) -> str:
+    """The whole comment; starts with the suite's marker so the next push updates it."""
+    state = suite_state(results)
+    icon, text = _STATE_TEXT[state]
+    method = next((r.verdict.method for r in results if isinstance(r, ComparedSpec)), None)
+    lines = [
+        suite_marker(suite),
+        f"### cptrace · {md_text(suite)}: {icon} {text}",
+        "",
+        f"Head {md_code(head_sha[:12])}; {len(results)} spec(s). Policy: "
+        + md_text(
+            method
+            or f"median slowdown of {thresholds.min_effect_pct:g}% or more at p < "
+            f"{thresholds.alpha:g}"
+        )
+        + (
+            f"; GPU launches may grow by at most {thresholds.max_launch_increase:g}"
+            if thresholds.max_launch_increase is not None
+            else ""
+        )
+        + ".",
+        "",
+    ]
+    for result in results:
+        lines += _section(result)
+    return cap_length("\n".join(lines) + "\n", link)

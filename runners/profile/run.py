@@ -1,0 +1,289 @@
+"""``cptrace profile -- CMD``: run the user's own job under nsys and/or the PyTorch profiler.
+
+The job is not edited. cptrace rewrites the command so each rank is profiled
+(``runners/profile/command.py``), puts the bootstrap on the children's ``PYTHONPATH`` (rank
+status, torch profiler, probe), supervises the job with the failure watchdog, and writes a run
+bundle in the format ``cptrace run`` writes (``runners/bundle.py``): traces per rank, the
+probe's facts, the environment, the command line without secrets, the exit status, and a
+``failure`` record when the job did not end cleanly. A failed or hung job still gets a bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzers.bundle import MANIFEST_NAME
+from runners import bundle as bundle_writer
+from runners import nsys as nsys_cmds
+from runners.env import capture_environment
+from runners.profile.command import (
+    Launch,
+    NsysPlan,
+    ProfileCommandError,
+    find_nsys,
+    parse_launch,
+    redact_argv,
+    wrapped_command,
+)
+from runners.profile.facts import observed_facts, read_probe_files
+from runners.profile.rankstatus import STATUS_ENV
+from runners.profile.supervise import Supervised, failure_record, supervise
+from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+PROBE_ENV = "CPTRACE_PROBE"
+_NSYS_REPORT = re.compile(r"^nsys_rank(?P<rank>\d*)_pid(?P<pid>\d+)$")
+
+
+class ProfileError(RuntimeError):
+    """The profile could not produce a bundle (the message says why and what to do)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOptions:
+    """Everything ``cptrace profile`` is told besides the command."""
+
+    nsys: bool = False
+    torch: bool = False
+    probe: bool = False
+    nsys_cmd: tuple[str, ...] = ("nsys",)
+    nsys_trace: str = "cuda,nvtx"
+    nsys_extra: tuple[str, ...] = ()
+    python_functions_trace: bool = True
+    capture_range: bool = False
+    delay_s: float | None = None
+    duration_s: float | None = None
+    torch_wait: int = 1
+    torch_warmup: int = 1
+    torch_active: int = 3
+    step_on: str = "optimizer"
+    with_stack: bool = True
+    record_shapes: bool = False
+    probe_first: int = 16
+    probe_every: int = 50
+    watchdog_s: float = 60.0
+    timeout_s: float | None = None
+    name: str | None = None
+    include_hostname: bool = False
+    cancel: threading.Event | None = None
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    bundle: Path
+    supervised: Supervised
+    failure: dict[str, Any] | None
+    traces: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def nsys_available(nsys_cmd: tuple[str, ...] = ("nsys",)) -> bool:
+    """Whether ``--nsys`` can be the default (the nsys binary is found)."""
+    try:
+        find_nsys(list(nsys_cmd))
+    except ProfileCommandError:
+        return False
+    return True
+
+
+def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
+    """The job's environment: ours, plus the bootstrap and where each hook writes."""
+    env = dict(os.environ)
+    paths = [str(BOOTSTRAP_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env[STATUS_ENV] = str(scratch / "status")
+    if opts.torch:
+        env[TORCH_PROFILE_ENV] = TorchProfileConfig(
+            out_dir=scratch / "torch",
+            wait=opts.torch_wait,
+            warmup=opts.torch_warmup,
+            active=opts.torch_active,
+            step_on=opts.step_on,
+            with_stack=opts.with_stack,
+            record_shapes=opts.record_shapes,
+        ).to_env()
+    else:
+        env.pop(TORCH_PROFILE_ENV, None)
+    if opts.probe:
+        import json
+
+        env[PROBE_ENV] = json.dumps(
+            {"out_dir": str(scratch / "probe"), "first": opts.probe_first,
+             "every": opts.probe_every}
+        )
+    else:
+        env.pop(PROBE_ENV, None)
+    return env
+
+
+def _nsys_plan(opts: ProfileOptions, scratch: Path, extra: dict[str, Any]) -> NsysPlan:
+    from analyzers.catalog import load_catalog  # the helper catalog: data for the trace file
+
+    functions_json = None
+    if opts.python_functions_trace:
+        functions_json = scratch / "python_functions_trace.json"
+        traced = nsys_cmds.write_python_functions_trace(functions_json, load_catalog().helpers)
+        extra["nsys_python_functions"] = traced
+        if not traced:  # TE not installed: nothing to trace, and nsys wants a non-empty list
+            functions_json = None
+    (scratch / "nsys").mkdir(parents=True, exist_ok=True)
+    return NsysPlan(
+        nsys_cmd=find_nsys(list(opts.nsys_cmd)),
+        out_dir=scratch / "nsys",
+        trace=opts.nsys_trace,
+        functions_json=functions_json,
+        capture_range=opts.capture_range,
+        delay_s=opts.delay_s,
+        duration_s=opts.duration_s,
+        extra_args=opts.nsys_extra,
+    )
+
+
+def profile_command(
+    cmd: list[str], opts: ProfileOptions, scratch: Path, extra: dict[str, Any]
+) -> tuple[Launch, list[str]]:
+    """The parsed launch and the command line to run (nsys inserted per rank)."""
+    if not (opts.nsys or opts.torch or opts.probe):
+        raise ProfileCommandError("nothing to do: give --nsys, --torch and/or --probe")
+    launch = parse_launch(cmd, python=sys.executable)
+    plan = _nsys_plan(opts, scratch, extra) if opts.nsys else None
+    return launch, wrapped_command(launch, plan)
+
+
+def _collect_traces(out: Path, scratch: Path, opts: ProfileOptions, log: Path) -> list[dict]:
+    traces: list[dict[str, Any]] = []
+    for path in sorted((scratch / "torch").glob("kineto_rank*.json")):
+        rank = int(path.stem.removeprefix("kineto_rank"))
+        member = bundle_writer.add_trace(out, bundle_writer.gzip_file(path))
+        traces.append(bundle_writer.trace_entry(member, fmt="kineto", rank=rank))
+    if opts.nsys and not traces:  # analysis takes Kineto or nsys, never both for one rank
+        traces += _export_nsys(out, scratch, opts, log)
+    return traces
+
+
+def _export_nsys(out: Path, scratch: Path, opts: ProfileOptions, log: Path) -> list[dict]:
+    traces = []
+    for rep in sorted((scratch / "nsys").glob("nsys_rank*_pid*.nsys-rep")):
+        m = _NSYS_REPORT.match(rep.name.removesuffix(".nsys-rep"))
+        rank = int(m["rank"]) if m and m["rank"] else 0
+        sqlite = rep.with_suffix(".sqlite")
+        export = nsys_cmds.export_command(list(opts.nsys_cmd), report=rep, sqlite=sqlite)
+        done = supervise(export, log=log, env=dict(os.environ), timeout_s=opts.timeout_s)
+        if not done.ok or not sqlite.is_file():
+            continue  # the failure record and the log say the export failed
+        gz = bundle_writer.gzip_file(sqlite)
+        member = bundle_writer.add_trace(out, gz, name=f"{rep.stem}.sqlite.gz")
+        traces.append(bundle_writer.trace_entry(member, fmt="nsys", rank=rank))
+    return traces
+
+
+def _run_name(opts: ProfileOptions, launch: Launch) -> str:
+    if opts.name:
+        return opts.name
+    program = next((a for a in launch.program[1:] if not a.startswith("-")), launch.program[0])
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(program).stem).strip("-.") or "job"
+    return f"profile-{stem}"[:120]
+
+
+def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResult:
+    """Run ``cmd`` profiled and write the bundle at ``out`` (also when the job fails).
+
+    :raises ProfileCommandError: the command or the options cannot work (nsys missing, ...).
+    :raises FileExistsError: ``out`` exists and is not empty.
+    :raises ProfileError: the job ended cleanly but nothing was captured.
+    """
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; pick a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".cptrace-profile-", dir=out.parent))
+    try:
+        extra: dict[str, Any] = {}
+        launch, command = profile_command(cmd, opts, scratch, extra)
+        log = out / "logs" / "profile.log"
+        env = child_environment(opts, scratch)
+        result = supervise(
+            command, log=log, env=env, status_dir=scratch / "status",
+            watchdog_s=opts.watchdog_s, timeout_s=opts.timeout_s, cancel=opts.cancel,
+        )
+        failure = failure_record(result, watchdog_s=opts.watchdog_s)
+        traces = _collect_traces(out, scratch, opts, log)
+        if not traces and failure is None:
+            raise ProfileError(
+                f"the job exited cleanly but no trace was captured (log: {log}). With --torch "
+                "the steps are optimizer.step calls: give --step-function MODULE:FUNC if the job "
+                "has none, or lower --torch-wait/--torch-warmup"
+            )
+        _finalize(out, scratch, cmd, opts, launch, result, failure, traces, extra)
+        return ProfileResult(out, result, failure, traces)
+    except BaseException:
+        # Leave the logs for diagnosis, but never a manifest the reader would refuse.
+        (out / MANIFEST_NAME).unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _finalize(
+    out: Path,
+    scratch: Path,
+    cmd: list[str],
+    opts: ProfileOptions,
+    launch: Launch,
+    result: Supervised,
+    failure: dict[str, Any] | None,
+    traces: list[dict[str, Any]],
+    extra: dict[str, Any],
+) -> None:
+    probes = read_probe_files(scratch / "probe")
+    observed = observed_facts(probes) if probes else None
+    environment = capture_environment(include_hostname=opts.include_hostname)
+    ranks = sorted(set(result.statuses) | set(probes))
+    environment["world_size"] = len(ranks) or None
+    redacted = redact_argv(cmd)
+    settings = {
+        "profilers": [n for n, on in (("nsys", opts.nsys), ("torch", opts.torch)) if on],
+        "probe": opts.probe,
+        "launcher": launch.kind,
+        "watchdog_s": opts.watchdog_s,
+        "torch_schedule": {"wait": opts.torch_wait, "warmup": opts.torch_warmup,
+                           "active": opts.torch_active, "step_on": opts.step_on}
+        if opts.torch else None,
+        "nsys_capture": ("cudaProfilerApi" if opts.capture_range else
+                         {"delay_s": opts.delay_s, "duration_s": opts.duration_s})
+        if opts.nsys else None,
+    }
+    run = bundle_writer.run_info(
+        name=_run_name(opts, launch),
+        spec={"profile": settings, "command": redacted},
+        host=socket.gethostname() if opts.include_hostname else None,
+        command=" ".join(["cptrace", "profile", "--", *redacted]),
+        exit_status=result.returncode,
+        wall_s=result.wall_s,
+    )
+    variants = []
+    workload: dict[str, Any] = {}
+    if observed is not None:
+        workload = observed["workload"]
+        variants.append({"name": "profiled", "window": None, "facts": observed["facts"]})
+    if probes:
+        extra["probe"] = {str(r): probes[r] for r in sorted(probes)}
+    if failure is not None:
+        extra["failure"] = failure
+    bundle_writer.finalize_bundle(
+        out, run=run, traces=traces, workload=workload, variants=variants,
+        environment=environment, extra=extra,
+    )

@@ -1,0 +1,155 @@
+"""``cptrace profile --torch`` in the child: the PyTorch profiler driven by the job's own steps.
+
+The job is not edited, so there is no ``prof.step()`` in its loop: a *step* is one call of
+``torch.optim.Optimizer.step`` (a global post-hook, every optimizer class) or of a function the
+user names (``module:qualname``, wrapped right after its module is imported). The profiler
+starts at the first step boundary and follows ``schedule(wait, warmup, active)``; the active
+steps are exported to ``kineto_rank<r>.json`` in the profile directory, one file per rank. If the
+job fails (or exits) while steps are being recorded, what was recorded is exported then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cptrace.probe import rank_from_environment
+from cptrace.probe.hooks import when_imported
+
+TORCH_PROFILE_ENV = "CPTRACE_TORCH_PROFILE"
+OPTIMIZER_STEP = "optimizer"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TorchProfileConfig:
+    out_dir: Path
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    step_on: str = OPTIMIZER_STEP
+    """``optimizer`` or ``module:qualname`` of the function whose calls are the steps."""
+    with_stack: bool = True
+    record_shapes: bool = False
+
+    def to_env(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "out_dir": str(self.out_dir)})
+
+    @classmethod
+    def from_env(cls, raw: str) -> TorchProfileConfig:
+        data = json.loads(raw)
+        return cls(**{**data, "out_dir": Path(data["out_dir"])})
+
+
+class StepProfiler:
+    """Starts, steps and exports ``torch.profiler.profile`` from step-boundary callbacks."""
+
+    def __init__(self, config: TorchProfileConfig, rank: int) -> None:
+        self.config = config
+        self.rank = rank
+        self.prof: Any = None
+        self.done = False
+        self.exported: Path | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.wait + self.config.warmup + self.config.active
+
+    def _start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        c = self.config
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=c.wait, warmup=c.warmup, active=c.active, repeat=1),
+            on_trace_ready=self._export,
+            with_stack=c.with_stack,
+            record_shapes=c.record_shapes,
+        )
+        self.prof.start()
+
+    def _export(self, prof: Any) -> None:
+        target = self.config.out_dir / f"kineto_rank{self.rank}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(target))
+        self.exported = target
+
+    def step(self) -> None:
+        """One step boundary of the job."""
+        with self._lock:
+            if self.done:
+                return
+            if self.prof is None:
+                self._start()
+                return
+            self.prof.step()
+            if self.prof.step_num >= self.total_steps:
+                self._finish()
+
+    def _finish(self) -> None:
+        if self.prof is not None and not self.done:
+            self.done = True
+            self.prof.stop()  # exports when it stops inside the active steps
+
+    def finish(self) -> None:
+        """Stop now (exit or failure): recorded steps are exported, nothing else happens."""
+        with self._lock:
+            self._finish()
+
+
+def _wrap_step_function(profiler: StepProfiler, module: ModuleType, qualname: str) -> None:
+    owner: Any = module
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def stepped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            profiler.step()
+
+    setattr(owner, name, stepped)
+
+
+def install(config: TorchProfileConfig, rank: int | None = None) -> StepProfiler:
+    profiler = StepProfiler(config, rank_from_environment() if rank is None else rank)
+    if config.step_on == OPTIMIZER_STEP:
+        def hook_optimizer(module: ModuleType) -> None:
+            module.register_optimizer_step_post_hook(lambda *_: profiler.step())
+
+        when_imported("torch.optim.optimizer", hook_optimizer)
+    else:
+        module_name, _, qualname = config.step_on.partition(":")
+        if not qualname:
+            raise ValueError(f"step function {config.step_on!r}: expected module:qualname")
+        when_imported(module_name, lambda m: _wrap_step_function(profiler, m, qualname))
+    previous_hook = sys.excepthook
+
+    def excepthook(*exc: Any) -> None:
+        profiler.finish()
+        previous_hook(*exc)
+
+    sys.excepthook = excepthook
+    atexit.register(profiler.finish)
+    return profiler
+
+
+def install_from_environment() -> StepProfiler | None:
+    raw = os.environ.get(TORCH_PROFILE_ENV)
+    return install(TorchProfileConfig.from_env(raw)) if raw else None

@@ -1,0 +1,301 @@
+"""The pull-request loop's HTTP side: GitHub's webhook, and batches for CI-triggered runs.
+
+``POST /api/v1/github/webhook`` (no bearer token: GitHub signs the body instead):
+``pull_request`` (opened, synchronize, reopened; ``labeled`` with the approval label),
+``issue_comment`` (the approval command) and ``push`` to tracked branches queue a batch of jobs
+per suite and answer 202; any other event is ignored with 202; a bad or missing signature is a
+401 and queues nothing; a replayed delivery id answers 200 and queues nothing.
+
+``POST /api/v1/github/batches`` (runner token) queues the same for a commit that CI names (the
+composite action); ``GET /api/v1/github/batches/{id}`` is how it waits for the result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from pr_bot.github import GitHubClient, GitHubConfig, GitHubError
+from service.api.deps import DbDep, ReadAccess, RunnerAccess
+from service.core.errors import (
+    ApiError,
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    UnprocessableEntity,
+)
+from service.github_loop import planner, webhook
+from service.github_loop.config import LoopConfigError, LoopSettings
+from service.github_loop.publisher import pending_description
+from service.storage.database import Database, immediate, one, rows
+
+router = APIRouter(prefix="/github", tags=["github"])
+log = logging.getLogger("cptrace.github_loop")
+
+
+class WebhookNotConfigured(ApiError):
+    """No webhook secret is configured, so no delivery can be verified."""
+
+    status = 503
+
+
+class GitHubUnavailable(ApiError):
+    """GitHub could not be read (the suite file, a permission): GitHub will redeliver."""
+
+    status = 502
+
+
+def loop_settings() -> LoopSettings:
+    """Read per request (a dependency, so tests and operators can change it without a
+    restart)."""
+    return LoopSettings()
+
+
+def github_config() -> GitHubConfig | None:
+    try:
+        return GitHubConfig.from_env()
+    except GitHubError:
+        return None
+
+
+LoopDep = Annotated[LoopSettings, Depends(loop_settings)]
+GitHubDep = Annotated[GitHubConfig | None, Depends(github_config)]
+
+
+class Batch(BaseModel):
+    """One (commit, suite) of the loop and where it stands."""
+
+    id: int
+    repo: str
+    pr_number: int | None
+    head_sha: str
+    head_ref: str | None
+    base_ref: str | None
+    suite: str
+    status: str = Field(description="queued | published | superseded | error")
+    state: str | None = Field(default=None, description="success | failure | neutral | error")
+    reason: str | None
+    comment_url: str | None
+    created_at: str
+    published_at: str | None
+    jobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class WebhookAnswer(BaseModel):
+    delivery: str
+    outcome: str
+    duplicate: bool = False
+    batches: list[int] = Field(default_factory=list)
+
+
+class BatchSubmit(BaseModel):
+    """A commit for CI to measure: what a ``pull_request`` event would carry."""
+
+    repo: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+    clone_url: str | None = Field(default=None, max_length=2000)
+    head_sha: str = Field(pattern=r"^[0-9a-f]{40}$")
+    head_ref: str | None = Field(default=None, max_length=255)
+    pr: int | None = Field(default=None, ge=1)
+    base_sha: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
+    base_ref: str | None = Field(default=None, max_length=255)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"webhook body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _queue(
+    db: Database,
+    loop: LoopSettings,
+    config: GitHubConfig | None,
+    target: planner.Target,
+    delivery: str | None,
+    repo_config: Any,
+    client: GitHubClient | None,
+) -> tuple[list[int], str]:
+    """Plan (GitHub reads) and queue (one transaction); post pending statuses."""
+    suites = planner.suites_for(target, repo_config, client)
+    if suites is None:
+        return [], f"no {planner.SUITE_FILE} at {target.head_sha[:12]}: nothing to run"
+    plans = planner.plan_batches(target, suites, client)
+
+    def write(conn: Any) -> list[int]:
+        with immediate(conn):
+            return planner.queue_batches(
+                conn,
+                target,
+                plans,
+                repo_config=repo_config,
+                max_attempts=loop.job_max_attempts,
+                delivery_id=delivery,
+            )
+
+    created = db.write(write)
+    if client is not None:
+        for plan in plans:
+            if plan.error is not None:
+                continue
+            try:
+                client.create_commit_status(
+                    target.repo,
+                    target.head_sha,
+                    "pending",
+                    context=f"cptrace/{plan.suite}",
+                    description=pending_description(len(plan.specs)),
+                )
+            except GitHubError as exc:  # the result status will follow anyway
+                log.warning("pending status on %s: %s", target.head_sha[:12], exc)
+    jobs = sum(len(p.specs) for p in plans)
+    outcome = f"queued {len(created)} batch(es), {jobs} job(s) at {target.head_sha[:12]}"
+    return created, outcome if created else "already queued for this commit"
+
+
+def _handle_event(
+    db: Database,
+    loop: LoopSettings,
+    config: GitHubConfig | None,
+    event: str,
+    payload: dict[str, Any],
+    delivery: str,
+) -> tuple[list[int], str]:
+    repo = str((payload.get("repository") or {}).get("full_name") or "")
+    client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
+    try:
+        repo_config = loop.repo_config(repo)
+        intent = planner.intent_from_event(event, payload, loop, repo_config, client)
+        if intent.target is None:
+            return [], intent.reason
+        if intent.awaiting_approval:
+            if client is not None:
+                client.create_commit_status(
+                    intent.target.repo,
+                    intent.target.head_sha,
+                    "pending",
+                    context="cptrace",
+                    description=(
+                        f"fork: waiting for a maintainer's {loop.approval_label!r} label or "
+                        f"{loop.approval_command!r} comment"
+                    ),
+                )
+            return [], intent.reason
+        return _queue(db, loop, config, intent.target, delivery, repo_config, client)
+    finally:
+        if client is not None:
+            client.close()
+
+
+@router.post("/webhook", response_model=WebhookAnswer, status_code=202)
+async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: GitHubDep) -> Any:
+    """Verify, de-duplicate and act on one GitHub delivery."""
+    if loop.webhook_secret is None:
+        raise WebhookNotConfigured(
+            "no webhook secret is configured (CPTRACE_GITHUB_WEBHOOK_SECRET)"
+        )
+    body = await _body(request, loop.max_payload_bytes)
+    signature = request.headers.get("x-hub-signature-256")
+    if not webhook.signature_ok(loop.webhook_secret.get_secret_value(), body, signature):
+        raise Unauthorized("X-Hub-Signature-256 is missing or does not match the body")
+    event = request.headers.get("x-github-event", "")
+    delivery = request.headers.get("x-github-delivery", "")
+    if not event or not delivery or len(delivery) > 100:
+        raise BadRequest(
+            "X-GitHub-Event and X-GitHub-Delivery (at most 100 characters) are required"
+        )
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"webhook body: not valid JSON ({exc})") from exc
+    if not isinstance(payload, dict):
+        raise BadRequest("webhook body: expected a JSON object")
+    action = payload.get("action") if isinstance(payload.get("action"), str) else None
+
+    def claim(conn: Any) -> bool:
+        with immediate(conn):
+            return webhook.record_delivery(conn, delivery, event, action)
+
+    if not await db.awrite(claim):
+        previous = db.read(lambda c: webhook.delivery_outcome(c, delivery))
+        answer = WebhookAnswer(delivery=delivery, outcome=previous or "", duplicate=True)
+        return JSONResponse(answer.model_dump(), status_code=200)
+    try:
+        created, outcome = await run_in_threadpool(
+            _handle_event, db, loop, config, event, payload, delivery
+        )
+    except (planner.PlanError, LoopConfigError) as exc:
+        created, outcome = [], f"not queued: {exc}"
+    except GitHubError as exc:
+        # Forget the delivery so that GitHub's redelivery is not taken for a replay.
+        await db.awrite(
+            lambda c: c.execute("DELETE FROM github_deliveries WHERE delivery_id = ?", (delivery,))
+        )
+        raise GitHubUnavailable(f"GitHub: {exc}") from exc
+    await db.awrite(lambda c: webhook.set_outcome(c, delivery, outcome))
+    code = 200 if event == "ping" else 202
+    answer = WebhookAnswer(delivery=delivery, outcome=outcome, batches=created)
+    return JSONResponse(answer.model_dump(), status_code=code)
+
+
+@router.post("/batches", response_model=list[Batch], status_code=201)
+def submit_batches(
+    body: BatchSubmit, db: DbDep, loop: LoopDep, config: GitHubDep, _: RunnerAccess
+) -> list[Batch]:
+    """Queue the suites of one commit (CI's trigger); answers the batches, new or existing."""
+    repo_config = loop.repo_config(body.repo)
+    clone_url = body.clone_url or repo_config.clone_url or f"https://github.com/{body.repo}.git"
+    target = planner.Target(
+        repo=body.repo,
+        clone_url=clone_url,
+        head_sha=body.head_sha,
+        head_ref=body.head_ref,
+        pr=body.pr,
+        base_sha=body.base_sha,
+        base_ref=body.base_ref,
+    )
+    client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
+    try:
+        _queue(db, loop, config, target, None, repo_config, client)
+    except planner.PlanError as exc:
+        raise UnprocessableEntity(str(exc)) from exc
+    except GitHubError as exc:
+        raise GitHubUnavailable(f"GitHub: {exc}") from exc
+    finally:
+        if client is not None:
+            client.close()
+    found = db.read(
+        lambda c: rows(
+            c,
+            "SELECT id FROM pr_batches WHERE repo = ? AND head_sha = ?"
+            " AND coalesce(pr_number, 0) = ? ORDER BY id",
+            (body.repo, body.head_sha, body.pr or 0),
+        )
+    )
+    return [read_batch(r["id"], db, None) for r in found]
+
+
+@router.get("/batches/{batch_id}", response_model=Batch)
+def read_batch(batch_id: int, db: DbDep, _: ReadAccess) -> Batch:
+    """One batch with its jobs (id, name, status, run id, reason)."""
+    row = db.read(lambda c: one(c, "SELECT * FROM pr_batches WHERE id = ?", (batch_id,)))
+    if row is None:
+        raise NotFound(f"batch {batch_id} does not exist")
+    job_rows = db.read(
+        lambda c: rows(
+            c,
+            "SELECT id, name, status, run_id, reason FROM jobs WHERE batch_id = ? ORDER BY id",
+            (batch_id,),
+        )
+    )
+    return Batch.model_validate({**row, "jobs": job_rows})

@@ -1,0 +1,109 @@
+"""Which base-branch run a pull request's run is compared with.
+
+Candidates: analysed runs tagged (manifest ``run`` block, written by ``cptrace agent``) with the
+same repository, suite and spec, on the pull request's base branch, and not from a pull request;
+of those, only runs on the same GPU model(s) and software versions (:data:`ENVIRONMENT_KEYS`),
+because a driver or TE update moves kernel times by more than most regressions. Of those, the
+run at the merge-base SHA when it was measured, else the newest one (the comment says which).
+
+The suite and spec name are the loop's configuration key rather than the workload hash
+(``runs.config_key``): a pull request may change its own workload (a flag in its spec file),
+and that change is what is being measured, not a reason to find no baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from service.storage.database import rows
+
+ENVIRONMENT_KEYS = (
+    "gpu_models",
+    "torch",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "transformer_engine",
+    "driver",
+)
+CANDIDATE_LIMIT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RunTags:
+    """A run's loop tags and environment, read from its manifest."""
+
+    run_id: int
+    name: str
+    commit: str | None
+    branch: str | None
+    repo: str | None
+    suite: str | None
+    spec: str | None
+    pr: int | None
+    environment: dict[str, Any]
+
+    def environment_key(self) -> tuple[str, ...]:
+        return tuple(json.dumps(self.environment.get(k), sort_keys=True) for k in ENVIRONMENT_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class ChosenBaseline:
+    run: RunTags
+    how: Literal["merge-base", "newest"]
+
+
+_TAG_SQL = (
+    'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
+)
+
+
+def _tags(row: dict[str, Any]) -> RunTags:
+    manifest = json.loads(row["manifest_json"] or "{}")
+    run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
+    env = manifest.get("environment") if isinstance(manifest.get("environment"), dict) else {}
+    pr = run.get("pr")
+    return RunTags(
+        run_id=int(row["id"]),
+        name=str(row["name"]),
+        commit=row["commit"],
+        branch=row["branch"],
+        repo=run.get("repo"),
+        suite=run.get("suite"),
+        spec=run.get("spec_name"),
+        pr=int(pr) if isinstance(pr, int) else None,
+        environment=env,
+    )
+
+
+def run_tags(conn: sqlite3.Connection, run_id: int) -> RunTags | None:
+    found = rows(conn, _TAG_SQL + "WHERE r.id = ?", (run_id,))
+    return _tags(found[0]) if found else None
+
+
+def choose_baseline(
+    conn: sqlite3.Connection, head: RunTags, base_ref: str, merge_base: str | None
+) -> ChosenBaseline | None:
+    """The baseline run for ``head`` on ``base_ref``; None when no run qualifies."""
+    candidates = rows(
+        conn,
+        _TAG_SQL + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
+        " AND json_extract(r.manifest_json, '$.run.repo') = ?"
+        " AND json_extract(r.manifest_json, '$.run.suite') = ?"
+        " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
+        " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
+        " ORDER BY r.id DESC LIMIT ?",
+        (base_ref, head.run_id, head.repo, head.suite, head.spec, CANDIDATE_LIMIT),
+    )
+    key = head.environment_key()
+    same_stack = [t for t in map(_tags, candidates) if t.environment_key() == key]
+    if not same_stack:
+        return None
+    if merge_base:
+        for tags in same_stack:
+            if tags.commit == merge_base:
+                return ChosenBaseline(tags, "merge-base")
+    return ChosenBaseline(same_stack[0], "newest")

@@ -1,0 +1,111 @@
+"""The loop's contracts: the suite file, the service's per-repository config, job checkouts.
+
+``.cptrace.yml`` (in the target repository, read at the pull request's head SHA)::
+
+    setup: pip install -e .          # run in the checkout before the specs (optional)
+    suites:
+      h200x2:
+        gpus: 2                      # the runner kind: jobs go to runners offering this many
+        specs:
+          - path: bench/cp_smoke.yaml  # a workload spec file of the repository at that commit
+          - {name: inline, ...}        # or a spec inline
+        thresholds: {min_effect_pct: 3, alpha: 0.05, max_launch_increase: 0}
+
+Strict models (unknown keys are errors), so a typo in a threshold is reported, not ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pr_bot.policy import Thresholds
+
+SUITE_FILE = ".cptrace.yml"
+_SUITE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}$"
+_SPEC_PATH = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9._/+-]{1,300}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpecRef(_Strict):
+    """A workload spec: a file of the repository at the job's commit, or the spec inline."""
+
+    path: str | None = Field(default=None, description="repository-relative path of a spec")
+    spec: dict[str, Any] | None = Field(default=None, description="the spec itself")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline(cls, raw: Any) -> Any:
+        # A mapping without "path"/"spec" keys is an inline spec (the common short form).
+        if isinstance(raw, dict) and not ({"path", "spec"} & raw.keys()):
+            return {"spec": raw}
+        if isinstance(raw, str):
+            return {"path": raw}
+        return raw
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SpecRef:
+        if (self.path is None) == (self.spec is None):
+            raise ValueError("give exactly one of 'path' (a file in the repository) or a spec")
+        if self.path is not None and not _SPEC_PATH.match(self.path):
+            raise ValueError(f"path {self.path!r}: expected a relative path inside the repository")
+        return self
+
+
+class Suite(_Strict):
+    """One suite: the specs to run, where, and the policy that judges them."""
+
+    gpus: int = Field(default=1, ge=0, le=1024, description="GPUs a runner must offer")
+    specs: list[SpecRef] = Field(min_length=1, max_length=20)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    setup: str | None = Field(default=None, max_length=2000, description="overrides the top one")
+
+
+class SuiteFile(_Strict):
+    """``.cptrace.yml``."""
+
+    setup: str | None = Field(default=None, max_length=2000)
+    suites: dict[str, Suite] = Field(min_length=1, max_length=20)
+
+    @field_validator("suites")
+    @classmethod
+    def _names(cls, suites: dict[str, Suite]) -> dict[str, Suite]:
+        for name in suites:
+            if not re.match(_SUITE_NAME, name):
+                raise ValueError(
+                    f"suite name {name!r}: expected 1-100 letters, digits or ._:/+- "
+                    "starting with a letter or digit"
+                )
+        return suites
+
+
+class RepoConfig(_Strict):
+    """The service's own settings for one repository (``CPTRACE_GITHUB_REPOS`` file)."""
+
+    clone_url: str | None = Field(
+        default=None, description="where runners fetch from (default: the webhook's clone_url)"
+    )
+    suites: SuiteFile | None = Field(
+        default=None, description="used instead of the repository's .cptrace.yml"
+    )
+    tracked_branches: list[str] = Field(default_factory=lambda: ["main"])
+    fetch_depth: int = Field(default=1, ge=1, le=10000)
+
+
+class JobCheckout(_Strict):
+    """What a runner checks out for a job, and how the run is tagged (sent with the claim)."""
+
+    repo: str
+    clone_url: str
+    sha: str = Field(pattern=r"^[0-9a-f]{40}$")
+    ref: str | None = Field(default=None, description="the branch the run is tagged with")
+    pr: int | None = None
+    base_sha: str | None = None
+    suite: str
+    setup: str | None = None
+    fetch_depth: int = 1

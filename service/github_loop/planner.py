@@ -1,0 +1,315 @@
+"""From a GitHub event to queued jobs: which commit, which suites, which specs.
+
+A pull request (opened, synchronize, reopened) or a push to a tracked branch names a commit.
+Its suites come from the service's per-repository config when one is set, else from the
+repository's ``.cptrace.yml`` read at that very commit (so a pull request that changes its
+benchmarks is measured with its own benchmarks). Spec files named by path are read at the same
+commit. Each (commit, suite) becomes a *batch* whose jobs the runners check out and run.
+
+Pull requests from forks run code nobody with write access has reviewed, on the runner hosts
+and with their credentials: they wait for a maintainer's approval (docs/github.md, "Forks"), by
+the approval label or the approval comment command from a user with write permission. An
+approval covers the head commit it was given for; a new push needs a new approval.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pr_bot.github import GitHubClient
+from service import jobs
+from service.auth import now_iso
+from service.github_loop.config import LoopSettings
+from service.github_loop.models import SUITE_FILE, JobCheckout, RepoConfig, SuiteFile
+
+PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
+HANDLED_EVENTS = frozenset({"push", "pull_request", "issue_comment"})
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_NULL_SHA = "0" * 40
+
+
+class PlanError(ValueError):
+    """The suite file or a spec file is unusable (the message says which and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One commit to measure, and where it belongs."""
+
+    repo: str
+    clone_url: str
+    head_sha: str
+    head_ref: str | None
+    pr: int | None = None
+    base_sha: str | None = None
+    base_ref: str | None = None
+    fork: bool = False
+
+
+@dataclass(slots=True)
+class Intent:
+    """What an event asks for: a target to measure, or why nothing is done."""
+
+    target: Target | None = None
+    reason: str = ""
+    awaiting_approval: bool = False
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    suite: str
+    config: dict[str, Any]
+    specs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    setup: str | None = None
+    error: str | None = None
+
+
+def _get(payload: Any, *path: str) -> Any:
+    for key in path:
+        payload = payload.get(key) if isinstance(payload, dict) else None
+    return payload
+
+
+def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
+    head_sha = str(_get(pull, "head", "sha") or "")
+    if not _SHA.match(head_sha):
+        raise PlanError(f"pull request: head.sha {head_sha!r} is not a 40-hex commit SHA")
+    head_repo = _get(pull, "head", "repo", "full_name")
+    return Target(
+        repo=repo,
+        clone_url=clone_url,
+        head_sha=head_sha,
+        head_ref=_get(pull, "head", "ref"),
+        pr=int(pull["number"]),
+        base_sha=_get(pull, "base", "sha"),
+        base_ref=_get(pull, "base", "ref"),
+        fork=head_repo != repo,
+    )
+
+
+def intent_from_event(
+    event: str,
+    payload: dict[str, Any],
+    settings: LoopSettings,
+    repo_config: RepoConfig,
+    client: GitHubClient | None,
+) -> Intent:
+    """Read an event; permission checks and the pull request lookup go through ``client``."""
+    if event not in HANDLED_EVENTS:
+        return Intent(reason=f"event {event!r} is not handled")
+    repo = str(_get(payload, "repository", "full_name") or "")
+    clone_url = repo_config.clone_url or str(_get(payload, "repository", "clone_url") or "")
+    if not repo or not clone_url:
+        raise PlanError("payload: repository.full_name and repository.clone_url are required")
+    action = payload.get("action")
+    if event == "push":
+        ref, after = str(payload.get("ref") or ""), str(payload.get("after") or "")
+        branch = ref.removeprefix("refs/heads/")
+        if not ref.startswith("refs/heads/") or branch not in repo_config.tracked_branches:
+            return Intent(reason=f"push to {ref or '?'}: not a tracked branch")
+        if payload.get("deleted") or after == _NULL_SHA or not _SHA.match(after):
+            return Intent(reason=f"push to {branch}: branch deleted, nothing to measure")
+        return Intent(Target(repo, clone_url, after, branch))
+    if event == "pull_request":
+        pull = payload.get("pull_request") or {}
+        if action in PR_ACTIONS:
+            target = _pr_target(repo, clone_url, pull)
+            if target.fork:
+                return Intent(
+                    target, "fork pull request: waiting for a maintainer", awaiting_approval=True
+                )
+            return Intent(target)
+        if action == "labeled" and _get(payload, "label", "name") == settings.approval_label:
+            return _approved(repo, _get(payload, "sender", "login"), client, clone_url, pull)
+        return Intent(reason=f"pull_request {action}: nothing to do")
+    if event == "issue_comment":
+        body = str(_get(payload, "comment", "body") or "").strip()
+        is_pr = _get(payload, "issue", "pull_request") is not None
+        if action != "created" or not is_pr or body.splitlines()[:1] != [settings.approval_command]:
+            return Intent(reason="comment: not an approval command on a pull request")
+        if client is None:
+            raise PlanError("approving by comment needs GITHUB_TOKEN (to read the pull request)")
+        number = int(_get(payload, "issue", "number"))
+        return _approved(
+            repo, _get(payload, "comment", "user", "login"), client, clone_url,
+            client.get_pull(repo, number),
+        )  # fmt: skip
+    return Intent(reason=f"event {event!r} is not handled")
+
+
+def _approved(
+    repo: str, user: Any, client: GitHubClient | None, clone_url: str, pull: dict[str, Any]
+) -> Intent:
+    if client is None:
+        raise PlanError("approvals need GITHUB_TOKEN (to check the approver's permission)")
+    if not isinstance(user, str) or not client.can_write(repo, user):
+        return Intent(reason=f"approval by {user!r} ignored: no write access to {repo}")
+    return Intent(_pr_target(repo, clone_url, pull), f"approved by {user}")
+
+
+def _yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{where}: not valid YAML ({exc})") from exc
+
+
+def load_suite_file(text: str, where: str) -> SuiteFile:
+    """Parse ``.cptrace.yml``; :raises PlanError: naming the file and the first bad field."""
+    try:
+        return SuiteFile.model_validate(_yaml(text, where))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise PlanError(f"{where}: {loc}: {first['msg']}") from exc
+
+
+def suites_for(
+    target: Target, repo_config: RepoConfig, client: GitHubClient | None
+) -> SuiteFile | None:
+    """The suites to run at the target commit; None when the repository has no suite file."""
+    if repo_config.suites is not None:
+        return repo_config.suites
+    if client is None:
+        raise PlanError(f"reading {SUITE_FILE} needs GITHUB_TOKEN")
+    text = client.get_file(target.repo, SUITE_FILE, target.head_sha)
+    if text is None:
+        return None
+    return load_suite_file(text, f"{SUITE_FILE} at {target.head_sha[:12]}")
+
+
+def plan_batches(
+    target: Target, suites: SuiteFile, client: GitHubClient | None
+) -> list[BatchPlan]:
+    """One batch per suite; a suite whose spec files cannot be read is a batch with an error
+    (its comment says so) rather than a silent skip."""
+    plans = []
+    for name, suite in suites.suites.items():
+        plan = BatchPlan(
+            suite=name,
+            config={"thresholds": suite.thresholds.model_dump(), "gpus": suite.gpus},
+            setup=suite.setup if suite.setup is not None else suites.setup,
+        )
+        try:
+            for i, ref in enumerate(suite.specs):
+                spec = ref.spec
+                where = f"suite {name} spec {i + 1}"
+                if ref.path is not None:
+                    where = f"{ref.path} at {target.head_sha[:12]}"
+                    if client is None:
+                        raise PlanError(f"{where}: reading spec files needs GITHUB_TOKEN")
+                    text = client.get_file(target.repo, ref.path, target.head_sha)
+                    if text is None:
+                        raise PlanError(f"{where}: no such file")
+                    spec = _yaml(text, where)
+                if not isinstance(spec, dict):
+                    raise PlanError(f"{where}: expected a mapping of workload fields")
+                spec_name = str(spec.get("name") or f"spec{i + 1}")
+                if any(spec_name == other for other, _ in plan.specs):
+                    raise PlanError(f"suite {name}: two specs are named {spec_name!r}")
+                plan.specs.append((spec_name, spec))
+        except PlanError as exc:
+            plan.specs.clear()
+            plan.error = str(exc)
+        plans.append(plan)
+    return plans
+
+
+def supersede_older(
+    conn: sqlite3.Connection, repo: str, pr: int, suite: str, newest: int
+) -> int:
+    """A new push makes the pull request's older batches of this suite moot: mark them
+    superseded and take their not yet claimed jobs out of the queue (running ones finish, but
+    their result is not published). Returns the jobs taken out."""
+    older = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM pr_batches WHERE repo = ? AND pr_number = ? AND suite = ? AND id < ?"
+            " AND status = 'queued'",
+            (repo, pr, suite, newest),
+        )
+    ]
+    if not older:
+        return 0
+    marks = ", ".join("?" * len(older))
+    now = now_iso()
+    conn.execute(
+        f"UPDATE pr_batches SET status = 'superseded', updated_at = ? WHERE id IN ({marks})",
+        (now, *older),
+    )
+    cur = conn.execute(
+        "UPDATE jobs SET status = 'failed', reason = 'superseded by a newer push',"
+        f" updated_at = ? WHERE status = 'queued' AND batch_id IN ({marks})",
+        (now, *older),
+    )
+    return cur.rowcount
+
+
+def queue_batches(
+    conn: sqlite3.Connection,
+    target: Target,
+    plans: list[BatchPlan],
+    *,
+    repo_config: RepoConfig,
+    max_attempts: int,
+    delivery_id: str | None,
+) -> list[int]:
+    """Insert the batches and their jobs (caller holds the transaction); a batch that exists
+    already for this commit and suite is left alone. Returns the new batch ids."""
+    created = []
+    now = now_iso()
+    for plan in plans:
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO pr_batches (repo, pr_number, head_sha, head_ref, base_sha,"
+            " base_ref, suite, config_json, status, reason, delivery_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+            (
+                target.repo,
+                target.pr,
+                target.head_sha,
+                target.head_ref,
+                target.base_sha,
+                target.base_ref,
+                plan.suite,
+                json.dumps(plan.config),
+                plan.error,
+                delivery_id,
+                now,
+                now,
+            ),
+        )
+        if cur.rowcount != 1:
+            continue
+        batch_id = int(cur.lastrowid or 0)
+        created.append(batch_id)
+        if target.pr is not None:
+            supersede_older(conn, target.repo, target.pr, plan.suite, batch_id)
+        for spec_name, spec in plan.specs:
+            checkout = JobCheckout(
+                repo=target.repo,
+                clone_url=target.clone_url,
+                sha=target.head_sha,
+                ref=target.head_ref,
+                pr=target.pr,
+                base_sha=target.base_sha,
+                suite=plan.suite,
+                setup=plan.setup,
+                fetch_depth=repo_config.fetch_depth,
+            )
+            jobs.submit_checkout_job(
+                conn,
+                spec=spec,
+                name=spec_name,
+                gpus=int(plan.config["gpus"]),
+                max_attempts=max_attempts,
+                batch_id=batch_id,
+                checkout=checkout.model_dump(),
+            )
+    return created

@@ -1,0 +1,271 @@
+"""Publish finished batches: pick baselines, judge, post one comment and one commit status.
+
+Driven by the analysis worker (:meth:`Publisher.maybe_tick` between tasks), so a comment goes
+out as soon as the last run of a batch is analysed, without a person in between. A batch is
+ready when every job ended and every produced run's analysis ended. A pull request's batch
+that a newer push superseded is not published (its comment would overwrite the newer one).
+A transient GitHub failure leaves the batch queued for the next tick; a permanent one marks it
+``error`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from analyzers.compare import CompareError
+from pr_bot.comment import CommentContext
+from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
+from pr_bot.labels import compare_url, run_label
+from pr_bot.policy import StatusState, Thresholds, judge
+from pr_bot.suite_comment import (
+    Baseline,
+    ComparedSpec,
+    FailedSpec,
+    SpecResult,
+    UnbaselinedSpec,
+    github_state,
+    render_suite_comment,
+    status_description,
+    suite_state,
+)
+from service import jobs, store
+from service.auth import now_iso
+from service.github_loop.baseline import choose_baseline, run_tags
+from service.github_loop.config import LoopSettings
+from service.storage.database import Database, one, rows
+
+log = logging.getLogger("cptrace.github_loop")
+_RUN_DONE = ("analysed", "failed", "empty")
+
+
+class Publisher:
+    """Publishes ready batches through one GitHub client."""
+
+    def __init__(
+        self,
+        db: Database,
+        loop: LoopSettings,
+        github: GitHubConfig,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.db = db
+        self.loop = loop
+        self.github = github
+        self._transport = transport
+        self._retry = retry or loop.retry_policy()
+        self._last_tick = 0.0
+
+    @classmethod
+    def from_env(cls, db: Database, loop: LoopSettings | None = None) -> Publisher | None:
+        """A publisher when ``GITHUB_TOKEN`` is set; None (the loop is off) otherwise."""
+        try:
+            github = GitHubConfig.from_env()
+        except GitHubError:
+            return None
+        return cls(db, loop or LoopSettings(), github)
+
+    def maybe_tick(self) -> int:
+        """:meth:`tick` at most every ``publish_interval_s``; never raises (logs instead)."""
+        now = time.monotonic()
+        if now - self._last_tick < self.loop.publish_interval_s:
+            return 0
+        self._last_tick = now
+        try:
+            return self.tick()
+        except Exception:  # one broken batch or GitHub outage must not stop the analyses
+            log.exception("publishing pull-request results failed; retrying on the next tick")
+            return 0
+
+    def tick(self) -> int:
+        """Publish every ready batch; returns how many were published."""
+        batches = self.db.read(
+            lambda c: rows(c, "SELECT * FROM pr_batches WHERE status = 'queued' ORDER BY id")
+        )
+        done = 0
+        for batch in batches:
+            if self._ready(batch):
+                done += self._publish(batch)
+        return done
+
+    # -- readiness ------------------------------------------------------------------------------
+    def _jobs(self, batch_id: int) -> list[dict[str, Any]]:
+        return self.db.read(lambda c: jobs.batch_jobs(c, batch_id))
+
+    def _ready(self, batch: dict[str, Any]) -> bool:
+        for job in self._jobs(batch["id"]):
+            if job["status"] not in ("completed", "failed"):
+                return False
+            if job["status"] == "completed" and job["run_id"] is not None:
+                run = store.get_run(self.db, job["run_id"], include_report=False)
+                if run.status not in _RUN_DONE:
+                    return False
+        return True
+
+    def _superseded(self, batch: dict[str, Any]) -> bool:
+        newer = self.db.read(
+            lambda c: one(
+                c,
+                "SELECT id FROM pr_batches WHERE repo = ? AND pr_number = ? AND suite = ?"
+                " AND id > ? LIMIT 1",
+                (batch["repo"], batch["pr_number"], batch["suite"], batch["id"]),
+            )
+        )
+        return newer is not None
+
+    # -- results --------------------------------------------------------------------------------
+    def _link(self, path: str) -> str | None:
+        return self.loop.public_url.rstrip("/") + path if self.loop.public_url else None
+
+    def _results(self, client: GitHubClient, batch: dict[str, Any]) -> list[SpecResult]:
+        job_rows = self._jobs(batch["id"])
+        if batch["reason"] and not job_rows:
+            return [FailedSpec(spec="(suite)", reason=batch["reason"])]
+        thresholds = Thresholds.model_validate(json.loads(batch["config_json"])["thresholds"])
+        merge_base = self._merge_base(client, batch)
+        return [self._result(job, batch, thresholds, merge_base) for job in job_rows]
+
+    def _merge_base(self, client: GitHubClient, batch: dict[str, Any]) -> str | None:
+        if batch["pr_number"] is None or not batch["base_sha"]:
+            return None
+        try:
+            return client.merge_base(batch["repo"], batch["base_sha"], batch["head_sha"])
+        except GitHubError as exc:
+            log.warning("merge base of %s: %s", batch["head_sha"][:12], exc)
+            return None
+
+    def _result(
+        self,
+        job: dict[str, Any],
+        batch: dict[str, Any],
+        thresholds: Thresholds,
+        merge_base: str | None,
+    ) -> SpecResult:
+        name = str(job["name"])
+        if job["status"] == "failed":
+            return FailedSpec(name, job["reason"] or "failed", job["log_tail"] or "")
+        if job["run_id"] is None:
+            return FailedSpec(name, "the job completed without a run")
+        head = store.get_run(self.db, job["run_id"], include_report=True)
+        if head.status != "analysed" or head.report is None:
+            return FailedSpec(name, f"analysis of run #{head.id} {head.status}: {head.error or ''}")
+        head_label = run_label(head.id, head.name, head.commit)
+        base_ref = batch["base_ref"] or batch["head_ref"] or "main"
+        tags = self.db.read(lambda c: run_tags(c, head.id))
+        chosen = (
+            self.db.read(lambda c: choose_baseline(c, tags, base_ref, merge_base)) if tags else None
+        )
+        if chosen is None:
+            return UnbaselinedSpec(
+                spec=name,
+                head_name=head_label,
+                reason=(
+                    f"no analysed run of this suite and spec on {base_ref} with the same GPU "
+                    "model and software versions"
+                ),
+                findings=list(head.report.findings),
+                head_url=self._link(f"/runs/{head.id}"),
+            )
+        base = chosen.run
+        try:
+            report = store.get_comparison(self.db, base.run_id, head.id)
+        except CompareError as exc:
+            return FailedSpec(name, f"comparison with run #{base.run_id} failed: {exc}")
+        base_label = run_label(base.run_id, base.name, base.commit)
+        context = CommentContext(
+            suite=batch["suite"],
+            base_name=base_label,
+            head_name=head_label,
+            comparison_url=self._link(compare_url(base.run_id, head.id)),
+        )
+        return ComparedSpec(
+            spec=name,
+            report=report,
+            verdict=judge(report, thresholds),
+            context=context,
+            baseline=Baseline(
+                run_id=base.run_id,
+                label=base_label,
+                how=chosen.how,
+                merge_base=merge_base,
+                base_ref=base_ref,
+            ),
+        )
+
+    # -- posting --------------------------------------------------------------------------------
+    def _mark(self, batch_id: int, **fields: Any) -> None:
+        fields["updated_at"] = now_iso()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.db.write(
+            lambda c: c.execute(
+                f"UPDATE pr_batches SET {sets} WHERE id = ?", [*fields.values(), batch_id]
+            )
+        )
+
+    def _publish(self, batch: dict[str, Any]) -> int:
+        if batch["pr_number"] is not None and self._superseded(batch):
+            self._mark(batch["id"], status="superseded")
+            return 0
+        with GitHubClient(self.github, transport=self._transport, retry=self._retry) as client:
+            try:
+                results = self._results(client, batch)
+                state = suite_state(results)
+                target = next(
+                    (r.context.comparison_url for r in results if isinstance(r, ComparedSpec)),
+                    None,
+                ) or self._link("/runs")
+                comment_url = None
+                if batch["pr_number"] is not None:
+                    body = render_suite_comment(
+                        batch["suite"],
+                        batch["head_sha"],
+                        results,
+                        Thresholds.model_validate(
+                            json.loads(batch["config_json"])["thresholds"]
+                        ),
+                        link=target,
+                    )
+                    marker = body.splitlines()[0]
+                    posted = upsert_comment(
+                        client, batch["repo"], int(batch["pr_number"]), marker, body
+                    )
+                    comment_url = posted.url
+                client.create_commit_status(
+                    batch["repo"],
+                    batch["head_sha"],
+                    github_state(state),
+                    context=f"cptrace/{batch['suite']}",
+                    description=status_description(results),
+                    target_url=target,
+                )
+            except GitHubError as exc:
+                if exc.retryable:
+                    log.warning("batch %s: GitHub unavailable, will retry: %s", batch["id"], exc)
+                    return 0
+                log.error("batch %s: GitHub refused: %s", batch["id"], exc)
+                self._mark(batch["id"], status="error", reason=str(exc)[:2000])
+                return 0
+        self._mark(
+            batch["id"],
+            status="published",
+            state=state.value,
+            comment_url=comment_url,
+            published_at=now_iso(),
+        )
+        log.info(
+            "batch %s (%s %s): %s", batch["id"], batch["repo"], batch["suite"], state.value
+        )
+        return 1
+
+
+def pending_description(jobs_queued: int) -> str:
+    return f"queued {jobs_queued} job(s); the result follows when they are analysed"
+
+
+__all__ = ["Publisher", "StatusState", "pending_description"]

@@ -1,0 +1,12 @@
+"""The loop's tests reuse the fake GitHub (tests/web) and the real-server helper
+(tests/service): make both importable from here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TESTS = Path(__file__).resolve().parents[1]
+for folder in (_TESTS / "web", _TESTS / "service"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))

@@ -1,0 +1,148 @@
+"""Policy, baseline choice and the loop's comment, on a real comparison of H200 traces
+(demo bundle: stock TE vs the adapter, +68 launches per step, +17% median) and real SQLite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analyzers import analyze, compare_reports
+from analyzers.bundle import read_bundle
+from analyzers.report import ComparisonReport
+from pr_bot.comment import CommentContext
+from pr_bot.policy import StatusState, Thresholds, judge
+from pr_bot.suite_comment import (
+    Baseline,
+    ComparedSpec,
+    FailedSpec,
+    UnbaselinedSpec,
+    github_state,
+    render_suite_comment,
+    status_description,
+    suite_state,
+)
+from service.core.config import Settings
+from service.github_loop.baseline import choose_baseline, run_tags
+from service.main import open_database
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-adapter-vs-stock-h200x2.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def reports() -> tuple[ComparisonReport, ComparisonReport, Any]:
+    with read_bundle(BUNDLE) as bundle:
+        report = analyze(bundle.analysis_paths(), manifest=bundle.manifest)
+    stock, adapter = "arm:te_stock", "arm:te_adapter"
+    slower = compare_reports(report, report, base_window=stock, head_window=adapter)
+    faster = compare_reports(report, report, base_window=adapter, head_window=stock)
+    return slower, faster, report
+
+
+def test_policy_needs_significance_ci_and_effect_size(reports) -> None:
+    slower, faster, _ = reports
+    assert slower.iterations is not None and slower.iterations.delta_median_pct > 10
+    verdict = judge(slower, Thresholds())
+    assert verdict.state == StatusState.FAILURE
+    assert verdict.reasons[0].startswith("iteration time median")
+    assert "Mann-Whitney" in verdict.method and "3% or more" in verdict.method
+    # Effect too small for this suite's threshold: passes ...
+    assert judge(slower, Thresholds(min_effect_pct=50)).state == StatusState.SUCCESS
+    # ... unless launches may not grow: counts are exact, +68 per step is real.
+    gated = judge(slower, Thresholds(min_effect_pct=50, max_launch_increase=0))
+    assert gated.state == StatusState.FAILURE and gated.reasons == [
+        "GPU launches per step +68 (the suite allows +0)"
+    ]
+    assert judge(faster, Thresholds(max_launch_increase=0)).state == StatusState.SUCCESS
+
+
+def _context() -> CommentContext:
+    return CommentContext(suite="h200x2", base_name="#4 ref @ aaaa", head_name="#9 ref @ bbbb",
+                          comparison_url="https://c.test/compare/4/9")  # fmt: skip
+
+
+def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> None:
+    slower, _, report = reports
+    compared = ComparedSpec(
+        spec="adapter", report=slower, verdict=judge(slower, Thresholds(max_launch_increase=0)),
+        context=_context(),
+        baseline=Baseline(4, "#4 ref @ aaaa", "merge-base", "a" * 40, "main"),
+    )  # fmt: skip
+    newest = ComparedSpec(
+        spec="adapter2", report=slower, verdict=judge(slower, Thresholds(min_effect_pct=90)),
+        context=_context(), baseline=Baseline(4, "#4 ref", "newest", "c" * 40, "main"),
+    )  # fmt: skip
+    none = UnbaselinedSpec("fresh", "#10 fresh", "no analysed run on main", list(report.findings))
+    failed = FailedSpec("broken", "setup command failed (exited with status 3)",
+                        "line\n```\n$ rm -rf /\nerror: no such package")  # fmt: skip
+    results = [compared, newest, none, failed]
+    body = render_suite_comment("h200x2", "b" * 40, results, Thresholds(max_launch_increase=0))
+    title = "<!-- cptrace:suite=h200x2 -->\n### cptrace · h200x2: :boom: a job failed"
+    assert body.startswith(title)
+    assert "#### `adapter`: :x: regression" in body
+    assert "- GPU launches per step +68 (the suite allows +0)" in body
+    assert "measured at the merge base `aaaaaaaaaaaa` of `main`" in body
+    assert "the newest measured run of `main` (the merge base `cccccccccccc` has not been" in body
+    changed = [d for d in slower.helpers if d.status != "unchanged"]
+    assert changed and all(f"`{d.helper}`" in body for d in changed)
+    assert "Per-helper launch deltas" in body
+    kernels = sorted((k for k in slower.kernel_deltas if k.status != "unchanged"),
+                     key=lambda k: abs(k.delta_total_ns), reverse=True)  # fmt: skip
+    assert kernels and "Top kernel deltas (per step, summed over ranks)" in body
+    assert f"`{kernels[0].name}`" in body.replace("\\|", "|")
+    assert slower.total_gpu is not None and "Total GPU time (per step, summed over ranks)" in body
+    assert "No baseline: no analysed run on main" in body
+    assert all(f.title in body for f in report.findings)
+    assert "The job failed: setup command failed (exited with status 3)" in body
+    assert "error: no such package" in body and "```\n$ rm" not in body  # fence kept closed
+    assert suite_state(results) == StatusState.ERROR and github_state(StatusState.ERROR) == "error"
+    assert suite_state([none]) == StatusState.NEUTRAL
+    assert github_state(StatusState.NEUTRAL) == "success"
+    assert status_description([none]) == "no baseline: no baseline on the base branch"
+    assert status_description([compared]).startswith("regression: adapter: iteration time")
+
+
+def _insert(db, run_id: int, *, branch: str, commit: str, pr: int | None = None,
+            gpu: str = "NVIDIA H200", suite: str = "h200x2", spec: str = "adapter",
+            status: str = "analysed") -> None:  # fmt: skip
+    manifest = {
+        "run": {"repo": "octo/model", "suite": suite, "spec_name": spec, "pr": pr},
+        "environment": {"gpu_models": [gpu], "torch": "2.11.0", "cuda": "13.0"},
+    }
+    db.write(lambda c: c.execute(
+        "INSERT INTO runs (id, name, branch, commit_sha, source, status, manifest_json,"
+        " created_at) VALUES (?, 'r', ?, ?, 'upload', ?, ?, '2026-12-01')",
+        (run_id, branch, commit, status, json.dumps(manifest)),
+    ))  # fmt: skip
+
+
+def test_baseline_is_the_merge_base_run_on_the_same_stack_else_the_newest(tmp_path) -> None:
+    db = open_database(Settings(data_dir=tmp_path))
+    try:
+        _insert(db, 1, branch="main", commit="m1")  # the merge base
+        _insert(db, 2, branch="main", commit="m2")  # newer main run
+        _insert(db, 3, branch="main", commit="m3", gpu="NVIDIA A100")  # other GPU
+        _insert(db, 4, branch="main", commit="m4", pr=8)  # a PR run whose branch says main
+        _insert(db, 5, branch="main", commit="m5", spec="other")  # another spec of the suite
+        _insert(db, 6, branch="main", commit="m6", status="failed")  # not analysed
+        _insert(db, 7, branch="release", commit="r1")  # another branch
+        _insert(db, 9, branch="topic", commit="h1", pr=8)  # the head
+        head = db.read(lambda c: run_tags(c, 9))
+        assert head is not None and head.pr == 8 and head.spec == "adapter"
+
+        def pick(base_ref: str, merge_base: str | None):
+            chosen = db.read(lambda c: choose_baseline(c, head, base_ref, merge_base))
+            return None if chosen is None else (chosen.run.run_id, chosen.how)
+
+        assert pick("main", "m1") == (1, "merge-base")
+        assert pick("main", "unmeasured") == (2, "newest")
+        assert pick("main", None) == (2, "newest")
+        assert pick("release", None) == (7, "newest")
+        assert pick("gh-pages", None) is None
+        a100 = db.read(lambda c: run_tags(c, 3))
+        assert db.read(lambda c: choose_baseline(c, a100, "main", None)) is None
+    finally:
+        db.close()
