@@ -111,28 +111,62 @@ GPU_RANGE_DTYPE = np.dtype(
 last GPU activity the range launched, one row per stream. Not a CPU range, so kept apart."""
 
 
-class SymbolTable:
-    """Interns strings to dense integer ids so event tables hold ints, not strings."""
+MAX_NAME_CHARS = 4096
+"""Longest kernel or range name kept; longer ones are cut with ``truncated_name``'s marker."""
 
-    __slots__ = ("_ids", "names")
+
+def truncated_name(name: str) -> str:
+    """``name`` cut to at most ``MAX_NAME_CHARS`` characters, its full length in the marker.
+
+    A hostile trace can carry a 10 MB kernel name; every report, page and JSON twin would copy
+    it. The marker keeps the cut visible and the result stays within the cap, so truncating a
+    truncated name changes nothing (tables are merged by re-interning).
+    """
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    marker = f"...[truncated: {len(name)} chars]"
+    return name[: MAX_NAME_CHARS - len(marker)] + marker
+
+
+class SymbolTable:
+    """Interns strings to dense integer ids so event tables hold ints, not strings.
+
+    Names longer than ``MAX_NAME_CHARS`` are stored truncated (``truncated_name``); their full
+    length is in the marker and in ``full_lengths``.
+    """
+
+    __slots__ = ("_ids", "full_lengths", "names")
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self._ids: dict[str, int] = {}
+        self.full_lengths: dict[int, int] = {}
 
     def intern(self, name: str) -> int:
         """Return the id of ``name``, adding it on first sight."""
         found = self._ids.get(name)
         if found is not None:
             return found
+        if len(name) > MAX_NAME_CHARS:
+            return self._intern_long(name)
         new_id = len(self.names)
         self.names.append(name)
         self._ids[name] = new_id
         return new_id
 
+    def _intern_long(self, name: str) -> int:
+        short = truncated_name(name)
+        found = self._ids.get(short)
+        if found is None:
+            found = len(self.names)
+            self.names.append(short)
+            self._ids[short] = found
+            self.full_lengths[found] = len(name)
+        return found
+
     def lookup(self, name: str) -> int | None:
         """Return the id of ``name`` or None when it never occurred."""
-        return self._ids.get(name)
+        return self._ids.get(truncated_name(name))
 
     def __getitem__(self, symbol_id: int) -> str:
         return self.names[symbol_id]

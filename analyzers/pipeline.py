@@ -18,7 +18,12 @@ import numpy as np
 from analyzers.account import compute_accounts
 from analyzers.attribution import Attribution, RangeHelpers, attribute, match_ranges
 from analyzers.catalog import Catalog, load_catalog
-from analyzers.errors import RankConflictError, TraceError
+from analyzers.errors import (
+    CorruptTraceError,
+    RankConflictError,
+    TraceError,
+    UnsupportedTraceError,
+)
 from analyzers.findings import evaluate
 from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time, host_time_findings
@@ -262,13 +267,13 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
         evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
         accounts.groups,
         catalog,
     )
+    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings += host_time_findings(hosted, catalog)
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     report = AnalysisReport(
@@ -342,9 +347,16 @@ def analyze(
     :param progress: callback ``(stage, fraction)``.
     :param rank: the rank of a single trace file that does not say its own (default: what the
         file says, else rank 0 with a note).
+
+    A saved report (``cptrace analyze --json`` output, recognised by content like a trace) is
+    accepted wherever a trace is: given alone, it is validated and returned as is.
+
     :raises TraceError: unreadable or conflicting traces (see ``analyzers.errors``).
     :raises ManifestError: an invalid manifest file.
     """
+    saved = saved_report(paths)
+    if saved is not None:
+        return saved
     return run_analysis(
         paths,
         manifest=manifest,
@@ -355,4 +367,47 @@ def analyze(
     ).report
 
 
-__all__ = ["Analysis", "Progress", "analyze", "analyze_trace", "run_analysis"]
+def saved_report(paths: Sequence[PathLike] | PathLike) -> AnalysisReport | None:
+    """The report when ``paths`` is one saved ``AnalysisReport`` file (gzipped or not, any
+    name), None when no path is one; a report among other files is an error (it stands for a
+    whole run, its traces are not there to merge)."""
+    from pydantic import ValidationError
+
+    from analyzers.bundle import is_bundle
+    from analyzers.readers import CappedGunzip, is_gzip, max_decompressed_bytes, sniff
+
+    def is_report(path: Path) -> bool:
+        if not path.is_file() or is_bundle(path):
+            return False
+        try:
+            return sniff(path) == "report"
+        except TraceError:  # not a report; the readers say what it is not
+            return False
+
+    items = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    reports = [p for p in items if is_report(p)]
+    if not reports:
+        return None
+    if len(items) > 1:
+        raise UnsupportedTraceError(
+            f"{reports[0]}: is a saved cptrace report; give it alone (it stands for a whole "
+            "run), not together with other traces"
+        )
+    path = reports[0]
+    with path.open("rb") as raw:
+        data = (
+            CappedGunzip(raw, max_decompressed_bytes(), label=str(path)).read()
+            if is_gzip(path)
+            else raw.read()
+        )
+    try:
+        return AnalysisReport.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise CorruptTraceError(
+            f"{path}: not a valid cptrace report: field {where}: {first['msg']}"
+        ) from exc
+
+
+__all__ = ["Analysis", "Progress", "analyze", "analyze_trace", "run_analysis", "saved_report"]

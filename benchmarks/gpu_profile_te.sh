@@ -9,7 +9,10 @@ OUT=$1; NSYS=${2:-nsys}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
-cptrace() { python3 -c 'from cptrace.cli import main; main()' "$@"; }
+# `timeout` needs an executable, not a shell function: a two-line cptrace launcher on PATH.
+mkdir -p "$OUT/.bin"
+printf '#!/bin/sh\nexec python3 -c "from cptrace.cli import main; main()" "$@"\n' > "$OUT/.bin/cptrace"
+chmod +x "$OUT/.bin/cptrace"; export PATH=$OUT/.bin:$PATH
 rows=()
 step() {  # step NAME TIMEOUT CMD...: run, log, record outcome and wall time
   local name=$1 limit=$2; shift 2
@@ -19,17 +22,24 @@ step() {  # step NAME TIMEOUT CMD...: run, log, record outcome and wall time
   echo "=== $name rc=$rc ($(( $(date +%s) - t0 )) s)"; tail -n 6 "$OUT/$name.log"
 }
 python3 -c 'import torch, transformer_engine; print(torch.__version__, transformer_engine.__version__, torch.cuda.get_device_name(0))'
-step profile-nsys-probe 150 cptrace profile --nsys --probe --nsys-cmd "$NSYS" --watchdog 20 \
+step profile-nsys-probe 100 cptrace profile --nsys --probe --nsys-cmd "$NSYS" --watchdog 20 \
   --name te-transformer-profile --out "$OUT/te-profile-nsys" -- \
   python3 -m runners.models.train runners/examples/te_transformer.yaml --steps 8
-step fp8-misaligned 120 cptrace run runners/examples/te_fp8_misaligned.yaml \
-  --out "$OUT/fp8-misaligned" --timeout 100
-step fp8-misaligned-analyze 60 cptrace analyze "$OUT/fp8-misaligned" --json
-step probe-overhead 170 python3 benchmarks/probe_overhead.py runners/examples/te_transformer.yaml \
+step fp8-misaligned 70 cptrace run runners/examples/te_fp8_misaligned.yaml \
+  --out "$OUT/fp8-misaligned" --timeout 65
+step fp8-misaligned-analyze 30 cptrace analyze "$OUT/fp8-misaligned" --json
+step probe-overhead 90 python3 benchmarks/probe_overhead.py runners/examples/te_transformer.yaml \
   --steps 30 --repeats 2 --json "$OUT/probe_overhead.json"
-step fp8-aligned 120 cptrace run runners/examples/te_fp8_aligned.yaml --out "$OUT/fp8-aligned" \
-  --timeout 100
-step fp8-aligned-analyze 60 cptrace analyze "$OUT/fp8-aligned" --json
+step fp8-aligned 70 cptrace run runners/examples/te_fp8_aligned.yaml --out "$OUT/fp8-aligned" \
+  --timeout 65
+step fp8-aligned-analyze 30 cptrace analyze "$OUT/fp8-aligned" --json
 { echo "| step | outcome | wall s |"; echo "|---|---|---|"; printf '%s\n' "${rows[@]}"; } \
   | tee "$OUT/results.md"
+# Few files come back from the device: one archive per bundle, one for all logs.
+for b in te-profile-nsys fp8-misaligned fp8-aligned; do
+  [ -f "$OUT/$b/manifest.json" ] && cptrace bundle pack "$OUT/$b" --out "$OUT/$b.tar.gz" \
+    && rm -rf "${OUT:?}/$b"
+done
+rm -rf "$OUT/.bin"
+(cd "$OUT" && logs=$(ls ./*.log | grep -v '/all.log$') && tar czf logs.tar.gz $logs && rm -f $logs)
 du -sh "$OUT"/* 2>/dev/null

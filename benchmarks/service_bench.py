@@ -4,8 +4,9 @@ What it measures (issue 5), against a real ``cptrace serve`` (uvicorn + worker) 
 
 1. With ``--runs`` (10,000) runs stored: p50/p99 latency of the run list (``GET /runs?limit=50``)
    and the run detail (``GET /runs/{id}``) from ``--readers`` (100) concurrent readers, while
-   another client keeps uploading 3-arm Kineto bundles (each one is validated: gunzip + full
-   JSON decode of 53 MB). Two load shapes:
+   another client keeps uploading 3-arm Kineto bundles (each one is checked: the bundle read once,
+   the structural trace check; the analysis worker then reads the 53 MB of JSON). Two load
+   shapes:
 
    * closed loop: every reader sends its next request the moment the last one returns (no
      think time). The server is saturated by construction, so latency is queueing and follows

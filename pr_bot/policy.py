@@ -4,7 +4,8 @@ The statistics are the comparison's own (``analyzers.stats``: difference of medi
 percentile-bootstrap confidence interval of it, and a two-sided Mann-Whitney U test). The policy
 adds what a merge gate needs on top: a *minimum effect size*, so a significant but negligible
 slowdown (0.3 % on a quiet machine) does not block a merge, and optional exact gates on launch
-counts (deterministic: any increase is real) and on new findings.
+counts (deterministic: any increase is real) and on findings that appeared (also
+deterministic: a helper that starts running, a rule that starts firing).
 
 A regression of the iteration time needs all three: p below ``alpha``, the whole confidence
 interval of the median difference above zero, and the median slower by at least
@@ -41,8 +42,10 @@ class Thresholds(BaseModel):
     max_launch_increase: float | None = Field(
         default=None, ge=0, description="fail when GPU launches per step grow by more (None: off)"
     )
-    fail_on_new_findings: bool = Field(
-        default=False, description="fail when the head has an error-severity finding base lacks"
+    fail_on_new_findings: Severity | None = Field(
+        default=None,
+        description="fail when the head has a finding of at least this severity that the base "
+        "lacks (info, warning, error; None: off)",
     )
 
 
@@ -53,6 +56,9 @@ class Verdict(BaseModel):
     reasons: list[str]
     """Why it failed (empty when it passed)."""
     method: str
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
 
 
 def launch_delta(report: ComparisonReport) -> float:
@@ -88,15 +94,16 @@ def judge(report: ComparisonReport, thresholds: Thresholds) -> Verdict:
             f"GPU launches per step {delta:+.0f} (the suite allows "
             f"+{thresholds.max_launch_increase:g})"
         )
-    if thresholds.fail_on_new_findings:
-        base_rules = {f.rule for f in report.findings_base}
+    if thresholds.fail_on_new_findings is not None:
+        floor = _SEVERITY_RANK[thresholds.fail_on_new_findings]
+        base_keys = {(f.rule, f.helper) for f in report.findings_base}
         new = [
             f.title
             for f in report.findings_head
-            if f.rule not in base_rules and f.severity == Severity.ERROR
+            if (f.rule, f.helper) not in base_keys and _SEVERITY_RANK[f.severity] >= floor
         ]
         if new:
-            reasons.append("new error finding(s): " + "; ".join(new))
+            reasons.append(f"{len(new)} new finding(s): " + "; ".join(new))
     state = StatusState.FAILURE if reasons else StatusState.SUCCESS
     return Verdict(state=state, reasons=reasons, method=method)
 

@@ -33,7 +33,7 @@ from runners.upload import UploadResult
 from runners.workspace import Checkout, CheckoutError, prepare_workspace
 
 log = logging.getLogger("cptrace.agent")
-LEASE_LOST = (404, 409, 410)
+LEASE_LOST = (403, 404, 409, 410)  # 403: the job is held by another runner's token
 
 
 @dataclass(slots=True, kw_only=True)

@@ -9,7 +9,6 @@ the reason).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -35,10 +34,8 @@ def enqueue_analysis(conn: sqlite3.Connection, run_id: int) -> int:
         "VALUES (?, 'queued', 0, ?, ?)",
         (run_id, now, now),
     )
-    conn.execute(
-        "UPDATE runs SET status = 'queued', progress = 'queued for analysis', error = NULL, "
-        "updated_at = ? WHERE id = ?",
-        (now, run_id),
+    runs.set_run_state(
+        conn, run_id=run_id, status="queued", progress="queued for analysis", error=None
     )
     return int(cur.lastrowid or 0)
 
@@ -69,10 +66,12 @@ def _expire_leases(conn: sqlite3.Connection, now: float, max_attempts: int) -> N
                 "UPDATE analysis_tasks SET status = 'queued', updated_at = ? WHERE id = ?",
                 (now_iso(), task_id),
             )
-            conn.execute(
-                "UPDATE runs SET status = 'queued', progress = 'requeued after a lost worker' "
-                "WHERE id = ?",
-                (run_id,),
+            runs.set_run_state(
+                conn,
+                run_id=run_id,
+                status="queued",
+                progress="requeued after a lost worker",
+                touch=False,
             )
 
 
@@ -97,10 +96,8 @@ def claim_analysis(
         )
         if cur.rowcount != 1:
             return None
-        conn.execute(
-            "UPDATE runs SET status = 'analysing', progress = 'starting', error = NULL, "
-            "updated_at = ? WHERE id = ?",
-            (now_iso(), row["run_id"]),
+        runs.set_run_state(
+            conn, run_id=row["run_id"], status="analysing", progress="starting", error=None
         )
     return ClaimedTask(row["id"], row["run_id"], row["attempts"] + 1)
 
@@ -115,9 +112,8 @@ def record_progress(
             "WHERE id = ? AND status = 'running'",
             (time.time() + lease_s, now_iso(), task.id),
         )
-        conn.execute(
-            "UPDATE runs SET progress = ?, updated_at = ? WHERE id = ? AND status = 'analysing'",
-            (message[:500], now_iso(), task.run_id),
+        runs.set_run_state(
+            conn, run_id=task.run_id, progress=message[:500], only_if_status="analysing"
         )
 
 
@@ -130,9 +126,12 @@ def _finish(
         "WHERE id = ?",
         ("done" if status == "analysed" else status, error, now, task_id),
     )
-    conn.execute(
-        "UPDATE runs SET status = ?, error = ?, progress = ?, updated_at = ? WHERE id = ?",
-        (status, error, "done" if status == "analysed" else "failed", now, run_id),
+    runs.set_run_state(
+        conn,
+        run_id=run_id,
+        status=status,
+        error=error,
+        progress="done" if status == "analysed" else "failed",
     )
 
 
@@ -183,7 +182,7 @@ def complete_analysis(
         held = one(conn, "SELECT status FROM analysis_tasks WHERE id = ?", (task.id,))
         if held is None or held["status"] != "running":
             return False
-        if one(conn, "SELECT id FROM runs WHERE id = ?", (task.run_id,)) is None:
+        if not runs.run_exists(conn, run_id=task.run_id):
             return False  # deleted while analysing
         runs.record_report(
             conn,
@@ -208,15 +207,7 @@ def requeue_stale_reports(conn: sqlite3.Connection) -> list[int]:
     """Queue runs whose stored report predates this ``REPORT_SCHEMA_VERSION`` (reports are
     re-analysed, never patched). Runs already queued or running are left alone."""
     with immediate(conn):
-        stale = [
-            int(r[0])
-            for r in conn.execute(
-                "SELECT p.run_id FROM reports p WHERE p.schema_version < ? AND NOT EXISTS ("
-                "SELECT 1 FROM analysis_tasks t WHERE t.run_id = p.run_id "
-                "AND t.status IN ('queued', 'running'))",
-                (REPORT_SCHEMA_VERSION,),
-            )
-        ]
+        stale = runs.runs_with_reports_older_than(conn, schema_version=REPORT_SCHEMA_VERSION)
         for run_id in stale:
             enqueue_analysis(conn, run_id)
     return stale
@@ -230,24 +221,15 @@ def requeue_analysis(conn: sqlite3.Connection, task: ClaimedTask, error: str) ->
             "updated_at = ? WHERE id = ? AND status = 'running'",
             (error[:4000], now_iso(), task.id),
         )
-        conn.execute(
-            "UPDATE runs SET status = 'queued', progress = 'retrying after an internal error', "
-            "error = ?, updated_at = ? WHERE id = ?",
-            (error[:4000], now_iso(), task.run_id),
+        runs.set_run_state(
+            conn,
+            run_id=task.run_id,
+            status="queued",
+            progress="retrying after an internal error",
+            error=error[:4000],
         )
 
 
 def task_inputs(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], Any]:
     """The trace files and the manifest of a run."""
-    files = [
-        dict(r)
-        for r in conn.execute(
-            "SELECT id, name, format, rank, sha256 FROM run_files "
-            "WHERE run_id = ? AND role = 'trace' "
-            "ORDER BY id",
-            (run_id,),
-        )
-    ]
-    row = one(conn, "SELECT manifest_json FROM runs WHERE id = ?", (run_id,))
-    manifest = json.loads(row["manifest_json"]) if row and row["manifest_json"] else None
-    return files, manifest
+    return runs.trace_files(conn, run_id=run_id), runs.manifest_json(conn, run_id=run_id)

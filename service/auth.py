@@ -3,6 +3,10 @@
 ``admin`` may do everything, ``runner`` may upload and work jobs, ``viewer`` may only read.
 A token is 32 random bytes (url-safe base64) behind a ``cpt_`` prefix, so a leaked database
 holds no usable credential and a token in a log is easy to recognise.
+
+A runner token may be bound to a runner identity at creation (``--runner NAME``): it may then
+claim jobs only under that name. Either way a job belongs to the token that claimed it: another
+runner token acting on it gets 403; admins may act on any job.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sqlite3
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -40,14 +45,45 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def create_token(conn: sqlite3.Connection, *, role: Role, name: str = "") -> str:
-    """Insert a new token and return its secret (the only time it exists in clear)."""
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who presented a token: its row id, role and (runner tokens) bound runner identity."""
+
+    token_id: int
+    role: Role
+    runner: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+
+def create_token(
+    conn: sqlite3.Connection, *, role: Role, name: str = "", runner: str | None = None
+) -> str:
+    """Insert a new token and return its secret (the only time it exists in clear).
+
+    ``runner`` binds a runner token to that runner identity (claims under another name are
+    refused); only runner tokens can be bound.
+    """
+    if runner is not None and role is not Role.RUNNER:
+        raise ValueError("only runner tokens are bound to a runner identity")
+    if runner is not None and not runner.strip():
+        raise ValueError("the runner identity must not be empty")
     token = "cpt_" + secrets.token_urlsafe(32)
     conn.execute(
-        "INSERT INTO tokens (name, role, token_hash, created_at) VALUES (?, ?, ?, ?)",
-        (name or role.value, role.value, hash_token(token), now_iso()),
+        "INSERT INTO tokens (name, role, token_hash, created_at, runner) VALUES (?, ?, ?, ?, ?)",
+        (name or runner or role.value, role.value, hash_token(token), now_iso(), runner),
     )
     return token
+
+
+def lookup_principal(conn: sqlite3.Connection, token: str) -> Principal | None:
+    """The presented token's id, role and runner identity, or None when it is unknown."""
+    row = conn.execute(
+        "SELECT id, role, runner FROM tokens WHERE token_hash = ?", (hash_token(token),)
+    ).fetchone()
+    return Principal(int(row[0]), Role(row[1]), row[2]) if row else None
 
 
 def lookup_token(conn: sqlite3.Connection, token: str) -> Role | None:
@@ -69,8 +105,12 @@ def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
 
 def list_tokens(conn: sqlite3.Connection) -> list[dict[str, object]]:
     """Every token's id, name, role and creation time (never its hash)."""
-    rows = conn.execute("SELECT id, name, role, created_at FROM tokens ORDER BY id").fetchall()
-    return [{"id": r[0], "name": r[1], "role": r[2], "created_at": r[3]} for r in rows]
+    rows = conn.execute(
+        "SELECT id, name, role, created_at, runner FROM tokens ORDER BY id"
+    ).fetchall()
+    return [
+        {"id": r[0], "name": r[1], "role": r[2], "created_at": r[3], "runner": r[4]} for r in rows
+    ]
 
 
 def revoke_token(conn: sqlite3.Connection, token_id: int) -> bool:

@@ -1,4 +1,5 @@
-"""First-start chores of ``cptrace serve``: an admin token, and the demo runs.
+"""Start-up chores of ``cptrace serve``: sweep what a killed predecessor left, an admin token,
+and the demo runs.
 
 Both are idempotent: the admin token is created only when no admin token exists (its secret is
 printed once by the caller and stored hashed), and a demo bundle is keyed by its sha256 like
@@ -16,7 +17,43 @@ from pathlib import Path
 from service.auth import Role, count_tokens, create_token
 from service.core.config import Settings
 from service.ingest import Limits, StagedRun, record_run, stage_bundle
+from service.storage import runs
+from service.storage.blobs import BlobStore
 from service.storage.database import Database, immediate
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What the start-up sweep removed."""
+
+    temp_files: int
+    orphan_blobs: int
+    scratch_folders: int
+
+    @property
+    def total(self) -> int:
+        return self.temp_files + self.orphan_blobs + self.scratch_folders
+
+    def describe(self) -> str:
+        return (
+            f"{self.temp_files} temp file(s), {self.orphan_blobs} blob(s) without a row, "
+            f"{self.scratch_folders} analysis scratch folder(s)"
+        )
+
+
+def sweep_at_startup(db: Database, settings: Settings) -> Swept:
+    """Nothing half-written survives a restart: partial uploads and validation copies in
+    ``tmp/``, blob files whose run was never recorded (killed between validation and the
+    insert), and scratch folders of killed analyses. Call before serving (no upload in flight).
+    """
+    from service.worker import sweep_scratch
+
+    blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+    temp = blobs.clean_tmp()
+    scratch = db.read(lambda c: sweep_scratch(settings.tmp_dir, c))
+    known = set(db.read(lambda c: [r[0] for r in c.execute("SELECT sha256 FROM blobs").fetchall()]))
+    orphans = blobs.sweep_orphans(known.__contains__)
+    return Swept(temp, orphans, scratch)
 
 
 def ensure_admin_token(db: Database) -> str | None:
@@ -50,8 +87,7 @@ def _sha256(path: Path) -> str:
 
 
 def _known_run(conn: sqlite3.Connection, key: str) -> int | None:
-    row = conn.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
-    return None if row is None else int(row[0])
+    return runs.find_upload(conn, key=key)
 
 
 def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedResult]:

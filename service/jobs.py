@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from service.auth import now_iso
-from service.core.errors import Conflict, NotFound
+from service.core.errors import Conflict, Forbidden, NotFound
 from service.storage.database import immediate, one, rows
 
 PUBLIC_COLUMNS = (
@@ -135,9 +135,17 @@ def expire_leases(conn: sqlite3.Connection, now: float) -> int:
 
 
 def claim_job(
-    conn: sqlite3.Connection, *, runner: str, gpus: int, lease_s: float
+    conn: sqlite3.Connection,
+    *,
+    runner: str,
+    gpus: int,
+    lease_s: float,
+    token_id: int | None = None,
 ) -> dict[str, Any] | None:
-    """Give the oldest queued job that fits ``gpus`` to ``runner``; None when there is none."""
+    """Give the oldest queued job that fits ``gpus`` to ``runner``; None when there is none.
+
+    ``token_id`` (the claiming token) owns the job: only it, or an admin, may act on it.
+    """
     now = time.time()
     with immediate(conn):
         expire_leases(conn, now)
@@ -150,8 +158,9 @@ def claim_job(
         if job is not None:
             cur = conn.execute(
                 "UPDATE jobs SET status = 'running', runner = ?, attempts = attempts + 1, "
-                "lease_expires_at = ?, updated_at = ? WHERE id = ? AND status = 'queued'",
-                (runner, now + lease_s, now_iso(), job["id"]),
+                "lease_expires_at = ?, claim_token_id = ?, updated_at = ? "
+                "WHERE id = ? AND status = 'queued'",
+                (runner, now + lease_s, token_id, now_iso(), job["id"]),
             )
             if cur.rowcount == 1:
                 claimed = one(
@@ -170,23 +179,42 @@ def claim_job(
     }
 
 
-def _held(conn: sqlite3.Connection, job_id: int, runner: str | None) -> dict[str, Any]:
-    job = one(conn, "SELECT id, status, runner, lease_expires_at FROM jobs WHERE id = ?", (job_id,))
+def _held(
+    conn: sqlite3.Connection, job_id: int, runner: str | None, owner: int | None = None
+) -> dict[str, Any]:
+    """The job, held by a live lease (and, with ``owner``, claimed by that token)."""
+    job = one(
+        conn,
+        "SELECT id, status, runner, lease_expires_at, claim_token_id FROM jobs WHERE id = ?",
+        (job_id,),
+    )
     if job is None:
         raise NotFound(f"job {job_id} does not exist")
+
     if job["status"] != "running" or (job["lease_expires_at"] or 0) < time.time():
         raise Conflict(f"job {job_id} is not held by a live lease (status {job['status']})")
+    if owner is not None and job["claim_token_id"] != owner:
+        raise Forbidden(
+            f"job {job_id} is held by another runner ({job['runner']!r}); a runner token may "
+            "act only on the jobs it claimed"
+        )
     if runner is not None and job["runner"] != runner:
         raise Conflict(f"job {job_id} is held by runner {job['runner']!r}, not {runner!r}")
     return job
 
 
 def heartbeat_job(
-    conn: sqlite3.Connection, job_id: int, *, lease_s: float, runner: str | None = None
+    conn: sqlite3.Connection,
+    job_id: int,
+    *,
+    lease_s: float,
+    runner: str | None = None,
+    owner: int | None = None,
 ) -> float:
-    """Extend a live lease; :raises Conflict: the lease was lost (the runner must stop)."""
+    """Extend a live lease; :raises Conflict: the lease was lost (the runner must stop);
+    :raises Forbidden: ``owner`` (a token id) did not claim the job."""
     with immediate(conn):
-        job = _held(conn, job_id, runner)
+        job = _held(conn, job_id, runner, owner)
         expires = time.time() + lease_s
         conn.execute(
             "UPDATE jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ?",
@@ -205,10 +233,11 @@ def finish_job(
     reason: str | None = None,
     log_tail: str | None = None,
     runner: str | None = None,
+    owner: int | None = None,
 ) -> None:
     """Mark a held job completed or failed."""
     with immediate(conn):
-        job = _held(conn, job_id, runner)
+        job = _held(conn, job_id, runner, owner)
         if run_id is not None and one(conn, "SELECT id FROM runs WHERE id = ?", (run_id,)) is None:
             raise NotFound(f"run {run_id} does not exist")
         conn.execute(
@@ -221,10 +250,12 @@ def finish_job(
         touch_runner(conn, job["runner"], job_id=None)
 
 
-def release_job(conn: sqlite3.Connection, job_id: int, *, runner: str | None = None) -> None:
+def release_job(
+    conn: sqlite3.Connection, job_id: int, *, runner: str | None = None, owner: int | None = None
+) -> None:
     """Give a held job back to the queue without using up an attempt."""
     with immediate(conn):
-        job = _held(conn, job_id, runner)
+        job = _held(conn, job_id, runner, owner)
         conn.execute(
             "UPDATE jobs SET status = 'queued', runner = NULL, lease_expires_at = NULL, "
             "attempts = max(attempts - 1, 0), reason = ?, updated_at = ? WHERE id = ?",

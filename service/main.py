@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.version import __version__
-from service import uploads_exec
+from service import supervisor, uploads_exec
 from service.api.main import api_router
 from service.core.config import Settings
 from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
@@ -123,7 +123,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        supervisor.start_supervision(app)  # validation processes; the worker when configured
         yield
+        supervisor.stop_supervision(app)
         uploads_exec.shutdown(app)
         db.close()
 

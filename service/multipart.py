@@ -19,6 +19,7 @@ from service.core.errors import BadRequest, PayloadTooLarge
 from service.storage.blobs import BlobStore, aiter_limited
 
 MAX_TEXT_FIELD = 64 * 1024
+MAX_BOUNDARY = 256  # RFC 2046 allows 70; python-multipart accepts up to 256
 
 
 @dataclass
@@ -113,14 +114,20 @@ async def receive_file(
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise BadRequest(f"expected a multipart/form-data body with a file field '{field}'")
+    boundary = params[b"boundary"]
+    if not 1 <= len(boundary) <= MAX_BOUNDARY:
+        # checked before anything is written: a refused body leaves no temp file behind
+        raise BadRequest(
+            f"multipart boundary must be 1 to {MAX_BOUNDARY} characters (got {len(boundary)})"
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
             f"request body ({declared} bytes) is larger than the limit of {limit} bytes"
         )
     collector = _Collector(blobs, field)
-    parser = MultipartParser(params[b"boundary"], collector.callbacks())  # type: ignore[arg-type]
     try:
+        parser = MultipartParser(boundary, collector.callbacks())  # type: ignore[arg-type]
         async for chunk in aiter_limited(request.stream(), limit):
             parser.write(chunk)
         parser.finalize()

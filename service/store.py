@@ -25,8 +25,8 @@ from pydantic import BaseModel, Field
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.core.errors import Conflict, NotFound
 from service.storage import runs
-from service.storage.database import Database, one, rows
-from service.storage.runs import SUMMARY_COLUMNS, Metric, RunFilters
+from service.storage.database import Database
+from service.storage.runs import Metric, RunFilters
 
 __all__ = [
     "AnalysisStatus", "ComparisonRecord", "ComparisonSummary", "HistoryPoint", "Metric",
@@ -127,8 +127,6 @@ class ComparisonRecord(ComparisonSummary):
     report: ComparisonReport
 
 
-# The detail adds the stored JSON texts to the summary columns (one row read, not two).
-_DETAIL_SQL = f"{SUMMARY_COLUMNS}, r.manifest_json, r.spec_json FROM runs r WHERE r.id = ?"
 
 
 def _summary_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -213,23 +211,17 @@ def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
 
 def _analysis_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
     """``AnalysisStatus`` fields of one run: its latest task, else whether a report exists."""
-    task = one(
-        conn,
-        "SELECT status, attempts, error, updated_at FROM analysis_tasks WHERE run_id = ? "
-        "ORDER BY id DESC LIMIT 1",
-        (run_id,),
-    )
-    run = one(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,)) or {}
-    duration = one(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
+    facts = runs.analysis_facts(conn, run_id=run_id)
+    task, run = facts["task"], facts["run"]
     if task is None:
         return {
             "run_id": run_id,
-            "status": "done" if duration else "none",
+            "status": "done" if facts["has_report"] else "none",
             "attempts": 0,
             "progress": run.get("progress"),
             "error": None,
             "updated_at": None,
-            "duration_s": (duration or {}).get("duration_s"),
+            "duration_s": facts["duration_s"],
         }
     return {
         "run_id": run_id,
@@ -238,7 +230,7 @@ def _analysis_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
         "progress": run.get("progress"),
         "error": task["error"] or run.get("error"),
         "updated_at": task["updated_at"],
-        "duration_s": (duration or {}).get("duration_s"),
+        "duration_s": facts["duration_s"],
     }
 
 
@@ -254,10 +246,8 @@ def get_analysis_status(db: Database, run_id: int) -> AnalysisStatus:
 
 def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     """The stored analysis report of a run, or None when it has none (yet)."""
-    row = db.read(lambda c: one(c, "SELECT report_json FROM reports WHERE run_id = ?", (run_id,)))
-    if row is None:
-        return None
-    return AnalysisReport.model_validate_json(row["report_json"])
+    text = db.read(lambda c: runs.report_json(c, run_id=run_id))
+    return None if text is None else AnalysisReport.model_validate_json(text)
 
 
 def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
@@ -266,27 +256,16 @@ def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
 
     :raises NotFound: no such run.
     """
-    row = one(conn, _DETAIL_SQL, (run_id,))
-    if row is None:
+    detail = runs.summary_with_texts(conn, run_id=run_id)
+    if detail is None:
         raise NotFound(f"run {run_id} does not exist")
-    files = rows(
-        conn,
-        "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
-        "ORDER BY id",
-        (run_id,),
-    )
-    groups = conn.execute(
-        "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND metric = ? ORDER BY label",
-        (run_id, Metric.GPU_BUSY_MS_PER_STEP.value),
-    ).fetchall()
-    detail = _summary_row(row)
     detail["manifest"] = detail.pop("manifest_json") or None
     detail["spec"] = detail.pop("spec_json") or None
     detail.update(
-        files=files,
+        files=runs.run_files(conn, run_id=run_id),
         analysis=_analysis_row(conn, run_id),
         report=None,
-        window_groups=[g[0] for g in groups],
+        window_groups=runs.window_groups(conn, run_id=run_id),
     )
     return detail
 
@@ -340,11 +319,12 @@ def find_comparison(
 ) -> ComparisonRecord | None:
     """A stored comparison of exactly these runs and windows, or None."""
     row = db.read(
-        lambda c: one(
+        lambda c: runs.find_comparison(
             c,
-            "SELECT * FROM comparisons WHERE base_run_id = ? AND head_run_id = ? AND "
-            "base_window = ? AND head_window = ?",
-            (base_id, head_id, base_window or "", head_window or ""),
+            base_run_id=base_id,
+            head_run_id=head_id,
+            base_window=base_window,
+            head_window=head_window,
         )
     )
     return _record(row) if row else None
@@ -352,7 +332,7 @@ def find_comparison(
 
 def get_comparison_record(db: Database, comparison_id: int) -> ComparisonRecord:
     """A stored comparison by id. :raises NotFound:."""
-    row = db.read(lambda c: one(c, "SELECT * FROM comparisons WHERE id = ?", (comparison_id,)))
+    row = db.read(lambda c: runs.comparison_by_id(c, comparison_id=comparison_id))
     if row is None:
         raise NotFound(f"comparison {comparison_id} does not exist")
     return _record(row)
@@ -376,14 +356,9 @@ def list_comparisons(
     db: Database, *, run_id: int | None = None, limit: int = 50, offset: int = 0
 ) -> list[dict[str, Any]]:
     """Stored comparisons (without their reports), newest first."""
-    where, params = "", []
-    if run_id is not None:
-        where, params = " WHERE base_run_id = ? OR head_run_id = ?", [run_id, run_id]
-    sql = (
-        "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
-        f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
+    return db.read(
+        lambda c: runs.list_comparisons(c, run_id=run_id, limit=limit, offset=offset)
     )
-    return db.read(lambda c: rows(c, sql, [*params, limit, offset]))
 
 
 def get_comparison(
@@ -424,15 +399,9 @@ def metric_history(
     limit: int = 500,
 ) -> list[HistoryPoint]:
     """One metric across the runs of one workload configuration, oldest first."""
-    sql = (
-        'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
-        "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
-        "WHERE r.config_key = ? AND m.metric = ?"
+    found = db.read(
+        lambda c: runs.metric_history(
+            c, config_key=config_key, metric=str(metric), label=label, limit=limit
+        )
     )
-    params: list[Any] = [config_key, str(metric)]
-    if label is not None:
-        sql += " AND m.label = ?"
-        params.append(label)
-    sql += " ORDER BY r.id LIMIT ?"
-    params.append(limit)
-    return [HistoryPoint.model_validate(r) for r in db.read(lambda c: rows(c, sql, params))]
+    return [HistoryPoint.model_validate(r) for r in found]

@@ -1,17 +1,24 @@
 """The analysis worker: its own process, draining ``analysis_tasks`` one at a time.
 
-Started by ``cptrace worker`` (or as a subprocess of ``cptrace serve``). It links the run's blobs
-into a scratch directory under readable names (content decides the name, never the upload), calls
-``analyzers.analyze``, and writes the report through ``service.analysis``. A heartbeat thread keeps
-the lease alive while a long analysis runs; SIGTERM lets the current task finish, then exits.
+Started by ``cptrace worker`` or ``python -m service.worker`` (the API's supervisor starts it so,
+see ``service.supervisor``). It links the run's blobs into a scratch directory under readable
+names (content decides the name, never the upload), runs ``analyzers.analyze`` in a child
+process under a time and memory limit (``service.analysis_exec``), checks that the report loads
+back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
+a long analysis runs; another records in ``worker_heartbeats`` that the worker is alive (what
+``/health`` reads). SIGTERM lets the current task finish, then exits. Failure reasons name the
+user's files, never the scratch paths.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
+import signal
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +27,10 @@ from typing import Any
 
 from analyzers.bundle import select_analysis_traces
 from service import analysis
+from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
+from service.auth import now_iso
 from service.core.config import Settings
+from service.messages import redact
 from service.storage.blobs import BlobStore
 from service.storage.database import connect
 
@@ -34,12 +44,6 @@ _SUFFIX = {
 }
 
 AnalyzeFn = Callable[..., Any]
-
-
-def _default_analyze() -> AnalyzeFn:
-    from analyzers import analyze
-
-    return analyze
 
 
 class AnalysisWorker:
@@ -62,6 +66,8 @@ class AnalysisWorker:
         commit statuses) when ``GITHUB_TOKEN`` is set: right after the analysis they wait for.
         """
         log.info("analysis worker %s started on %s", self.name, self.settings.db_path)
+        alive = _Alive(self.settings, self.name)
+        alive.start()
         publisher = _pr_publisher(self.settings)
         try:
             while not self.stop.is_set():
@@ -71,6 +77,7 @@ class AnalysisWorker:
                 if not busy:
                     self.stop.wait(self.settings.worker_poll_s)
         finally:
+            alive.stop()
             if publisher is not None:
                 publisher.db.close()
         log.info("analysis worker %s stopped", self.name)
@@ -93,23 +100,27 @@ class AnalysisWorker:
         beat = _Heartbeat(self.settings, task)
         beat.start()
         started = time.perf_counter()
+        labels: dict[str, str] = {}
         try:
             files, manifest_raw = analysis.task_inputs(self.conn, task.run_id)
-            paths = self._materialise(files, scratch)
+            paths = self._materialise(files, scratch, labels)
             report = self._call_analyze(paths, manifest_raw, beat)
         except Exception as exc:
             log.warning("analysis of run %s failed: %s", task.run_id, exc)
+            reason = redact(_describe(exc), self.settings.data_dir, labels)
             if _is_input_error(exc) or task.attempt >= self.settings.analysis_max_attempts:
-                analysis.fail_analysis(self.conn, task, _describe(exc))
+                analysis.fail_analysis(self.conn, task, reason)
             else:  # maybe transient (disk, a lock): let the next claim retry it
-                analysis.requeue_analysis(self.conn, task, _describe(exc))
+                analysis.requeue_analysis(self.conn, task, reason)
         else:
             analysis.complete_analysis(self.conn, task, report, time.perf_counter() - started)
         finally:
             beat.stop()
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _materialise(self, files: list[dict[str, Any]], scratch: Path) -> list[Path]:
+    def _materialise(
+        self, files: list[dict[str, Any]], scratch: Path, labels: dict[str, str]
+    ) -> list[Path]:
         if not files:
             raise ValueError("the run has no trace files")
         files = select_analysis_traces(files, lambda f: f["format"] or "")
@@ -120,14 +131,25 @@ class AnalysisWorker:
             link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
             os.symlink(self.blobs.path_for(f["sha256"]), link)
             paths.append(link)
+            labels[str(link)] = f["name"]  # error messages name the uploaded file
+            labels[str(self.blobs.path_for(f["sha256"]))] = f["name"]
+        labels[str(scratch)] = "the run"
         return paths
 
     def _call_analyze(self, paths: list[Path], manifest_raw: Any, beat: _Heartbeat) -> Any:
         from analyzers.manifest import parse_manifest
 
+        if self._analyze is None:  # production: a child process under limits
+            return run_isolated(
+                paths,
+                manifest_raw,
+                time_limit_s=self.settings.analysis_time_limit_s,
+                memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+                progress=beat.progress,
+            )
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        analyze = self._analyze or _default_analyze()
-        return analyze(paths, manifest=manifest, progress=beat.progress)
+        report = self._analyze(paths, manifest=manifest, progress=beat.progress)
+        return validate_report(report.model_dump_json())
 
     def close(self) -> None:
         self.conn.close()
@@ -156,11 +178,13 @@ def _is_input_error(exc: BaseException) -> bool:
     from analyzers.errors import TraceError
     from analyzers.manifest import ManifestError
 
+    if isinstance(exc, AnalysisFailed):
+        return exc.final
     return isinstance(exc, (TraceError, ManifestError))
 
 
 def _describe(exc: BaseException) -> str:
-    if _is_input_error(exc):
+    if _is_input_error(exc) or isinstance(exc, AnalysisFailed):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -207,3 +231,107 @@ class _Heartbeat:
         self._stop.set()
         self._changed.set()
         self._thread.join(timeout=10)
+
+
+class _Alive:
+    """Records in ``worker_heartbeats`` every ``worker_heartbeat_s`` that this worker lives."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cptrace-alive", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _beat(self, conn: sqlite3.Connection, state: str) -> None:
+        conn.execute(
+            "INSERT INTO worker_heartbeats (name, started_at, beat_at, state) VALUES (?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET beat_at = excluded.beat_at, state = excluded.state",
+            (self.name, now_iso(), time.time(), state),
+        )
+
+    def _loop(self) -> None:
+        conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
+        try:
+            # rows of workers gone for a day are history, not state
+            conn.execute("DELETE FROM worker_heartbeats WHERE beat_at < ?", (time.time() - 86400,))
+            while True:
+                try:
+                    self._beat(conn, "stopped" if self._stop.is_set() else "alive")
+                except sqlite3.Error as exc:  # a busy database delays a beat, nothing more
+                    log.warning("worker heartbeat not recorded: %s", exc)
+                if self._stop.is_set():
+                    return
+                self._stop.wait(self.settings.worker_heartbeat_s)
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def sweep_scratch(tmp_dir: Path, conn: sqlite3.Connection) -> int:
+    """Remove analysis scratch folders whose task no live worker holds (killed mid-analysis).
+
+    A folder is ``analysis-<task id>-<pid>``; it is kept while its task is running under an
+    unexpired lease, so a worker in another container (another pid namespace) is never robbed.
+    """
+    live = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM analysis_tasks WHERE status = 'running' AND lease_expires_at >= ?",
+            (time.time(),),
+        )
+    }
+    removed = 0
+    for folder in tmp_dir.glob("analysis-*-*"):
+        task = folder.name.split("-")[1]
+        if task.isdigit() and int(task) in live:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def main(settings: Settings, *, once: bool = False) -> None:
+    """Run a worker until SIGTERM/SIGINT (or, with ``once``, until the queue is empty)."""
+    from service.main import open_database
+    from service.supervisor import PARENT_ENV, follow_parent, set_parent_death_signal
+    from service.uploads_exec import lower_priority
+
+    parent = os.environ.get(PARENT_ENV)
+    if parent:  # supervised: end with the API process, even when it is SIGKILLed
+        set_parent_death_signal(signal.SIGTERM)
+        follow_parent(int(parent), interval_s=1.0)
+    lower_priority()  # analyses yield the CPU to the API when they share a machine
+    open_database(settings).close()  # schema up to date before the first claim
+    runner = AnalysisWorker(settings)
+    swept = sweep_scratch(settings.tmp_dir, runner.conn)
+    if swept:
+        log.info("removed %d scratch folder(s) of killed analyses", swept)
+    stale = analysis.requeue_stale_reports(runner.conn)
+    if stale:
+        log.info("re-analysing %d run(s) with old reports", len(stale))
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
+    try:
+        if once:
+            while runner.run_once():
+                pass
+        else:
+            runner.run_forever()
+    finally:
+        runner.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="cptrace analysis worker")
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--once", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    main(Settings(**overrides), once=args.once)

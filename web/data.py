@@ -65,7 +65,7 @@ class RunsQuery(BaseModel):
     branch: str | None = None
     commit: str | None = None
     status: str | None = None
-    verdict: Verdict | None = None
+    verdict: str | None = None  # one of VERDICTS; "" (the form's "any") means no filter
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
     sort: str = "created_at"
@@ -96,10 +96,16 @@ def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
     """Filter, sort and page in the store (SQL, the same list the API serves)."""
     if query.sort not in SORT_KEYS:
         raise PageError(f"sort must be one of {', '.join(SORT_KEYS)}; got {query.sort!r}")
+    verdict: Verdict | None = None
+    for known in VERDICTS:
+        if query.verdict == known:
+            verdict = known
+    if query.verdict and verdict is None:
+        raise PageError(f"verdict must be one of {', '.join(VERDICTS)}; got {query.verdict!r}")
     filters = RunFilters(
         branch=query.branch or None, config_key=query.config_key or None,
         commit=query.commit or None, status=query.status or None,
-        implementation=query.implementation or None, verdict=query.verdict or None,
+        implementation=query.implementation or None, verdict=verdict,
         date_from=query.date_from or None, date_to=query.date_to or None,
     )  # fmt: skip
     start = (query.page - 1) * query.per_page
@@ -184,7 +190,10 @@ def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCa
                     gaps=p.gaps,
                     largest_ms=g.duration_ns / 1e6 if g else None,
                     largest_at=(
-                        f"+{g.offset_ns / 1e6:.3f} ms in {g.window}#{g.index}" if g else None
+                        f"+{g.offset_ns / 1e6:.3f} ms in "
+                        + (g.window if g.window != a.window else f"{g.window}#{g.index}")
+                        if g
+                        else None
                     ),
                     thread=p.thread,
                     detail=p.detail,

@@ -205,8 +205,8 @@ class _Context:
             new[1:] = (c[1:] != c[:-1]) | (h[1:] != h[:-1])
             group_start = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
             step[order] = np.arange(len(order)) - group_start
-        # trailing -1: "no container" reads -1, also when the trace has no ranges at all
-        c_helper = np.append(self.ranges.helper, np.int32(-1)).astype(np.int64)[container]
+        # A trailing -1 makes "no container" an ordinary index (the range table may be empty).
+        c_helper = np.append(self.ranges.helper.astype(np.int64), -1)[container]
         width = 1 << 20
         local = ((helper + 1) * (len(self.att.helper_names) + 2) + (c_helper + 1)) * width + step
         local = np.where(
@@ -360,8 +360,7 @@ class _GroupPass:
         # The activity that ends the gap launched it; a trailing gap goes to the previous one's
         # launching thread.
         owner = np.where(has_next, nxt, prv)
-        # A trailing -1 reads "no owner" (-1) as -1, also when there are no activities at all
-        # (a CPU-only trace), where indexing the empty columns would fail.
+        # A trailing -1 makes "no owner" an ordinary index (a trace may have no GPU activity).
         thread = np.append(ctx.l_thread, -1)[owner]
         l_end = np.append(ctx.l_end, -1)[owner]
         host = (thread >= 0) & (~has_next | (l_end > gaps.start))

@@ -180,6 +180,9 @@ def _fast_path(ctx: RuleContext, target: Target) -> str | None:
         and attention > 0
         and facts.pad_between_seqs is None
         and (target.workload.implementation or "te").startswith("te")
+        # Without CP there is no per-step metadata to miss: its absence proves nothing (a
+        # one-GPU te_transformer run with padded offsets was flagged before this).
+        and _cp(target) >= 2
     ):
         return "the trace shows attention but no get_cu_seqlens_on_cp_rank launches"
     return None

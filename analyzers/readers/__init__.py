@@ -48,6 +48,7 @@ __all__ = [
     "TraceFormat",
     "check_trace",
     "is_gzip",
+    "max_decompressed_bytes",
     "read_kineto",
     "read_nsys",
     "read_trace",

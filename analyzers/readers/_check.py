@@ -27,7 +27,7 @@ from analyzers.readers.nsys import EVENT_TABLES, READ_TABLES, SIGNATURE_TABLES
 
 MAX_DEPTH = 200
 """Deepest JSON nesting accepted in a trace (Kineto events nest 3-4 levels)."""
-CHECK_EVENTS = 100
+CHECK_EVENTS = 20
 """Events of ``traceEvents`` whose shape the upload check confirms."""
 MAX_PREFIX_BYTES = 8 << 20
 """Decompressed bytes the check may read before it must have seen the first event."""

@@ -102,7 +102,7 @@ def render_account(console: Any, report: Any, group: str) -> None:
             g = p.largest[0]
             line += (
                 f"; largest {_ms(g.duration_ns)} ms at +{_ms(g.offset_ns)} ms in "
-                f"{g.window}#{g.index}"
+                + (g.window if g.window != a.window else f"{g.window}#{g.index}")
             )
         if p.thread:
             line += f"; thread {p.thread}"

@@ -85,21 +85,9 @@ def _run_analyze(
 def _load_side(
     paths: list[Path], manifest: Path | None, step_pattern: str | None, catalog: list[Path] | None
 ) -> Any:
-    """A saved report (``analyze --json`` output) or traces/bundles to analyze now."""
-    from analyzers.report import AnalysisReport
-
-    if len(paths) == 1 and paths[0].suffix == ".json" and _is_report(paths[0]):
-        return AnalysisReport.model_validate_json(paths[0].read_text(encoding="utf-8"))
+    """A saved report (``analyze --json`` output, recognised by content) or traces/bundles to
+    analyze now; ``analyzers.analyze`` tells them apart (one sniffer)."""
     return _run_analyze(paths, manifest, step_pattern, catalog, show_progress=False)
-
-
-def _is_report(path: Path) -> bool:
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(256)
-    except OSError:
-        return False
-    return b'"schema_version"' in head and b'"catalog_version"' in head
 
 
 def analyze(

@@ -15,6 +15,7 @@ import typer
 
 bundle_app = typer.Typer(help="Check or pack run bundles.", no_args_is_help=True)
 
+
 def _fail(message: str) -> NoReturn:
     """Report a library error and exit 1.
 

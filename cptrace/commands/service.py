@@ -6,12 +6,7 @@ on a GPU host that has only the runner's dependencies.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import typer
@@ -29,48 +24,11 @@ def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
     return Settings(data_dir=data_dir)
 
 
-PARENT_ENV = "CPTRACE_WORKER_PARENT_PID"
-"""Set by ``serve`` for its worker: the worker exits when that process is gone."""
-
-
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     # uvicorn handles SIGTERM itself, then restores this handler and raises the signal again;
-    # as SystemExit it unwinds through serve's cleanup, which stops the worker. With the default
-    # handler the process would end on the spot and leave the worker running.
+    # as SystemExit it unwinds through serve's cleanup. With the default handler the process
+    # would end on the spot and leave the worker running.
     raise SystemExit(128 + signum)
-
-
-def _follow_parent() -> None:
-    """In a worker started by ``serve``: end with the parent, even when it is SIGKILLed."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent:
-        return
-    if sys.platform.startswith("linux"):
-        # PR_SET_PDEATHSIG (1): the kernel sends SIGTERM when the parent thread exits.
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
-        raise SystemExit(0)
-
-
-def _start_worker(data_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "CPTRACE_DATA_DIR": str(data_dir), PARENT_ENV: str(os.getpid())}
-    code = "from cptrace.cli import main; main()"
-    return subprocess.Popen(
-        [sys.executable, "-c", code, "worker", "--data-dir", str(data_dir)], env=env
-    )
-
-
-def _stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGTERM lets the worker finish its current analysis; kill only if it will not stop."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def serve(
@@ -89,12 +47,17 @@ def serve(
     import uvicorn
 
     from cptrace.app import create_app
-    from service.bootstrap import default_demo_dir, ensure_admin_token
+    from service.bootstrap import default_demo_dir, ensure_admin_token, sweep_at_startup
     from service.bootstrap import seed_demo as seed
+    from service.core.config import Settings
+    from service.http_timeouts import timed_protocol
 
-    settings = _settings(data_dir)
+    # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
+    settings = Settings(data_dir=data_dir, run_worker=worker)
     app = create_app(settings)
-    app.state.blobs.clean_tmp()  # partial uploads of a killed predecessor
+    swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left behind
+    if swept.total:
+        typer.echo(f"Removed after an unclean stop: {swept.describe()}")
     token = ensure_admin_token(app.state.db)
     if token:
         typer.echo(f"Admin token (shown once, stored hashed): {token}")
@@ -104,14 +67,17 @@ def serve(
                 f"run {result.run_id}" + ("" if result.created else " (already there)")
             )
             typer.echo(f"demo {result.path.name}: {what}")
-    proc = _start_worker(data_dir) if worker else None
     typer.echo(f"Dashboard: http://{host}:{port}/")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
-        if proc is not None:
-            _stop_worker(proc)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=timed_protocol(settings),  # header and body timeouts: slow clients are cut off
+        timeout_keep_alive=settings.http_keep_alive_s,
+        h11_max_incomplete_event_size=64 * 1024,  # request line + headers
+    )
 
 
 def worker(
@@ -124,42 +90,26 @@ def worker(
     """
     import logging
 
-    from service.analysis import requeue_stale_reports
-    from service.main import open_database
-    from service.uploads_exec import lower_priority
-    from service.worker import AnalysisWorker
+    from service.worker import main
 
-    _follow_parent()
-    lower_priority()  # analyses yield the CPU to the API when they share a machine
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = _settings(data_dir)
-    open_database(settings).close()  # schema up to date before the first claim
-    runner = AnalysisWorker(settings)
-    stale = requeue_stale_reports(runner.conn)
-    if stale:
-        logging.getLogger("cptrace.worker").info(
-            "re-analysing %d run(s) with old reports", len(stale)
-        )
-    signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: runner.stop.set())
-    try:
-        if once:
-            while runner.run_once():
-                pass
-        else:
-            runner.run_forever()
-    finally:
-        runner.close()
+    main(_settings(data_dir), once=once)
 
 
 def token_create(
     role: str = typer.Option(..., "--role", help="admin, runner or viewer."),
     name: str = typer.Option("", "--name", help="A label for the token."),
+    runner: str | None = typer.Option(
+        None,
+        "--runner",
+        help="Runner tokens: bind the token to this runner identity (it may claim jobs only "
+        "under this name). Jobs always belong to the token that claimed them.",
+    ),
     data_dir: Path = DataDir,
 ) -> None:
     """Create an API token and print it (only its sha256 is stored).
 
-    Example: cptrace token create --role runner --name gpu-host-1 --data-dir var
+    Example: cptrace token create --role runner --runner gpu-host-1 --data-dir var
     """
     from service.auth import Role, create_token
     from service.main import open_database
@@ -170,9 +120,13 @@ def token_create(
         raise typer.BadParameter(
             f"role must be one of admin, runner, viewer (got {role!r})"
         ) from None
+    if runner is not None and parsed is not Role.RUNNER:
+        raise typer.BadParameter("--runner binds a runner token; use it with --role runner")
+    if runner is not None and not runner.strip():
+        raise typer.BadParameter("--runner needs a name (the agent's --runner / host name)")
     db = open_database(_settings(data_dir))
     try:
-        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name))
+        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name, runner=runner))
     except Exception as exc:
         raise CommandError(f"cannot create the token: {exc}") from exc
     finally:
@@ -194,7 +148,8 @@ def token_list(data_dir: Path = DataDir) -> None:
     finally:
         db.close()
     for token in tokens:
-        typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}")
+        bound = f"\trunner={token['runner']}" if token.get("runner") else ""
+        typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}{bound}")
 
 
 def token_revoke(

@@ -183,6 +183,9 @@ class ProbeState:
     """What the probe wrapped in this process (``module:attribute``)."""
     overhead_ns: int = 0
     """Time spent in the probe's own bookkeeping on sampled calls (measured)."""
+    errors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Site -> ``{count, first}``: the probe's own failures. The probe never raises into the
+    job; a fact it failed to read is reported as not observed instead."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def site(self, name: str) -> Site:
@@ -190,6 +193,12 @@ class ProbeState:
         if site is None:
             site = self.sites.setdefault(name, Site(name, self.policy))
         return site
+
+    def error(self, site: str, exc: BaseException) -> None:
+        with self.lock:
+            first = f"{type(exc).__name__}: {exc}"[:500]
+            entry = self.errors.setdefault(site, {"count": 0, "first": first})
+            entry["count"] += 1
 
     def event(self, name: str, record: dict[str, Any], *, limit: int = 64) -> None:
         with self.lock:
@@ -217,6 +226,7 @@ class ProbeState:
             "sites": {name: site.to_json() for name, site in sorted(self.sites.items())},
             "events": self.events,
             "overhead_ms": round(self.overhead_ns / 1e6, 3),
+            "errors": self.errors,
         }
 
     def dump(self) -> Path | None:

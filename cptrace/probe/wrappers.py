@@ -20,7 +20,7 @@ import inspect
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from cptrace.probe.hooks import rebind, when_imported
 from cptrace.probe.record import CallFacts, ProbeState
@@ -32,6 +32,7 @@ CP_ATTN_MODULE = "cp_attention.attention"
 FSDP_MODULE = "torch.distributed.fsdp"
 REBIND_PREFIXES = ("__main__", "cp_attention", "runners", "transformer_engine", "megatron", "nemo")
 
+T = TypeVar("T")
 DPA_SITE = "transformer_engine.DotProductAttention.forward"
 CP_ATTN_SITE = "cp_attention.cp_attn"
 GET_BATCH_SITE = "transformer_engine.get_batch_on_this_cp_rank"
@@ -81,9 +82,71 @@ def fp8_recipe_in_force() -> str | None:
     return None
 
 
+def _guarded(state: ProbeState, site: str, fn: Callable[[], T]) -> T | None:
+    """Run the probe's own bookkeeping; a failure is recorded, never raised into the job."""
+    try:
+        return fn()
+    except Exception as exc:  # the job must not fail because the probe misread a call
+        state.error(site, exc)
+        return None
+
+
+def _first_tensor(a: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        value = a.get(name)
+        if value is not None and hasattr(value, "shape"):
+            return value
+    return None
+
+
+def _dpa_facts(self: Any, a: dict[str, Any]) -> tuple[dict[str, Any], CallFacts]:
+    """Signature and facts of one sampled ``DotProductAttention.forward`` call."""
+    cu_q, cu_kv = a.get("cu_seqlens_q"), a.get("cu_seqlens_kv")
+    cu_qp, cu_kvp = a.get("cu_seqlens_q_padded"), a.get("cu_seqlens_kv_padded")
+    cp_size = _group_size(getattr(self, "cp_group", None))
+    sig = {
+        "qkv_format": a.get("qkv_format") or getattr(self, "qkv_format", None),
+        "attn_mask_type": a.get("attn_mask_type") or getattr(self, "attn_mask_type", None),
+        "cp_size": cp_size,
+        "cp_comm_type": getattr(self, "cp_comm_type", None) if cp_size > 1 else None,
+        "load_balancing_strategy": (
+            getattr(self, "load_balancing_strategy", None) if cp_size > 1 else None
+        ),
+    }
+    q_list, qp_list = _host_list(cu_q), _host_list(cu_qp)
+    kv_list, kvp_list = _host_list(cu_kv), _host_list(cu_kvp)
+    same = None
+    equal = None
+    if cu_q is not None:
+        same = (cu_qp is cu_q or cu_qp is None) and (cu_kvp is cu_kv or cu_kvp is None)
+        equal = (qp_list is None or qp_list == q_list) and (
+            kvp_list is None or kvp_list == kv_list
+        )
+    # TE 2.20 takes separate q/k/v or a packed qkv_layer; THD rows are tokens either way.
+    rows = _first_tensor(a, "query_layer", "qkv_layer")
+    facts = CallFacts(
+        cu_seqlens=q_list,
+        cu_seqlens_padded=qp_list if qp_list is not None else q_list,
+        same_object=same,
+        value_equal=equal,
+        pad_between_seqs_passed=a.get("pad_between_seqs"),
+        local_tokens=int(rows.shape[0]) if sig["qkv_format"] == "thd" and rows is not None
+        else None,
+        cp_size=cp_size,
+        fp8_recipe=fp8_recipe_in_force(),
+    )
+    return sig, facts
+
+
 def _wrap_dpa_forward(state: ProbeState, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
     site = state.site(DPA_SITE)
+
+    def record(sig: dict[str, Any], facts: CallFacts, resolved: list[bool]) -> None:
+        facts.pad_between_seqs_resolved = resolved
+        with state.lock:
+            site.record(sig, facts)
+        state.dump()
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -94,52 +157,22 @@ def _wrap_dpa_forward(state: ProbeState, original: Callable[..., Any]) -> Callab
             if not site.tick():
                 return original(self, *args, **kwargs)
             t0 = time.perf_counter_ns()
-            a = signature.bind(self, *args, **kwargs).arguments
-            cu_q, cu_kv = a.get("cu_seqlens_q"), a.get("cu_seqlens_kv")
-            cu_qp, cu_kvp = a.get("cu_seqlens_q_padded"), a.get("cu_seqlens_kv_padded")
-            cp_size = _group_size(getattr(self, "cp_group", None))
-            sig = {
-                "qkv_format": a.get("qkv_format") or getattr(self, "qkv_format", None),
-                "attn_mask_type": a.get("attn_mask_type") or getattr(self, "attn_mask_type", None),
-                "cp_size": cp_size,
-                "cp_comm_type": getattr(self, "cp_comm_type", None) if cp_size > 1 else None,
-                "load_balancing_strategy": (
-                    getattr(self, "load_balancing_strategy", None) if cp_size > 1 else None
-                ),
-            }
-            q_list, qp_list = _host_list(cu_q), _host_list(cu_qp)
-            kv_list, kvp_list = _host_list(cu_kv), _host_list(cu_kvp)
-            same = None
-            equal = None
-            if cu_q is not None:
-                same = (cu_qp is cu_q or cu_qp is None) and (cu_kvp is cu_kv or cu_kvp is None)
-                equal = (qp_list is None or qp_list == q_list) and (
-                    kvp_list is None or kvp_list == kv_list
-                )
-            query = a.get("query_layer")
-            facts = CallFacts(
-                cu_seqlens=q_list,
-                cu_seqlens_padded=qp_list if qp_list is not None else q_list,
-                same_object=same,
-                value_equal=equal,
-                pad_between_seqs_passed=a.get("pad_between_seqs"),
-                local_tokens=int(query.shape[0]) if sig["qkv_format"] == "thd" else None,
-                cp_size=cp_size,
-                fp8_recipe=fp8_recipe_in_force(),
+            seen = _guarded(
+                state, DPA_SITE,
+                lambda: _dpa_facts(self, signature.bind(self, *args, **kwargs).arguments),
             )
+            state.overhead_ns += time.perf_counter_ns() - t0
+            if seen is None:
+                return original(self, *args, **kwargs)
             resolved: list[bool] = []
             token = _RESOLVED.set(resolved)
-            state.overhead_ns += time.perf_counter_ns() - t0
             try:
                 return original(self, *args, **kwargs)
             finally:
                 _RESOLVED.reset(token)
                 t1 = time.perf_counter_ns()
-                facts.pad_between_seqs_resolved = resolved
-                with state.lock:
-                    site.record(sig, facts)
+                _guarded(state, DPA_SITE, lambda: record(*seen, resolved))
                 state.overhead_ns += time.perf_counter_ns() - t1
-                state.dump()
         finally:
             _IN_DPA.reset(outer)
 
@@ -162,22 +195,25 @@ def _wrap_attention_params_init(original: Callable[..., Any]) -> Callable[..., A
 def _wrap_set_cp_group(state: ProbeState, original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def set_context_parallel_group(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def note(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         a = signature.bind(self, *args, **kwargs)
         a.apply_defaults()
         args_ = a.arguments
         state.event(
-            "set_context_parallel_group",
-            {
-                "module": type(self).__name__,
-                "cp_size": _group_size(args_.get("cp_group")),
-                "cp_comm_type": args_.get("cp_comm_type"),
-                "load_balancing_strategy": str(
-                    getattr(args_.get("load_balancing_strategy"), "value", None)
-                ),
-            },
+        "set_context_parallel_group",
+        {
+            "module": type(self).__name__,
+            "cp_size": _group_size(args_.get("cp_group")),
+            "cp_comm_type": args_.get("cp_comm_type"),
+            "load_balancing_strategy": str(
+                getattr(args_.get("load_balancing_strategy"), "value", None)
+            ),
+        },
         )
+
+    @functools.wraps(original)
+    def set_context_parallel_group(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _guarded(state, "set_context_parallel_group", lambda: note(self, args, kwargs))
         return original(self, *args, **kwargs)
 
     set_context_parallel_group.__cptrace_probe__ = True  # type: ignore[attr-defined]
@@ -188,24 +224,27 @@ def _wrap_get_batch(state: ProbeState, original: Callable[..., Any]) -> Callable
     signature = inspect.signature(original)
     site = state.site(GET_BATCH_SITE)
 
+    def note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        a = signature.bind(*args, **kwargs)
+        a.apply_defaults()
+        args_ = a.arguments
+        cp_size = _group_size(args_.get("cp_group"))
+        padded = _host_list(args_.get("cu_seqlens_padded"))
+        with state.lock:
+            site.record(
+                {
+                    "qkv_format": args_.get("qvk_format"),
+                    "cp_size": cp_size,
+                    "load_balancing_strategy": args_.get("load_balancing_strategy"),
+                },
+                CallFacts(cu_seqlens_padded=padded, cp_size=cp_size),
+            )
+
     @functools.wraps(original)
     def get_batch_on_this_cp_rank(*args: Any, **kwargs: Any) -> Any:
         if site.tick():
             t0 = time.perf_counter_ns()
-            a = signature.bind(*args, **kwargs)
-            a.apply_defaults()
-            args_ = a.arguments
-            cp_size = _group_size(args_.get("cp_group"))
-            padded = _host_list(args_.get("cu_seqlens_padded"))
-            with state.lock:
-                site.record(
-                    {
-                        "qkv_format": args_.get("qvk_format"),
-                        "cp_size": cp_size,
-                        "load_balancing_strategy": args_.get("load_balancing_strategy"),
-                    },
-                    CallFacts(cu_seqlens_padded=padded, cp_size=cp_size),
-                )
+            _guarded(state, GET_BATCH_SITE, lambda: note(args, kwargs))
             state.overhead_ns += time.perf_counter_ns() - t0
         return original(*args, **kwargs)
 
@@ -216,35 +255,38 @@ def _wrap_get_batch(state: ProbeState, original: Callable[..., Any]) -> Callable
 def _wrap_cp_attn(state: ProbeState, original: Callable[..., Any]) -> Callable[..., Any]:
     site = state.site(CP_ATTN_SITE)
 
+    def note(q: Any, meta: Any, kwargs: dict[str, Any]) -> None:
+        cu, cup = list(meta.cu_seqlens), list(meta.cu_seqlens_padded)
+        causal = kwargs.get("causal", True)
+        sig = {
+            "qkv_format": "thd",
+            "attn_mask_type": "padding_causal" if causal else "padding",
+            "cp_size": meta.cp_size,
+            "cp_comm_type": kwargs.get("comm", "p2p") if meta.cp_size > 1 else None,
+            "load_balancing_strategy": meta.strategy if meta.cp_size > 1 else None,
+            "broken_identity_padding": bool(kwargs.get("broken_identity_padding", False)),
+        }
+        facts = CallFacts(
+            cu_seqlens=cu,
+            cu_seqlens_padded=cup,
+            same_object=None,  # cp_attn takes a PackedBatch: it decides from values
+            value_equal=cu == cup,
+            pad_between_seqs_passed=None,
+            pad_between_seqs_resolved=[bool(meta.has_padding)],
+            local_tokens=int(q.shape[0]),
+            cp_size=meta.cp_size,
+            fp8_recipe=fp8_recipe_in_force(),
+        )
+        with state.lock:
+            site.record(sig, facts)
+        state.dump()
+
     @functools.wraps(original)
     def cp_attn(q: Any, k: Any, v: Any, meta: Any, **kwargs: Any) -> Any:
         if site.tick():
             t0 = time.perf_counter_ns()
-            cu, cup = list(meta.cu_seqlens), list(meta.cu_seqlens_padded)
-            causal = kwargs.get("causal", True)
-            sig = {
-                "qkv_format": "thd",
-                "attn_mask_type": "padding_causal" if causal else "padding",
-                "cp_size": meta.cp_size,
-                "cp_comm_type": kwargs.get("comm", "p2p") if meta.cp_size > 1 else None,
-                "load_balancing_strategy": meta.strategy if meta.cp_size > 1 else None,
-                "broken_identity_padding": bool(kwargs.get("broken_identity_padding", False)),
-            }
-            facts = CallFacts(
-                cu_seqlens=cu,
-                cu_seqlens_padded=cup,
-                same_object=None,  # cp_attn takes a PackedBatch: it decides from values
-                value_equal=cu == cup,
-                pad_between_seqs_passed=None,
-                pad_between_seqs_resolved=[bool(meta.has_padding)],
-                local_tokens=int(q.shape[0]),
-                cp_size=meta.cp_size,
-                fp8_recipe=fp8_recipe_in_force(),
-            )
-            with state.lock:
-                site.record(sig, facts)
+            _guarded(state, CP_ATTN_SITE, lambda: note(q, meta, kwargs))
             state.overhead_ns += time.perf_counter_ns() - t0
-            state.dump()
         return original(q, k, v, meta, **kwargs)
 
     cp_attn.__cptrace_probe__ = True  # type: ignore[attr-defined]
@@ -252,10 +294,13 @@ def _wrap_cp_attn(state: ProbeState, original: Callable[..., Any]) -> Callable[.
 
 
 def _wrap_fsdp_init(state: ProbeState, original: Callable[..., Any], kind: str) -> Callable:
-    @functools.wraps(original)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def note(args: tuple[Any, ...]) -> None:
         module = args[1] if kind == "FullyShardedDataParallel" else (args[0] if args else None)
         state.event("fsdp", {"kind": kind, "module": type(module).__name__})
+
+    @functools.wraps(original)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        _guarded(state, "fsdp", lambda: note(args))
         return original(*args, **kwargs)
 
     wrapped.__cptrace_probe__ = True  # type: ignore[attr-defined]

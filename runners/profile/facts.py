@@ -82,6 +82,11 @@ def observed_facts(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         not_observed.append("pad_between_seqs as TE resolved it")
     if "null" in sig.get("fp8_recipe", {}):
         not_observed.append("FP8 recipe (Transformer Engine not loaded)")
+    for r in sorted(records):
+        for where, err in (records[r].get("errors") or {}).items():
+            not_observed.append(
+                f"rank {r}: the probe could not read {where} ({err['count']} calls): {err['first']}"
+            )
     tokens = sig.get("total_tokens") or {}
     total = int(max(tokens, key=lambda k: tokens[k])) if tokens else None
     observed = {

@@ -12,6 +12,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
+MAX_RANK = 2**31 - 1
+"""Largest trace rank accepted from a form or a manifest (SQLite and the readers' int32)."""
 
 
 class Settings(BaseSettings):
@@ -61,9 +63,69 @@ class Settings(BaseSettings):
         default=0.5, gt=0, description="How often an idle analysis worker looks for tasks."
     )
     ingest_workers: int = Field(
-        default=1,
+        default=2,
         ge=0,
-        description="Processes that validate uploads off the API's event loop (0: a thread).",
+        description="Processes that validate uploads concurrently, off the API's event loop "
+        "(0: a thread, no limits).",
+    )
+    validation_memory_limit_bytes: int = Field(
+        default=2048 * MiB,
+        ge=64 * MiB,
+        description="Address-space limit of each upload-validation process (RLIMIT_AS).",
+    )
+    validation_time_limit_s: float = Field(
+        default=300.0, gt=0, description="Longest one upload's validation may take (then 413)."
+    )
+    analysis_time_limit_s: float = Field(
+        default=1800.0, gt=0, description="Longest one analysis may run before the run fails."
+    )
+    analysis_memory_limit_bytes: int = Field(
+        default=16384 * MiB,
+        ge=64 * MiB,
+        description="Address-space limit of the process that runs one analysis (RLIMIT_AS).",
+    )
+    run_worker: bool = Field(
+        default=False,
+        description="Start an analysis worker process with the API and supervise it "
+        "(`cptrace serve` sets it unless --no-worker).",
+    )
+    restart_max: int = Field(
+        default=5,
+        ge=0,
+        description="Restarts of a supervised process within restart_window_s before the "
+        "server gives up and reports itself unhealthy.",
+    )
+    restart_window_s: float = Field(
+        default=300.0, gt=0, description="Window over which restart_max is counted."
+    )
+    restart_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Delay before the first restart; doubles each time (max 30 s).",
+    )
+    worker_heartbeat_s: float = Field(
+        default=2.0, gt=0, description="How often an analysis worker records that it is alive."
+    )
+    health_worker_stale_s: float = Field(
+        default=30.0, gt=0, description="A supervised worker silent this long is reported down."
+    )
+    health_queue_stall_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="An analysis queued this long while no worker heartbeat is fresh is "
+        "reported as a stalled queue.",
+    )
+    health_min_free_bytes: int = Field(
+        default=256 * MiB, ge=0, description="Free disk under data_dir below which /health is 503."
+    )
+    http_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time a client has to send a request's headers."
+    )
+    http_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Longest pause between two pieces of a request body."
+    )
+    http_keep_alive_s: int = Field(
+        default=5, ge=1, description="Idle keep-alive connections are closed after this."
     )
     max_page_size: int = Field(default=500, ge=1, description="Largest `limit` of a list call.")
 

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -128,6 +128,30 @@ class BlobStore:
         for folder in self.tmp.glob("cptrace-bundle-*"):
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
+        return removed
+
+    def iter_digests(self) -> Iterator[str]:
+        """Digests of every blob file on disk (``ab/cdef...`` -> ``abcdef...``)."""
+        for folder in self.root.iterdir():
+            if not folder.is_dir() or len(folder.name) != 2:
+                continue
+            for file in folder.iterdir():
+                digest = folder.name + file.name
+                if _SHA256.match(digest):
+                    yield digest
+
+    def sweep_orphans(self, known: Callable[[str], bool]) -> int:
+        """Remove blob files that no database row refers to.
+
+        Validation writes blobs before the API records their run; a server killed in between
+        leaves files without a row. Call at start-up, before any upload can be in flight.
+        """
+        removed = 0
+        for digest in list(self.iter_digests()):
+            if not known(digest):
+                with contextlib.suppress(OSError):
+                    self.path_for(digest).unlink()
+                    removed += 1
         return removed
 
 

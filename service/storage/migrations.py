@@ -119,6 +119,22 @@ def m001_initial(db: sqlite_utils.Database) -> None:
 
 
 @migrations()
+def m010_job_ownership(db: sqlite_utils.Database) -> None:
+    """Bind runner tokens to a runner identity, and jobs to the token that claimed them, so a
+    runner token acts only on its own jobs (admins act on any)."""
+    db.execute("ALTER TABLE tokens ADD COLUMN runner TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN claim_token_id INTEGER")
+
+
+@migrations()
+def m011_worker_heartbeats(db: sqlite_utils.Database) -> None:
+    """Analysis workers record that they are alive; ``/health`` reads the freshest beat."""
+    db.table("worker_heartbeats").create(
+        {"name": str, "started_at": str, "beat_at": float, "state": str}, pk="name"
+    )
+
+
+@migrations()
 def m020_github_loop(db: sqlite_utils.Database) -> None:
     """The automated pull-request loop: webhook deliveries, PR batches, job checkout fields.
 

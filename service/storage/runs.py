@@ -66,31 +66,32 @@ class RunFilters(BaseModel):
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
 
 
-_METRIC = (
-    "(SELECT value FROM run_metrics m WHERE m.run_id = r.id AND m.metric = '{}' AND m.label = '')"
+# One row per run: the two metrics the list shows are joined once (primary-key lookups), so the
+# verdict reuses the findings value instead of running its subquery again.
+SUMMARY_FROM = (
+    " FROM runs r"
+    " LEFT JOIN run_metrics fm ON fm.run_id = r.id AND fm.metric = 'findings' AND fm.label = ''"
+    " LEFT JOIN run_metrics mm ON mm.run_id = r.id AND mm.metric = 'iteration_median_ms'"
+    " AND mm.label = ''"
 )
-_FINDINGS = _METRIC.format(Metric.FINDINGS.value)
 _VERDICT = (
     "CASE WHEN r.status = 'failed' THEN 'failed' WHEN r.status != 'analysed' THEN 'pending' "
-    f"WHEN {_FINDINGS} IS NULL THEN 'unknown' WHEN {_FINDINGS} > 0 THEN 'findings' "
-    "ELSE 'clean' END"
+    "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
 )
 _IMPLEMENTATION = (
     "CASE WHEN json_valid(r.manifest_json) "
-    "THEN json_extract(r.manifest_json, '$.workload.implementation') END"
+    "THEN CAST(json_extract(r.manifest_json, '$.workload.implementation') AS TEXT) END"
 )
 SUMMARY_COLUMNS = f"""
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
-       {_FINDINGS} AS findings,
-       {_METRIC.format(Metric.ITERATION_MEDIAN_MS.value)} AS median_ms,
-       CAST({_IMPLEMENTATION} AS TEXT) AS implementation,
-       {_VERDICT} AS verdict
-"""
+       fm.value AS findings, mm.value AS median_ms, {_IMPLEMENTATION} AS implementation,
+       {_VERDICT} AS verdict"""
+"""The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
-_SORT_SQL.update(median_ms=_METRIC.format(Metric.ITERATION_MEDIAN_MS.value), findings=_FINDINGS)
+_SORT_SQL.update(median_ms="mm.value", findings="fm.value")
 
 
 def _escape_like(text: str) -> str:
@@ -140,11 +141,14 @@ def list_runs(
     where, params = _where(filters)
     key = _SORT_SQL[sort]
     direction = "DESC" if order == "desc" else "ASC"
-    tie = "" if sort == "id" else f", r.id {direction}"
-    sql = (
-        f"{SUMMARY_COLUMNS}FROM runs r{where} "
-        f"ORDER BY ({key}) IS NULL, {key} {direction}{tie} LIMIT ? OFFSET ?"
+    # By id (the API's and the default order) the rowid order serves it with no sort step: only
+    # the page's rows are computed. Other keys sort, runs without the value last.
+    order_by = (
+        f"r.id {direction}"
+        if sort == "id"
+        else f"({key}) IS NULL, {key} {direction}, r.id {direction}"
     )
+    sql = f"{SUMMARY_COLUMNS}{SUMMARY_FROM}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"
     found = rows(conn, sql, [*params, int(limit), int(offset)])
     for row in found:
         if row["findings"] is not None:  # metrics are stored as REAL
@@ -155,20 +159,131 @@ def list_runs(
 def count_runs(conn: sqlite3.Connection, *, filters: RunFilters) -> int:
     """How many runs match ``filters``."""
     where, params = _where(filters)
-    return int(conn.execute(f"SELECT count(*) FROM runs r{where}", params).fetchone()[0])
+    source = SUMMARY_FROM if filters.verdict else " FROM runs r"  # only the verdict needs fm
+    return int(conn.execute(f"SELECT count(*){source}{where}", params).fetchone()[0])
 
 
 def distinct_values(conn: sqlite3.Connection, *, limit: int = 500) -> dict[str, list[str]]:
     """Values the run list's drop-downs offer, from the newest ``limit`` runs."""
     recent = (
-        f"SELECT r.branch, r.config_key, r.status, CAST({_IMPLEMENTATION} AS TEXT) AS "
-        f"implementation FROM runs r ORDER BY r.id DESC LIMIT ?"
+        f"SELECT r.branch, r.config_key, r.status, {_IMPLEMENTATION} AS implementation "
+        "FROM runs r ORDER BY r.id DESC LIMIT ?"
     )
     found = rows(conn, recent, (limit,))
     return {
         field: sorted({str(row[field]) for row in found if row[field] is not None})
         for field in ("implementation", "config_key", "branch", "status")
     }
+
+
+def summary_with_texts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any] | None:
+    """One run's summary columns plus its stored ``manifest_json`` and ``spec_json`` texts."""
+    found = rows(
+        conn,
+        f"{SUMMARY_COLUMNS}, r.manifest_json, r.spec_json{SUMMARY_FROM} WHERE r.id = ?",
+        (run_id,),
+    )
+    if not found:
+        return None
+    row = found[0]
+    if row["findings"] is not None:
+        row["findings"] = int(row["findings"])
+    return row
+
+
+def run_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:
+    """All files of a run (``RunFile`` fields), in upload order."""
+    return rows(
+        conn,
+        "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
+        "ORDER BY id",
+        (run_id,),
+    )
+
+
+def window_groups(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
+    """The window groups the run's report measured (those with per-step metrics)."""
+    sql = "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND metric = ? ORDER BY label"
+    return [r[0] for r in conn.execute(sql, (run_id, Metric.GPU_BUSY_MS_PER_STEP.value))]
+
+
+def analysis_facts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any]:
+    """The latest analysis task, the run's progress/error and the report's duration."""
+    task = rows(
+        conn,
+        "SELECT status, attempts, error, updated_at FROM analysis_tasks WHERE run_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (run_id,),
+    )
+    run = rows(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,))
+    duration = rows(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
+    return {
+        "task": task[0] if task else None,
+        "run": run[0] if run else {},
+        "duration_s": duration[0]["duration_s"] if duration else None,
+        "has_report": bool(duration),
+    }
+
+
+def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
+    """The stored report text of a run, or None."""
+    row = conn.execute("SELECT report_json FROM reports WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def find_comparison(
+    conn: sqlite3.Connection,
+    *,
+    base_run_id: int,
+    head_run_id: int,
+    base_window: str | None,
+    head_window: str | None,
+) -> dict[str, Any] | None:
+    """The stored comparison row of exactly these runs and windows, or None."""
+    found = rows(
+        conn,
+        "SELECT * FROM comparisons WHERE base_run_id = ? AND head_run_id = ? AND "
+        "base_window = ? AND head_window = ?",
+        (base_run_id, head_run_id, base_window or "", head_window or ""),
+    )
+    return found[0] if found else None
+
+
+def comparison_by_id(conn: sqlite3.Connection, *, comparison_id: int) -> dict[str, Any] | None:
+    found = rows(conn, "SELECT * FROM comparisons WHERE id = ?", (comparison_id,))
+    return found[0] if found else None
+
+
+def list_comparisons(
+    conn: sqlite3.Connection, *, run_id: int | None, limit: int, offset: int
+) -> list[dict[str, Any]]:
+    """Stored comparisons (without their reports), newest first."""
+    where, params = "", []
+    if run_id is not None:
+        where, params = " WHERE base_run_id = ? OR head_run_id = ?", [run_id, run_id]
+    sql = (
+        "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
+        f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
+    )
+    return rows(conn, sql, [*params, limit, offset])
+
+
+def metric_history(
+    conn: sqlite3.Connection, *, config_key: str, metric: str, label: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """One metric across the runs of one configuration (``HistoryPoint`` fields), oldest first."""
+    sql = (
+        'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
+        "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
+        "WHERE r.config_key = ? AND m.metric = ?"
+    )
+    params: list[Any] = [config_key, metric]
+    if label is not None:
+        sql += " AND m.label = ?"
+        params.append(label)
+    sql += " ORDER BY r.id LIMIT ?"
+    params.append(limit)
+    return rows(conn, sql, params)
 
 
 def require_run(conn: sqlite3.Connection, *, run_id: int) -> None:
@@ -292,6 +407,72 @@ def record_report(
     conn.execute(
         "DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?", (run_id, run_id)
     )
+
+
+class _Keep:
+    """Sentinel: leave the column as it is."""
+
+
+KEEP = _Keep()
+
+
+def set_run_state(
+    conn: sqlite3.Connection,
+    *,
+    run_id: int,
+    status: str | _Keep = KEEP,
+    progress: str | _Keep | None = KEEP,
+    error: str | _Keep | None = KEEP,
+    only_if_status: str | None = None,
+    touch: bool = True,
+) -> None:
+    """Update where a run stands (status, progress line, error); columns given as ``KEEP``
+    stay. ``only_if_status``: change nothing unless the run is in that status."""
+    sets: list[str] = []
+    params: list[Any] = []
+    for column, value in (("status", status), ("progress", progress), ("error", error)):
+        if not isinstance(value, _Keep):
+            sets.append(f"{column} = ?")
+            params.append(value)
+    if touch:
+        sets.append("updated_at = ?")
+        params.append(now_iso())
+    where = "id = ?" + (" AND status = ?" if only_if_status else "")
+    params += [run_id, only_if_status] if only_if_status else [run_id]
+    conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE {where}", params)
+
+
+def run_exists(conn: sqlite3.Connection, *, run_id: int) -> bool:
+    return conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+
+
+def trace_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:
+    """The run's trace files (``id, name, format, rank, sha256``), in upload order."""
+    return rows(
+        conn,
+        "SELECT id, name, format, rank, sha256 FROM run_files WHERE run_id = ? AND role = 'trace' "
+        "ORDER BY id",
+        (run_id,),
+    )
+
+
+def manifest_json(conn: sqlite3.Connection, *, run_id: int) -> Any:
+    """The run's stored manifest (decoded), or None."""
+    row = conn.execute("SELECT manifest_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return json.loads(row[0]) if row and row[0] else None
+
+
+def runs_with_reports_older_than(conn: sqlite3.Connection, *, schema_version: int) -> list[int]:
+    """Runs whose stored report has an older schema and no analysis queued or running."""
+    return [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT p.run_id FROM reports p WHERE p.schema_version < ? AND NOT EXISTS ("
+            "SELECT 1 FROM analysis_tasks t WHERE t.run_id = p.run_id "
+            "AND t.status IN ('queued', 'running'))",
+            (schema_version,),
+        )
+    ]
 
 
 def store_comparison(

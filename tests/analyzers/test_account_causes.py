@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from analyzers.account.build import QUEUED
+from analyzers.account.build import NO_WORK, QUEUED
 from analyzers.account.host import UNANNOTATED
 from analyzers.model import RangeKind
 from analyzers.pipeline import analyze_trace
@@ -31,6 +31,12 @@ def _split(step: StepAccount) -> dict[tuple[K, str], int]:
     for p in step.parts:
         out[(p.part, p.label)] += p.time_ns
     return dict(out)
+
+
+def _idle_split(step: StepAccount) -> dict[tuple[K, str], int]:
+    """The split without compute lines (their label is the kernel's helper, whichever entry of
+    the catalog claims a plain ``gemm``)."""
+    return {k: v for k, v in _split(step).items() if k[0] != K.COMPUTE}
 
 
 def _by_part(step: StepAccount) -> dict[K, int]:
@@ -69,8 +75,8 @@ def test_stream_synchronize_is_synchronisation_idle_named_with_its_python_frame(
     b.api_call("cudaStreamSynchronize", 20, 130)  # returns 30 ns after the GPU went idle
     b.kernel("gemm", 200, 205, 95)  # [205, 300)
     step = _step(analyze_trace(b.build()).report)
-    assert _split(step) == {
-        (K.COMPUTE, "(unattributed)"): 185,
+    assert _by_part(step)[K.COMPUTE] == 185
+    assert _idle_split(step) == {
         (K.IDLE_SYNC, "cudaStreamSynchronize"): 30,  # [100, 130)
         # [130, 205): the host after the sync; Python frames do not cut, the one open at 130
         (K.IDLE_HOST, "train.py(12): step"): 75,
@@ -129,8 +135,8 @@ def test_work_queued_before_the_gap_is_other_idle() -> None:
     b.kernel("gemm", 0, 10, 90)  # [10, 100)
     b.kernel("gemm", 5, 150, 50)  # queued at 5, starts at 150: waited on something else
     step = _step(analyze_trace(b.build()).report)
-    assert _split(step) == {
-        (K.COMPUTE, "(unattributed)"): 140,
+    assert _by_part(step)[K.COMPUTE] == 140
+    assert _idle_split(step) == {
         (K.IDLE_HOST, UNANNOTATED): 10,
         (K.IDLE_OTHER, QUEUED): 50,
     }
@@ -149,3 +155,11 @@ def test_memcpy_under_neither_compute_nor_nccl_is_exposed_memcpy() -> None:
     assert parts == {K.COMPUTE: 100, K.EXPOSED_MEMCPY: 100, K.IDLE_HOST: 100}
     copy = next(p for p in step.parts if p.part == K.EXPOSED_MEMCPY)
     assert copy.detail == "Memcpy DtoD (Device -> Device)"
+
+
+def test_a_window_without_gpu_work_is_other_idle() -> None:
+    b = TraceBuilder()
+    b.range("ProfilerStep#1", 0, 500, kind=RangeKind.STEP)
+    b.range(HELPER, 100, 200)  # host work only: a CPU run
+    step = _step(analyze_trace(b.build()).report)
+    assert _split(step) == {(K.IDLE_OTHER, NO_WORK): 500}

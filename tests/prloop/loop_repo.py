@@ -71,7 +71,11 @@ class LoopRepo:
                 or {
                     "gpus": 0,
                     "specs": [{"path": "bench/smoke.yaml"}],
-                    "thresholds": {"min_effect_pct": 5, "max_launch_increase": 0},
+                    "thresholds": {
+                        "min_effect_pct": 5,
+                        "max_launch_increase": 0,
+                        "fail_on_new_findings": "info",
+                    },
                 }
             }
         }

@@ -7,10 +7,12 @@ on gloo, uploads the bundle -> the comment, created on the pull request's first 
 setup fails) and updated on the second (whose spec turns on the bundled attention's broken
 switches: extra padding and zero-fill work), plus the commit statuses.
 
-On CPU the analysis attributes no GPU launches (there are none), so the slow commit fails the
-suite's policy on its iteration time (Mann-Whitney U, bootstrap CI, minimum effect size); the
-per-helper and per-kernel launch deltas of the comment are checked on real H200 traces in
-test_pr_loop_units.py.
+On CPU the analysis attributes no GPU launches (there are none), so there are no per-helper
+launch rows; the slow commit fails the suite's policy through the findings that appeared (the
+broken switches' helpers, cp_attention.grad_zero_fill and the per-step metadata recompute, start
+running: deterministic), and through its iteration time when that beats the shared machine's
+noise. The per-helper and per-kernel launch deltas of the comment are checked on real H200
+traces in test_pr_loop_units.py.
 """
 
 from __future__ import annotations
@@ -147,7 +149,13 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             assert len(first) == 1
             assert "setup command failed" in first[0] and "exited with status 3" in first[0]
             assert "no such package: cp-attn" in first[0]  # the log's tail
-            assert [s["state"] for s in github.statuses_for(broken_setup)][-1] == "error"
+            # The status follows the comment (same publish step, a moment later).
+            setup_status = wait_for(
+                "the first push's status",
+                lambda: [s for s in github.statuses_for(broken_setup) if s["state"] != "pending"],
+                30,
+            )
+            assert setup_status[-1]["state"] == "error"
 
             # main is measured (the baseline), right before the slow commit so that both run
             # under similar load on the shared machine.
@@ -181,7 +189,10 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             assert statuses[-1]["state"] == "failure", text + str(statuses)
             assert statuses[-1]["context"] == "cptrace/smoke"
             assert text.startswith("<!-- cptrace:suite=smoke -->")
-            assert ":x: regression" in text and "- iteration time median" in text
+            assert ":x: regression" in text
+            # Deterministic on CPU: the broken switches' helpers start running (new findings
+            # that name them); the iteration time may or may not beat the machine's noise.
+            assert "new finding(s):" in text and "`cp_attention.grad_zero_fill`" in text
             assert "measured at the merge base" in text and base[:12] in text
             assert f"{PUBLIC}/compare/" in text
             patched = [r for r in github.requests if r.method == "PATCH"]

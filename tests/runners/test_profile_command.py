@@ -113,3 +113,18 @@ def test_sampling_policy() -> None:
     policy = SamplingPolicy(first=3, every=10)
     assert [i for i in range(1, 40) if policy.sampled(i)] == [1, 2, 3, 13, 23, 33]
     assert [i for i in range(1, 6) if SamplingPolicy(first=2, every=0).sampled(i)] == [1, 2]
+
+
+def test_the_probe_never_raises_into_the_job() -> None:
+    from cptrace.probe.record import ProbeState
+    from cptrace.probe.wrappers import CP_ATTN_SITE, _wrap_cp_attn
+
+    state = ProbeState(rank=0, policy=SamplingPolicy(first=2, every=0))
+    attention = _wrap_cp_attn(state, lambda q, k, v, meta, **kw: ("ran", q))
+    # A metadata object the probe cannot read: the call still runs, the error is recorded.
+    assert attention("q", "k", "v", object(), comm="p2p") == ("ran", "q")
+    assert attention("q", "k", "v", object()) == ("ran", "q")
+    assert attention("q", "k", "v", object()) == ("ran", "q")  # not sampled: not inspected
+    assert state.errors[CP_ATTN_SITE]["count"] == 2
+    assert "AttributeError" in state.errors[CP_ATTN_SITE]["first"]
+    assert state.sites[CP_ATTN_SITE].calls == 3

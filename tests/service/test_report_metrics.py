@@ -22,8 +22,9 @@ def test_profiled_only_run_has_no_iteration_median() -> None:
 def test_timed_run_reports_its_timed_median() -> None:
     report = analyze(DEMO / "te-2.20.2-reference-3arms-h200x2.tar.gz")
     metrics = {(m, label): v for m, label, v in report_metrics(report)}
-    timed = {s.label: s.median_ms for s in report.iterations
-             if s.source == "timed" and s.rank is None}
+    timed = {
+        s.label: s.median_ms for s in report.iterations if s.source == "timed" and s.rank is None
+    }
     assert timed, "the demo bundle carries 50 timed iterations per arm"
     for label, median in timed.items():
         assert metrics[("iteration_median_ms", label)] == median

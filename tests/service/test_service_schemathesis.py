@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from service_factories import auth
 
@@ -72,5 +72,87 @@ def test_operation_conforms_to_the_schema(operation: schemathesis.APIOperation) 
 
     key = (operation.method.upper(), operation.path)
     excluded = [positive_data_acceptance] if key in CONTENT_VALIDATED else []
+
+    check()
+
+
+# The two comparison routes take window names (`arm:auto_clone`, ...) next to run ids. Random
+# ids find no run (404) and never reach the window lookup, so these are driven with the ids of
+# two analysed runs and a mix of real, unknown, empty and NUL-laden window names: every answer
+# must still conform (a 4xx for a window the runs do not have, never a 5xx).
+COMPARISON_ROUTES = {("GET", "/api/v1/comparisons/compute"), ("POST", "/api/v1/comparisons")}
+COMPARISON_OPERATIONS = [
+    op for op in OPERATIONS if (op.method.upper(), op.path) in COMPARISON_ROUTES
+]
+
+
+@pytest.fixture(scope="module")
+def analysed_runs() -> tuple[list[int], list[str]]:
+    from fastapi.testclient import TestClient
+    from service_factories import te_3arms_bundle
+
+    from service.bootstrap import seed_demo
+    from service.worker import AnalysisWorker
+
+    client = TestClient(APP)
+    # seeded like the demo runs (the API's upload limit here is 1 MiB, the bundle 4.7 MB)
+    (_DATA_DIR / "seed").mkdir(exist_ok=True)
+    (_DATA_DIR / "seed" / "te-3arms.tar.gz").write_bytes(te_3arms_bundle())
+    (seeded,) = seed_demo(APP.state.db, APP.state.settings, _DATA_DIR / "seed")
+    assert seeded.run_id is not None, seeded.error
+    run_id = seeded.run_id
+    worker = AnalysisWorker(APP.state.settings)
+    try:
+        while worker.run_once():
+            pass
+    finally:
+        worker.close()
+    run = client.get(f"/api/v1/runs/{run_id}").json()
+    assert run["status"] == "analysed", run
+    return [run_id], list(run["window_groups"])
+
+
+@pytest.mark.parametrize(
+    "operation", COMPARISON_OPERATIONS, ids=[op.label for op in COMPARISON_OPERATIONS]
+)
+def test_comparison_routes_with_window_names(
+    operation: schemathesis.APIOperation, analysed_runs: tuple[list[int], list[str]]
+) -> None:
+    from hypothesis import strategies as st
+
+    run_ids, windows = analysed_runs
+    assert len(COMPARISON_OPERATIONS) == 2
+    window = st.one_of(
+        st.none(),
+        st.sampled_from(windows),
+        st.sampled_from(["", "arm:nope", "whole trace\x00", "\x00", "arm:" + "x" * 190]),
+        st.text(max_size=40),
+    )
+
+    @given(case=operation.as_strategy(), base_window=window, head_window=window)
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],  # no shrinking: the failing request is printed as curl
+    )
+    def check(case: schemathesis.Case, base_window: str | None, head_window: str | None) -> None:
+        run_id = run_ids[0]
+        if operation.method.upper() == "GET":
+            case.query = {"base": run_id, "head": run_id}
+            if base_window is not None:
+                case.query["base_window"] = base_window
+            if head_window is not None:
+                case.query["head_window"] = head_window
+        else:
+            case.body = {
+                "base_run_id": run_id,
+                "head_run_id": run_id,
+                "base_window": base_window,
+                "head_window": head_window,
+            }
+        # unknown windows are rightly refused, so schema-valid data need not be accepted
+        case.call_and_validate(headers=ADMIN, excluded_checks=[positive_data_acceptance])
 
     check()

@@ -171,6 +171,61 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
             "sha256",
         ),
         "no manifest": lambda: (tar_gz([("traces/r0.json.gz", kineto)]), 400, "manifest.json"),
+        "NaN in the manifest": lambda: (
+            tar_gz(
+                [
+                    ("manifest.json", good_manifest.replace(b'"cp_size": 2', b'"cp_size": NaN')),
+                    ("traces/r0.json.gz", kineto),
+                ]
+            ),
+            400,
+            "NaN is not a JSON number",
+        ),
+        "manifest nested 2000 deep": lambda: (
+            tar_gz(
+                [
+                    (
+                        "manifest.json",
+                        good_manifest[:-1] + b', "x": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+                    ),
+                    ("traces/r0.json.gz", kineto),
+                ]
+            ),
+            400,
+            "nested deeper",
+        ),
+        "run name too long": lambda: (
+            tar_gz(
+                [
+                    (
+                        "manifest.json",
+                        json.dumps(
+                            {**json.loads(good_manifest), "run": {"name": "n" * 5000}}
+                        ).encode(),
+                    ),
+                    ("traces/r0.json.gz", kineto),
+                ]
+            ),
+            422,
+            "run.name",
+        ),
+        "trace nested 2000 deep": lambda: (
+            bundle_with(
+                "traces/r0.json", b'{"traceEvents": [{"args": ' + b"[" * 2000, "kineto"
+            ),
+            400,
+            "nested deeper",
+        ),
+        "trace without traceEvents": lambda: (
+            bundle_with("traces/r0.json", b'{"traceEvents": 5}', "kineto"),
+            400,
+            "traceEvents is not a list",
+        ),
+        "format differs from content": lambda: (
+            bundle_with("traces/r0.json.gz", kineto, "nsys"),
+            422,
+            "the manifest says 'nsys'",
+        ),
         "gzip bomb trace": lambda: (
             bundle_with("traces/r0.json.gz", gzip_bomb(80 * 1024 * 1024), "kineto"),
             413,
@@ -232,6 +287,14 @@ def test_bad_single_traces(
         headers=runner,
     )
     assert bad_rank.status_code == 400 and "rank" in bad_rank.json()["error"]
+    for rank in ("\u00b2", str(2**63), "1e3"):
+        odd = client.post(
+            TRACES,
+            files={"trace": ("t", KINETO_RANK0.read_bytes())},
+            data={"rank": rank},
+            headers=runner,
+        )
+        assert odd.status_code == 400 and "rank" in odd.json()["error"], (rank, odd.text)
     assert (
         client.post(
             TRACES, files={"trace": ("t", b"x")}, headers=runner, params={"run_id": 999999}

@@ -148,6 +148,22 @@ def test_bad_trace_fails_the_run_with_the_reason(
     assert result.status_code == 409 and run["error"] in result.json()["error"]
 
 
+def test_a_saved_report_uploads_like_a_trace(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any], te_run: int
+) -> None:
+    """A saved ``cptrace analyze --json`` report is accepted where a trace is (by content)."""
+    saved = client.get(f"/api/v1/runs/{te_run}/analysis/result").content
+    resp = client.post(
+        "/api/v1/uploads/traces", files={"trace": ("saved.bin", saved)}, headers=runner
+    )
+    assert resp.status_code == 201, resp.text
+    run_id = resp.json()["run_id"]
+    _drain(app_env)
+    result = client.get(f"/api/v1/runs/{run_id}/analysis/result")
+    assert result.status_code == 200, result.text
+    assert result.json() == client.get(f"/api/v1/runs/{te_run}/analysis/result").json()
+
+
 def test_reanalyse_and_progress(
     client: TestClient, admin: dict[str, str], app_env: dict[str, Any], te_run: int
 ) -> None:

@@ -1,4 +1,10 @@
-"""Workload jobs: submit a spec; runners claim (long poll), heartbeat, complete, fail, release."""
+"""Workload jobs: submit a spec; runners claim (long poll), heartbeat, complete, fail, release.
+
+Ownership: a job belongs to the token that claimed it. A runner token acts (heartbeat,
+complete, fail, release) only on its own jobs, else 403; a token bound to a runner identity
+(``cptrace token create --role runner --runner NAME``) claims only under that name; admins may
+act on any job.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,18 @@ import time
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from contracts.spec import SpecError, parse_spec
 from service import jobs
-from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerAccess, SettingsDep
+from service.api.deps import (
+    AdminAccess,
+    Credentials,
+    DbDep,
+    ReadAccess,
+    RunnerAccess,
+    SettingsDep,
+)
 from service.api.schemas import (
     ClaimedJob,
     ClaimRequest,
@@ -25,10 +38,28 @@ from service.api.schemas import (
     Offset,
     OkBody,
 )
-from service.core.errors import BadRequest, NotFound, UnprocessableEntity
+from service.auth import Principal, lookup_principal
+from service.core.errors import BadRequest, Forbidden, NotFound, Unauthorized, UnprocessableEntity
 from service.storage.database import one, rows
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+async def job_principal(db: DbDep, credentials: Credentials, _: RunnerAccess) -> Principal:
+    """The token behind a job action (its role already checked by ``RunnerAccess``)."""
+    assert credentials is not None  # RunnerAccess refused anonymous calls
+    principal = db.read(lambda c: lookup_principal(c, credentials.credentials))
+    if principal is None:  # revoked since the role check's cache entry
+        raise Unauthorized("the bearer token is not valid")
+    return principal
+
+
+JobPrincipal = Annotated[Principal, Depends(job_principal)]
+
+
+def _owner(principal: Principal) -> int | None:
+    """The token id a job must have been claimed by; None for admins (any job)."""
+    return None if principal.is_admin else principal.token_id
 
 
 def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
@@ -102,13 +133,24 @@ def read_job(job_id: JobId, db: DbDep, _: ReadAccess) -> Job:
 @router.post(
     "/claim", response_model=ClaimedJob, responses={204: {"description": "no job within wait_s"}}
 )
-async def claim(body: ClaimRequest, db: DbDep, settings: SettingsDep, _: RunnerAccess) -> Any:
+async def claim(
+    body: ClaimRequest, db: DbDep, settings: SettingsDep, principal: JobPrincipal
+) -> Any:
     """Take the oldest queued job that fits `gpus`, waiting up to `wait_s` (long poll)."""
+    if principal.runner is not None and body.runner != principal.runner:
+        raise Forbidden(
+            f"this token is bound to runner {principal.runner!r}; it cannot claim as "
+            f"{body.runner!r}"
+        )
     deadline = time.monotonic() + min(body.wait_s, settings.claim_max_wait_s)
     while True:
         claimed = await db.awrite(
             lambda c: jobs.claim_job(
-                c, runner=body.runner, gpus=body.gpus, lease_s=settings.job_lease_s
+                c,
+                runner=body.runner,
+                gpus=body.gpus,
+                lease_s=settings.job_lease_s,
+                token_id=principal.token_id,
             )
         )
         if claimed is not None:
@@ -120,32 +162,46 @@ async def claim(body: ClaimRequest, db: DbDep, settings: SettingsDep, _: RunnerA
 
 
 @router.post("/{job_id}/heartbeat", response_model=Lease)
-def heartbeat(job_id: JobId, db: DbDep, settings: SettingsDep, _: RunnerAccess) -> Lease:
-    """Extend the lease; 404/409 when it was lost (the runner must stop the job)."""
-    expires = db.write(lambda c: jobs.heartbeat_job(c, job_id, lease_s=settings.job_lease_s))
+def heartbeat(job_id: JobId, db: DbDep, settings: SettingsDep, principal: JobPrincipal) -> Lease:
+    """Extend the lease; 404/409 when it was lost (the runner must stop the job), 403 when
+    another runner holds it."""
+    expires = db.write(
+        lambda c: jobs.heartbeat_job(
+            c, job_id, lease_s=settings.job_lease_s, owner=_owner(principal)
+        )
+    )
     return Lease(lease_expires_at=expires)
 
 
 @router.post("/{job_id}/complete", response_model=OkBody)
-def complete(job_id: JobId, body: JobComplete, db: DbDep, _: RunnerAccess) -> OkBody:
+def complete(job_id: JobId, body: JobComplete, db: DbDep, principal: JobPrincipal) -> OkBody:
     """The job finished and produced `run_id`."""
-    db.write(lambda c: jobs.finish_job(c, job_id, status="completed", run_id=body.run_id))
+    db.write(
+        lambda c: jobs.finish_job(
+            c, job_id, status="completed", run_id=body.run_id, owner=_owner(principal)
+        )
+    )
     return OkBody()
 
 
 @router.post("/{job_id}/fail", response_model=OkBody)
-def fail(job_id: JobId, body: JobFail, db: DbDep, _: RunnerAccess) -> OkBody:
+def fail(job_id: JobId, body: JobFail, db: DbDep, principal: JobPrincipal) -> OkBody:
     """The job failed; the reason and log tail are kept on the job."""
     db.write(
         lambda c: jobs.finish_job(
-            c, job_id, status="failed", reason=body.reason, log_tail=body.log_tail
+            c,
+            job_id,
+            status="failed",
+            reason=body.reason,
+            log_tail=body.log_tail,
+            owner=_owner(principal),
         )
     )
     return OkBody()
 
 
 @router.post("/{job_id}/release", response_model=OkBody)
-def release(job_id: JobId, db: DbDep, _: RunnerAccess) -> OkBody:
+def release(job_id: JobId, db: DbDep, principal: JobPrincipal) -> OkBody:
     """Give the job back to the queue (the runner is shutting down)."""
-    db.write(lambda c: jobs.release_job(c, job_id))
+    db.write(lambda c: jobs.release_job(c, job_id, owner=_owner(principal)))
     return OkBody()

@@ -26,6 +26,7 @@ from service.store import (
     run_page_json,
     scans_runs,
 )
+from service.strict_json import strict_dumps
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -37,6 +38,9 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
         from analyzers.manifest import parse_manifest
 
         parse_manifest(body.manifest, source="manifest")  # ManifestError -> 422
+
+    if body.manifest is not None:
+        strict_dumps(body.manifest, what="manifest")  # NaN/Infinity -> 422, never stored
 
     def insert(conn: sqlite3.Connection) -> int:
         return runs.create_run(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
-from service.core.config import Settings
+from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import receive_file
@@ -93,7 +93,10 @@ async def upload_bundle(
     openapi_extra=_form(
         "trace",
         "an nsys SQLite export or PyTorch profiler JSON, optionally gzipped",
-        {"name": {"type": "string", "maxLength": 200}, "rank": {"type": "integer", "minimum": 0}},
+        {
+            "name": {"type": "string", "maxLength": 200},
+            "rank": {"type": "integer", "minimum": 0, "maximum": MAX_RANK},
+        },
     ),
 )
 async def upload_trace(
@@ -145,8 +148,11 @@ def _record(
 def _rank(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    if not raw.isdigit():
-        raise BadRequest(f"form field 'rank': expected a non-negative integer, got {raw!r}")
+    # isascii: str.isdigit() is true for '²', which int() refuses
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_RANK:
+        raise BadRequest(
+            f"form field 'rank': expected an integer from 0 to {MAX_RANK}, got {raw[:40]!r}"
+        )
     return int(raw)
 
 
