@@ -139,6 +139,29 @@ def _kernel_section(report: ComparisonReport, heading: str, limit: int) -> list[
     return lines
 
 
+def _account_section(report: ComparisonReport, heading: str, limit: int) -> list[str]:
+    """Where the step's time went, base vs head: the account lines that moved most (lines under
+    a microsecond per step are noise and left to the comparison page)."""
+    moved = [d for d in report.account if d.label == "(all)" or abs(d.delta_ns) >= 1_000]
+    if not moved:
+        return []
+    rows = [
+        f"| {md_text(d.part.value)} | "
+        f"{'*all*' if d.label == '(all)' else md_code(d.label)} | "
+        f"{_num(d.base_ns / _NS_PER_MS, 3)} | {_num(d.head_ns / _NS_PER_MS, 3)} | "
+        f"{_signed(d.delta_ns / _NS_PER_MS, 3)} |"
+        for d in moved[:limit]
+    ]
+    return [
+        f"{heading} Where the step went (per step, mean over ranks)",
+        "",
+        "| part | attributed to | base ms | head ms | Δ ms |",
+        "|---|---|---:|---:|---:|",
+        *rows,
+        "",
+    ]
+
+
 def _finding_line(finding: Finding, tag: str = "") -> str:
     icon = _SEVERITY_ICON.get(finding.severity, "")
     saving = ""
@@ -209,6 +232,7 @@ def comparison_lines(
     else:
         lines += ["No helper changed its launch count or GPU time.", ""]
     lines += _kernel_section(report, heading, kernel_limit)
+    lines += _account_section(report, heading, kernel_limit)
     if report.notes:
         lines += [
             f"> :warning: Comparability: {md_text('; '.join(report.notes))}",

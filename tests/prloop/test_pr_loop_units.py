@@ -94,6 +94,9 @@ def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> Non
     assert kernels and "Top kernel deltas (per step, summed over ranks)" in body
     assert f"`{kernels[0].name}`" in body.replace("\\|", "|")
     assert slower.total_gpu is not None and "Total GPU time (per step, summed over ranks)" in body
+    assert slower.account and "Where the step went (per step, mean over ranks)" in body
+    top = next(d for d in slower.account if d.label != "(all)" and abs(d.delta_ns) >= 1_000)
+    assert f"| {top.part.value} | `{top.label}` |" in body.replace("\\|", "|")
     assert "No baseline: no analysed run on main" in body
     assert all(f.title in body for f in report.findings)
     assert "The job failed: setup command failed (exited with status 3)" in body
