@@ -227,11 +227,13 @@ class WorkerSupervisor:
         self.state = ComponentState.STOPPED
 
     def status(self) -> WorkerStatus:
-        alive = self.proc is not None and self.proc.poll() is None
+        code = None if self.proc is None else self.proc.poll()
+        alive = self.proc is not None and code is None
+        # The monitor loop records an exit up to one poll interval late; a reader that already
+        # sees the process dead reports how it ended, not the previous death (or none).
+        last_exit = self.last_exit if code is None else describe_exit(code)
         name = None if self.proc is None else f"{socket.gethostname()}:{self.proc.pid}"
-        return WorkerStatus(
-            self.state, alive, self.budget.total, self.last_exit, self.started_at, name
-        )
+        return WorkerStatus(self.state, alive, self.budget.total, last_exit, self.started_at, name)
 
 
 def start_supervision(app: Any) -> None:
