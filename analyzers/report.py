@@ -403,6 +403,12 @@ class HelperHostTime(_Model):
     calls: int  # outermost ranges of the helper
     inclusive_ns: int  # summed duration of those calls
     self_ns: int  # inclusive minus other catalogued helpers' ranges nested inside
+    first_call_ns: int = 0
+    """Duration of the rank's first call of the helper in the whole trace, when that call is
+    one of these (compilation, warm-up); steady state is ``inclusive_ns - first_call_ns``."""
+    sync_ops: int = 0
+    """Catalogued host-sync operators (``[host_sync] ops``: ``aten::item``, ...) started inside
+    these calls on the same thread; on a GPU tensor each waits for the device."""
 
 
 class HostTimeReport(_Model):
