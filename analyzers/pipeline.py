@@ -32,6 +32,7 @@ from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
 from analyzers.report import AnalysisReport, IterationStats, RunEnvironment, SourceInfo
 from analyzers.stats import iteration_stats
+from analyzers.timeline_gaps import timeline_gaps
 from analyzers.windows import WHOLE_TRACE, find_windows
 
 if TYPE_CHECKING:
@@ -286,7 +287,7 @@ def analyze_trace(
         imbalance=metrics.imbalance,
         iterations=iterations,
         findings=findings,
-        timeline=metrics.timeline,
+        timeline=timeline_gaps(trace, att, ranges, catalog, windows, metrics.timeline),
         notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
