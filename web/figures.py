@@ -277,10 +277,38 @@ def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
             "categoryorder": "array",
             "categoryarray": list(reversed(order)),
         },
-        uniformtext={"mode": "hide", "minsize": 9},
+        uniformtext={"mode": "hide", "minsize": 8},
+        annotations=gap_annotations(timeline),
         height=max(260, 90 * len(order) + 120),
     )
     return {"data": data, "layout": layout}
+
+
+def gap_annotations(timeline: Timeline, per_rank: int = 1) -> list[dict[str, Any]]:
+    """The label of each rank's longest idle gap, readable before any zoom (a bar's own text
+    shows only where it fits; more labels would overlap at full width)."""
+    out = []
+    for rank in sorted({g.rank for g in timeline.gaps}):
+        mine = sorted(
+            (g for g in timeline.gaps if g.rank == rank),
+            key=lambda g: g.end_ns - g.start_ns,
+            reverse=True,
+        )
+        for g in mine[:per_rank]:
+            out.append(
+                {
+                    "x": (g.start_ns + g.end_ns) / 2 / NS_PER_MS,
+                    "y": gap_row(rank),
+                    "text": svg_text(gap_text(g)),
+                    "showarrow": True,
+                    "arrowhead": 0,
+                    "ax": 0,
+                    "ay": -26,
+                    "font": {"size": 10},
+                    "bgcolor": "rgba(255,255,255,0.85)",
+                }
+            )
+    return out
 
 
 def gap_row(rank: int) -> str:
@@ -294,13 +322,19 @@ def gap_text(gap: TimelineGap) -> str:
 
 
 def idle_gap_traces(timeline: Timeline) -> list[dict[str, Any]]:
-    """One bar trace per idle cause (account part) on the ranks' idle-gap rows."""
+    """One bar trace per idle cause (account part) on the ranks' idle-gap rows: the full label
+    ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms") in ``hovertext``, helper and
+    duration as the bar's ``text``."""
     out = []
     for part, color in ACCOUNT_COLORS.items():
         gaps = [g for g in timeline.gaps if g.part.value == part]
         if not gaps:
             continue
         labels = [svg_text(gap_text(g)) for g in gaps]
+        # on the bar (where it fits): helper and duration; the colour and hover give the cause
+        short = [
+            svg_text(f"{g.label} {(g.end_ns - g.start_ns) / NS_PER_MS:.3f} ms") for g in gaps
+        ]
         out.append(
             {
                 "type": "bar",
@@ -310,7 +344,7 @@ def idle_gap_traces(timeline: Timeline) -> list[dict[str, Any]]:
                 "base": [g.start_ns / NS_PER_MS for g in gaps],
                 "x": [max(g.end_ns - g.start_ns, 1) / NS_PER_MS for g in gaps],
                 "y": [gap_row(g.rank) for g in gaps],
-                "text": labels,
+                "text": short,
                 "textposition": "inside",
                 "insidetextanchor": "start",
                 "hovertext": labels,

@@ -29,6 +29,7 @@ from service.worker import AnalysisWorker
 ROOT = Path(__file__).resolve().parents[2]
 NSYS_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
 CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+SETTINGS: list[Settings] = []  # the store's settings, for the browser test's own server
 IDLE_PARTS = {
     "idle: host-bound",
     "idle: synchronisation",
@@ -40,6 +41,7 @@ IDLE_PARTS = {
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict[str, int]]]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("gaps"), ingest_workers=0)
+    SETTINGS.append(settings)
     app = create_app(settings)
     token = app.state.db.write_tx(lambda c: create_token(c, role=Role.RUNNER))
     with TestClient(app) as client:
@@ -88,10 +90,13 @@ def test_timeline_draws_the_labelled_idle_gaps_of_the_drawn_step(
     # what the figure draws, per (rank, cause, helper), in ns, from its labels and bar widths
     seen: dict[tuple[int, str, str], float] = defaultdict(float)
     for trace in gaps:
-        for y, text, width in zip(trace["y"], trace["text"], trace["x"], strict=True):
+        for y, text, short, width in zip(
+            trace["y"], trace["hovertext"], trace["text"], trace["x"], strict=True
+        ):
             rank = int(re.fullmatch(r"rank (\d+) · idle gaps", y).group(1))  # type: ignore[union-attr]
             label, ms = re.fullmatch(r"(.+) ([0-9.]+) ms", text).groups()  # type: ignore[union-attr]
             assert label.startswith(trace["name"] + ": ")
+            assert short == f"{label[len(trace['name']) + 2 :]} {ms} ms"  # helper on the bar
             assert float(ms) == pytest.approx(width, abs=5e-4)
             seen[(rank, trace["name"], label[len(trace["name"]) + 2 :])] += width * 1e6
     # ... equals the stored step account's idle parts of exactly those windows
@@ -138,7 +143,7 @@ def test_idle_causes_link_to_the_timeline_at_their_gap(
         (y, text, base, width)
         for t in fig["data"]
         if t.get("legendgroup") == "idle gaps"
-        for y, text, base, width in zip(t["y"], t["text"], t["base"], t["x"], strict=True)
+        for y, text, base, width in zip(t["y"], t["hovertext"], t["base"], t["x"], strict=True)
     }
     for cause, (h0, h1, x0, x1, title) in zip(zoomed, links, strict=True):
         zoom = cause["zoom"]
@@ -179,3 +184,36 @@ def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
     assert data["gpu_observed"] is False
     rules = {f["rule"] for f in data["findings"]}
     assert {"padded-path-without-padding", "zero-fill-without-padding", "gpu-not-observed"} <= rules
+
+
+@pytest.mark.browser
+def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    from web_browser import browser_page, open_page, require_chromium
+    from web_server import serve
+
+    require_chromium()
+    _, ids = store
+    # a second app over the same data directory, under uvicorn, for the browser
+    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
+        open_page(page, f"{url}/runs/{ids['nsys']}")
+        link = page.locator("a.timeline-zoom").first
+        x0, x1 = float(link.get_attribute("data-x0")), float(link.get_attribute("data-x1"))
+        link.click()
+        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
+        shown = page.evaluate(
+            "() => document.getElementById('chart-timeline').layout.xaxis.range"
+        )
+        assert shown == pytest.approx([x0, x1])
+        assert page.url.endswith(link.get_attribute("href") or "?")
+        # the fragment alone zooms too (a shared link), on a fresh load
+        page.goto("about:blank")
+        open_page(page, f"{url}/runs/{ids['nsys']}#timeline@1.0000-2.0000")
+        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
+        shown = page.evaluate(
+            "() => document.getElementById('chart-timeline').layout.xaxis.range"
+        )
+        assert shown == pytest.approx([1.0, 2.0])
+        page.locator("#chart-timeline").screenshot(path="/tmp/fig/timeline_zoom.png")
+        assert page.errors == [], page.errors
