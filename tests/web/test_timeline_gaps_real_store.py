@@ -175,7 +175,9 @@ def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
     assert "Not observed: no GPU activity in this trace." in page
     for name in ("gpu_timeline", "account", "timeline"):
         assert f'id="fig-{name}"' not in page
-    assert 'id="idle-causes"' not in page
+    assert 'id="idle-causes"' not in page and 'class="imbalance"' not in page
+    ranks = re.search(r'<table class="ranks">.*?</table>', page, flags=re.S)
+    assert ranks is not None and "not observed" in ranks.group(0)  # no "GPU busy 0"
     table = re.search(r'<table class="host-time sortable".*?</table>', page, flags=re.S)
     assert table is not None
     assert "get_cu_seqlens_on_cp_rank" in table.group(0)
