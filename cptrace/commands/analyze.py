@@ -357,7 +357,8 @@ def _render_host_time(console: Any, report: Any) -> None:
         table = Table(title=title, title_justify="left")
         for col in ("rank", "helper", "category", f"calls{unit}", f"inclusive ms{unit}"):
             table.add_column(col, justify="left" if col in ("helper", "category") else "right")
-        table.add_column(f"self ms{unit}", justify="right")
+        for col in (f"self ms{unit}", "first call ms", f"sync ops{unit}"):
+            table.add_column(col, justify="right")
         for h in sorted(rows, key=lambda h: (h.rank, -h.inclusive_ns)):
             steps = 1 if whole else max(h.steps, 1)
             table.add_row(
@@ -367,8 +368,14 @@ def _render_host_time(console: Any, report: Any) -> None:
                 f"{h.calls / steps:g}",
                 _ms(h.inclusive_ns / steps),
                 _ms(h.self_ns / steps),
+                _ms(h.first_call_ns) if h.first_call_ns else "-",
+                f"{h.sync_ops / steps:g}",
             )
         console.print(table)
+        console.print(
+            "[dim]inclusive and self include the first call (compilation, warm-up), shown "
+            "apart; sync ops = host-sync operators (aten::item, ...) inside the calls[/]"
+        )
 
 
 def _render_timeline(console: Any, rows: list[Any], group: str) -> None:
