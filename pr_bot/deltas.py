@@ -68,7 +68,7 @@ def metric_rows(report: ComparisonReport) -> list[MetricRow]:
     head_launches = sum(d.head_launches for d in report.helpers)
     rows.append(
         MetricRow(
-            metric="GPU launches per step",
+            metric="launches per step",
             unit="",
             base=base_launches,
             head=head_launches,
@@ -94,7 +94,7 @@ def metric_rows(report: ComparisonReport) -> list[MetricRow]:
     )
     for metric, delta_ns in (
         ("step span", report.span_delta_ns),
-        ("GPU busy per step", report.busy_delta_ns),
+        ("GPU busy per step (clipped to the window)", report.busy_delta_ns),
     ):
         rows.append(
             MetricRow(
