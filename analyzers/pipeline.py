@@ -268,7 +268,9 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
+    if metrics.gpu is None:  # compute_metrics always sets it
+        raise RuntimeError("metrics without a GPU timeline")
+    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps, metrics.gpu)
     hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
         evaluate(metrics, manifest, catalog=catalog, iterations=iterations, host_time=hosted),

@@ -142,8 +142,9 @@ class WindowBasis(StrEnum):
     """Which interval a timeline window covers."""
 
     GPU_ANNOTATION = "gpu annotation"
-    """Kineto ``gpu_user_annotation`` of the step: first to last GPU activity the step's
-    annotation enclosed, on any stream."""
+    """Kineto ``gpu_user_annotation`` of the step (first to last GPU activity the step's
+    annotation enclosed, on any stream), extended to the end of the work launched inside the CPU
+    step on any thread, never into the next window (``analyzers.timeline``)."""
     CPU_RANGE = "cpu range"
     """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
     TRACE = "trace span"
