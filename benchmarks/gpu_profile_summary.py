@@ -89,7 +89,8 @@ def main() -> int:
     _findings("cptrace analyze (profiled te_transformer bundle)",
               _load(out / "profile_report.json"))
     print("### probe overhead (benchmarks/probe_overhead.py)")
-    for line in _log_lines(work / "probe-overhead.log", ("spec", "|", "probe's own", "/")):
+    starts = ("spec", "|", "probe's own", "per sampled", "steady")
+    for line in _log_lines(work / "probe-overhead.log", starts):
         print(line)
     for name in ("fp8-misaligned", "fp8-aligned"):
         for line in _log_lines(work / f"{name}.log", ("bundle", "run failed", "error", "Error")):

@@ -128,3 +128,26 @@ def test_the_probe_never_raises_into_the_job() -> None:
     assert state.errors[CP_ATTN_SITE]["count"] == 2
     assert "AttributeError" in state.errors[CP_ATTN_SITE]["first"]
     assert state.sites[CP_ATTN_SITE].calls == 3
+
+
+def test_the_record_is_written_at_once_then_at_most_every_interval(tmp_path: Path) -> None:
+    from cptrace.probe.record import CallFacts, ProbeState
+
+    state = ProbeState(rank=0, policy=SamplingPolicy(), out_dir=tmp_path, dump_interval_s=3600)
+    site = state.site("s")
+    path = tmp_path / "probe_rank0.json"
+
+    def sample(qkv_format: str) -> Path | None:
+        site.tick()
+        site.record({"qkv_format": qkv_format}, CallFacts(cu_seqlens=[0, 8], local_tokens=8))
+        return state.maybe_dump()
+
+    assert sample("thd") == path  # the first sampled call: written (a crash later keeps it)
+    assert sample("thd") is None  # same signature inside the interval: not rewritten
+    assert json.loads(path.read_text())["sites"]["s"]["sampled_calls"] == 1
+    assert sample("bshd") == path  # a new signature: written at once
+    state.dump_interval_s = 0
+    assert sample("bshd") == path  # the interval passed
+    record = json.loads(path.read_text())
+    assert record["sites"]["s"]["sampled_calls"] == 4
+    assert record["dump_ms"] >= 0 and state.dump_ns > 0
