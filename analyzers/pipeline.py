@@ -25,6 +25,7 @@ from analyzers.errors import (
     UnsupportedTraceError,
 )
 from analyzers.findings import evaluate
+from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time
 from analyzers.manifest import RunManifest, load_manifest
@@ -290,7 +291,9 @@ def analyze_trace(
         iterations=iterations,
         findings=findings,
         timeline=timeline_gaps(trace, att, ranges, catalog, windows, metrics.timeline),
-        notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
+        notes=_notes(trace, manifest, metrics, iterations)
+        + accounts.notes
+        + uncited_observations(manifest, findings),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         host_time=hosted,
