@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pr_bot.github import RetryPolicy
-from service.github_loop.models import RepoConfig
+from service.github_loop.models import RepoConfig, first_error
 
 MiB = 1024 * 1024
 
@@ -73,11 +73,7 @@ class LoopSettings(BaseSettings):
             try:
                 configs[str(repo)] = RepoConfig.model_validate(body or {})
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise LoopConfigError(
-                    f"{self.repos_file}: {repo}.{where}: {first['msg']}"
-                ) from exc
+                raise LoopConfigError(f"{self.repos_file}: {repo}.{first_error(exc)}") from exc
         return configs
 
     def repo_config(self, repo: str) -> RepoConfig:
