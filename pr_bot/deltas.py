@@ -149,7 +149,9 @@ class HostTimeRow(BaseModel):
 
 
 def _host_per_step(report: AnalysisReport, group: str) -> dict[str, tuple[float, float]]:
-    """helper -> (calls, host ms) per step of ``group``, summed over ranks."""
+    """helper -> (calls, self host ms) per step of ``group``, summed over ranks. Self time
+    (nested catalogued helpers' ranges left out) puts a growth on the helper that does the
+    work, not also on every helper around it."""
     out: dict[str, tuple[float, float]] = {}
     if report.host_time is None:
         return out
@@ -158,7 +160,7 @@ def _host_per_step(report: AnalysisReport, group: str) -> dict[str, tuple[float,
             continue
         steps = max(row.steps, 1)
         calls, ms = out.get(row.helper, (0.0, 0.0))
-        out[row.helper] = (calls + row.calls / steps, ms + row.inclusive_ns / steps / NS_PER_MS)
+        out[row.helper] = (calls + row.calls / steps, ms + row.self_ns / steps / NS_PER_MS)
     return out
 
 

@@ -38,5 +38,8 @@ GPU_TIME_PER_STEP = "GPU time ms/step (summed over helpers and ranks)"
 SPAN_PER_STEP = "span ms/step (mean over ranks)"
 BUSY_PER_STEP = "busy ms/step (mean over ranks, clipped to the step)"
 HOST_CALLS_PER_STEP = "calls per step"
-HOST_MS_PER_STEP = "host ms/step"
-HOST_BASIS = "host ranges of each helper's outermost calls, per step, summed over ranks"
+HOST_MS_PER_STEP = "self host ms/step"
+HOST_BASIS = (
+    "host ranges of each helper's outermost calls, less the catalogued helpers nested in them; "
+    "per step, summed over ranks"
+)

@@ -42,6 +42,11 @@ class LoopSettings(BaseSettings):
     approval_command: str = Field(
         default="/cptrace run", description="comment command that approves a fork's head"
     )
+    check_runs: bool = Field(
+        default=False,
+        description="post check runs (Checks API: GitHub App tokens) instead of commit "
+        "statuses, so no baseline is 'neutral'; a token that may not falls back to statuses",
+    )
     max_payload_bytes: int = Field(default=25 * MiB, ge=1024)
     job_max_attempts: int = Field(default=2, ge=1)
     publish_interval_s: float = Field(

@@ -29,7 +29,6 @@ from pr_bot.suite_comment import (
     FailedSpec,
     SpecResult,
     UnbaselinedSpec,
-    github_state,
     render_suite_comment,
     status_description,
     suite_state,
@@ -37,6 +36,7 @@ from pr_bot.suite_comment import (
 from service import jobs, store
 from service.auth import now_iso
 from service.github_loop.baseline import choose_baseline, run_tags
+from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.storage.database import Database, one, rows
 
@@ -242,11 +242,13 @@ class Publisher:
                         client, batch["repo"], int(batch["pr_number"]), marker, body
                     )
                     comment_url = posted.url
-                client.create_commit_status(
+                post_commit_state(
+                    client,
+                    self.loop,
                     batch["repo"],
                     batch["head_sha"],
-                    github_state(state),
                     context=f"cptrace/{batch['suite']}",
+                    state=state,
                     description=status_description(results),
                     target_url=target,
                 )
