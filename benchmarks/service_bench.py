@@ -165,7 +165,7 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, port: int, cores: set[int] | None
+    data_dir: Path, port: int, cores: set[int] | None, *, worker: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "CPTRACE_WORKER_POLL_S": "0.05"}
     args = [
@@ -179,6 +179,7 @@ def start_server(
         str(port),
         "--data-dir",
         str(data_dir),
+        *([] if worker else ["--no-worker"]),
     ]
     log = (data_dir / "server.log").open("wb")
     # Pinned before exec: uvicorn, its threads, the ingest process and the worker inherit it.
@@ -285,21 +286,35 @@ BODY_FORMS = ("raw", "multipart")
 application/gzip``, what ``cptrace upload`` sends) or a multipart form field ``bundle``."""
 
 
+_clients = threading.local()
+
+
+def http_client() -> Any:
+    """This thread's keep-alive ``httpx.Client``: a new client per request would cost a TLS
+    context and a connection each time (tens of ms of the load generator's CPU per upload,
+    counted in the throughput although no real uploader pays it)."""
+    import httpx
+
+    client = getattr(_clients, "client", None)
+    if client is None:
+        client = _clients.client = httpx.Client(timeout=300)
+    return client
+
+
 def upload(base: str, token: str, data: bytes, form: str = "raw") -> dict[str, Any]:
     """POST one bundle; the JSON answer plus ``_timing``: the server's ``Server-Timing``
     phases in seconds."""
-    import httpx
-
     headers = {"Authorization": f"Bearer {token}"}
+    client = http_client()
     if form == "raw":
-        resp = httpx.post(
+        resp = client.post(
             f"{base}/uploads/bundles",
             content=data,
             headers={**headers, "Content-Type": "application/gzip"},
             timeout=300,
         )
     else:
-        resp = httpx.post(
+        resp = client.post(
             f"{base}/uploads/bundles",
             files={"bundle": ("b.tar.gz", data)},
             headers=headers,
@@ -353,7 +368,7 @@ def latency_under_ingest(
     def ingest() -> None:
         while not stop.is_set() and bundles:
             started = time.perf_counter()
-            upload(base, token, bundles.pop())
+            upload(base, token, bundles.pop(), args.forms[0])
             ingested[0] += 1
             ingested[1] += time.perf_counter() - started
 
@@ -401,7 +416,8 @@ def describe_phases(phases: dict[str, float], size: int) -> str:
     return (
         f"{rate} (total {ms.get('total', 0):.0f} ms: receive {ms.get('receive', 0):.0f}, "
         f"stage {ms.get('stage', 0):.0f} [read {ms.get('stage-read', 0):.0f}, check "
-        f"{ms.get('stage-check', 0):.0f}, commit {ms.get('stage-commit', 0):.0f}; CPU "
+        f"{ms.get('stage-check', 0):.0f}, commit {ms.get('stage-commit', 0):.0f} of which "
+        f"disk wait {ms.get('stage-sync-wait', 0):.0f}; CPU "
         f"{ms.get('stage-cpu', 0):.0f}], record {ms.get('record', 0):.0f})"
     )
 
@@ -472,7 +488,16 @@ def main() -> None:
     parser.add_argument(
         "--uploads-only",
         action="store_true",
-        help="only the upload-throughput rows (no read-latency passes, no time to analysis)",
+        help="only the upload-throughput rows (no read-latency passes, no time to analysis; "
+        "the server runs without its analysis worker, so nothing competes and nothing is waited "
+        "for between rows)",
+    )
+    parser.add_argument(
+        "--forms",
+        nargs="+",
+        choices=BODY_FORMS,
+        default=list(BODY_FORMS),
+        help="upload body forms to measure (a server before the raw form knows only multipart)",
     )
     parser.add_argument(
         "--upload-rounds",
@@ -487,11 +512,11 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="cptrace-bench-"))
     populate(data_dir, args.runs)
     port = free_port()
-    proc, token = start_server(data_dir, port, server_cores)
+    proc, token = start_server(data_dir, port, server_cores, worker=not args.uploads_only)
     base = f"http://127.0.0.1:{port}/api/v1"
     rows: list[tuple[str, str]] = []
     try:
-        upload(base, token, kineto_bundle("warmup"))  # start the ingest process
+        upload(base, token, kineto_bundle("warmup"), args.forms[0])  # start the ingest process
         passes = [("closed loop", 0.0)] + [
             (f"open loop {args.readers / think:.0f} req/s", think) for think in args.think
         ]
@@ -522,9 +547,10 @@ def main() -> None:
         size = len(kineto_bundle("size"))
         for round_ in range(args.upload_rounds):
             for clients in (1, 4):
-                for form in BODY_FORMS if round_ % 2 == 0 else BODY_FORMS[::-1]:
+                for form in args.forms if round_ % 2 == 0 else args.forms[::-1]:
                     bundles = [kineto_bundle(f"tp{round_}-{clients}-{form}-{i}") for i in range(8)]
-                    wait_idle(base)  # the analyses of earlier uploads would share the CPU
+                    if not args.uploads_only:
+                        wait_idle(base)  # the analyses of earlier uploads would share the CPU
                     rate, phases = throughput(base, token, bundles, clients, form)
                     what = f"{size / 1e6:.1f} MB bundles, {clients} client(s), {form} body"
                     rows.append((f"upload throughput, {what}", f"{rate:.1f} MB/s"))
