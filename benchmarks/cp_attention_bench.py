@@ -658,8 +658,9 @@ def main() -> None:
                         help="single-GPU per-rank compute floor (see module docstring)")
     parser.add_argument("--floor-cp", type=lambda s: [int(x) for x in s.split(",")],
                         default=[2, 4])
-    parser.add_argument("--arms", type=lambda s: s.split(","), default=None,
-                        help="floor arms to run (default: all)")
+    parser.add_argument("--arms", type=lambda s: [a.strip() for a in s.split(";")],
+                        default=None,
+                        help="floor arms to run, ';'-separated (names hold commas; default: all)")
     parser.add_argument("--profile-reps", type=int, default=3,
                         help="floor: profiled iterations per arm; kernel time is their median")
     args = parser.parse_args()

@@ -143,8 +143,11 @@ def _gather_kernel():
     def gather_rows(out_ptr, out_idx_ptr, src_ptr, src_idx_ptr, other_ptr, s_out_t, s_src_t,
                     s_other_t, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
                     HAS_OUT_IDX: tl.constexpr, HAS_OTHER: tl.constexpr):
-        i = tl.program_id(0)
-        row = tl.load(out_idx_ptr + i) if HAS_OUT_IDX else i
+        i = tl.program_id(0).to(tl.int64)
+        if HAS_OUT_IDX:
+            row = tl.load(out_idx_ptr + i)
+        else:
+            row = i
         src_row = tl.load(src_idx_ptr + i)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = col < WIDTH
