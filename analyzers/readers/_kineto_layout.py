@@ -162,11 +162,12 @@ class RowSink:
     (merged with the vectorized rows in file order)."""
     emit: Callable[[str, npt.NDArray[np.void]], None]
     """Receives ("ranges" | "launches", rows in file order) once per chunk."""
-    is_launch: Callable[[str], bool]
-    """Whether a runtime/driver API name launches GPU work (others make no launch row)."""
+    keeps_api: Callable[[str], bool]
+    """Whether a runtime/driver API call becomes a row of the launches table (a launch or a
+    host sync; every other API call makes no row)."""
     name_ids: dict[bytes, int] = field(default_factory=dict)
     launch_ids: dict[bytes, int] = field(default_factory=dict)
-    """API name text -> string id, or -1 for an API that launches nothing."""
+    """API name text -> string id, or -1 for an API the launches table does not keep."""
 
 
 def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSink) -> None:
@@ -606,7 +607,8 @@ def _emit(
     launches["end"] = end[is_launch]
     launches["correlation"] = correlation[is_launch]
     launches["api"] = name_of[is_launch]
-    keep = name_of[is_launch] >= 0  # APIs that launch nothing make no row
+    launches["sync"] = False  # set from the API names once the file is read
+    keep = name_of[is_launch] >= 0  # APIs the launches table does not keep make no row
     if slow_ranges:
         ranges = np.insert(ranges, range_at, np.array(slow_ranges, dtype=RANGE_DTYPE))
         slow_ranges.clear()
@@ -673,6 +675,6 @@ def _name_id(raw: bytes, launch: bool, sink: RowSink) -> int:
     found = table.get(raw)
     if found is None:
         name = _decode_name(raw)
-        found = -1 if launch and not sink.is_launch(name) else sink.strings.intern(name)
+        found = -1 if launch and not sink.keeps_api(name) else sink.strings.intern(name)
         table[raw] = found
     return found
