@@ -172,10 +172,13 @@ def read_chunks(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
     buf = buf[events_at:]
     done = False
     while True:
-        while not done and len(buf) < CHUNK_BYTES:
+        parts, size = [buf], len(buf)
+        while not done and size < CHUNK_BYTES:  # joined once: no copy per block read
             block = next(blocks, b"")
             done = not block
-            buf += block
+            parts.append(block)
+            size += len(block)
+        buf = b"".join(parts)
         structure = _Structure(buf)
         ends = np.flatnonzero(structure.close_depth <= 0)
         closing = np.flatnonzero(structure.close_depth[ends] < 0)
