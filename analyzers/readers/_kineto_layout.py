@@ -62,6 +62,7 @@ MAX_EVENT_BYTES = 64 << 20
 
 EVENTS_OPEN = b'"traceEvents": [\n'
 SEPARATOR = b"\n  },\n  {\n"
+FIRST_EVENT = b'  {\n    "'
 EVENTS_CLOSE = b"\n  }\n  ]"
 X_PREFIX = b'    "ph": "X", "cat": "'
 PH_PREFIX = b'    "ph": "'
@@ -187,8 +188,14 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
         raise LayoutMismatch("no traceEvents array in Kineto's layout")
     header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
     buf = buf[found + len(EVENTS_OPEN) :]
-    if buf.startswith(b"  {\n") and not buf.startswith(b'  {\n    "'):
-        # The first event's keys are not at indent 4 (json.dump(indent=1) and the like).
+    while len(buf) < len(FIRST_EVENT):  # enough text to see how the first event is indented
+        block = next(blocks, b"")
+        if not block:
+            break
+        buf += block
+    if buf.lstrip(b" \t\r\n").startswith(b"{") and not buf.startswith(FIRST_EVENT):
+        # The first event is not at indent 2 with its keys at indent 4 (json.dump(indent=N)):
+        # another layout, known at once (not after probing megabytes for a separator).
         raise LayoutMismatch("the first event is not in Kineto's line layout")
     done = False
     first = True
