@@ -28,7 +28,7 @@ from analyzers.attribution import (
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
 from analyzers.kernels import KernelTables, device_figures
-from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
@@ -322,7 +322,7 @@ def _rank_summaries(
     acts = trace.activities
     w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
     clipped = {t.rank: t for t in timelines if t.window == placed.group}
-    launches = trace.launches
+    launches = trace.launches[launch_calls(trace.launches)]  # not the host-sync calls
     in_window = assign_windows(
         launches["rank"].astype(np.int64), launches["start"].astype(np.int64), placed.windows
     )

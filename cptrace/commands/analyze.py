@@ -114,16 +114,34 @@ def analyze(
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
+    from analyzers.pipeline import FailedRunError
+
     try:
         report = _run_analyze(
             traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
         )
+    except FailedRunError as exc:
+        # the bundle of a job that failed: the one-line error, then what the manifest shows
+        failed = _fail(exc)
+        _render_manifest_findings(exc.findings, as_json)
+        raise failed from exc
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
         return
     render_report(report)
+
+
+def _render_manifest_findings(findings: list[Any], as_json: bool) -> None:
+    """Findings from a failed run's manifest alone (``--json``: a JSON list on stdout)."""
+    if as_json:
+        typer.echo(json.dumps([f.model_dump(mode="json") for f in findings], indent=2))
+        return
+    if findings:
+        from rich.console import Console
+
+        _render_findings(Console(), findings, "Findings from the run manifest (no trace)")
 
 
 def compare(
