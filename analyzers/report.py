@@ -473,6 +473,8 @@ class AnalysisReport(_Model):
     iterations: list[IterationStats] = Field(default_factory=list)
     findings: list[Finding]
     timeline: Timeline | None = None
+    other_timelines: list[Timeline] = Field(default_factory=list)
+    """The dashboard timeline (with its idle gaps) of every other step group."""
     notes: list[str] = Field(default_factory=list)
     host_syncs: list[HostSyncStat] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
