@@ -596,6 +596,9 @@ class ComparisonReport(_Model):
     kernel_deltas: list[KernelDelta] = Field(default_factory=list)
     total_gpu: GpuTotal | None = None
     ranks: list[RankDelta] = Field(default_factory=list)
+    gpu_observed: bool = True
+    """False when either side's trace has no GPU activity: its helper, kernel, Total GPU, busy
+    and account figures are not observed (the CLI and the page say so instead of zeros)."""
     notes: list[str] = Field(default_factory=list)
     """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
     timeline_base: list[GroupTimeline] = Field(default_factory=list)

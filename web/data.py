@@ -421,9 +421,10 @@ def compare_page(
         figs["distributions"] = figures.comparison_distributions(report.iterations)
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
-    figs.update(comparison_timeline_figures(report))
-    if report.account:
-        figs["account_delta"] = figures.account_delta_bars(report.account)
+    if report.gpu_observed:  # else every GPU figure would read 0 or "idle: other"
+        figs.update(comparison_timeline_figures(report))
+        if report.account:
+            figs["account_delta"] = figures.account_delta_bars(report.account)
     context = CommentContext(
         suite="preview",
         base_name=run_label(base.id, base.name, base.commit, base_window),

@@ -234,3 +234,25 @@ def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
         page.wait_for_function(zoomed, arg="timeline")
         assert page.evaluate(shown, "timeline") == pytest.approx([1.0, 2.0])
         assert page.errors == [], page.errors
+
+
+def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, ids = store
+    run = ids["cpu"]
+    params = {"base_window": "arm:fixed", "head_window": "arm:broken"}
+    page = client.get(f"/compare/{run}/{run}", params=params)
+    assert page.status_code == 200, page.text
+    text = page.text
+    assert "not observed: no GPU activity in this trace" in text
+    for section in (
+        'id="total-gpu"',
+        'id="helper-deltas"',
+        'id="fig-account_delta"',
+        'id="fig-gpu_timeline"',
+    ):
+        assert section not in text
+    data = client.get(f"/compare/{run}/{run}.json", params=params).json()
+    assert data["report"]["gpu_observed"] is False
+    assert any("no GPU activity in the base and head trace" in n for n in data["report"]["notes"])
