@@ -67,6 +67,9 @@ class Metrics:
     imbalance: list[Imbalance] = field(default_factory=list)
     host_syncs: list[HostSyncStat] = field(default_factory=list)
     timeline: Timeline | None = None
+    other_timelines: list[Timeline] = field(default_factory=list)
+    """The same dashboard timeline for every other step group (the run page links idle causes
+    of each group to its gaps)."""
     devices: list[DeviceFigures] = field(default_factory=list)
     kernels: list[KernelStat] = field(default_factory=list)
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
@@ -553,8 +556,12 @@ def compute_metrics(
         metrics.host_syncs += _host_syncs(
             trace, catalog, att, ranges, placed, metrics.steps, sync_ops
         )
-        if metrics.timeline is None and (group != WHOLE_TRACE or len(groups) == 1):
-            metrics.timeline = _timeline(trace, att, placed, timeline_limit)
+        if group != WHOLE_TRACE or len(groups) == 1:
+            drawn = _timeline(trace, att, placed, timeline_limit)
+            if metrics.timeline is None:
+                metrics.timeline = drawn
+            else:
+                metrics.other_timelines.append(drawn)
     metrics.helpers.sort(key=lambda h: (groups.index(h.window), h.rank, -h.gpu_time_ns))
     return metrics
 

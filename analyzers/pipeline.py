@@ -348,6 +348,8 @@ def analyze_trace(
         catalog,
     )
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
+    timelines = [metrics.timeline] if metrics.timeline else []
+    drawn = timeline_gaps(trace, att, ranges, catalog, windows, timelines + metrics.other_timelines)
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),
@@ -359,7 +361,8 @@ def analyze_trace(
         imbalance=metrics.imbalance,
         iterations=iterations,
         findings=findings,
-        timeline=timeline_gaps(trace, att, ranges, catalog, windows, metrics.timeline),
+        timeline=drawn[0] if drawn else None,
+        other_timelines=drawn[1:],
         notes=_notes(trace, manifest, metrics, iterations)
         + accounts.notes
         + uncited_observations(manifest, findings),
