@@ -31,7 +31,7 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,13 +103,16 @@ class _Lines:
             self.lines.append(line)
         return found
 
-    def codes(self, keys: IntArray, make: Mapping[int, Line]) -> IntArray:
-        """Global codes for per-record local ``keys`` (``make`` gives each key's line)."""
+    def codes(self, keys: IntArray, line_of: Callable[[int], Line]) -> IntArray:
+        """Global codes for per-record local ``keys``: records with equal keys share a line, made
+        once per distinct key by ``line_of(i)`` from one record ``i`` holding it."""
         if len(keys) == 0:
             return np.empty(0, dtype=np.int64)
-        distinct, inverse = np.unique(keys, return_inverse=True)
-        table = np.array([self.code(make[int(k)]) for k in distinct.tolist()], dtype=np.int64)
-        return table[inverse.reshape(-1)]
+        local, n = _dense(keys)
+        holder = np.empty(n, dtype=np.int64)
+        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
+        table = np.array([self.code(line_of(i)) for i in holder.tolist()], dtype=np.int64)
+        return table[local]
 
 
 @dataclass(slots=True)
@@ -309,8 +312,7 @@ class _GroupPass:
 
     def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
         helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
-        make = {int(h): self.ctx.helper_line(part, int(h)) for h in np.unique(helper).tolist()}
-        return self.ctx.lines.codes(helper, make)
+        return self.ctx.lines.codes(helper, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
     def _compute(self, mask: BoolArray) -> Union:
         """Computation by helper; returns the computation union the other parts subtract."""
@@ -331,24 +333,22 @@ class _GroupPass:
         waiting = (wait_end - lo) - comp.covered(seg, lo, wait_end)
         keys = self.ctx.comm_key[r]
         lines = self.ctx.comm_lines
-        comm = {
-            k: Line(AccountPartKind.EXPOSED_COMMUNICATION, name, self.ctx.att.category_of(h))
-            for k, (h, name) in lines.items()
-        }
+        category = self.ctx.att.category_of
+
+        def comm(i: int) -> Line:
+            h, name = lines[int(keys[i])]
+            return Line(AccountPartKind.EXPOSED_COMMUNICATION, name, category(h))
+
         self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
-        peer_keys = keys * 1024 + (peer_rank + 1)
-        peer: dict[int, Line] = {}
-        _, first = np.unique(peer_keys, return_index=True)
-        for i in first.tolist():
+
+        def peer(i: int) -> Line:
             h, name = lines[int(keys[i])]
             pr = int(peer_rank[i])
-            peer[int(peer_keys[i])] = Line(
-                AccountPartKind.IDLE_PEER,
-                name,
-                self.ctx.att.category_of(h),
-                f"last to arrive: rank {pr}" if pr >= 0 else None,
-            )
+            late = f"last to arrive: rank {pr}" if pr >= 0 else None
+            return Line(AccountPartKind.IDLE_PEER, name, category(h), late)
+
+        peer_keys = keys * 1024 + (peer_rank + 1)
         self._add(rows, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
 
     def _memcpy(self, mask: BoolArray, busy: Union) -> None:
@@ -361,13 +361,12 @@ class _GroupPass:
         helper = self.ctx.att.helper[r].astype(np.int64)
         name = self.ctx.trace.activities["name"][r].astype(np.int64)
         keys = (helper + 1) * (len(self.ctx.trace.strings) + 1) + name
-        _, first = np.unique(keys, return_index=True)
-        make = {
-            int(keys[i]): self.ctx.helper_line(
-                AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), self.ctx.trace.strings[int(name[i])]
-            )
-            for i in first.tolist()
-        }
+        strings = self.ctx.trace.strings
+
+        def make(i: int) -> Line:
+            kind = strings[int(name[i])]
+            return self.ctx.helper_line(AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), kind)
+
         self._add(rows, self.ctx.lines.codes(keys, make), exposed, lo)
 
     def _idle(self) -> None:
@@ -394,12 +393,12 @@ class _GroupPass:
         other_reason = np.where(
             owner < 0, 0, np.where(thread < 0, 1, 2)
         )  # 0: no work, 1: no launch row, 2: queued
-        reasons = {0: NO_WORK, 1: NO_LAUNCH, 2: QUEUED}
+        reasons = (NO_WORK, NO_LAUNCH, QUEUED)
         other = ~host
-        make = {k: Line(AccountPartKind.IDLE_OTHER, v) for k, v in reasons.items()}
+        why = other_reason[other]
         self.records.add(
             gaps.seg[other],
-            ctx.lines.codes(other_reason[other], make),
+            ctx.lines.codes(why, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
             (gaps.end - gaps.start)[other],
             gaps.start[other],
             thread[other],
@@ -411,13 +410,10 @@ class _GroupPass:
         labels = ctx.host.labels(thread[gap], lo)
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
         keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
-        _, first = np.unique(keys, return_index=True)
-        make = {
-            int(keys[i]): self._host_line(
-                int(labels.type[i]), int(labels.value[i]), int(labels.detail[i])
-            )
-            for i in first.tolist()
-        }
+
+        def make(i: int) -> Line:
+            return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
+
         self.records.add(
             gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, thread[gap], unit[gap]
         )
@@ -444,6 +440,17 @@ def _sorted_distinct(values: IntArray) -> IntArray:
     keep = np.ones(len(v), dtype=bool)
     keep[1:] = v[1:] != v[:-1]
     return v[keep]
+
+
+def _dense(values: IntArray) -> tuple[IntArray, int]:
+    """Dense codes 0..n-1 of any int64 values (in value order) and n: by counting when the
+    values are small non-negative ints, else by ``factorize`` (a few O(n) passes when there
+    are few distinct values, a sort otherwise)."""
+    lo, hi = int(values.min()), int(values.max())
+    if lo >= 0 and hi < 4 * len(values) + 1024:
+        return _dense_small(values)
+    (local,) = factorize(values)
+    return local, int(local.max()) + 1
 
 
 def _dense_small(values: IntArray) -> tuple[IntArray, int]:

@@ -119,6 +119,10 @@ class HostStates:
         sync_op_rows = np.flatnonzero(np.isin(names, sync_symbols) & (kind == RangeKind.CPU_OP))
         other = (kind != RangeKind.PYTHON) & (kind != RangeKind.STEP)
         other &= ~np.isin(names, window_symbols)
+        # Catalogued ranges are looked up first (``labels``): an instant the other index is
+        # asked about lies in none of them, so leaving them out changes no answer.
+        other[ranges.specific.rows] = False
+        other[ranges.container.rows] = False
         self._sync_ops = _index(trace, sync_op_rows.astype(np.int64))
         self._calls = _sync_calls(trace, catalog, att)
         self._any = _index(trace, np.flatnonzero(other).astype(np.int64))

@@ -61,11 +61,13 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     if n == 0:
         return Owned(_EMPTY, _EMPTY, _EMPTY)
     end = np.maximum(end, start)
-    if _sorted(seg, start):  # the usual input: clipped activities in window and time order
+    in_order = _sorted(seg, start)  # the usual input: clipped activities in window, time order
+    if in_order:
         order = np.arange(n, dtype=np.int64)
+        s, e, g = start, end, seg
     else:
         order = np.lexsort((start, seg))
-    s, e, g = start[order], end[order], seg[order]
+        s, e, g = start[order], end[order], seg[order]
     reach = _running_max(g, e)
     before = np.empty(n, dtype=np.int64)
     before[0] = s[0]
@@ -75,6 +77,8 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     before[first] = s[first]
     lo = np.maximum(s, before)
     hi = np.maximum(e, lo)
+    if in_order:
+        return Owned(lo, hi, order)
     piece_start = np.empty(n, dtype=np.int64)
     piece_end = np.empty(n, dtype=np.int64)
     piece_start[order] = lo
@@ -126,11 +130,25 @@ class Union:
         return self._before(seg, hi) - self._before(seg, lo)
 
     def _before(self, seg: IntArray, t: IntArray) -> IntArray:
-        """Union length in segment ``seg`` before time ``t``."""
-        out = np.zeros(len(t), dtype=np.int64)
+        """Union length in segment ``seg`` before time ``t``.
+
+        One binary search over composite keys ``segment * width + (time - base)`` (the pieces
+        are sorted by them) for every query at once; per segment when the keys would overflow.
+        """
         lengths = self.end - self.start
         cum = np.concatenate(([0], np.cumsum(lengths)))
-        for sid in np.unique(seg):  # segments are windows: few
+        base = min(int(self.start.min()), int(t.min()))
+        width = max(int(self.end.max()), int(t.max())) - base + 1
+        if (max(int(self.seg.max()), int(seg.max())) + 1) * width < (1 << 62):
+            keys = self.seg * width + (self.start - base)
+            k = np.searchsorted(keys, seg * width + (t - base), side="right") - 1
+            kk = np.maximum(k, 0)
+            inside = (k >= 0) & (self.seg[kk] == seg)
+            seg_first = np.searchsorted(self.seg, seg, side="left")
+            partial = np.minimum(np.maximum(t - self.start[kk], 0), lengths[kk])
+            return np.where(inside, cum[kk] - cum[seg_first] + partial, 0)
+        out = np.zeros(len(t), dtype=np.int64)
+        for sid in np.unique(seg):
             q = np.flatnonzero(seg == sid)
             lo_i, hi_i = np.searchsorted(self.seg, [sid, sid + 1])
             if lo_i == hi_i:
