@@ -42,6 +42,7 @@ from analyzers.report import (
     StreamStat,
     Timeline,
     TimelineEvent,
+    TimelineStep,
     Window,
     WindowTimeline,
 )
@@ -470,11 +471,16 @@ def _host_syncs(
 def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Timeline:
     acts = trace.activities
     events: list[TimelineEvent] = []
+    steps: list[TimelineStep] = []
     dropped = 0
     for rank in sorted({w.rank for w in placed.windows}):
         ids = [i for i, w in enumerate(placed.windows) if w.rank == rank]
         chosen = ids[len(ids) // 2]  # the middle step: away from warm-up and the last flush
         origin = placed.windows[chosen].start_ns
+        drawn = placed.windows[chosen]
+        steps.append(
+            TimelineStep(rank=rank, window=drawn.name, index=drawn.index, origin_ns=origin)
+        )
         rows = np.flatnonzero(placed.window == chosen)
         if len(rows) > limit:
             dropped += len(rows) - limit
@@ -493,7 +499,9 @@ def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Ti
                     category=att.category_of(h),
                 )
             )
-    return Timeline(window=placed.group, limit=limit, dropped=dropped, events=events)
+    return Timeline(
+        window=placed.group, limit=limit, dropped=dropped, events=events, steps=steps
+    )
 
 
 def compute_metrics(
