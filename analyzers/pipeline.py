@@ -290,7 +290,9 @@ def analyze_trace(
         imbalance=metrics.imbalance,
         iterations=iterations,
         findings=findings,
-        timeline=timeline_gaps(trace, att, ranges, catalog, windows, metrics.timeline),
+        timeline=timeline_gaps(
+            trace, att, ranges, catalog, windows, metrics.timeline, pieces_of=accounts.pieces
+        ),
         notes=_notes(trace, manifest, metrics, iterations)
         + accounts.notes
         + uncited_observations(manifest, findings),

@@ -11,11 +11,11 @@ parts of those windows exactly; touching pieces of one cause are drawn as one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from analyzers.account.build import account_pieces
+from analyzers.account.build import Pieces, account_pieces
 from analyzers.attribution import Attribution, RangeHelpers
 from analyzers.catalog import Catalog
 from analyzers.model import Trace
@@ -29,9 +29,11 @@ def timeline_gaps(
     catalog: Catalog,
     windows: Sequence[Window],
     timeline: Timeline | None,
+    pieces_of: Callable[[Sequence[int]], Pieces] | None = None,
 ) -> Timeline | None:
     """``timeline`` with the idle pieces of its windows (at most ``limit`` per rank, the
-    longest; the rest counted in ``gaps_dropped``)."""
+    longest; the rest counted in ``gaps_dropped``). ``pieces_of`` gives the pieces of the
+    selected windows when an account already exists (``Accounts.pieces``, no second build)."""
     if timeline is None or not timeline.steps or not len(trace.activities):
         return timeline
     drawn = {(s.rank, s.window, s.index): s.origin_ns for s in timeline.steps}
@@ -42,7 +44,10 @@ def timeline_gaps(
     ]
     if not selected:
         return timeline
-    pieces = account_pieces(trace, att, ranges, catalog, windows, selected)
+    if pieces_of is not None:
+        pieces = pieces_of(selected)
+    else:
+        pieces = account_pieces(trace, att, ranges, catalog, windows, selected)
     # idle gap pieces, and the exposed NCCL time spent waiting for a later peer (an
     # activity's share, but idle in the account: the GPU waits for another rank)
     peer = [i for i, line in enumerate(pieces.lines) if line.part == AccountPartKind.IDLE_PEER]

@@ -10,8 +10,10 @@ meaningful where two separate runs are not. Each child process times the stages 
 read       ``_read`` (the readers, merging)
 attribute  ``match_ranges``, ``attribute``, ``find_windows``
 metrics    ``compute_metrics`` (helper/stream/kernel tables, figures, GPU timeline), iterations
-account    ``compute_accounts`` (issue 11; absent in older trees)
-findings   ``evaluate``, ``idle_statement``, ``host_time``, ``host_time_findings``
+account    ``compute_accounts`` and ``timeline_gaps`` (its idle pieces drawn on the run page's
+           timeline); issue 11, absent in older trees
+findings   ``evaluate``, ``idle_statement``, ``host_time``, ``host_time_findings``,
+           ``uncited_observations`` (whichever the tree has)
 report     building the ``AnalysisReport`` (pydantic validation)
 other      the rest of ``run_analysis`` (catalog, notes, environment)
 ========== ================================================================================
@@ -57,8 +59,14 @@ STAGES: dict[str, tuple[str, ...]] = {
     "read": ("_read",),
     "attribute": ("match_ranges", "attribute", "find_windows"),
     "metrics": ("compute_metrics", "_iterations"),
-    "account": ("compute_accounts",),
-    "findings": ("evaluate", "idle_statement", "host_time", "host_time_findings"),
+    "account": ("compute_accounts", "timeline_gaps"),
+    "findings": (
+        "evaluate",
+        "idle_statement",
+        "host_time",
+        "host_time_findings",
+        "uncited_observations",
+    ),
     "report": ("AnalysisReport",),
 }
 ROWS = [*STAGES, "other", "total", "w/o account"]

@@ -77,6 +77,15 @@ class Accounts:
     steps: list[StepAccount] = field(default_factory=list)
     groups: list[GroupAccount] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    context: _Context | None = field(default=None, repr=False)
+    """What the account was computed from, so ``pieces`` reuses it."""
+
+    def pieces(self, selected: Sequence[int]) -> Pieces:
+        """``account_pieces`` of these windows (indices into the windows given to
+        ``compute_accounts``), reusing the account's per-trace state instead of rebuilding it."""
+        if self.context is None:
+            raise RuntimeError("an account without its context has no pieces")
+        return _pieces(self.context, selected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +175,7 @@ class _Context:
         windows: Sequence[Window],
         gpu: GpuTimeline,
     ) -> None:
-        self.trace, self.att, self.ranges = trace, att, ranges
+        self.trace, self.att, self.ranges, self.gpu = trace, att, ranges, gpu
         self.acts = gpu.acts
         self.rank = gpu.acts.rank
         self.lines = _Lines()
@@ -597,7 +606,7 @@ def compute_accounts(
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
     ctx = _Context(trace, att, ranges, catalog, windows, gpu)
-    result = Accounts(notes=list(ctx.peers.notes))
+    result = Accounts(notes=list(ctx.peers.notes), context=ctx)
     for group, clip in gpu.groups.items():
         tw = clip.windows
         records = _GroupPass(ctx, tw, clip.clipped).run().arrays()
@@ -690,14 +699,17 @@ def account_pieces(
 ) -> Pieces:
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
     gpu = window_timelines(trace, windows, gpu_activities(trace, att))
-    ctx = _Context(trace, att, ranges, catalog, windows, gpu)
-    tw = [gpu.windows[i] for i in selected]
-    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, gpu.acts))
+    return _pieces(_Context(trace, att, ranges, catalog, windows, gpu), selected)
+
+
+def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
+    tw = [ctx.gpu.windows[i] for i in selected]
+    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, ctx.acts))
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,
         lines=list(ctx.lines.lines),
-        activities=len(att.helper),
+        activities=len(ctx.att.helper),
         seg=seg,
         line=code,
         start=start,
