@@ -148,12 +148,14 @@ class _Records:
         unit: IntArray,
     ) -> None:
         keep = dur > 0
+        every = bool(keep.all())
         for bucket, values in zip(
             (self.seg, self.code, self.dur, self.start, self.thread, self.unit),
             (seg, code, dur, start, thread, unit),
             strict=True,
         ):
-            bucket.append(np.asarray(values, dtype=np.int64)[keep])
+            column = np.asarray(values, dtype=np.int64)
+            bucket.append(column if every else column[keep])
 
     def arrays(self) -> tuple[IntArray, ...]:
         empty = np.empty(0, dtype=np.int64)

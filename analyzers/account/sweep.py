@@ -176,12 +176,13 @@ class Union:
         # Leading gap of each window: window start to its first piece (or the window end).
         has = counts > 0
         head = np.where(has, self.start[np.minimum(first, len(self.start) - 1)], win_end)
-        segs.append(np.arange(n, dtype=np.int64))
-        lo.append(win_start.astype(np.int64))
-        hi.append(np.where(has, head, win_end).astype(np.int64))
-        prev_piece.append(np.full(n, -1, dtype=np.int64))
-        next_piece.append(np.where(has, first, -1).astype(np.int64))
-        # Between consecutive pieces of one segment.
+        lead = win_start < head  # empty ones dropped here (gaps between pieces never are)
+        segs.append(np.flatnonzero(lead).astype(np.int64))
+        lo.append(win_start[lead].astype(np.int64))
+        hi.append(head[lead].astype(np.int64))
+        prev_piece.append(np.full(int(lead.sum()), -1, dtype=np.int64))
+        next_piece.append(np.where(has, first, -1)[lead].astype(np.int64))
+        # Between consecutive pieces of one segment: never empty (touching pieces are one).
         if len(self.seg) > 1:
             same = np.flatnonzero(self.seg[1:] == self.seg[:-1])
             segs.append(self.seg[same])
@@ -191,14 +192,14 @@ class Union:
             next_piece.append((same + 1).astype(np.int64))
         # Trailing gap: last piece to the window end.
         last = first + counts - 1
-        segs.append(np.flatnonzero(has).astype(np.int64))
-        lo.append(self.end[last[has]])
-        hi.append(win_end[has].astype(np.int64))
-        prev_piece.append(last[has].astype(np.int64))
-        next_piece.append(np.full(int(has.sum()), -1, dtype=np.int64))
-        g = Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
-        keep = g.end > g.start
-        return Gaps(g.seg[keep], g.start[keep], g.end[keep], g.prev[keep], g.next[keep])
+        tail = np.flatnonzero(has)
+        tail = tail[self.end[last[tail]] < win_end[tail]]
+        segs.append(tail.astype(np.int64))
+        lo.append(self.end[last[tail]])
+        hi.append(win_end[tail].astype(np.int64))
+        prev_piece.append(last[tail].astype(np.int64))
+        next_piece.append(np.full(len(tail), -1, dtype=np.int64))
+        return Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
 
 
 @dataclass(frozen=True, slots=True)
