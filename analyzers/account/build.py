@@ -232,8 +232,16 @@ class _Context:
         )
         key[rows] = local
         labels: dict[int, tuple[int, str]] = {}
+        # ``local`` determines (helper, container helper, step): one row of each key names it
+        codes, n_keys = _dense(local)
+        holder = np.empty(n_keys, dtype=np.int64)
+        holder[codes] = np.arange(len(local), dtype=np.int64)
         for k, h, ch, s in zip(
-            *np.unique(np.stack([local, helper, c_helper, step]), axis=1), strict=True
+            local[holder].tolist(),
+            helper[holder].tolist(),
+            c_helper[holder].tolist(),
+            step[holder].tolist(),
+            strict=True,
         ):
             name = self.att.name_of(int(h))
             if ch >= 0:
@@ -483,10 +491,14 @@ def _summaries(
     records: tuple[IntArray, ...],
     windows: Sequence[TimelineWindow],
     n_codes: int,
+    per_window: bool,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
     with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``LARGEST`` longest pieces."""
+    main thread and its ``LARGEST`` longest pieces.
+
+    ``per_window``: the buckets are the windows, where an activity has at most one record per
+    line (its share of one part in one window), so only gap pieces need distinct counting."""
     seg, code, dur, start, thread, unit = records
     if len(dur) == 0:
         return {}
@@ -498,7 +510,14 @@ def _summaries(
     d = dur[order]
     totals = np.add.reduceat(d, heads).tolist()
     span = int(unit.max()) + 1
-    units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
+    if per_window:
+        idle = unit >= len(ctx.att.helper)  # gap units are numbered after the activity rows
+        units = np.bincount(key_code[~idle], minlength=n_keys)
+        if idle.any():
+            pieces = _sorted_distinct(key_code[idle] * span + unit[idle]) // span
+            units += np.bincount(pieces, minlength=n_keys)
+    else:
+        units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
     (thread_code,) = factorize(thread)
     n_threads = int(thread_code.max()) + 1
     per_thread = np.bincount(
@@ -624,7 +643,7 @@ def compute_accounts(
                 f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
             )
         n_codes = max(len(ctx.lines.lines), 1)
-        per_window = _summaries(ctx, seg, records, tw, n_codes)
+        per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True)
         for i, w in enumerate(tw):
             result.steps.append(
                 StepAccount.model_validate(
@@ -647,7 +666,7 @@ def compute_accounts(
             per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
         else:
             bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            per_rank = _summaries(ctx, bucket, records, tw, n_codes)
+            per_rank = _summaries(ctx, bucket, records, tw, n_codes, per_window=False)
         for b, rank in enumerate(ranks):
             mine = [w for w in tw if w.window.rank == rank]
             result.groups.append(
