@@ -21,7 +21,7 @@ other      the rest of ``run_analysis`` (catalog, notes, environment)
 Every stage is reported as CPU seconds of the process (user + system: the stable number on a
 loaded machine) and wall seconds; ``total`` is the whole ``run_analysis``, ``w/o account`` is
 total minus the account stage (what ``analyze`` costs without it), ``account adds`` = account
-/ (total - account) (issue 11's target: at most 20%). Peak RSS is the child's ``ru_maxrss``.
+/ (total - account) (issue 11's target: at most 20%). Peak RSS is the child's ``VmHWM``.
 
 Inputs (``--input``, repeatable): ``pair`` (the real TE 2.20.2 Kineto pair, the HTA comparison
 traces), ``x10`` (the pair with its events written 10 times, as ``hta_compare.py --scale 10``
@@ -105,10 +105,23 @@ def child(paths: list[str], step_pattern: str) -> dict[str, Any]:
     return {
         "wall": wall,
         "cpu": cpu,
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mb": _peak_rss_mb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "activities": len(analysis.trace.activities),
         "windows": len(analysis.report.windows),
     }
+
+
+def _peak_rss_mb(fallback: float) -> float:
+    """This process's peak RSS: ``VmHWM`` (reset by exec), not ``ru_maxrss``, which Linux keeps
+    across exec, so a child would report its parent's peak when that is larger."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return fallback
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return fallback
 
 
 def _run_child(tree: Path, paths: list[Path], step_pattern: str) -> dict[str, Any]:
