@@ -83,14 +83,30 @@ def host_time(
             counted[key] = counted.get(key, 0) + 1
         steps = counted
     calls = np.flatnonzero(is_call)
+    n_helpers = len(catalog.helpers)
     for group in group_names(windows):
         mine = [w for w in windows if (w.group or w.name) == group]
         where = assign_windows(rank[calls], start[calls], mine)
         inside = calls[where >= 0]
-        pairs = zip(rank[inside].tolist(), helper[inside].tolist(), strict=True)
-        for r, h in sorted(set(pairs)):
-            sel = inside[(rank[inside] == r) & (helper[inside] == h)]
-            inclusive = int(duration[sel].sum())
+        if not len(inside):
+            continue
+        # one int64 code per (rank, helper), in (rank, helper) order; sums per code by one
+        # stable sort and segment sums (exact integers), not a mask per pair
+        code = (rank[inside] + 1) * n_helpers + helper[inside]
+        order = inside[np.argsort(code, kind="stable")]
+        code = (rank[order] + 1) * n_helpers + helper[order]
+        heads = np.flatnonzero(np.concatenate(([True], code[1:] != code[:-1])))
+        counts = np.diff(np.append(heads, len(order)))
+
+        def sums(values: IntArray, order: IntArray = order, heads: IntArray = heads) -> list[int]:
+            return [int(v) for v in np.add.reduceat(values[order], heads)]
+
+        inclusive = sums(duration)
+        nested = sums(charged)
+        first_ns = sums(np.where(first, duration, 0))
+        sync_ops = sums(syncs)
+        for j, (r, h) in enumerate(zip(rank[order[heads]].tolist(), helper[order[heads]].tolist(),
+                                       strict=True)):  # fmt: skip
             out.helpers.append(
                 HelperHostTime(
                     rank=r,
@@ -98,11 +114,11 @@ def host_time(
                     steps=steps.get((r, group), 1),
                     helper=catalog.helpers[h].name,
                     category=catalog.helpers[h].category,
-                    calls=len(sel),
-                    inclusive_ns=inclusive,
-                    self_ns=max(inclusive - int(charged[sel].sum()), 0),
-                    first_call_ns=int(duration[sel][first[sel]].sum()),
-                    sync_ops=int(syncs[sel].sum()),
+                    calls=int(counts[j]),
+                    inclusive_ns=inclusive[j],
+                    self_ns=max(inclusive[j] - nested[j], 0),
+                    first_call_ns=first_ns[j],
+                    sync_ops=sync_ops[j],
                 )
             )
     return out

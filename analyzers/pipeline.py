@@ -349,7 +349,15 @@ def analyze_trace(
     )
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     timelines = [metrics.timeline] if metrics.timeline else []
-    drawn = timeline_gaps(trace, att, ranges, catalog, windows, timelines + metrics.other_timelines)
+    drawn = timeline_gaps(
+        trace,
+        att,
+        ranges,
+        catalog,
+        windows,
+        timelines + metrics.other_timelines,
+        pieces_of=accounts.pieces,
+    )
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),

@@ -11,7 +11,7 @@ parts of those windows exactly; touching pieces of one cause are drawn as one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import numpy as np
@@ -30,9 +30,11 @@ def timeline_gaps(
     catalog: Catalog,
     windows: Sequence[Window],
     timelines: Sequence[Timeline],
+    pieces_of: Callable[[Sequence[int]], Pieces] | None = None,
 ) -> list[Timeline]:
     """``timelines`` with the idle pieces of their windows (at most ``limit`` per rank, the
-    longest; the rest counted in ``gaps_dropped``).
+    longest; the rest counted in ``gaps_dropped``). ``pieces_of`` gives the pieces of the
+    selected windows when an account already exists (``Accounts.pieces``, no second build).
 
     One account pass covers every drawn window when they are disjoint on each rank (the
     middle steps of different groups are); windows that overlap go one group at a time."""
@@ -41,9 +43,11 @@ def timeline_gaps(
     wanted = [_drawn(t, windows) for t in timelines]
     everything = [i for sel in wanted for i in sel]
     if _disjoint([windows[i] for i in everything]):
-        pieces = [_pieces(trace, att, ranges, catalog, windows, everything)] * len(timelines)
+        pieces = [_pieces(trace, att, ranges, catalog, windows, everything, pieces_of)] * len(
+            timelines
+        )
     else:
-        pieces = [_pieces(trace, att, ranges, catalog, windows, sel) for sel in wanted]
+        pieces = [_pieces(trace, att, ranges, catalog, windows, sel, pieces_of) for sel in wanted]
     return [
         _with_gaps(t, p, windows, sel) if p is not None and sel else t
         for t, p, sel in zip(timelines, pieces, wanted, strict=True)
@@ -78,8 +82,13 @@ def _pieces(
     catalog: Catalog,
     windows: Sequence[Window],
     selected: Sequence[int],
+    pieces_of: Callable[[Sequence[int]], Pieces] | None,
 ) -> Pieces | None:
-    return account_pieces(trace, att, ranges, catalog, windows, selected) if selected else None
+    if not selected:
+        return None
+    if pieces_of is not None:
+        return pieces_of(selected)
+    return account_pieces(trace, att, ranges, catalog, windows, selected)
 
 
 def _with_gaps(

@@ -10,8 +10,10 @@ meaningful where two separate runs are not. Each child process times the stages 
 read       ``_read`` (the readers, merging)
 attribute  ``match_ranges``, ``attribute``, ``find_windows``
 metrics    ``compute_metrics`` (helper/stream/kernel tables, figures, GPU timeline), iterations
-account    ``compute_accounts`` (issue 11; absent in older trees)
-findings   ``evaluate``, ``idle_statement``, ``host_time``, ``host_time_findings``
+account    ``compute_accounts`` and ``timeline_gaps`` (its idle pieces drawn on the run page's
+           timeline); issue 11, absent in older trees
+findings   ``evaluate``, ``idle_statement``, ``host_time``, ``host_time_findings``,
+           ``uncited_observations`` (whichever the tree has)
 report     building the ``AnalysisReport`` (pydantic validation)
 other      the rest of ``run_analysis`` (catalog, notes, environment)
 ========== ================================================================================
@@ -19,7 +21,7 @@ other      the rest of ``run_analysis`` (catalog, notes, environment)
 Every stage is reported as CPU seconds of the process (user + system: the stable number on a
 loaded machine) and wall seconds; ``total`` is the whole ``run_analysis``, ``w/o account`` is
 total minus the account stage (what ``analyze`` costs without it), ``account adds`` = account
-/ (total - account) (issue 11's target: at most 20%). Peak RSS is the child's ``ru_maxrss``.
+/ (total - account) (issue 11's target: at most 20%). Peak RSS is the child's ``VmHWM``.
 
 Inputs (``--input``, repeatable): ``pair`` (the real TE 2.20.2 Kineto pair, the HTA comparison
 traces), ``x10`` (the pair with its events written 10 times, as ``hta_compare.py --scale 10``
@@ -57,8 +59,14 @@ STAGES: dict[str, tuple[str, ...]] = {
     "read": ("_read",),
     "attribute": ("match_ranges", "attribute", "find_windows"),
     "metrics": ("compute_metrics", "_iterations"),
-    "account": ("compute_accounts",),
-    "findings": ("evaluate", "idle_statement", "host_time", "host_time_findings"),
+    "account": ("compute_accounts", "timeline_gaps"),
+    "findings": (
+        "evaluate",
+        "idle_statement",
+        "host_time",
+        "host_time_findings",
+        "uncited_observations",
+    ),
     "report": ("AnalysisReport",),
 }
 ROWS = [*STAGES, "other", "total", "w/o account"]
@@ -97,10 +105,23 @@ def child(paths: list[str], step_pattern: str) -> dict[str, Any]:
     return {
         "wall": wall,
         "cpu": cpu,
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mb": _peak_rss_mb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "activities": len(analysis.trace.activities),
         "windows": len(analysis.report.windows),
     }
+
+
+def _peak_rss_mb(fallback: float) -> float:
+    """This process's peak RSS: ``VmHWM`` (reset by exec), not ``ru_maxrss``, which Linux keeps
+    across exec, so a child would report its parent's peak when that is larger."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return fallback
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return fallback
 
 
 def _run_child(tree: Path, paths: list[Path], step_pattern: str) -> dict[str, Any]:

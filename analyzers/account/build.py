@@ -31,7 +31,7 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +77,15 @@ class Accounts:
     steps: list[StepAccount] = field(default_factory=list)
     groups: list[GroupAccount] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    context: _Context | None = field(default=None, repr=False)
+    """What the account was computed from, so ``pieces`` reuses it."""
+
+    def pieces(self, selected: Sequence[int]) -> Pieces:
+        """``account_pieces`` of these windows (indices into the windows given to
+        ``compute_accounts``), reusing the account's per-trace state instead of rebuilding it."""
+        if self.context is None:
+            raise RuntimeError("an account without its context has no pieces")
+        return _pieces(self.context, selected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +112,16 @@ class _Lines:
             self.lines.append(line)
         return found
 
-    def codes(self, keys: IntArray, make: Mapping[int, Line]) -> IntArray:
-        """Global codes for per-record local ``keys`` (``make`` gives each key's line)."""
+    def codes(self, keys: IntArray, line_of: Callable[[int], Line]) -> IntArray:
+        """Global codes for per-record local ``keys``: records with equal keys share a line, made
+        once per distinct key by ``line_of(i)`` from one record ``i`` holding it."""
         if len(keys) == 0:
             return np.empty(0, dtype=np.int64)
-        distinct, inverse = np.unique(keys, return_inverse=True)
-        table = np.array([self.code(make[int(k)]) for k in distinct.tolist()], dtype=np.int64)
-        return table[inverse.reshape(-1)]
+        local, n = _dense(keys)
+        holder = np.empty(n, dtype=np.int64)
+        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
+        table = np.array([self.code(line_of(i)) for i in holder.tolist()], dtype=np.int64)
+        return table[local]
 
 
 @dataclass(slots=True)
@@ -136,12 +148,14 @@ class _Records:
         unit: IntArray,
     ) -> None:
         keep = dur > 0
+        every = bool(keep.all())
         for bucket, values in zip(
             (self.seg, self.code, self.dur, self.start, self.thread, self.unit),
             (seg, code, dur, start, thread, unit),
             strict=True,
         ):
-            bucket.append(np.asarray(values, dtype=np.int64)[keep])
+            column = np.asarray(values, dtype=np.int64)
+            bucket.append(column if every else column[keep])
 
     def arrays(self) -> tuple[IntArray, ...]:
         empty = np.empty(0, dtype=np.int64)
@@ -163,7 +177,7 @@ class _Context:
         windows: Sequence[Window],
         gpu: GpuTimeline,
     ) -> None:
-        self.trace, self.att, self.ranges = trace, att, ranges
+        self.trace, self.att, self.ranges, self.gpu = trace, att, ranges, gpu
         self.acts = gpu.acts
         self.rank = gpu.acts.rank
         self.lines = _Lines()
@@ -218,8 +232,16 @@ class _Context:
         )
         key[rows] = local
         labels: dict[int, tuple[int, str]] = {}
+        # ``local`` determines (helper, container helper, step): one row of each key names it
+        codes, n_keys = _dense(local)
+        holder = np.empty(n_keys, dtype=np.int64)
+        holder[codes] = np.arange(len(local), dtype=np.int64)
         for k, h, ch, s in zip(
-            *np.unique(np.stack([local, helper, c_helper, step]), axis=1), strict=True
+            local[holder].tolist(),
+            helper[holder].tolist(),
+            c_helper[holder].tolist(),
+            step[holder].tolist(),
+            strict=True,
         ):
             name = self.att.name_of(int(h))
             if ch >= 0:
@@ -309,8 +331,7 @@ class _GroupPass:
 
     def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
         helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
-        make = {int(h): self.ctx.helper_line(part, int(h)) for h in np.unique(helper).tolist()}
-        return self.ctx.lines.codes(helper, make)
+        return self.ctx.lines.codes(helper, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
     def _compute(self, mask: BoolArray) -> Union:
         """Computation by helper; returns the computation union the other parts subtract."""
@@ -331,24 +352,22 @@ class _GroupPass:
         waiting = (wait_end - lo) - comp.covered(seg, lo, wait_end)
         keys = self.ctx.comm_key[r]
         lines = self.ctx.comm_lines
-        comm = {
-            k: Line(AccountPartKind.EXPOSED_COMMUNICATION, name, self.ctx.att.category_of(h))
-            for k, (h, name) in lines.items()
-        }
+        category = self.ctx.att.category_of
+
+        def comm(i: int) -> Line:
+            h, name = lines[int(keys[i])]
+            return Line(AccountPartKind.EXPOSED_COMMUNICATION, name, category(h))
+
         self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
-        peer_keys = keys * 1024 + (peer_rank + 1)
-        peer: dict[int, Line] = {}
-        _, first = np.unique(peer_keys, return_index=True)
-        for i in first.tolist():
+
+        def peer(i: int) -> Line:
             h, name = lines[int(keys[i])]
             pr = int(peer_rank[i])
-            peer[int(peer_keys[i])] = Line(
-                AccountPartKind.IDLE_PEER,
-                name,
-                self.ctx.att.category_of(h),
-                f"last to arrive: rank {pr}" if pr >= 0 else None,
-            )
+            late = f"last to arrive: rank {pr}" if pr >= 0 else None
+            return Line(AccountPartKind.IDLE_PEER, name, category(h), late)
+
+        peer_keys = keys * 1024 + (peer_rank + 1)
         self._add(rows, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
 
     def _memcpy(self, mask: BoolArray, busy: Union) -> None:
@@ -361,13 +380,12 @@ class _GroupPass:
         helper = self.ctx.att.helper[r].astype(np.int64)
         name = self.ctx.trace.activities["name"][r].astype(np.int64)
         keys = (helper + 1) * (len(self.ctx.trace.strings) + 1) + name
-        _, first = np.unique(keys, return_index=True)
-        make = {
-            int(keys[i]): self.ctx.helper_line(
-                AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), self.ctx.trace.strings[int(name[i])]
-            )
-            for i in first.tolist()
-        }
+        strings = self.ctx.trace.strings
+
+        def make(i: int) -> Line:
+            kind = strings[int(name[i])]
+            return self.ctx.helper_line(AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), kind)
+
         self._add(rows, self.ctx.lines.codes(keys, make), exposed, lo)
 
     def _idle(self) -> None:
@@ -394,12 +412,12 @@ class _GroupPass:
         other_reason = np.where(
             owner < 0, 0, np.where(thread < 0, 1, 2)
         )  # 0: no work, 1: no launch row, 2: queued
-        reasons = {0: NO_WORK, 1: NO_LAUNCH, 2: QUEUED}
+        reasons = (NO_WORK, NO_LAUNCH, QUEUED)
         other = ~host
-        make = {k: Line(AccountPartKind.IDLE_OTHER, v) for k, v in reasons.items()}
+        why = other_reason[other]
         self.records.add(
             gaps.seg[other],
-            ctx.lines.codes(other_reason[other], make),
+            ctx.lines.codes(why, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
             (gaps.end - gaps.start)[other],
             gaps.start[other],
             thread[other],
@@ -411,13 +429,10 @@ class _GroupPass:
         labels = ctx.host.labels(thread[gap], lo)
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
         keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
-        _, first = np.unique(keys, return_index=True)
-        make = {
-            int(keys[i]): self._host_line(
-                int(labels.type[i]), int(labels.value[i]), int(labels.detail[i])
-            )
-            for i in first.tolist()
-        }
+
+        def make(i: int) -> Line:
+            return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
+
         self.records.add(
             gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, thread[gap], unit[gap]
         )
@@ -446,6 +461,17 @@ def _sorted_distinct(values: IntArray) -> IntArray:
     return v[keep]
 
 
+def _dense(values: IntArray) -> tuple[IntArray, int]:
+    """Dense codes 0..n-1 of any int64 values (in value order) and n: by counting when the
+    values are small non-negative ints, else by ``factorize`` (a few O(n) passes when there
+    are few distinct values, a sort otherwise)."""
+    lo, hi = int(values.min()), int(values.max())
+    if lo >= 0 and hi < 4 * len(values) + 1024:
+        return _dense_small(values)
+    (local,) = factorize(values)
+    return local, int(local.max()) + 1
+
+
 def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
     present = np.bincount(values) > 0
@@ -465,10 +491,14 @@ def _summaries(
     records: tuple[IntArray, ...],
     windows: Sequence[TimelineWindow],
     n_codes: int,
+    per_window: bool,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
     with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``LARGEST`` longest pieces."""
+    main thread and its ``LARGEST`` longest pieces.
+
+    ``per_window``: the buckets are the windows, where an activity has at most one record per
+    line (its share of one part in one window), so only gap pieces need distinct counting."""
     seg, code, dur, start, thread, unit = records
     if len(dur) == 0:
         return {}
@@ -480,7 +510,14 @@ def _summaries(
     d = dur[order]
     totals = np.add.reduceat(d, heads).tolist()
     span = int(unit.max()) + 1
-    units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
+    if per_window:
+        idle = unit >= len(ctx.att.helper)  # gap units are numbered after the activity rows
+        units = np.bincount(key_code[~idle], minlength=n_keys)
+        if idle.any():
+            pieces = _sorted_distinct(key_code[idle] * span + unit[idle]) // span
+            units += np.bincount(pieces, minlength=n_keys)
+    else:
+        units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
     (thread_code,) = factorize(thread)
     n_threads = int(thread_code.max()) + 1
     per_thread = np.bincount(
@@ -590,7 +627,7 @@ def compute_accounts(
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
     ctx = _Context(trace, att, ranges, catalog, windows, gpu)
-    result = Accounts(notes=list(ctx.peers.notes))
+    result = Accounts(notes=list(ctx.peers.notes), context=ctx)
     for group, clip in gpu.groups.items():
         tw = clip.windows
         records = _GroupPass(ctx, tw, clip.clipped).run().arrays()
@@ -606,7 +643,7 @@ def compute_accounts(
                 f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
             )
         n_codes = max(len(ctx.lines.lines), 1)
-        per_window = _summaries(ctx, seg, records, tw, n_codes)
+        per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True)
         for i, w in enumerate(tw):
             result.steps.append(
                 StepAccount.model_validate(
@@ -629,7 +666,7 @@ def compute_accounts(
             per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
         else:
             bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            per_rank = _summaries(ctx, bucket, records, tw, n_codes)
+            per_rank = _summaries(ctx, bucket, records, tw, n_codes, per_window=False)
         for b, rank in enumerate(ranks):
             mine = [w for w in tw if w.window.rank == rank]
             result.groups.append(
@@ -683,14 +720,17 @@ def account_pieces(
 ) -> Pieces:
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
     gpu = window_timelines(trace, windows, gpu_activities(trace, att))
-    ctx = _Context(trace, att, ranges, catalog, windows, gpu)
-    tw = [gpu.windows[i] for i in selected]
-    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, gpu.acts))
+    return _pieces(_Context(trace, att, ranges, catalog, windows, gpu), selected)
+
+
+def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
+    tw = [ctx.gpu.windows[i] for i in selected]
+    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, ctx.acts))
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,
         lines=list(ctx.lines.lines),
-        activities=len(att.helper),
+        activities=len(ctx.att.helper),
         seg=seg,
         line=code,
         start=start,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import Attribution, RangeHelpers, RangeIndex
+from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, factorize
 from analyzers.catalog import Catalog
 from analyzers.model import ActivityKind, RangeKind, Trace
 
@@ -119,6 +119,10 @@ class HostStates:
         sync_op_rows = np.flatnonzero(np.isin(names, sync_symbols) & (kind == RangeKind.CPU_OP))
         other = (kind != RangeKind.PYTHON) & (kind != RangeKind.STEP)
         other &= ~np.isin(names, window_symbols)
+        # Catalogued ranges are looked up first (``labels``): an instant the other index is
+        # asked about lies in none of them, so leaving them out changes no answer.
+        other[ranges.specific.rows] = False
+        other[ranges.container.rows] = False
         self._sync_ops = _index(trace, sync_op_rows.astype(np.int64))
         self._calls = _sync_calls(trace, catalog, att)
         self._any = _index(trace, np.flatnonzero(other).astype(np.int64))
@@ -142,12 +146,23 @@ class HostStates:
         time = np.concatenate(times).astype(np.int64)
         if len(thread) == 0:
             return {}
-        order = np.lexsort((time, thread))
-        thread, time = thread[order], time[order]
-        # (thread, time) sorted: drop repeated instants, then cut per thread.
-        keep = np.ones(len(time), dtype=bool)
-        keep[1:] = (thread[1:] != thread[:-1]) | (time[1:] != time[:-1])
-        thread, time = thread[keep], time[keep]
+        # Sorted distinct (thread, time) pairs: one sort of int64 keys (thread code, time)
+        # when they fit, else a two-key sort.
+        (code,) = factorize(thread)
+        base = int(time.min())
+        width = int(time.max()) - base + 1
+        if (int(code.max()) + 1) * width < (1 << 62):
+            key = np.sort(code * width + (time - base))  # a sort: numpy's unique hashes
+            key = key[np.concatenate(([True], key[1:] != key[:-1]))]
+            distinct = np.zeros(int(code.max()) + 1, dtype=np.int64)
+            distinct[code] = thread
+            thread, time = distinct[key // width], key % width + base
+        else:
+            order = np.lexsort((time, thread))
+            thread, time = thread[order], time[order]
+            keep = np.ones(len(time), dtype=bool)
+            keep[1:] = (thread[1:] != thread[:-1]) | (time[1:] != time[:-1])
+            thread, time = thread[keep], time[keep]
         cuts = np.flatnonzero(np.diff(thread)) + 1
         return {
             int(t[0]): v for t, v in zip(np.split(thread, cuts), np.split(time, cuts), strict=True)

@@ -61,11 +61,13 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     if n == 0:
         return Owned(_EMPTY, _EMPTY, _EMPTY)
     end = np.maximum(end, start)
-    if _sorted(seg, start):  # the usual input: clipped activities in window and time order
+    in_order = _sorted(seg, start)  # the usual input: clipped activities in window, time order
+    if in_order:
         order = np.arange(n, dtype=np.int64)
+        s, e, g = start, end, seg
     else:
         order = np.lexsort((start, seg))
-    s, e, g = start[order], end[order], seg[order]
+        s, e, g = start[order], end[order], seg[order]
     reach = _running_max(g, e)
     before = np.empty(n, dtype=np.int64)
     before[0] = s[0]
@@ -75,6 +77,8 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     before[first] = s[first]
     lo = np.maximum(s, before)
     hi = np.maximum(e, lo)
+    if in_order:
+        return Owned(lo, hi, order)
     piece_start = np.empty(n, dtype=np.int64)
     piece_end = np.empty(n, dtype=np.int64)
     piece_start[order] = lo
@@ -126,11 +130,25 @@ class Union:
         return self._before(seg, hi) - self._before(seg, lo)
 
     def _before(self, seg: IntArray, t: IntArray) -> IntArray:
-        """Union length in segment ``seg`` before time ``t``."""
-        out = np.zeros(len(t), dtype=np.int64)
+        """Union length in segment ``seg`` before time ``t``.
+
+        One binary search over composite keys ``segment * width + (time - base)`` (the pieces
+        are sorted by them) for every query at once; per segment when the keys would overflow.
+        """
         lengths = self.end - self.start
         cum = np.concatenate(([0], np.cumsum(lengths)))
-        for sid in np.unique(seg):  # segments are windows: few
+        base = min(int(self.start.min()), int(t.min()))
+        width = max(int(self.end.max()), int(t.max())) - base + 1
+        if (max(int(self.seg.max()), int(seg.max())) + 1) * width < (1 << 62):
+            keys = self.seg * width + (self.start - base)
+            k = np.searchsorted(keys, seg * width + (t - base), side="right") - 1
+            kk = np.maximum(k, 0)
+            inside = (k >= 0) & (self.seg[kk] == seg)
+            seg_first = np.searchsorted(self.seg, seg, side="left")
+            partial = np.minimum(np.maximum(t - self.start[kk], 0), lengths[kk])
+            return np.where(inside, cum[kk] - cum[seg_first] + partial, 0)
+        out = np.zeros(len(t), dtype=np.int64)
+        for sid in np.unique(seg):
             q = np.flatnonzero(seg == sid)
             lo_i, hi_i = np.searchsorted(self.seg, [sid, sid + 1])
             if lo_i == hi_i:
@@ -158,12 +176,13 @@ class Union:
         # Leading gap of each window: window start to its first piece (or the window end).
         has = counts > 0
         head = np.where(has, self.start[np.minimum(first, len(self.start) - 1)], win_end)
-        segs.append(np.arange(n, dtype=np.int64))
-        lo.append(win_start.astype(np.int64))
-        hi.append(np.where(has, head, win_end).astype(np.int64))
-        prev_piece.append(np.full(n, -1, dtype=np.int64))
-        next_piece.append(np.where(has, first, -1).astype(np.int64))
-        # Between consecutive pieces of one segment.
+        lead = win_start < head  # empty ones dropped here (gaps between pieces never are)
+        segs.append(np.flatnonzero(lead).astype(np.int64))
+        lo.append(win_start[lead].astype(np.int64))
+        hi.append(head[lead].astype(np.int64))
+        prev_piece.append(np.full(int(lead.sum()), -1, dtype=np.int64))
+        next_piece.append(np.where(has, first, -1)[lead].astype(np.int64))
+        # Between consecutive pieces of one segment: never empty (touching pieces are one).
         if len(self.seg) > 1:
             same = np.flatnonzero(self.seg[1:] == self.seg[:-1])
             segs.append(self.seg[same])
@@ -173,14 +192,14 @@ class Union:
             next_piece.append((same + 1).astype(np.int64))
         # Trailing gap: last piece to the window end.
         last = first + counts - 1
-        segs.append(np.flatnonzero(has).astype(np.int64))
-        lo.append(self.end[last[has]])
-        hi.append(win_end[has].astype(np.int64))
-        prev_piece.append(last[has].astype(np.int64))
-        next_piece.append(np.full(int(has.sum()), -1, dtype=np.int64))
-        g = Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
-        keep = g.end > g.start
-        return Gaps(g.seg[keep], g.start[keep], g.end[keep], g.prev[keep], g.next[keep])
+        tail = np.flatnonzero(has)
+        tail = tail[self.end[last[tail]] < win_end[tail]]
+        segs.append(tail.astype(np.int64))
+        lo.append(self.end[last[tail]])
+        hi.append(win_end[tail].astype(np.int64))
+        prev_piece.append(last[tail].astype(np.int64))
+        next_piece.append(np.full(len(tail), -1, dtype=np.int64))
+        return Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
 
 
 @dataclass(frozen=True, slots=True)
