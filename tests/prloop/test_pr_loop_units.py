@@ -191,7 +191,7 @@ def test_a_cpu_comparison_shows_host_time_per_helper_and_names_the_growth() -> N
     """A real gloo run (no GPU activity), arm fixed vs broken: no launch rows exist, so the
     comment's per-helper figures are host calls and self host ms per step; the broken arm's
     helpers appear, and the headline names the helper whose host time grew most."""
-    from pr_bot.deltas import host_only, host_time_rows
+    from pr_bot.deltas import host_only, host_rows_for, host_time_rows
 
     with read_bundle(CPU_BUNDLE) as bundle:
         report = analyze(bundle.analysis_paths(), manifest=bundle.manifest)
@@ -206,6 +206,7 @@ def test_a_cpu_comparison_shows_host_time_per_helper_and_names_the_growth() -> N
     same = [r for r in rows.values() if r.status == "same calls"]
     assert same and all(r.base_calls == r.head_calls > 0 for r in same)
     ordered = host_time_rows(report, report, fixed, broken)
+    assert host_rows_for(report, report, compared) == ordered  # what the publisher passes
     assert [r.delta_ms for r in ordered] == sorted((r.delta_ms for r in ordered), reverse=True)
 
     result = ComparedSpec(
