@@ -392,28 +392,42 @@ def pct(values: list[float], q: float) -> float:
 
 
 def throughput(
-    base: str, token: str, bundles: list[bytes], clients: int, form: str
+    base: str, token: str, bundles: list[bytes], clients: int, form: str, server_pid: int
 ) -> tuple[float, dict[str, float]]:
     """Client-side MB/s of uploading ``bundles`` with ``clients`` threads, and the median of
-    each server phase (seconds) over the uploads."""
+    each server phase (seconds) over the uploads, plus ``api-cpu``: the API process's CPU
+    seconds per upload (receiving, hashing, recording; the validation process's own CPU is
+    ``stage-cpu``)."""
     size = sum(len(b) for b in bundles)
+    cpu_before = cpu_seconds(server_pid)
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         answers = list(pool.map(lambda b: upload(base, token, b, form), bundles))
     elapsed = time.perf_counter() - started
+    cpu_after = cpu_seconds(server_pid)
     phases = {
         name: statistics.median(a["_timing"].get(name, 0.0) for a in answers)
         for name in answers[0]["_timing"]
     }
+    if cpu_before is not None and cpu_after is not None:
+        phases["api-cpu"] = (cpu_after - cpu_before) / len(bundles)
     return size / 1e6 / elapsed, phases
 
 
-def describe_phases(phases: dict[str, float], size: int) -> str:
-    """One table cell: the server's phases of a median upload, and its MB/s from them."""
+def describe_phases(phases: dict[str, float], size: int) -> tuple[str, str]:
+    """Two table cells: the server's phases of a median upload with its MB/s from them, and
+    the server's CPU per upload with the MB/s one core could take at that cost."""
     ms = {name: seconds * 1000 for name, seconds in phases.items()}
     total = phases.get("total", 0.0)
     rate = f"{size / 1e6 / total:.0f} MB/s" if total else "?"
-    return (
+    cpu = phases.get("api-cpu", 0.0) + phases.get("stage-cpu", 0.0)
+    cpu_cell = (
+        f"{size / 1e6 / cpu:.0f} MB/s per core ({cpu * 1000:.0f} ms per upload: API process "
+        f"{ms.get('api-cpu', 0):.0f}, validation process {ms.get('stage-cpu', 0):.0f})"
+        if phases.get("stage-cpu")
+        else "?"
+    )
+    return cpu_cell, (
         f"{rate} (total {ms.get('total', 0):.0f} ms: receive {ms.get('receive', 0):.0f}, "
         f"stage {ms.get('stage', 0):.0f} [read {ms.get('stage-read', 0):.0f}, check "
         f"{ms.get('stage-check', 0):.0f}, commit {ms.get('stage-commit', 0):.0f} of which "
@@ -551,13 +565,12 @@ def main() -> None:
                     bundles = [kineto_bundle(f"tp{round_}-{clients}-{form}-{i}") for i in range(8)]
                     if not args.uploads_only:
                         wait_idle(base)  # the analyses of earlier uploads would share the CPU
-                    rate, phases = throughput(base, token, bundles, clients, form)
+                    rate, phases = throughput(base, token, bundles, clients, form, proc.pid)
                     what = f"{size / 1e6:.1f} MB bundles, {clients} client(s), {form} body"
                     rows.append((f"upload throughput, {what}", f"{rate:.1f} MB/s"))
-                    rows.append(
-                        (f"  server side, median upload ({clients} client(s), {form})",
-                         describe_phases(phases, size))
-                    )  # fmt: skip
+                    cpu_cell, wall_cell = describe_phases(phases, size)
+                    rows.append((f"  server wall, median upload ({clients}, {form})", wall_cell))
+                    rows.append((f"  server CPU per upload ({clients}, {form})", cpu_cell))
         if not args.uploads_only:
             runs = []
             for _ in range(3):
