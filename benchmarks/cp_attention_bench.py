@@ -24,9 +24,10 @@ and cp=4 plan it runs exactly that rank's forward + backward local work
 with the other ranks' KV blocks and dK/dV handed in as local tensors
 (:class:`cp_attention.ring.LoopbackRing`), under several :class:`~cp_attention.attention.Tuning`
 arms interleaved in one process (ABBA), plus the whole workload on one GPU through the same
-path. Per rank and arm: CUDA-event time, GPU kernel time and launches of one profiled
-iteration (by kernel family), TFLOP/s over the kernel time, and the ratio to the ideal split of
-the one-GPU kernel time. ``--floor --cpu`` is a tiny CPU smoke run of the same code.
+path. Per rank and arm: CUDA-event time, GPU kernel time and launches (median of
+``--profile-reps`` profiled iterations, by kernel family), TFLOP/s over the kernel time, and the
+ratio to the ideal split of the one-GPU kernel time. ``--floor --cpu`` is a tiny CPU smoke run
+of the same code.
 """
 
 from __future__ import annotations
@@ -283,17 +284,26 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
 
 
 # -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
+_OFF = {"fused_merge": False, "in_place": False, "remote_rows": False, "dq_rows": False,
+        "joint_bwd": False}
+_DAY1 = {**_OFF, "fused_merge": True, "in_place": True, "remote_rows": True}
 FLOOR_ARMS = {
-    "before": {"fused_merge": False, "in_place": False, "remote_rows": False},
-    "fused merge only": {"fused_merge": True, "in_place": False, "remote_rows": False},
-    "in place only": {"fused_merge": False, "in_place": True, "remote_rows": False},
-    "remote rows only": {"fused_merge": False, "in_place": False, "remote_rows": True},
-    "after, no remote rows": {"fused_merge": True, "in_place": True, "remote_rows": False},
-    "after": {"fused_merge": True, "in_place": True, "remote_rows": True},
+    "before": _OFF,
+    "fused merge only": {**_OFF, "fused_merge": True},
+    "in place only": {**_OFF, "in_place": True},
+    "remote rows only": {**_OFF, "remote_rows": True},
+    "after, no remote rows": {**_DAY1, "remote_rows": False},
+    # Day 2: each new switch alone on top of day 1's three.
+    "day-1 after": _DAY1,
+    "day 1 + dq rows": {**_DAY1, "dq_rows": True},
+    "day 1 + joint bwd": {**_DAY1, "joint_bwd": True},
+    "after": {**_DAY1, "dq_rows": True, "joint_bwd": True},
 }
-#: Arms that change the local kernel instead: (tuning arm, backend).
-#: (run 2 also had "after, cudnn autotune": ("after", "cudnn_autotune"), no gain: 1 plan.)
-FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash")}
+#: Arms that change the local kernel instead: (tuning arm, backend). Day 1's run 2 had
+#: "after, cudnn autotune" with heuristics modes A + FALLBACK: no gain, 1 plan per shape; the
+#: autotune backend now also asks mode B.
+FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
+                     "after, cudnn autotune": ("after", "cudnn_autotune")}
 
 
 def _call_pairs(call) -> int:
@@ -354,6 +364,13 @@ def _profile_kernels(fn, device) -> dict:
         launches += 1
     top = dict(sorted(names.items(), key=lambda x: -x[1][1])[:14])
     return {"launches": launches, "busy_us": busy, "families": fams, "kernels": top}
+
+
+def _median_profile(fn, device, reps: int) -> dict:
+    """The profiled iteration of median GPU busy time among ``reps`` (one is noisy)."""
+    runs = sorted((_profile_kernels(fn, device) for _ in range(max(reps, 1))),
+                  key=lambda p: p["busy_us"])
+    return runs[len(runs) // 2]
 
 
 def _floor_inputs(args, cp: int, device, dtype):
@@ -461,7 +478,7 @@ def run_floor(args: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 fns[key]()
                 times[key].append((time.perf_counter() - t0) * 1e3)
-    prof = {key: _profile_kernels(fn, device) for key, fn in fns.items()} \
+    prof = {key: _median_profile(fn, device, args.profile_reps) for key, fn in fns.items()} \
         if device.type == "cuda" else {}
     rows = []
     for (arm, cp, rank), xs in times.items():
@@ -476,7 +493,7 @@ def run_floor(args: argparse.Namespace) -> None:
             "families": p["families"],
         })
     _print_floor(rows, args)
-    for key in (("after", 2, 1), ("after", 1, 0)):
+    for key in (("after", 2, 0), ("after", 2, 1), ("day-1 after", 2, 1), ("after", 1, 0)):
         if key in prof:
             print(f"top kernels, arm {key[0]!r} cp={key[1]} rank={key[2]} (launches, ms/iter):")
             for name, (count, us) in prof[key]["kernels"].items():
@@ -603,8 +620,9 @@ def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
 
 def _print_floor(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"floor: seqlens={args.seqlens} heads={args.heads} dim={args.dim} "
-          f"layers={args.layers} iters={args.iters}; kernel time = GPU activity of one profiled "
-          "iteration; ideal = one-GPU kernel time / cp (same arm)")
+          f"layers={args.layers} iters={args.iters}; kernel time = GPU activity of the median "
+          f"of {args.profile_reps} profiled iterations; ideal = one-GPU kernel time / cp "
+          "(same arm)")
     print("| arm | cp | rank | event ms (median) | kernel ms | launches/layer | TFLOP/s | "
           "kernel / ideal split |")
     print("|---|---|---|---|---|---|---|---|")
@@ -640,8 +658,11 @@ def main() -> None:
                         help="single-GPU per-rank compute floor (see module docstring)")
     parser.add_argument("--floor-cp", type=lambda s: [int(x) for x in s.split(",")],
                         default=[2, 4])
-    parser.add_argument("--arms", type=lambda s: s.split(","), default=None,
-                        help="floor arms to run (default: all)")
+    parser.add_argument("--arms", type=lambda s: [a.strip() for a in s.split(";")],
+                        default=None,
+                        help="floor arms to run, ';'-separated (names hold commas; default: all)")
+    parser.add_argument("--profile-reps", type=int, default=3,
+                        help="floor: profiled iterations per arm; kernel time is their median")
     args = parser.parse_args()
     if args.cpu and args.seqlens == [8192, 4096, 2048, 2048]:
         args.seqlens, args.heads, args.dim = [64, 32, 16, 16], 2, 8

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
 from cp_attention.local_attention import LocalAttention, get_backend
-from cp_attention.merge import OutputMerger, accum_dtype, add_block_rows, add_rows
+from cp_attention.merge import OutputMerger, accum_dtype, add_block_rows, add_rows, gather_rows
 from cp_attention.metadata import PackedBatch
-from cp_attention.plan import COMMS, AttnCall, Rows
+from cp_attention.plan import COMMS, AttnCall, JointBwd, Rows
 from cp_attention.ranges import phase
 from cp_attention.ring import LoopbackRing, Ring, all_gather_tokens, reduce_scatter_tokens
 
@@ -40,12 +40,22 @@ class Tuning:
       buffers with offset addressing (cuDNN), instead of gathering rows into packed copies and
       scattering the results back;
     * ``remote_rows``: (saved-KV backward) the owner of a KV block adds a peer's dK/dV only at
-      the rows the peer's step read, so the peer need not zero-fill the others.
+      the rows the peer's step read, so the peer need not zero-fill the others;
+    * ``dq_rows``: (saved-KV backward) the dQ of an in-place step that covers only some query
+      rows is added at those rows only, instead of zero-filling the rest and adding the whole
+      buffer;
+    * ``joint_bwd``: (saved-KV backward) a rank whose steps form one causal call over a packed
+      KV (:class:`~cp_attention.plan.JointBwd`: DualChunkSwap rank ``cp - 1``) runs its whole
+      backward as that one call, so the per-call dO·O pre-pass, dQ conversion and the dQ sum
+      run once. The dK/dV of remote blocks are then ready only after the whole call (on the
+      network they no longer overlap the local step).
     """
 
     fused_merge: bool = True
     in_place: bool = True
     remote_rows: bool = True
+    dq_rows: bool = True
+    joint_bwd: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +118,16 @@ class _Step:
             )
             return out, lse, False
 
-    def bwd(self, call: AttnCall, dout, q, k, v, out, lse, zero_k_outside: bool = True):
+    def bwd(self, call: AttnCall, dout, q, k, v, out, lse, zero_k_outside: bool = True,
+            zero_q_outside: bool = True):
         """``(dq, dk, dv, in_place)``: in place, whole buffers, zero outside the call's rows
-        (dK/dV rows outside undefined when ``zero_k_outside`` is False)."""
+        (dK/dV rows outside undefined when ``zero_k_outside`` is False, dQ rows when
+        ``zero_q_outside`` is False)."""
         with phase("attn_bwd_step"):
             run = self._in_place(call, "bwd")
             if run is not None:
-                res = run(dout, q, k, v, out, lse, call, self.scale, zero_k_outside)
+                res = run(dout, q, k, v, out, lse, call, self.scale, zero_k_outside,
+                          zero_q_outside)
                 if res is not None:
                     return (*res, True)
             rows = call.q_rows
@@ -131,6 +144,12 @@ class _Step:
 
     def merger(self, q) -> OutputMerger:
         return OutputMerger(q, fused=self.fused and q.is_cuda)
+
+    def joint(self) -> JointBwd | None:
+        """This rank's one-call backward plan when it applies and is switched on."""
+        if not self.tuning.joint_bwd:
+            return None
+        return self.meta.joint_bwd(self.cfg.causal, self.rank)
 
     def peer_rows(self, step: int) -> Rows | None:
         """Rows of our KV block that rank ``rank + step`` reads at its ring step ``step``."""
@@ -166,8 +185,13 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
     (diagonal) block, the largest, computes. Contributions are summed in a fixed order, in the
     input dtype (one rounding per added block, as TE does).
     """
+    joint = s.joint()
+    if joint is not None:
+        return _joint_backward(s, joint, dout, q, blocks, out, lse, ring)
     k, v = blocks[0]
     dq: torch.Tensor | None = None
+    # dQ of in-place steps valid only at their rows (dq_rows), summed after the loop.
+    partial_dq: list[tuple[torch.Tensor, Rows]] = []
     sends: list[tuple[list[torch.Tensor], int]] = []
     for index in range(len(s.calls) - 1, -1, -1):
         if index == 0 and ring is not None and ring.size > 1:
@@ -179,9 +203,13 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         # A remote block's dK/dV may keep garbage outside the rows the step read: its owner
         # adds only those rows (peer_rows), so no zero-fill is needed for them.
         zero = index == 0 or not s.tuning.remote_rows
-        grads = s.bwd(call, dout, q, bk, bv, out, lse, zero) if call is not None else None
+        grads = (s.bwd(call, dout, q, bk, bv, out, lse, zero, not s.tuning.dq_rows)
+                 if call is not None else None)
         with phase("grad_reduce"):
-            if grads is not None:
+            if grads is not None and grads[3] and s.tuning.dq_rows \
+                    and not call.q_rows.covers(q.shape[0]):
+                partial_dq.append((grads[0], call.q_rows))
+            elif grads is not None:
                 dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype, grads[3])
             block = [_block_grad(None, call.k_rows if call else None,
                                  grads[1 + i] if grads else None, (bk, bv)[i],
@@ -199,7 +227,62 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
                 else:
                     block[0] += received[2 * j]
                     block[1] += received[2 * j + 1]
-    dq = dq if dq is not None else torch.zeros_like(q)
+    with phase("grad_reduce"):
+        dq = dq if dq is not None else torch.zeros_like(q)
+        for part, rows in partial_dq:
+            add_block_rows(dq, part, rows, s.fused)
+    return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
+
+
+def _joint_backward(s: _Step, j: JointBwd, dout, q, blocks, out, lse, ring: Ring | None):
+    """P2P backward of a rank whose steps are one call (:class:`~cp_attention.plan.JointBwd`).
+
+    The rows every step read are packed into one KV buffer, one backward call runs over it,
+    and each block's dK/dV are gathered back out of the packed gradient: remote blocks' to
+    their owners (zero outside the rows read), ours summed with what the peers send.
+    """
+    k, v = blocks[0]
+    fused = s.fused
+    if s.cfg.broken_identity_padding:
+        for index in range(len(s.calls)):
+            s.call(index)  # TE's per-step offset arithmetic (time only; the joint call's own)
+    with phase("grad_reduce"):
+        packed = [k.new_empty((j.k_total, *k.shape[1:])), v.new_empty((j.k_total, *v.shape[1:]))]
+        for i, (bk, bv) in enumerate(blocks):
+            gather_rows(packed[0], j.pack_dst[i], bk, j.pack_src[i], fused=fused)
+            gather_rows(packed[1], j.pack_dst[i], bv, j.pack_src[i], fused=fused)
+    dq, dk, dv, in_place = s.bwd(j.call, dout, q, packed[0], packed[1], out, lse)
+    with phase("grad_reduce"):
+        dq = add_rows(None, j.call.q_rows, dq, q, q.dtype, in_place)
+        if in_place:  # whole-buffer results: the packed buffer is the call's KV exactly
+            dk, dv = dk[: j.k_total], dv[: j.k_total]
+        sends = []
+        for i in range(1, len(blocks)):
+            grads = [torch.empty_like(t) for t in blocks[i]]
+            gather_rows(grads[0], None, dk, j.grad_src[i], fused=fused)
+            gather_rows(grads[1], None, dv, j.grad_src[i], fused=fused)
+            sends.append((grads, (s.rank - i) % s.meta.cp_size))
+    size = s.meta.cp_size
+    if ring is None or ring.size == 1:
+        received: list[torch.Tensor] = []
+    else:
+        received = ring.exchange_pairs(
+            sends, [([k, v], (ring.rank + i) % ring.size) for i in range(1, ring.size)]).wait()
+    with phase("grad_reduce"):
+        # Our block: the packed rows plus, in one pass, a peer's gradient that covers it.
+        steps = list(range(1, size)) if received else []
+        rows = {step: s.peer_rows(step) if s.tuning.remote_rows else Rows(0, k.shape[0])
+                for step in steps}
+        base = next((st for st in steps if rows[st] is not None
+                     and rows[st].covers(k.shape[0])), None)
+        block = [torch.empty_like(k), torch.empty_like(v)]
+        for t in range(2):
+            other = None if base is None else received[2 * (base - 1) + t]
+            gather_rows(block[t], None, (dk, dv)[t], j.grad_src[0], other, fused=fused)
+        for step in steps:
+            if step != base:
+                for t in range(2):
+                    add_block_rows(block[t], received[2 * (step - 1) + t], rows[step], fused)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
 
 

@@ -220,7 +220,16 @@ class CudnnGraphAttention:
         g.build_operation_graph()
         import cudnn
 
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        if self.autotune:
+            # Heuristics mode B too: it may rank other engine configs (knobs) than mode A.
+            try:
+                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B,
+                                          cudnn.heur_mode.FALLBACK])
+            except Exception as exc:
+                _LOG.info("heuristics mode B declined (%s); modes A and FALLBACK only", exc)
+                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        else:
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
         if not self.autotune:
             g.build_plans()
@@ -419,10 +428,12 @@ class CudnnGraphAttention:
         self._execute_fwd(key, g, ws, uids, handle, q, k, v, out, stats, r)
         return out, stats
 
-    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True):
+    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True,
+                     zero_q_outside=True):
         """Backward of ``call`` on whole buffers: ``(dq, dk, dv)`` shaped like ``q``/``k``/``v``,
         the call's rows written, every other row zero (dK/dV rows outside left unwritten when
-        ``zero_k_outside`` is False). None as for :meth:`fwd_in_place`."""
+        ``zero_k_outside`` is False, dQ rows when ``zero_q_outside`` is False). None as for
+        :meth:`fwd_in_place`."""
         b = call.cu_q.numel() - 1
         handle = self._handle(q.device)
         key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, call.max_q, call.max_k,
@@ -432,7 +443,7 @@ class CudnnGraphAttention:
         r = self._ragged_in_place(call.cache, call, self._strides(q, k, v))
         # Rows outside the call must read as zero gradient (a memset, no kernel of ours).
         q_all, k_all = call.q_rows.covers(q.shape[0]), call.k_rows.covers(k.shape[0])
-        dq = torch.empty_like(q) if q_all else torch.zeros_like(q)
+        dq = torch.empty_like(q) if q_all or not zero_q_outside else torch.zeros_like(q)
         alloc_k = torch.empty if k_all or not zero_k_outside else torch.zeros
         dk = alloc_k(k.shape, dtype=k.dtype, device=k.device)
         dv = alloc_k(v.shape, dtype=v.dtype, device=v.device)

@@ -132,3 +132,55 @@ def add_rows_(dest: torch.Tensor, src: torch.Tensor, rows) -> None:
     grid = (rows.count, triton.cdiv(width, block))
     _add_kernel()[grid](dest, src, index, rows.start, dest.stride(0), src.stride(0), WIDTH=width,
                         BLOCK=block, HAS_INDEX=rows.index is not None, num_warps=4)
+
+
+@functools.cache
+def _gather_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_rows(out_ptr, out_idx_ptr, src_ptr, src_idx_ptr, other_ptr, s_out_t, s_src_t,
+                    s_other_t, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+                    HAS_OUT_IDX: tl.constexpr, HAS_OTHER: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        if HAS_OUT_IDX:
+            row = tl.load(out_idx_ptr + i)
+        else:
+            row = i
+        src_row = tl.load(src_idx_ptr + i)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < WIDTH
+        val = tl.load(src_ptr + src_row * s_src_t + col, mask=mask & (src_row >= 0),
+                      other=0.0).to(tl.float32)
+        if HAS_OTHER:
+            val += tl.load(other_ptr + row * s_other_t + col, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * s_out_t + col, val.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return gather_rows
+
+
+def gather_rows_(out: torch.Tensor, out_index: torch.Tensor | None, src: torch.Tensor,
+                 src_index: torch.Tensor, other: torch.Tensor | None = None) -> None:
+    """``out[out_index[i]] = src[src_index[i]] (+ other[out_index[i]])``, one kernel.
+
+    ``out_index`` None means rows ``0 .. len(src_index)``; a negative ``src_index`` reads as a
+    zero row. The optional sum is rounded once to the dtype, as ``torch.add`` does.
+    """
+    import triton
+
+    tensors = [t for t in (out, src, other) if t is not None]
+    if not all(t.is_contiguous() and t.dtype == out.dtype for t in tensors):
+        raise ValueError("gather_rows_ needs contiguous tensors of one dtype")
+    width = out[0].numel()
+    count = src_index.numel()
+    if count == 0:
+        return
+    block = min(4096, triton.next_power_of_2(width))
+    grid = (count, triton.cdiv(width, block))
+    _gather_kernel()[grid](
+        out, out_index if out_index is not None else src_index, src, src_index,
+        other if other is not None else out, out.stride(0), src.stride(0),
+        other.stride(0) if other is not None else 0, WIDTH=width, BLOCK=block,
+        HAS_OUT_IDX=out_index is not None, HAS_OTHER=other is not None, num_warps=4,
+    )

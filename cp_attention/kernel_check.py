@@ -169,6 +169,16 @@ def cases(cps: tuple[int, ...] = (2, 4, 8)) -> list[KernelCase]:
                                     f"{pack} {comm} {'causal' if causal else 'full'} "
                                     f"rank {rank} step {step}", group, call, meta.local_tokens,
                                     k_tokens, 8, 8, 128, seed))
+                # The one-call backward of a rank (its forward is checked with it).
+                for (causal, rank), joint in meta.joint.items():
+                    sig = _signature(joint.call, meta.local_tokens, joint.k_total)
+                    if sig not in seen:
+                        seen.add(sig)
+                        seed += 1
+                        out.append(KernelCase(
+                            f"{pack} p2p joint bwd {'causal' if causal else 'full'} rank {rank}",
+                            group, joint.call, meta.local_tokens, joint.k_total, 8, 8, 128,
+                            seed))
     return out
 
 

@@ -307,9 +307,10 @@ class GuardedAttention:
         return self._in_place("fwd", q, k, call,
                               lambda: self.primary.fwd_in_place(q, k, v, call, scale))
 
-    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True):
+    def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True,
+                     zero_q_outside=True):
         return self._in_place("bwd", q, k, call, lambda: self.primary.bwd_in_place(
-            dout, q, k, v, out, lse, call, scale, zero_k_outside))
+            dout, q, k, v, out, lse, call, scale, zero_k_outside, zero_q_outside))
 
 
 def fallback_counts() -> dict[str, int]:

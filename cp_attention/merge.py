@@ -131,3 +131,29 @@ def add_block_rows(dest: torch.Tensor, src: torch.Tensor, rows: Rows | None,
         add_rows_(dest, src, rows)
     else:
         dest.index_add_(0, rows.index, src.index_select(0, rows.index))
+
+
+def gather_rows(out: torch.Tensor, out_index: torch.Tensor | None, src: torch.Tensor,
+                src_index: torch.Tensor, other: torch.Tensor | None = None,
+                fused: bool = False) -> None:
+    """``out[out_index] = src[src_index] (+ other[out_index])``; ``src_index < 0``: zero rows.
+
+    ``out_index`` None means the first ``len(src_index)`` rows of ``out``. One Triton kernel
+    when ``fused`` (CUDA), else eager ops with the same rounding (no device-to-host sync).
+    """
+    if fused and out.is_cuda:
+        from cp_attention.fused import gather_rows_
+
+        gather_rows_(out, out_index, src, src_index, other)
+        return
+    valid = (src_index >= 0).view(-1, *([1] * (src.dim() - 1)))
+    value = torch.where(valid, src.index_select(0, src_index.clamp(min=0)), 0)
+    if out_index is None:
+        target = out[: src_index.numel()]
+        if other is not None:
+            value = value + other[: src_index.numel()]
+        target.copy_(value)
+        return
+    if other is not None:
+        value = value + other.index_select(0, out_index)
+    out.index_copy_(0, out_index, value.to(out.dtype))

@@ -25,7 +25,15 @@ from cp_attention.partition import (
     dual_chunk_swap_index,
     no_load_balance_bounds,
 )
-from cp_attention.plan import COMMS, AttnCall, Geometry, all_gather_call, p2p_calls
+from cp_attention.plan import (
+    COMMS,
+    AttnCall,
+    Geometry,
+    JointBwd,
+    all_gather_call,
+    joint_bwd_plan,
+    p2p_calls,
+)
 from cp_attention.ranges import phase
 from cp_attention.transfer import to_device_packed
 
@@ -69,6 +77,8 @@ class PackedBatch:
     #: Device copies of the offsets, used only by the TE-style A/B path.
     cu_seqlens_tensor: torch.Tensor = field(repr=False)
     cu_seqlens_padded_tensor: torch.Tensor = field(repr=False)
+    #: ``(causal, rank) -> JointBwd`` for the ranks whose P2P backward is one call.
+    joint: dict[tuple[bool, int], JointBwd] = field(default_factory=dict, repr=False)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
@@ -115,6 +125,7 @@ class PackedBatch:
                 calls=_all_calls(geom),
                 cu_seqlens_tensor=torch.from_numpy(cu.astype(np.int32)),
                 cu_seqlens_padded_tensor=torch.from_numpy(cup.astype(np.int32)),
+                joint=_joint_plans(geom),
             )
         return meta if device is None else meta.to(device)
 
@@ -138,10 +149,12 @@ class PackedBatch:
                 for key, calls in self.calls.items()
             }
             cu, cu_padded = next(leaves), next(leaves)
+            joint = {key: plan.with_tensors(leaves) for key, plan in self.joint.items()}
         return replace(
             self,
             partition=partition,
             calls=calls,
+            joint=joint,
             cu_seqlens_tensor=cu,
             cu_seqlens_padded_tensor=cu_padded,
             device=dev,
@@ -155,6 +168,8 @@ class PackedBatch:
                 if call is not None:
                     leaves.extend(call.tensors())
         leaves += [self.cu_seqlens_tensor, self.cu_seqlens_padded_tensor]
+        for plan in self.joint.values():
+            leaves.extend(plan.tensors())
         return leaves
 
     def calls_for(self, comm: str, causal: bool, rank: int) -> tuple[AttnCall | None, ...]:
@@ -167,6 +182,10 @@ class PackedBatch:
         if not 0 <= rank < self.cp_size:
             raise ValueError(f"rank must be in [0, {self.cp_size}), got {rank}")
         return self.calls[(comm, bool(causal), rank)]
+
+    def joint_bwd(self, causal: bool, rank: int) -> JointBwd | None:
+        """The one-call P2P backward of ``rank`` (:class:`~cp_attention.plan.JointBwd`), if any."""
+        return self.joint.get((bool(causal), rank))
 
     @property
     def real_lengths(self) -> tuple[int, ...]:
@@ -231,3 +250,14 @@ def _all_calls(geom: Geometry) -> dict[tuple[str, bool, int], tuple[AttnCall | N
             calls[("p2p", causal, rank)] = p2p_calls(geom, rank, causal)
             calls[("all_gather", causal, rank)] = (all_gather_call(geom, rank, causal),)
     return calls
+
+
+def _joint_plans(geom: Geometry) -> dict[tuple[bool, int], JointBwd]:
+    """The ranks (and causal flags) whose P2P backward is one call."""
+    plans = {}
+    for rank in range(geom.cp_size):
+        for causal in (False, True):
+            plan = joint_bwd_plan(geom, rank, causal)
+            if plan is not None:
+                plans[(causal, rank)] = plan
+    return plans

@@ -320,3 +320,74 @@ def all_gather_call(geom: Geometry, rank: int, causal: bool) -> AttnCall | None:
     if not causal:
         return build_call([(mine, pieces)], geom, causal=False)
     return build_call([(mine, pieces[: rank + 1])], geom, causal=True)
+
+
+@dataclass(frozen=True, slots=True)
+class JointBwd:
+    """One backward call that replaces every ring step's backward of a rank (saved-KV P2P).
+
+    When every step attends *all* of a rank's queries to keys that, per sequence, form one
+    run of positions ending at the rank's own last row, the per-step backward calls (each with
+    its own dO·O pre-pass, dQ conversion and a dQ sum afterwards) are one causal call over a
+    packed KV buffer: per sequence, the rows each step read, in position order. Under
+    DualChunkSwap this is rank ``cp - 1`` (its two chunks are adjacent; every peer's front
+    chunk precedes them). Per ring step ``i`` (block held at step ``i``):
+
+    * ``pack_src[i]`` rows of block ``i`` go to rows ``pack_dst[i]`` of the packed buffer;
+    * ``grad_src[i]`` gives, for every row of block ``i``, its packed row (or -1 when the
+      joint call does not read it), so block ``i``'s dK/dV are one gather of the packed ones.
+    """
+
+    call: AttnCall
+    k_total: int
+    pack_src: tuple[torch.Tensor, ...]
+    pack_dst: tuple[torch.Tensor, ...]
+    grad_src: tuple[torch.Tensor, ...]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensor leaves, in the order :meth:`with_tensors` consumes them."""
+        return [*self.call.tensors(), *self.pack_src, *self.pack_dst, *self.grad_src]
+
+    def with_tensors(self, leaves: Iterator[torch.Tensor]) -> JointBwd:
+        """The same plan with its leaves taken, in order, from ``leaves``."""
+        n = len(self.pack_src)
+        call = self.call.with_tensors(leaves)
+        src, dst, grad = ([next(leaves) for _ in range(n)] for _ in range(3))
+        return JointBwd(call, self.k_total, tuple(src), tuple(dst), tuple(grad))
+
+
+def joint_bwd_plan(geom: Geometry, rank: int, causal: bool) -> JointBwd | None:
+    """The :class:`JointBwd` of ``rank``, or None when its steps do not form one call."""
+    cp = geom.cp_size
+    if not causal or geom.strategy != "dual_chunk_swap" or cp < 2 or rank != cp - 1:
+        return None
+    chunk = geom.padded_len // (2 * cp)
+    # Piece o of every sequence is chunk o (o = 0 .. cp): peers' front chunks, then ours.
+    lens = [np.clip(geom.real_len - o * chunk, 0, chunk) for o in range(cp + 1)]
+    seg_q = lens[cp - 1] + lens[cp]
+    keep = seg_q > 0  # then chunks 0 .. cp-2 are all real: the keys are one run from 0
+    seg_k = np.where(keep, sum(lens), 0)
+    base = np.cumsum(seg_k) - seg_k
+    mine = owner_slots(geom, rank)
+    packed = [Slot(o * chunk, chunk, base + o * chunk) for o in range(cp + 1)]
+    call = build_call([(mine, packed)], geom, causal=True)
+    if call is None:
+        return None
+    k_total = int(seg_k.sum())
+    assert call.k_rows.covers(k_total), "joint keys must fill the packed buffer in order"
+    pack_src, pack_dst, grad_src = [], [], []
+    for step in range(cp):
+        owner = (rank - step) % cp
+        if step == 0:
+            src_row, dst_row, n = mine[0].row, base + (cp - 1) * chunk, seg_q
+        else:
+            src_row, dst_row = owner_slots(geom, owner)[0].row, base + owner * chunk
+            n = np.where(keep, chunk, 0)
+        src = ranges_to_index(src_row, np.where(keep, n, 0))
+        dst = ranges_to_index(dst_row, np.where(keep, n, 0))
+        grad = np.full(geom.local_tokens, -1, dtype=np.int64)
+        grad[src] = dst
+        pack_src.append(torch.from_numpy(src))
+        pack_dst.append(torch.from_numpy(dst))
+        grad_src.append(torch.from_numpy(grad))
+    return JointBwd(call, k_total, tuple(pack_src), tuple(pack_dst), tuple(grad_src))

@@ -25,6 +25,9 @@ def test_every_planned_call_of_cp_2_4_8_is_a_case() -> None:
                                 if call is not None:
                                     sig = _signature(call, meta.local_tokens, k_tokens)
                                     assert (f"cp{cp} {strategy}", sig) in sigs
+                for joint in meta.joint.values():
+                    sig = _signature(joint.call, meta.local_tokens, joint.k_total)
+                    assert (f"cp{cp} {strategy}", sig) in sigs
 
 
 def test_packs_cover_the_layouts_the_issue_names() -> None:

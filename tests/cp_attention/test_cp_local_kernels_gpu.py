@@ -115,14 +115,38 @@ def test_fused_merge_matches_eager_merge(in_place: bool, indexed: bool) -> None:
     torch.testing.assert_close(fused_out.float(), eager_out.float(), rtol=8e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("indexed", [False, True])
+@pytest.mark.parametrize("add", [False, True])
+def test_fused_gather_rows_matches_eager(indexed: bool, add: bool) -> None:
+    from cp_attention import fused
+    from cp_attention.merge import gather_rows
+
+    if not fused.available():
+        pytest.skip("triton does not import")
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(5)
+    src = torch.randn(700, 8, 128, device=device, generator=gen).bfloat16()
+    other = torch.randn(500, 8, 128, device=device, generator=gen).bfloat16() if add else None
+    src_index = torch.randint(-1, 700, (300,), device=device, generator=gen)
+    out_index = (torch.randperm(500, device=device, generator=gen)[:300] if indexed else None)
+    got = []
+    for use_fused in (False, True):
+        out = torch.full((500, 8, 128), 3.0, device=device, dtype=torch.bfloat16)
+        gather_rows(out, out_index, src, src_index, other, fused=use_fused)
+        got.append(out)
+    assert torch.equal(got[0], got[1])
+
+
 @pytest.mark.skipif(not cudnn_available(), reason="nvidia-cudnn-frontend does not import")
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("day1", [False, True])
 def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: str,
-                                                            causal: bool) -> None:
-    """All ranks' local work (in place, fused merge, remote dK/dV added by rows) on one GPU,
-    reassembled, against the float64 reference; padding rows exactly zero."""
+                                                            causal: bool, day1: bool) -> None:
+    """All ranks' local work (in place, fused merge, remote dK/dV added by rows, dQ added by
+    rows, DualChunkSwap rank cp-1's one-call backward; ``day1``: without the last two) on one
+    GPU, reassembled, against the float64 reference; padding rows exactly zero."""
     from cp_loopback import run_all_ranks
     from cp_reference import reference_attention
 
@@ -135,7 +159,8 @@ def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: s
     gen = torch.Generator().manual_seed(cp + 10 * causal)
     full = {n: torch.randn(cup[-1], h, 128, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", 8), ("k", 4), ("v", 4), ("dout", 8))}
-    got = run_all_ranks(meta, full, causal, Tuning(), backend="cudnn")
+    tuning = Tuning(dq_rows=False, joint_bwd=False) if day1 else Tuning()
+    got = run_all_ranks(meta, full, causal, tuning, backend="cudnn")
     want = reference_attention(*(full[n].cpu() for n in ("q", "k", "v", "dout")), cu,
                                tuple(cup), causal)
     for name in ("out", "dq", "dk", "dv"):

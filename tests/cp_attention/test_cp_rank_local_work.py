@@ -15,17 +15,26 @@ from cp_reference import reference_attention
 
 from cp_attention import PackedBatch, pad_sequences_to_multiple
 from cp_attention.attention import Tuning
+from cp_attention.merge import gather_rows
 from cp_attention.plan import AttnCall
 from cp_attention.ring import LoopbackRing
 
 CU = (0, 13, 18, 40, 41)  # real lengths 13, 5, 22, 1
 
 
+TUNINGS = {
+    "default": Tuning(),
+    "day-1 switches only": Tuning(dq_rows=False, joint_bwd=False),
+    "joint, whole blocks": Tuning(remote_rows=False, dq_rows=False),
+}
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("tuning", list(TUNINGS))
 def test_every_rank_local_work_reassembles_to_reference(cp: int, strategy: str,
-                                                        causal: bool) -> None:
+                                                        causal: bool, tuning: str) -> None:
     cup = pad_sequences_to_multiple(CU, 2 * cp)
     meta = PackedBatch.from_cu_seqlens(CU, cup, cp_size=cp, strategy=strategy)
     gen = torch.Generator().manual_seed(cp * 10 + causal)
@@ -34,7 +43,7 @@ def test_every_rank_local_work_reassembles_to_reference(cp: int, strategy: str,
             for n, h in (("q", 4), ("k", 2), ("v", 2), ("dout", 4))}
     want = reference_attention(full["q"], full["k"], full["v"], full["dout"], CU, tuple(cup),
                                causal)
-    got = run_all_ranks(meta, full, causal, Tuning())
+    got = run_all_ranks(meta, full, causal, TUNINGS[tuning])
     for name in ("out", "dq", "dk", "dv"):
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-9)
 
@@ -56,3 +65,36 @@ def test_plan_marks_in_place_calls() -> None:
     assert back is not None and back.q_starts is not None
     # Back chunks of rank 0 start at local rows 16, 16+32+8, ...: chunk = len/4.
     assert back.q_starts.tolist() == [16, 32 + 8, 48 + 8]
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_joint_backward_plan_reads_what_the_steps_read(cp: int) -> None:
+    """DualChunkSwap rank cp-1 has a one-call backward; its packed KV holds, per step, exactly
+    the rows that step's call reads (so the peers add our dK/dV at the rows they expect)."""
+    cup = pad_sequences_to_multiple(CU, 2 * cp)
+    meta = PackedBatch.from_cu_seqlens(CU, cup, cp_size=cp)
+    assert list(meta.joint) == [(True, cp - 1)]
+    assert PackedBatch.from_cu_seqlens(CU, cup, cp_size=cp,
+                                       strategy="no_load_balance").joint == {}
+    joint = meta.joint_bwd(True, cp - 1)
+    assert joint is not None and joint.call.causal and not joint.call.square
+    assert joint.call.k_rows.covers(joint.k_total)
+    calls = meta.calls_for("p2p", True, cp - 1)
+    for step in range(1, cp):
+        rows = calls[step].k_rows
+        read = rows.index if rows.index is not None else torch.arange(rows.start, rows.stop)
+        assert torch.equal(joint.pack_src[step], read)
+    packed = torch.cat(joint.pack_dst).sort().values
+    assert torch.equal(packed, torch.arange(joint.k_total))  # every packed row filled once
+    for src, dst, grad in zip(joint.pack_src, joint.pack_dst, joint.grad_src, strict=True):
+        assert torch.equal(grad[src], dst) and int((grad >= 0).sum()) == src.numel()
+
+
+def test_gather_rows_reads_negative_rows_as_zero() -> None:
+    src = torch.arange(12.0).view(4, 3)
+    out = torch.full((3, 3), 7.0)
+    gather_rows(out, None, src, torch.tensor([2, -1, 0]), other=torch.ones(3, 3))
+    assert out.tolist() == [[7.0, 8.0, 9.0], [1.0, 1.0, 1.0], [1.0, 2.0, 3.0]]
+    out = torch.zeros(4, 3)
+    gather_rows(out, torch.tensor([3, 1]), src, torch.tensor([0, -1]))
+    assert out.tolist() == [[0.0] * 3, [0.0] * 3, [0.0] * 3, [0.0, 1.0, 2.0]]
