@@ -345,6 +345,22 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu_seconds(pgid: int) -> float | None:
+    """User + system CPU seconds of every live process in process group ``pgid`` (the server:
+    the API process, its validation processes, the worker). None where ``/proc`` is missing."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def latency_under_ingest(
     port: int,
     token: str,
@@ -397,20 +413,22 @@ def throughput(
     """Client-side MB/s of uploading ``bundles`` with ``clients`` threads, and the median of
     each server phase (seconds) over the uploads, plus ``api-cpu``: the API process's CPU
     seconds per upload (receiving, hashing, recording; the validation process's own CPU is
-    ``stage-cpu``)."""
+    ``stage-cpu``), and ``server-cpu``: all the server's processes' CPU per upload."""
     size = sum(len(b) for b in bundles)
-    cpu_before = cpu_seconds(server_pid)
+    cpu_before, group_before = cpu_seconds(server_pid), group_cpu_seconds(server_pid)
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         answers = list(pool.map(lambda b: upload(base, token, b, form), bundles))
     elapsed = time.perf_counter() - started
-    cpu_after = cpu_seconds(server_pid)
+    cpu_after, group_after = cpu_seconds(server_pid), group_cpu_seconds(server_pid)
     phases = {
         name: statistics.median(a["_timing"].get(name, 0.0) for a in answers)
         for name in answers[0]["_timing"]
     }
     if cpu_before is not None and cpu_after is not None:
         phases["api-cpu"] = (cpu_after - cpu_before) / len(bundles)
+    if group_before is not None and group_after is not None:
+        phases["server-cpu"] = (group_after - group_before) / len(bundles)
     return size / 1e6 / elapsed, phases
 
 
@@ -419,14 +437,20 @@ def describe_phases(phases: dict[str, float], size: int) -> tuple[str, str]:
     the server's CPU per upload with the MB/s one core could take at that cost."""
     ms = {name: seconds * 1000 for name, seconds in phases.items()}
     total = phases.get("total", 0.0)
-    rate = f"{size / 1e6 / total:.0f} MB/s" if total else "?"
-    cpu = phases.get("api-cpu", 0.0) + phases.get("stage-cpu", 0.0)
+    rate = f"{size / 1e6 / total:.0f} MB/s" if total else ""
+    cpu = phases.get("server-cpu", 0.0)  # every server process (also a server without timings)
+    split = (
+        f": API process {ms.get('api-cpu', 0):.0f}, validation {ms.get('stage-cpu', 0):.0f}"
+        if "stage-cpu" in phases
+        else ""
+    )
     cpu_cell = (
-        f"{size / 1e6 / cpu:.0f} MB/s per core ({cpu * 1000:.0f} ms per upload: API process "
-        f"{ms.get('api-cpu', 0):.0f}, validation process {ms.get('stage-cpu', 0):.0f})"
-        if phases.get("stage-cpu")
+        f"{size / 1e6 / cpu:.0f} MB/s per core ({cpu * 1000:.0f} ms per upload{split})"
+        if cpu
         else "?"
     )
+    if not total:
+        return cpu_cell, "? (this server sends no Server-Timing)"
     return cpu_cell, (
         f"{rate} (total {ms.get('total', 0):.0f} ms: receive {ms.get('receive', 0):.0f}, "
         f"stage {ms.get('stage', 0):.0f} [read {ms.get('stage-read', 0):.0f}, check "
