@@ -18,7 +18,12 @@ What it measures (issue 5), against a real ``cptrace serve`` (uvicorn + worker) 
      issue's target (p99 < 100 ms with 100 concurrent readers) is judged on the 1 s pass
      (100 req/s); the 0.25 s pass (400 req/s) shows the headroom.
 2. Upload throughput (MB/s of bundle bytes, upload to stored run) for the 4.7 MB Kineto bundle,
-   one client and four clients.
+   one client and four clients (keep-alive ``httpx`` clients), per body form: the bundle as the
+   body (``raw``, what ``cptrace upload`` sends) and a multipart field. Beside each: the server's
+   own phases of the median upload from its ``Server-Timing`` header (receive, validation:
+   read/check/commit/disk wait/CPU, record) with the MB/s they add up to, and the CPU all the
+   server's processes spent per upload with the MB/s one core takes at that cost. On a shared
+   machine the wall-clock rows follow the load; the CPU row hardly moves.
 3. Time from uploading the 3-arm nsys export to a finished analysis (upload, validation, queue,
    worker analysis, report stored), polled every 10 ms.
 
@@ -31,7 +36,8 @@ table states the split. A benchmark prints numbers; it asserts nothing.
 
 Usage::
 
-    python benchmarks/service_bench.py                 # full run (~2 minutes on 2 cores)
+    python benchmarks/service_bench.py                 # full run (~2.5 minutes on 2 idle cores)
+    python benchmarks/service_bench.py --uploads-only --upload-rounds 2   # uploads only, ~1 min
     python benchmarks/service_bench.py --runs 1000 --seconds 5 --think 1
     python benchmarks/service_bench.py --no-pin         # everything shares every core
 """
@@ -534,8 +540,9 @@ def main() -> None:
         "--forms",
         nargs="+",
         choices=BODY_FORMS,
-        default=list(BODY_FORMS),
-        help="upload body forms to measure (a server before the raw form knows only multipart)",
+        default=None,
+        help="upload body forms to measure (default: both with --uploads-only, else raw, what "
+        "`cptrace upload` sends; a server before the raw form knows only multipart)",
     )
     parser.add_argument(
         "--upload-rounds",
@@ -544,6 +551,7 @@ def main() -> None:
         help="repeat the throughput rows, the body forms interleaved (a loaded machine)",
     )
     args = parser.parse_args()
+    args.forms = args.forms or (list(BODY_FORMS) if args.uploads_only else ["raw"])
     server_cores, load_cores = core_split(args.pin)
     pin_to(load_cores)  # this process uploads: it is load generator too
 
