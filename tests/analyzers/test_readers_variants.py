@@ -99,6 +99,8 @@ def _real_traces() -> list[Path]:
         for path in sorted(base.rglob("*")):
             if not path.is_file() or not path.name.endswith((".json.gz", ".json", ".sqlite.gz")):
                 continue
+            if path.name == "manifest.json":  # a run bundle's manifest, not a trace
+                continue
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             if digest not in seen:
                 seen.add(digest)
