@@ -12,11 +12,19 @@ Definitions (per rank and window group; whole-trace numbers are totals over the 
 * **inclusive ns**: summed duration of those calls.
 * **self ns**: inclusive time minus the time of catalogued ranges of *other* helpers nested
   directly inside the calls (a helper inside a helper is charged to the inner one).
+* **first call ns**: duration of the rank's first call of the helper in the whole trace, when
+  it is one of the group's calls: a compiled helper compiles on it, any helper warms up on it,
+  so it is reported apart from the steady state (``inclusive - first call``).
+* **sync ops**: catalogued host-sync operators (``[host_sync] ops``: ``aten::item``,
+  ``aten::nonzero``, ...) that start inside the calls on the same thread. On a CPU trace they
+  block nothing; on a GPU tensor each one waits for the device.
 * **per step**: totals divided by the number of step windows of the group, and labelled so;
   the whole-trace row is never "per step".
 
 A call belongs to the window holding its start, like the launches of the GPU tables. The
-report model (``HostTimeReport``, ``HelperHostTime``) lives with the others in ``report``.
+findings these figures support on a trace without GPU activity are the rules' own
+(``analyzers.findings``, which read this report). The report model (``HostTimeReport``,
+``HelperHostTime``) lives with the others in ``report``.
 """
 
 from __future__ import annotations
@@ -29,17 +37,9 @@ import numpy.typing as npt
 from analyzers.attribution import RangeHelpers, RangeIndex
 from analyzers.catalog import Catalog
 from analyzers.metrics import assign_windows
-from analyzers.model import Trace
-from analyzers.report import (
-    HOST_TIME_BASIS,
-    Evidence,
-    Finding,
-    HelperHostTime,
-    HostTimeReport,
-    Severity,
-    Window,
-)
-from analyzers.windows import WHOLE_TRACE, group_names
+from analyzers.model import RangeKind, Trace
+from analyzers.report import HOST_TIME_BASIS, HelperHostTime, HostTimeReport, Window
+from analyzers.windows import group_names
 
 IntArray = npt.NDArray[np.int64]
 
@@ -73,6 +73,9 @@ def host_time(
     charged = np.zeros(len(rows), dtype=np.int64)
     np.add.at(charged, top[parent[nested_other]], duration[nested_other])
     rank = table["rank"][rows].astype(np.int64)
+    thread = table["thread"][rows].astype(np.int64)
+    first = _first_calls(rank, helper, start, is_call)
+    syncs = _sync_ops_inside(trace, catalog, thread, start, end)
     if steps is None:
         counted: dict[tuple[int, str], int] = {}
         for w in windows:
@@ -98,6 +101,8 @@ def host_time(
                     calls=len(sel),
                     inclusive_ns=inclusive,
                     self_ns=max(inclusive - int(charged[sel].sum()), 0),
+                    first_call_ns=int(duration[sel][first[sel]].sum()),
+                    sync_ops=int(syncs[sel].sum()),
                 )
             )
     return out
@@ -124,64 +129,46 @@ def _outermost(parent: IntArray, helper: IntArray) -> IntArray:
         top = np.where(climb, up, top)
 
 
-def host_time_findings(report: HostTimeReport, catalog: Catalog) -> list[Finding]:
-    """What host time alone supports, for traces without GPU activity.
+def _first_calls(
+    rank: IntArray, helper: IntArray, start: IntArray, is_call: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """Marks each (rank, helper)'s earliest call in the whole trace."""
+    out = np.zeros(len(rank), dtype=bool)
+    calls = np.flatnonzero(is_call)
+    if not len(calls):
+        return out
+    order = calls[np.lexsort((start[calls], helper[calls], rank[calls]))]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (rank[order][1:] != rank[order][:-1]) | (helper[order][1:] != helper[order][:-1])
+    out[order[new]] = True
+    return out
 
-    A helper that feeds a rule (``finding`` in the catalog) and was *called* in a step window
-    shows that the code path ran: TE's padded THD path (``get_cu_seqlens_on_cp_rank``), the
-    THD gradient zero-fill, a host-blocking batch slicer. Its GPU cost needs a GPU trace, so
-    these are stated as observations (severity info) with the calls and host time per step;
-    with GPU activity the GPU-based rules decide instead and nothing is added here.
-    """
-    if report.gpu_activity:
-        return []
-    feeds = {h.name: h.finding for h in catalog.helpers if h.finding}
-    rows = [r for r in report.helpers if r.window != WHOLE_TRACE and r.helper in feeds]
-    out = []
-    for group, helper in sorted({(r.window, r.helper) for r in rows}):
-        mine = sorted((r for r in rows if r.window == group and r.helper == helper), key=_rank)
-        evidence = [
-            item
-            for r in mine
-            for item in (
-                Evidence(
-                    name="calls per step (host ranges)",
-                    value=round(r.calls / max(r.steps, 1), 2),
-                    rank=r.rank,
-                    window=group,
-                ),
-                Evidence(
-                    name="host time per step, inclusive",
-                    value=round(r.inclusive_ns / max(r.steps, 1) / 1e6, 4),
-                    unit="ms",
-                    rank=r.rank,
-                    window=group,
-                ),
-            )
-        ]
-        out.append(
-            Finding(
-                rule=str(feeds[helper]),
-                title=(
-                    f"{helper} ran in {group!r} ({mine[0].calls} calls on rank {mine[0].rank}); "
-                    "the trace has no GPU activity, so only its host time is known"
-                ),
-                severity=Severity.INFO,
-                helper=helper,
-                window=group,
-                ranks=sorted({r.rank for r in mine}),
-                evidence=evidence,
-                recommendation=(
-                    f"{helper} feeds the {feeds[helper]} rule: profile a GPU run of the same "
-                    "workload to measure its kernels and the saving (see docs/analyzers.md)."
-                ),
-            )
+
+def _sync_ops_inside(
+    trace: Trace, catalog: Catalog, thread: IntArray, start: IntArray, end: IntArray
+) -> IntArray:
+    """Per range: catalogued sync operators starting in ``[start, end)`` on its thread."""
+    table = trace.ranges
+    out = np.zeros(len(thread), dtype=np.int64)
+    names = table["name"]
+    symbols = [s for s in np.unique(names).tolist() if catalog.is_sync("ops", trace.strings[s])]
+    is_op = np.isin(names, symbols) & (table["kind"] == RangeKind.CPU_OP)
+    # one blocking call is one op: aten::item runs aten::_local_scalar_dense inside it
+    parent = table["parent"].astype(np.int64)
+    inner = np.zeros(len(table), dtype=bool)
+    inner[parent >= 0] = is_op[parent[parent >= 0]]
+    ops = np.flatnonzero(is_op & ~inner)
+    if not len(ops) or not len(thread):
+        return out
+    op_thread = table["thread"][ops].astype(np.int64)
+    op_start = table["start"][ops].astype(np.int64)
+    for t in np.intersect1d(np.unique(op_thread), thread).tolist():
+        times = np.sort(op_start[op_thread == t])
+        mine = np.flatnonzero(thread == t)
+        out[mine] = np.searchsorted(times, end[mine], side="left") - np.searchsorted(
+            times, start[mine], side="left"
         )
     return out
 
 
-def _rank(row: HelperHostTime) -> int:
-    return row.rank
-
-
-__all__ = ["host_time", "host_time_findings"]
+__all__ = ["host_time"]

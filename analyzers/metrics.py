@@ -42,10 +42,11 @@ from analyzers.report import (
     StreamStat,
     Timeline,
     TimelineEvent,
+    TimelineStep,
     Window,
     WindowTimeline,
 )
-from analyzers.timeline import group_timelines, window_timelines
+from analyzers.timeline import GpuActivities, GpuTimeline, group_timelines, window_timelines
 from analyzers.windows import WHOLE_TRACE, group_names
 
 TIMELINE_LIMIT = 2000
@@ -71,6 +72,9 @@ class Metrics:
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
     window_timelines: list[WindowTimeline] = field(default_factory=list)
     gpu_timeline: list[GroupTimeline] = field(default_factory=list)
+    gpu: GpuTimeline | None = None
+    """The measured windows and clipped activities behind ``window_timelines`` (the account
+    reuses them)."""
     notes: list[str] = field(default_factory=list)
     """What the metrics could not do as intended (a GPU annotation that could not be paired)."""
 
@@ -112,7 +116,9 @@ class _Placed:
     window: IntArray
 
 
-def _activity_points(trace: Trace, att: Attribution) -> tuple[IntArray, IntArray]:
+def activity_points(trace: Trace, att: Attribution) -> tuple[IntArray, IntArray]:
+    """Per activity: its rank (through its launch where the reader left -1) and the instant it
+    is placed at, its launch start (its GPU start when no launch row joined)."""
     acts = trace.activities
     rank = acts["rank"].astype(np.int64)
     has = att.launch >= 0
@@ -122,6 +128,15 @@ def _activity_points(trace: Trace, att: Attribution) -> tuple[IntArray, IntArray
     if unknown.any() and has.any():
         rank[unknown & has] = trace.launches["rank"][att.launch[unknown & has]]
     return rank, time
+
+
+def gpu_activities(
+    trace: Trace, att: Attribution, points: tuple[IntArray, IntArray] | None = None
+) -> GpuActivities:
+    """The timeline's activity columns, with each activity's rank and launch start resolved
+    through its launch row (``points``: ``activity_points(trace, att)`` when already known)."""
+    rank, time = points if points is not None else activity_points(trace, att)
+    return GpuActivities.of_trace(trace, rank, np.where(att.launch >= 0, time, -1))
 
 
 def _helper_stats(
@@ -456,11 +471,16 @@ def _host_syncs(
 def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Timeline:
     acts = trace.activities
     events: list[TimelineEvent] = []
+    steps: list[TimelineStep] = []
     dropped = 0
     for rank in sorted({w.rank for w in placed.windows}):
         ids = [i for i, w in enumerate(placed.windows) if w.rank == rank]
         chosen = ids[len(ids) // 2]  # the middle step: away from warm-up and the last flush
         origin = placed.windows[chosen].start_ns
+        drawn = placed.windows[chosen]
+        steps.append(
+            TimelineStep(rank=rank, window=drawn.name, index=drawn.index, origin_ns=origin)
+        )
         rows = np.flatnonzero(placed.window == chosen)
         if len(rows) > limit:
             dropped += len(rows) - limit
@@ -479,7 +499,9 @@ def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Ti
                     category=att.category_of(h),
                 )
             )
-    return Timeline(window=placed.group, limit=limit, dropped=dropped, events=events)
+    return Timeline(
+        window=placed.group, limit=limit, dropped=dropped, events=events, steps=steps
+    )
 
 
 def compute_metrics(
@@ -510,8 +532,9 @@ def compute_metrics(
         )
     metrics.steps = dict(steps)
     sync_ops = _sync_op_index(trace, catalog)
-    rank, time = _activity_points(trace, att)
-    metrics.window_timelines, metrics.notes = window_timelines(trace, windows, rank)
+    rank, time = activity_points(trace, att)
+    metrics.gpu = window_timelines(trace, windows, gpu_activities(trace, att, (rank, time)))
+    metrics.window_timelines, metrics.notes = metrics.gpu.timelines, list(metrics.gpu.notes)
     metrics.gpu_timeline = group_timelines(metrics.window_timelines, metrics.steps)
     metrics.devices = device_figures(trace, rank, att.launch)
     kernel_tables = KernelTables(trace, rank)
@@ -547,8 +570,10 @@ __all__ = [
     "UNATTRIBUTED",
     "Category",
     "Metrics",
+    "activity_points",
     "assign_windows",
     "compute_metrics",
+    "gpu_activities",
     "imbalance_of",
     "interval_union",
     "per_step",

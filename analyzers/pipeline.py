@@ -25,13 +25,15 @@ from analyzers.errors import (
     UnsupportedTraceError,
 )
 from analyzers.findings import evaluate
+from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
-from analyzers.host_time import host_time, host_time_findings
+from analyzers.host_time import host_time
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import Trace, merge_traces
 from analyzers.report import AnalysisReport, IterationStats, RunEnvironment, SourceInfo
 from analyzers.stats import iteration_stats
+from analyzers.timeline_gaps import timeline_gaps
 from analyzers.windows import WHOLE_TRACE, find_windows
 
 if TYPE_CHECKING:
@@ -267,14 +269,15 @@ def analyze_trace(
         trace, att, ranges, catalog, windows, steps_per_window=steps_per_window
     )
     iterations = _iterations(manifest, metrics)
-    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps)
+    if metrics.gpu is None:  # compute_metrics always sets it
+        raise RuntimeError("metrics without a GPU timeline")
+    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps, metrics.gpu)
+    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
-        evaluate(metrics, manifest, catalog=catalog, iterations=iterations),
+        evaluate(metrics, manifest, catalog=catalog, iterations=iterations, host_time=hosted),
         accounts.groups,
         catalog,
     )
-    hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
-    findings += host_time_findings(hosted, catalog)
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
@@ -287,8 +290,10 @@ def analyze_trace(
         imbalance=metrics.imbalance,
         iterations=iterations,
         findings=findings,
-        timeline=metrics.timeline,
-        notes=_notes(trace, manifest, metrics, iterations) + accounts.notes,
+        timeline=timeline_gaps(trace, att, ranges, catalog, windows, metrics.timeline),
+        notes=_notes(trace, manifest, metrics, iterations)
+        + accounts.notes
+        + uncited_observations(manifest, findings),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         host_time=hosted,

@@ -142,8 +142,9 @@ class WindowBasis(StrEnum):
     """Which interval a timeline window covers."""
 
     GPU_ANNOTATION = "gpu annotation"
-    """Kineto ``gpu_user_annotation`` of the step: first to last GPU activity the step's
-    annotation enclosed, on any stream."""
+    """Kineto ``gpu_user_annotation`` of the step (first to last GPU activity the step's
+    annotation enclosed, on any stream), extended to the end of the work launched inside the CPU
+    step on any thread, never into the next window (``analyzers.timeline``)."""
     CPU_RANGE = "cpu range"
     """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
     TRACE = "trace span"
@@ -257,13 +258,53 @@ class TimelineEvent(_Model):
     category: Category
 
 
+class AccountPartKind(StrEnum):
+    """The parts a step's time is split into (``analyzers.account``); they add up to the span."""
+
+    COMPUTE = "compute"
+    EXPOSED_COMMUNICATION = "exposed communication"
+    EXPOSED_MEMCPY = "exposed memcpy"
+    IDLE_HOST = "idle: host-bound"
+    IDLE_SYNC = "idle: synchronisation"
+    IDLE_PEER = "idle: waiting on another rank"
+    IDLE_OTHER = "idle: other"
+
+
+class TimelineStep(_Model):
+    """The window a timeline draws for one rank; event and gap times are relative to
+    ``origin_ns`` (the window's start, trace clock)."""
+
+    rank: int
+    window: str  # the window's name, e.g. "ProfilerStep#5"
+    index: int  # Window.index
+    origin_ns: int
+
+
+class TimelineGap(_Model):
+    """One idle piece of the drawn window's step account (``analyzers.account``): the GPU of
+    ``rank`` was idle over ``[start_ns, end_ns)`` (relative to the window start) because of
+    ``part`` / ``label`` ("idle: host-bound" / "get_cu_seqlens_on_cp_rank")."""
+
+    rank: int
+    start_ns: int
+    end_ns: int
+    part: AccountPartKind
+    label: str
+
+
 class Timeline(_Model):
-    """One step per rank, decimated to at most ``limit`` events per rank (longest kept)."""
+    """One step per rank, decimated to at most ``limit`` events per rank (longest kept).
+
+    ``gaps``: the idle pieces of the same windows (at most ``limit`` per rank, longest kept;
+    ``gaps_dropped`` counts the rest), so the page draws the gaps on the events' clock."""
 
     window: str
     limit: int
     dropped: int
     events: list[TimelineEvent]
+    steps: list[TimelineStep] = Field(default_factory=list)
+    gaps: list[TimelineGap] = Field(default_factory=list)
+    gaps_dropped: int = 0
 
 
 class Evidence(_Model):
@@ -312,18 +353,6 @@ class IterationStats(_Model):
     source: str | None = None
     """"timed": the manifest's CUDA-event iterations (no profiler attached); "profiled": window
     durations of profiled steps (inflated by the profiler, with Python stacks several-fold)."""
-
-
-class AccountPartKind(StrEnum):
-    """The parts a step's time is split into (``analyzers.account``); they add up to the span."""
-
-    COMPUTE = "compute"
-    EXPOSED_COMMUNICATION = "exposed communication"
-    EXPOSED_MEMCPY = "exposed memcpy"
-    IDLE_HOST = "idle: host-bound"
-    IDLE_SYNC = "idle: synchronisation"
-    IDLE_PEER = "idle: waiting on another rank"
-    IDLE_OTHER = "idle: other"
 
 
 class AccountGap(_Model):
@@ -403,6 +432,12 @@ class HelperHostTime(_Model):
     calls: int  # outermost ranges of the helper
     inclusive_ns: int  # summed duration of those calls
     self_ns: int  # inclusive minus other catalogued helpers' ranges nested inside
+    first_call_ns: int = 0
+    """Duration of the rank's first call of the helper in the whole trace, when that call is
+    one of these (compilation, warm-up); steady state is ``inclusive_ns - first_call_ns``."""
+    sync_ops: int = 0
+    """Catalogued host-sync operators (``[host_sync] ops``: ``aten::item``, ...) started inside
+    these calls on the same thread; on a GPU tensor each waits for the device."""
 
 
 class HostTimeReport(_Model):

@@ -18,11 +18,14 @@ integer ns. Why clip instead of assigning each activity to one window by its lau
 helper tables do): a union of unclipped activities can exceed the window, and summed over steps
 gave "GPU busy per step" larger than the step.
 
-Which interval is the window: for Kineto, a step's (or variant's) ``gpu_user_annotation`` when
-the trace has one: the GPU-side mirror of the CPU range, from the first to the last GPU activity
-the range launched; a CPU range ends when the CPU has *queued* the step, its GPU work runs
-later. nsys exports (and Kineto without GPU annotations) use the CPU range; the whole-trace
-window is the rank's trace span.
+Which interval is the window: for Kineto, a step's (or variant's) GPU window when the trace has
+its ``gpu_user_annotation``: from the annotation's start (the first GPU activity the range
+launched on its own thread) to the end of the last GPU activity *launched inside the CPU range
+on any thread of the rank* (the backward kernels the autograd thread launches run after the
+annotation ends), or the annotation's end if that is later; the extension stops at the start
+of the next window of the same (rank, group), so windows never overlap. A CPU range ends when
+the CPU has *queued* the step, its GPU work runs later. nsys exports (and Kineto without GPU
+annotations) use the CPU range; the whole-trace window is the rank's trace span.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
@@ -57,11 +61,14 @@ class GpuActivities:
     kind: npt.NDArray[np.int8]
     communication: BoolArray
     """NCCL kernels (see ``COMMUNICATION_MARK``)."""
+    launched: IntArray
+    """When the activity's launch call started (trace clock); -1: no launch row joined."""
 
     @classmethod
-    def of_trace(cls, trace: Trace, rank: IntArray) -> GpuActivities:
+    def of_trace(cls, trace: Trace, rank: IntArray, launched: IntArray) -> GpuActivities:
         """Columns of ``trace.activities``; ``rank`` is each row's rank (readers leave -1 where
-        only the launch knows it, so the caller resolves it)."""
+        only the launch knows it, so the caller resolves it), ``launched`` its launch start
+        (-1 without one)."""
         acts = trace.activities
         kind = acts["kind"].astype(np.int8)
         marked = np.array(
@@ -75,6 +82,7 @@ class GpuActivities:
             end=acts["end"].astype(np.int64),
             kind=kind,
             communication=nccl & (kind == ActivityKind.KERNEL),
+            launched=np.asarray(launched, dtype=np.int64),
         )
 
 
@@ -117,11 +125,21 @@ def _pairs(
     return np.concatenate(row_parts), np.concatenate(win_parts)
 
 
-def _clipped(
-    windows: Sequence[TimelineWindow], acts: GpuActivities
-) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """(window index, clipped start, clipped end, activity row) of every activity-window overlap
-    on the window's own rank."""
+@dataclass(frozen=True, slots=True)
+class Clipped:
+    """Every activity-window overlap on the window's own rank, clipped to the window, sorted by
+    (window, clipped start) with ties in activity-row order (``union_order``). ``seg`` indexes
+    the windows the table was made for, ``row`` is the activity's row."""
+
+    seg: IntArray
+    start: IntArray
+    end: IntArray
+    row: IntArray
+
+
+def clip_to_windows(windows: Sequence[TimelineWindow], acts: GpuActivities) -> Clipped:
+    """The clipped overlaps of ``acts`` with ``windows`` (see ``Clipped``): the one clipping
+    the timeline and the account both measure."""
     segs, starts, ends, rows = [], [], [], []
     by_rank: dict[int, list[int]] = {}
     for i, w in enumerate(windows):
@@ -139,16 +157,21 @@ def _clipped(
         rows.append(row)
     if not segs:
         empty = np.empty(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    return np.concatenate(segs), np.concatenate(starts), np.concatenate(ends), np.concatenate(rows)
+        return Clipped(empty, empty, empty, empty)
+    seg, start = np.concatenate(segs), np.concatenate(starts)
+    end, row = np.concatenate(ends), np.concatenate(rows)
+    order = union_order(seg, start)
+    return Clipped(seg[order], start[order], end[order], row[order])
 
 
-def decompose(windows: Sequence[TimelineWindow], acts: GpuActivities) -> list[WindowTimeline]:
-    """The timeline parts of each window (same order as ``windows``)."""
+def decompose(
+    windows: Sequence[TimelineWindow], acts: GpuActivities, clipped: Clipped | None = None
+) -> list[WindowTimeline]:
+    """The timeline parts of each window (same order as ``windows``); ``clipped`` is
+    ``clip_to_windows(windows, acts)`` when the caller already has it."""
     n = len(windows)
-    seg, start, end, row = _clipped(windows, acts)
-    order = union_order(seg, start)  # one sort for the three unions below
-    seg, start, end, row = seg[order], start[order], end[order], row[order]
+    c = clipped if clipped is not None else clip_to_windows(windows, acts)
+    seg, start, end, row = c.seg, c.start, c.end, c.row
     kind = acts.kind[row]
     nccl = acts.communication[row]
     computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
@@ -199,7 +222,7 @@ def _gpu_annotation_intervals(trace: Trace, rank: int, name: str) -> list[tuple[
 
 
 def timeline_windows(
-    trace: Trace, windows: Sequence[Window]
+    trace: Trace, windows: Sequence[Window], acts: GpuActivities
 ) -> tuple[list[TimelineWindow], list[str]]:
     """The interval each window is measured over, and notes where a GPU annotation was expected
     but could not be paired.
@@ -207,7 +230,8 @@ def timeline_windows(
     A CPU window's GPU annotations are paired with it in order (k-th CPU range of a name on a
     rank with the k-th annotation interval of that name), only when both counts agree and no
     annotation starts before its CPU range (GPU work cannot precede its launch); otherwise the
-    CPU range is used for every window of that name, with a note.
+    CPU range is used for every window of that name, with a note. A paired window then extends
+    to the work launched inside its CPU range (``_launched_extension``).
     """
     by_name: dict[tuple[int, str], list[int]] = {}
     for i, w in enumerate(windows):
@@ -237,27 +261,98 @@ def timeline_windows(
         else:
             basis = WindowBasis.TRACE if w.kind == "trace" else WindowBasis.CPU_RANGE
             out.append(TimelineWindow(w, w.start_ns, w.end_ns, basis))
-    return out, notes
+    return _launched_extension(out, sorted(gpu), acts), notes
 
 
-def window_timelines(
-    trace: Trace, windows: Sequence[Window], rank: IntArray
-) -> tuple[list[WindowTimeline], list[str]]:
+def _launched_extension(
+    measured: list[TimelineWindow], annotated: Sequence[int], acts: GpuActivities
+) -> list[TimelineWindow]:
+    """GPU-annotated windows extended to the work their CPU range launched on any thread.
+
+    Window ``i`` (CPU range ``[cs, ce]`` on rank ``r``, annotation ``[gs, ge)``) becomes
+    ``[gs, max(ge, min(last, next)))``: ``last`` is the latest end of the rank's activities
+    whose launch started in ``[cs, ce]`` (both ends included, as the helper tables place
+    activities), ``next`` the start of the next window of the same (rank, group) by start (no
+    limit for the last one). So the window keeps its annotation and never reaches into the
+    next window.
+    """
+    if not annotated:
+        return measured
+    out = list(measured)
+    has_launch = acts.launched >= 0
+    by_rank: dict[int, tuple[IntArray, IntArray]] = {}
+    neighbours: dict[tuple[int, str], list[int]] = {}
+    for i, m in enumerate(measured):
+        if m.basis != WindowBasis.TRACE:
+            neighbours.setdefault((m.window.rank, m.window.group or m.window.name), []).append(i)
+    following: dict[int, int] = {}
+    for ids in neighbours.values():
+        ids.sort(key=lambda i: (measured[i].start_ns, i))
+        following.update({a: measured[b].start_ns for a, b in pairwise(ids)})
+    for i in annotated:
+        m = measured[i]
+        rank = m.window.rank
+        if rank not in by_rank:
+            mine = np.flatnonzero(has_launch & (acts.rank == rank))
+            order = mine[np.argsort(acts.launched[mine], kind="stable")]
+            by_rank[rank] = (acts.launched[order], acts.end[order])
+        launched, ends = by_rank[rank]
+        lo = int(np.searchsorted(launched, m.window.start_ns, side="left"))
+        hi = int(np.searchsorted(launched, m.window.end_ns, side="right"))
+        if hi <= lo:
+            continue
+        last = min(int(ends[lo:hi].max()), following.get(i, np.iinfo(np.int64).max))
+        if last > m.end_ns:
+            out[i] = TimelineWindow(m.window, m.start_ns, last, m.basis)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupClip:
+    """One window group's windows as measured and its activities clipped to them."""
+
+    ids: list[int]
+    """Indices of the group's windows in the windows given to ``window_timelines``."""
+    windows: list[TimelineWindow]
+    clipped: Clipped
+    """``clip_to_windows(windows, acts)``: ``seg`` indexes ``windows``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTimeline:
+    """The decomposition of every window and what it was computed from, kept so the account
+    (``analyzers.account``) measures the same windows and clipped activities without redoing
+    them."""
+
+    windows: list[TimelineWindow]
+    """Every window as measured, in the order given."""
+    acts: GpuActivities
+    groups: dict[str, GroupClip]
+    timelines: list[WindowTimeline]
+    """Same order as ``windows``."""
+    notes: list[str]
+
+
+def window_timelines(trace: Trace, windows: Sequence[Window], acts: GpuActivities) -> GpuTimeline:
     """Decomposition of every window of ``windows`` (all groups), plus pairing notes.
 
     Windows of different groups may overlap (an arm and the steps inside it), so each group is
-    decomposed on its own.
+    clipped and decomposed on its own.
     """
-    measured, notes = timeline_windows(trace, windows)
-    acts = GpuActivities.of_trace(trace, rank)
-    groups: dict[str, list[int]] = {}
+    measured, notes = timeline_windows(trace, windows, acts)
+    ids_of: dict[str, list[int]] = {}
     for i, w in enumerate(windows):
-        groups.setdefault(w.group or w.name, []).append(i)
+        ids_of.setdefault(w.group or w.name, []).append(i)
     result: list[WindowTimeline | None] = [None] * len(windows)
-    for ids in groups.values():
-        for i, parts in zip(ids, decompose([measured[i] for i in ids], acts), strict=True):
+    groups = {}
+    for group, ids in ids_of.items():
+        mine = [measured[i] for i in ids]
+        clipped = clip_to_windows(mine, acts)
+        groups[group] = GroupClip(ids, mine, clipped)
+        for i, parts in zip(ids, decompose(mine, acts, clipped), strict=True):
             result[i] = parts
-    return [r for r in result if r is not None], notes
+    timelines = [r for r in result if r is not None]
+    return GpuTimeline(measured, acts, groups, timelines, notes)
 
 
 _PARTS = (
@@ -296,8 +391,12 @@ def group_timelines(
 
 __all__ = [
     "COMMUNICATION_MARK",
+    "Clipped",
     "GpuActivities",
+    "GpuTimeline",
+    "GroupClip",
     "TimelineWindow",
+    "clip_to_windows",
     "decompose",
     "group_timelines",
     "timeline_windows",

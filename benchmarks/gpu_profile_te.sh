@@ -1,45 +1,75 @@
 #!/usr/bin/env bash
 # On one GPU with Transformer Engine installed: cptrace profile --nsys --probe on the
-# te_transformer model, the probe's overhead, and the FP8 misaligned-token case (TE issue #1795)
-# next to its aligned fix. Writes bundles, logs and results.md under OUT.
-# Usage (repository root): benchmarks/gpu_profile_te.sh OUT "NSYS_CMD"
-#   e.g. benchmarks/gpu_profile_te.sh $OUT "../gpu-host/nsys.sh ../debs"
+# te_transformer model (no CP) and its analysis, the probe's overhead, and the FP8
+# misaligned-token case (TE issue #1795) next to its aligned fix.
+# Usage (repository root): benchmarks/gpu_profile_te.sh OUT "NSYS_CMD" [BUDGET_S]
+#   e.g. benchmarks/gpu_profile_te.sh $OUT "../gpu-host/nsys.sh ../debs" 420
+# The device returns few files (at most 8): everything goes into OUT/gpu_profile.tar.gz, next to
+# it only results.md (the summary table, also printed last) and the small JSON files a reader
+# wants first (the profiled bundle's manifest, the analysis reports, the overhead numbers).
+# BUDGET_S: the steps share this many seconds; a step that no longer fits is skipped (listed as
+# such), so the packing at the end always runs inside the device call's limit.
+# Dry run on CPU: PROFILE_SPEC=... PROFILE_FLAGS="--torch --probe" MISALIGNED_SPEC=... etc.;
+# a spec variable set to "" skips its steps (e.g. OVERHEAD_SPEC= MISALIGNED_SPEC= ALIGNED_SPEC=).
 set -uo pipefail
-OUT=$1; NSYS=${2:-nsys}
+OUT=$1; NSYS=${2:-nsys}; BUDGET=${3:-420}
+PROFILE_SPEC=${PROFILE_SPEC:-runners/examples/te_transformer.yaml}
+PROFILE_FLAGS=${PROFILE_FLAGS:---nsys --probe}
+PROFILE_STEPS=${PROFILE_STEPS:-8}
+OVERHEAD_SPEC=${OVERHEAD_SPEC-$PROFILE_SPEC}
+OVERHEAD_ARGS=${OVERHEAD_ARGS:---steps 100 --repeats 2}
+MISALIGNED_SPEC=${MISALIGNED_SPEC-runners/examples/te_fp8_misaligned.yaml}
+ALIGNED_SPEC=${ALIGNED_SPEC-runners/examples/te_fp8_aligned.yaml}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/work"; W=$OUT/work   # everything here ends up in the one archive
 # `timeout` needs an executable, not a shell function: a two-line cptrace launcher on PATH.
-mkdir -p "$OUT/.bin"
-printf '#!/bin/sh\nexec python3 -c "from cptrace.cli import main; main()" "$@"\n' > "$OUT/.bin/cptrace"
-chmod +x "$OUT/.bin/cptrace"; export PATH=$OUT/.bin:$PATH
+mkdir -p "$W/.bin"
+printf '#!/bin/sh\nexec %s -c "from cptrace.cli import main; main()" "$@"\n' "$PY" > "$W/.bin/cptrace"
+chmod +x "$W/.bin/cptrace"; export PATH=$W/.bin:$PATH
 rows=()
-step() {  # step NAME TIMEOUT CMD...: run, log, record outcome and wall time
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  rows+=("| $name | rc $rc | $(( $(date +%s) - t0 )) |")
-  echo "=== $name rc=$rc ($(( $(date +%s) - t0 )) s)"; tail -n 6 "$OUT/$name.log"
+step() {  # step NAME LIMIT STDOUT_FILE CMD...: run (stderr+stdout to NAME.log unless a file is
+  # named for stdout), record outcome and wall time; skipped when the budget cannot cover LIMIT
+  local name=$1 limit=$2 dest=$3; shift 3
+  if [ "${SKIP:-}" = 1 ]; then rows+=("| $name | not asked |  |"); return; fi
+  local left=$(( BUDGET - SECONDS - 20 ))
+  if (( left < limit / 2 )); then
+    rows+=("| $name | skipped (budget: ${left} s left) | 0 |"); echo "=== $name skipped"; return
+  fi
+  (( limit > left )) && limit=$left
+  local t0=$SECONDS rc
+  if [ -n "$dest" ]; then timeout "$limit" "$@" > "$dest" 2> "$W/$name.log"; rc=$?
+  else timeout "$limit" "$@" > "$W/$name.log" 2>&1; rc=$?; fi
+  rows+=("| $name | rc $rc | $(( SECONDS - t0 )) |")
+  echo "=== $name rc=$rc ($(( SECONDS - t0 )) s)"; tail -n 8 "$W/$name.log"
 }
-python3 -c 'import torch, transformer_engine; print(torch.__version__, transformer_engine.__version__, torch.cuda.get_device_name(0))'
-step profile-nsys-probe 100 cptrace profile --nsys --probe --nsys-cmd "$NSYS" --watchdog 20 \
-  --name te-transformer-profile --out "$OUT/te-profile-nsys" -- \
-  python3 -m runners.models.train runners/examples/te_transformer.yaml --steps 8
-step fp8-misaligned 70 cptrace run runners/examples/te_fp8_misaligned.yaml \
-  --out "$OUT/fp8-misaligned" --timeout 65
-step fp8-misaligned-analyze 30 cptrace analyze "$OUT/fp8-misaligned" --json
-step probe-overhead 90 python3 benchmarks/probe_overhead.py runners/examples/te_transformer.yaml \
-  --steps 30 --repeats 2 --json "$OUT/probe_overhead.json"
-step fp8-aligned 70 cptrace run runners/examples/te_fp8_aligned.yaml --out "$OUT/fp8-aligned" \
-  --timeout 65
-step fp8-aligned-analyze 30 cptrace analyze "$OUT/fp8-aligned" --json
-{ echo "| step | outcome | wall s |"; echo "|---|---|---|"; printf '%s\n' "${rows[@]}"; } \
-  | tee "$OUT/results.md"
-# Few files come back from the device: one archive per bundle, one for all logs.
-for b in te-profile-nsys fp8-misaligned fp8-aligned; do
-  [ -f "$OUT/$b/manifest.json" ] && cptrace bundle pack "$OUT/$b" --out "$OUT/$b.tar.gz" \
-    && rm -rf "${OUT:?}/$b"
-done
-rm -rf "$OUT/.bin"
-(cd "$OUT" && logs=$(ls ./*.log | grep -v '/all.log$') && tar czf logs.tar.gz $logs && rm -f $logs)
-du -sh "$OUT"/* 2>/dev/null
+$PY -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+try:
+    import transformer_engine; print("transformer_engine", transformer_engine.__version__)
+except ImportError as exc: print("no transformer_engine:", exc)' | tee "$W/versions.log"
+# shellcheck disable=SC2086  # PROFILE_FLAGS / OVERHEAD_ARGS are word lists
+step profile-nsys-probe 120 "" cptrace profile $PROFILE_FLAGS --nsys-cmd "$NSYS" --watchdog 20 \
+  --name te-transformer-profile --out "$W/te-profile" -- \
+  $PY -m runners.models.train "$PROFILE_SPEC" --steps "$PROFILE_STEPS"
+step profile-analyze 60 "$OUT/profile_report.json" cptrace analyze "$W/te-profile" --json
+[ -f "$W/te-profile/manifest.json" ] && cp "$W/te-profile/manifest.json" "$OUT/profile_manifest.json"
+SKIP=$([ -n "$OVERHEAD_SPEC" ] || echo 1)
+# shellcheck disable=SC2086
+step probe-overhead 150 "" $PY benchmarks/probe_overhead.py "$OVERHEAD_SPEC" $OVERHEAD_ARGS \
+  --json "$OUT/probe_overhead.json"
+SKIP=$([ -n "$MISALIGNED_SPEC" ] || echo 1)
+step fp8-misaligned 70 "" cptrace run "$MISALIGNED_SPEC" --out "$W/fp8-misaligned" --timeout 65
+step fp8-misaligned-analyze 30 "$OUT/fp8_misaligned_report.json" \
+  cptrace analyze "$W/fp8-misaligned" --json
+SKIP=$([ -n "$ALIGNED_SPEC" ] || echo 1)
+step fp8-aligned 80 "" cptrace run "$ALIGNED_SPEC" --out "$W/fp8-aligned" --timeout 75
+step fp8-aligned-analyze 30 "$OUT/fp8_aligned_report.json" cptrace analyze "$W/fp8-aligned" --json
+SKIP=
+rm -rf "$W/.bin"
+for f in "$OUT"/*.json; do [ -s "$f" ] || rm -f "$f"; done   # a failed analyze leaves nothing
+{ echo "| step | outcome | wall s |"; echo "|---|---|---|"; printf '%s\n' "${rows[@]}"
+  echo; $PY benchmarks/gpu_profile_summary.py "$OUT" "$W"; } > "$OUT/results.md" 2>&1
+tar czf "$OUT/gpu_profile.tar.gz" -C "$OUT" work && rm -rf "$W"
+ls -la "$OUT"
+cat "$OUT/results.md"

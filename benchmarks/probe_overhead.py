@@ -4,7 +4,10 @@ Runs ``python -m runners.models.train SPEC`` alternately plain and with the prof
 (``CPTRACE_PROBE`` + ``CPTRACE_STATUS_DIR``, exactly the children's environment of ``cptrace
 profile --probe``), ``--repeats`` times each (ABAB), and prints a table: the median step time
 (first step excluded) of each, the difference in percent, and the probe's own measured time on
-its sampled calls. Target: < 1 % of the step on the reference workload.
+its sampled calls, split into the host copies of the offsets (which wait for the stream's queued
+work on a GPU) and the record writes, and the steady state: the cost of one sampled call times
+the sampled calls per step once only 1 in ``--probe-every`` calls is inspected (what a long job
+pays after its first ``--probe-first`` calls). Target: < 1 % of the step on the reference workload.
 
     python benchmarks/probe_overhead.py runners/examples/te_transformer.yaml --steps 60
 """
@@ -49,6 +52,7 @@ def main() -> int:
     plain_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     plain, probed, probe_ms, sampled = [], [], [], []
+    copy_ms, dump_ms, calls = [], [], []
     for _ in range(args.repeats):
         plain.append(_train(args.spec, args.steps, plain_env, args.timeout))
         with tempfile.TemporaryDirectory() as scratch:
@@ -58,7 +62,10 @@ def main() -> int:
             probed.append(_train(args.spec, args.steps, env, args.timeout))
             record = json.loads((Path(scratch) / "probe" / "probe_rank0.json").read_text())
             probe_ms.append(record["overhead_ms"])
+            copy_ms.append(record.get("host_copy_ms", float("nan")))
+            dump_ms.append(record.get("dump_ms", float("nan")))
             sampled.append(sum(s["sampled_calls"] for s in record["sites"].values()))
+            calls.append(sum(s["calls"] for s in record["sites"].values()))
     a = statistics.median(r["median_ms_after_first"] for r in plain)
     b = statistics.median(r["median_ms_after_first"] for r in probed)
     steps_total = args.steps * args.repeats
@@ -76,11 +83,21 @@ def main() -> int:
         print("| " + " | ".join(row) + " |")
     print(f"probe's own time over the run: {statistics.median(probe_ms):.3f} ms "
           f"({100 * per_step_probe / a:.3f}% of a step on average over {args.steps} steps)")
+    per_call = statistics.median(p / n for p, n in zip(probe_ms, sampled, strict=True) if n)
+    calls_per_step = statistics.median(calls) / args.steps
+    steady = per_call * calls_per_step / args.probe_every if args.probe_every else 0.0
+    print(f"per sampled call: {per_call:.3f} ms (host copies {statistics.median(copy_ms):.3f} ms, "
+          f"record writes {statistics.median(dump_ms):.3f} ms over the run); "
+          f"{calls_per_step:.1f} wrapped calls per step")
+    print(f"steady state (1 in {args.probe_every} calls): {steady:.4f} ms per step = "
+          f"{100 * steady / a:.3f}% of the plain step")
     if args.json:
         args.json.write_text(json.dumps({
             "spec": str(args.spec), "steps": args.steps, "repeats": args.repeats,
             "plain_median_ms": a, "probe_median_ms": b, "probe_own_ms": probe_ms,
-            "sampled_calls": sampled, "steps_total": steps_total,
+            "sampled_calls": sampled, "steps_total": steps_total, "calls": calls,
+            "host_copy_ms": copy_ms, "dump_ms": dump_ms, "per_sampled_call_ms": per_call,
+            "steady_state_ms_per_step": steady,
         }, indent=1) + "\n")
     return 0
 

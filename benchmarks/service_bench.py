@@ -165,7 +165,7 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, port: int, cores: set[int] | None
+    data_dir: Path, port: int, cores: set[int] | None, *, worker: bool = True
 ) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "CPTRACE_WORKER_POLL_S": "0.05"}
     args = [
@@ -179,6 +179,7 @@ def start_server(
         str(port),
         "--data-dir",
         str(data_dir),
+        *([] if worker else ["--no-worker"]),
     ]
     log = (data_dir / "server.log").open("wb")
     # Pinned before exec: uvicorn, its threads, the ingest process and the worker inherit it.
@@ -280,17 +281,59 @@ def read_load(
 
 
 # -- measurements ---------------------------------------------------------------------------------
-def upload(base: str, token: str, data: bytes) -> dict[str, Any]:
+BODY_FORMS = ("raw", "multipart")
+"""How an upload's body carries the bundle: the bundle itself (``Content-Type:
+application/gzip``, what ``cptrace upload`` sends) or a multipart form field ``bundle``."""
+
+
+_clients = threading.local()
+
+
+def http_client() -> Any:
+    """This thread's keep-alive ``httpx.Client``: a new client per request would cost a TLS
+    context and a connection each time (tens of ms of the load generator's CPU per upload,
+    counted in the throughput although no real uploader pays it)."""
     import httpx
 
-    resp = httpx.post(
-        f"{base}/uploads/bundles",
-        files={"bundle": ("b.tar.gz", data)},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=300,
-    )
+    client = getattr(_clients, "client", None)
+    if client is None:
+        client = _clients.client = httpx.Client(timeout=300)
+    return client
+
+
+def upload(base: str, token: str, data: bytes, form: str = "raw") -> dict[str, Any]:
+    """POST one bundle; the JSON answer plus ``_timing``: the server's ``Server-Timing``
+    phases in seconds."""
+    headers = {"Authorization": f"Bearer {token}"}
+    client = http_client()
+    if form == "raw":
+        resp = client.post(
+            f"{base}/uploads/bundles",
+            content=data,
+            headers={**headers, "Content-Type": "application/gzip"},
+            timeout=300,
+        )
+    else:
+        resp = client.post(
+            f"{base}/uploads/bundles",
+            files={"bundle": ("b.tar.gz", data)},
+            headers=headers,
+            timeout=300,
+        )
     resp.raise_for_status()
-    return resp.json()
+    body: dict[str, Any] = resp.json()
+    body["_timing"] = server_timing(resp.headers.get("server-timing", ""))
+    return body
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``receive;dur=12.5, stage;dur=80.1`` -> ``{"receive": 0.0125, "stage": 0.0801}``."""
+    phases: dict[str, float] = {}
+    for entry in header.split(","):
+        name, _, params = entry.strip().partition(";")
+        if params.startswith("dur="):
+            phases[name] = float(params[4:]) / 1000
+    return phases
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -325,7 +368,7 @@ def latency_under_ingest(
     def ingest() -> None:
         while not stop.is_set() and bundles:
             started = time.perf_counter()
-            upload(base, token, bundles.pop())
+            upload(base, token, bundles.pop(), args.forms[0])
             ingested[0] += 1
             ingested[1] += time.perf_counter() - started
 
@@ -348,12 +391,35 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def throughput(base: str, token: str, bundles: list[bytes], clients: int) -> float:
+def throughput(
+    base: str, token: str, bundles: list[bytes], clients: int, form: str
+) -> tuple[float, dict[str, float]]:
+    """Client-side MB/s of uploading ``bundles`` with ``clients`` threads, and the median of
+    each server phase (seconds) over the uploads."""
     size = sum(len(b) for b in bundles)
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(lambda b: upload(base, token, b), bundles))
-    return size / 1e6 / (time.perf_counter() - started)
+        answers = list(pool.map(lambda b: upload(base, token, b, form), bundles))
+    elapsed = time.perf_counter() - started
+    phases = {
+        name: statistics.median(a["_timing"].get(name, 0.0) for a in answers)
+        for name in answers[0]["_timing"]
+    }
+    return size / 1e6 / elapsed, phases
+
+
+def describe_phases(phases: dict[str, float], size: int) -> str:
+    """One table cell: the server's phases of a median upload, and its MB/s from them."""
+    ms = {name: seconds * 1000 for name, seconds in phases.items()}
+    total = phases.get("total", 0.0)
+    rate = f"{size / 1e6 / total:.0f} MB/s" if total else "?"
+    return (
+        f"{rate} (total {ms.get('total', 0):.0f} ms: receive {ms.get('receive', 0):.0f}, "
+        f"stage {ms.get('stage', 0):.0f} [read {ms.get('stage-read', 0):.0f}, check "
+        f"{ms.get('stage-check', 0):.0f}, commit {ms.get('stage-commit', 0):.0f} of which "
+        f"disk wait {ms.get('stage-sync-wait', 0):.0f}; CPU "
+        f"{ms.get('stage-cpu', 0):.0f}], record {ms.get('record', 0):.0f})"
+    )
 
 
 def wait_idle(base: str) -> None:
@@ -419,6 +485,26 @@ def main() -> None:
         default=True,
         help="load generator on the last core, server on the others (default on)",
     )
+    parser.add_argument(
+        "--uploads-only",
+        action="store_true",
+        help="only the upload-throughput rows (no read-latency passes, no time to analysis; "
+        "the server runs without its analysis worker, so nothing competes and nothing is waited "
+        "for between rows)",
+    )
+    parser.add_argument(
+        "--forms",
+        nargs="+",
+        choices=BODY_FORMS,
+        default=list(BODY_FORMS),
+        help="upload body forms to measure (a server before the raw form knows only multipart)",
+    )
+    parser.add_argument(
+        "--upload-rounds",
+        type=int,
+        default=1,
+        help="repeat the throughput rows, the body forms interleaved (a loaded machine)",
+    )
     args = parser.parse_args()
     server_cores, load_cores = core_split(args.pin)
     pin_to(load_cores)  # this process uploads: it is load generator too
@@ -426,15 +512,15 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="cptrace-bench-"))
     populate(data_dir, args.runs)
     port = free_port()
-    proc, token = start_server(data_dir, port, server_cores)
+    proc, token = start_server(data_dir, port, server_cores, worker=not args.uploads_only)
     base = f"http://127.0.0.1:{port}/api/v1"
     rows: list[tuple[str, str]] = []
     try:
-        upload(base, token, kineto_bundle("warmup"))  # start the ingest process
+        upload(base, token, kineto_bundle("warmup"), args.forms[0])  # start the ingest process
         passes = [("closed loop", 0.0)] + [
             (f"open loop {args.readers / think:.0f} req/s", think) for think in args.think
         ]
-        for label, think in passes:
+        for label, think in [] if args.uploads_only else passes:
             bundles = [kineto_bundle(f"{label}-{i}") for i in range(40)]
             wait_idle(base)  # each pass starts without the previous pass's analysis backlog
             lat, n, busy, cpu = latency_under_ingest(
@@ -458,25 +544,31 @@ def main() -> None:
                         f"{cpu / served * 1000:.2f} ms ({cpu:.1f} s for {served} reads)",
                     )
                 )
-        for clients in (1, 4):
-            bundles = [kineto_bundle(f"tp{clients}-{i}") for i in range(8)]
-            wait_idle(base)  # the analyses the load passes queued would share the CPU
+        size = len(kineto_bundle("size"))
+        for round_ in range(args.upload_rounds):
+            for clients in (1, 4):
+                for form in args.forms if round_ % 2 == 0 else args.forms[::-1]:
+                    bundles = [kineto_bundle(f"tp{round_}-{clients}-{form}-{i}") for i in range(8)]
+                    if not args.uploads_only:
+                        wait_idle(base)  # the analyses of earlier uploads would share the CPU
+                    rate, phases = throughput(base, token, bundles, clients, form)
+                    what = f"{size / 1e6:.1f} MB bundles, {clients} client(s), {form} body"
+                    rows.append((f"upload throughput, {what}", f"{rate:.1f} MB/s"))
+                    rows.append(
+                        (f"  server side, median upload ({clients} client(s), {form})",
+                         describe_phases(phases, size))
+                    )  # fmt: skip
+        if not args.uploads_only:
+            runs = []
+            for _ in range(3):
+                runs.append(time_to_analysis(base, token))
+            up, total, worker = (statistics.median(x) for x in zip(*runs, strict=True))
             rows.append(
                 (
-                    f"upload throughput, 4.7 MB bundles, {clients} client(s)",
-                    f"{throughput(base, token, bundles, clients):.1f} MB/s",
+                    "3-arm nsys export: upload -> analysis done (median of 3)",
+                    f"{total:.2f} s (upload+validate {up:.2f} s, analysis {worker:.2f} s)",
                 )
             )
-        runs = []
-        for _ in range(3):
-            runs.append(time_to_analysis(base, token))
-        up, total, worker = (statistics.median(x) for x in zip(*runs, strict=True))
-        rows.append(
-            (
-                "3-arm nsys export: upload -> analysis done (median of 3)",
-                f"{total:.2f} s (upload+validate {up:.2f} s, analysis {worker:.2f} s)",
-            )
-        )
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
@@ -487,9 +579,10 @@ def main() -> None:
         if server_cores and load_cores
         else "server and load generator share every core"
     )
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
         f"cptrace service benchmark: {args.runs} runs stored, {os.cpu_count()} CPU cores "
-        f"({split}), {args.seconds:g} s per load pass"
+        f"({split}), {args.seconds:g} s per load pass; load average {load} at the end"
     )
     print(f"| {'measurement'.ljust(width)} | result |")
     print(f"|{'-' * (width + 2)}|--------|")

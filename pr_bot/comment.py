@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
-from pr_bot.deltas import metric_rows
+from pr_bot import labels
+from pr_bot.deltas import HostTimeRow, metric_rows
 
 MAX_COMMENT_CHARS = 65_536
 """GitHub refuses issue comments longer than this."""
@@ -76,7 +77,7 @@ def _signed(value: float, digits: int = 2) -> str:
 def _metric_rows(report: ComparisonReport) -> list[str]:
     lines = []
     for row in metric_rows(report):
-        name = f"{row.metric} ({row.unit})" if row.unit else row.metric
+        name = row.label  # with its unit and basis (pr_bot.labels)
         digits = 1 if not row.unit else 2 if row.metric.startswith("iteration") else 3
         base = "" if row.base is None else _num(row.base, digits)
         head = "" if row.head is None else _num(row.head, digits)
@@ -139,6 +140,46 @@ def _kernel_section(report: ComparisonReport, heading: str, limit: int) -> list[
     return lines
 
 
+def host_time_headline(rows: Sequence[HostTimeRow]) -> str | None:
+    """One sentence naming the helper whose host time grew most (None: none grew)."""
+    grown = [r for r in rows if r.delta_ms > 0]
+    if not grown:
+        return None
+    top = grown[0]
+    return (
+        f"Host time grew most in {md_code(top.helper)}: {_signed(top.delta_ms, 3)} "
+        f"{labels.HOST_MS_PER_STEP} ({top.status}; {labels.HOST_CALLS_PER_STEP} "
+        f"{_num(top.base_calls, 1)} -> {_num(top.head_calls, 1)}, summed over ranks)."
+    )
+
+
+def _host_time_section(rows: Sequence[HostTimeRow], heading: str, limit: int) -> list[str]:
+    """Per-helper host time, base vs head: the per-helper figures a CPU-only trace has."""
+    shown = [r for r in rows if r.status != "same calls" or abs(r.delta_ms) >= 0.001][:limit]
+    if not shown:
+        return ["No helper changed its host-side calls or host time.", ""]
+    body = [
+        f"| {md_code(r.helper)} | {_num(r.base_calls, 1)} | {_num(r.head_calls, 1)} | "
+        f"{_signed(r.delta_calls, 1)} | {_num(r.base_ms, 3)} | {_num(r.head_ms, 3)} | "
+        f"{_signed(r.delta_ms, 3)} | {r.status} |"
+        for r in shown
+    ]
+    more = len([r for r in rows if r.status != "same calls"]) - len(
+        [r for r in shown if r.status != "same calls"]
+    )
+    lines = [
+        f"{heading} Per-helper host time ({md_text(labels.HOST_BASIS)})",
+        "",
+        f"| helper | base {labels.HOST_CALLS_PER_STEP} | head | Δ calls | "
+        f"base {labels.HOST_MS_PER_STEP} | head | Δ {labels.HOST_MS_PER_STEP} | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+        *body,
+    ]
+    if more > 0:
+        lines.append(f"\n…and {more} more helpers whose calls changed on the comparison page.")
+    return [*lines, ""]
+
+
 def _account_section(report: ComparisonReport, heading: str, limit: int) -> list[str]:
     """Where the step's time went, base vs head: the account lines that moved most (lines under
     a microsecond per step are noise and left to the comparison page)."""
@@ -199,11 +240,14 @@ def comparison_lines(
     helper_limit: int = 30,
     kernel_limit: int = 10,
     level: int = 4,
+    host_rows: Sequence[HostTimeRow] | None = None,
 ) -> list[str]:
     """The comparison without marker and title: summary, runs, tables, findings, link.
 
     Shared by :func:`render_comment` (one comparison) and the loop's suite comment (one section
-    per spec); ``level`` is the markdown heading level of its sub-sections.
+    per spec); ``level`` is the markdown heading level of its sub-sections. ``host_rows``
+    (``pr_bot.deltas.host_time_rows``, given when a run has no GPU activity) replace the
+    launch table, which is empty then.
     """
     heading = "#" * level
     lines = [
@@ -218,7 +262,14 @@ def comparison_lines(
         "",
     ]
     helper_rows, more = _helper_rows(report.helpers, helper_limit)
-    if helper_rows:
+    if host_rows is not None and not helper_rows:
+        # No GPU activity: host ranges are the only per-helper figures (analyzers.host_time).
+        lines += [
+            "No GPU activity in one of the runs: no launch or kernel rows, host time instead.",
+            "",
+            *_host_time_section(host_rows, heading, helper_limit),
+        ]
+    elif helper_rows:
         lines += [
             f"{heading} Per-helper launch deltas (per step, summed over ranks)",
             "",
@@ -250,7 +301,11 @@ def finding_lines(findings: Sequence[Finding]) -> list[str]:
 
 
 def render_comment(
-    report: ComparisonReport, context: CommentContext, *, helper_limit: int = 30
+    report: ComparisonReport,
+    context: CommentContext,
+    *,
+    helper_limit: int = 30,
+    host_rows: Sequence[HostTimeRow] | None = None,
 ) -> str:
     """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
     marker = suite_marker(context.suite)
@@ -259,7 +314,7 @@ def render_comment(
         marker,
         f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
         "",
-        *comparison_lines(report, context, helper_limit=helper_limit),
+        *comparison_lines(report, context, helper_limit=helper_limit, host_rows=host_rows),
     ]
     return cap_length("\n".join(lines) + "\n", context.comparison_url)
 

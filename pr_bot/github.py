@@ -33,6 +33,8 @@ _SHA_RE = re.compile(r"^[0-9a-fA-F]{7,64}$")
 _LINK_RE = re.compile(r'<([^>]+)>\s*;\s*rel="([^"]+)"')
 MAX_PAGES = 100  # 10,000 comments at 100 per page: far beyond any real pull request
 StatusState = Literal["error", "failure", "pending", "success"]
+CheckConclusion = Literal["failure", "neutral", "success"]
+"""The Checks API's conclusions cptrace uses (unlike commit statuses, it has "neutral")."""
 WRITE_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 _T = TypeVar("_T")
 
@@ -250,6 +252,36 @@ class GitHubClient:
         if target_url:
             payload["target_url"] = target_url
         path = f"/repos/{check_repo(repo)}/statuses/{sha}"
+        return dict(self._request("POST", self._url(path), json=payload).json())
+
+    def create_check_run(
+        self,
+        repo: str,
+        sha: str,
+        *,
+        name: str,
+        conclusion: CheckConclusion | None,
+        title: str,
+        summary: str,
+        details_url: str | None = None,
+    ) -> dict[str, Any]:
+        """A check run on ``sha``: completed with ``conclusion``, or in progress (None).
+
+        Only GitHub App installation tokens may create check runs (``checks: write``); a
+        personal access token gets 403, which the caller turns into a commit status."""
+        if not _SHA_RE.match(sha):
+            raise GitHubInputError(f"check run needs a hex commit SHA, got {sha!r}")
+        payload: dict[str, Any] = {
+            "name": name,
+            "head_sha": sha,
+            "status": "completed" if conclusion else "in_progress",
+            "output": {"title": title[:255], "summary": summary[:65_535]},
+        }
+        if conclusion:
+            payload["conclusion"] = conclusion
+        if details_url:
+            payload["details_url"] = details_url
+        path = f"/repos/{check_repo(repo)}/check-runs"
         return dict(self._request("POST", self._url(path), json=payload).json())
 
     def viewer_login(self) -> str:

@@ -19,6 +19,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzers.report import ComparisonReport, Severity
+from pr_bot.labels import LAUNCHES_PER_STEP
 
 
 class StatusState(StrEnum):
@@ -40,7 +41,9 @@ class Thresholds(BaseModel):
         default=3.0, ge=0, description="smallest median slowdown (%) that counts as a regression"
     )
     max_launch_increase: float | None = Field(
-        default=None, ge=0, description="fail when GPU launches per step grow by more (None: off)"
+        default=None,
+        ge=0,
+        description="fail when launches per step (CPU launch calls) grow by more (None: off)",
     )
     fail_on_new_findings: Severity | None = Field(
         default=None,
@@ -62,7 +65,7 @@ _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
 
 
 def launch_delta(report: ComparisonReport) -> float:
-    """GPU launches per step, head minus base, summed over helpers."""
+    """Launches per step (CPU launch calls), head minus base, summed over helpers and ranks."""
     return sum(d.delta_launches for d in report.helpers)
 
 
@@ -91,7 +94,7 @@ def judge(report: ComparisonReport, thresholds: Thresholds) -> Verdict:
     delta = launch_delta(report)
     if thresholds.max_launch_increase is not None and delta > thresholds.max_launch_increase:
         reasons.append(
-            f"GPU launches per step {delta:+.0f} (the suite allows "
+            f"{LAUNCHES_PER_STEP} {delta:+.0f} (the suite allows "
             f"+{thresholds.max_launch_increase:g})"
         )
     if thresholds.fail_on_new_findings is not None:

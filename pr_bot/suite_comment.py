@@ -18,10 +18,12 @@ from pr_bot.comment import (
     cap_length,
     comparison_lines,
     finding_lines,
+    host_time_headline,
     md_code,
     md_text,
     suite_marker,
 )
+from pr_bot.deltas import HostTimeRow
 from pr_bot.github import StatusState as GitHubState
 from pr_bot.policy import StatusState, Thresholds, Verdict, combine
 
@@ -68,6 +70,8 @@ class ComparedSpec:
     verdict: Verdict
     context: CommentContext
     baseline: Baseline
+    host_rows: list[HostTimeRow] | None = None
+    """Per-helper host time when a run has no GPU activity (``pr_bot.deltas.host_time_rows``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +145,15 @@ def _section(result: SpecResult) -> list[str]:
     lines = [f"#### {md_code(result.spec)}: {icon} {text}", ""]
     if isinstance(result, ComparedSpec):
         lines += [f"- {md_text(reason)}" for reason in result.verdict.reasons]
-        if result.verdict.reasons:
+        headline = host_time_headline(result.host_rows or [])
+        if headline:
+            lines.append(f"- {headline}")
+        if result.verdict.reasons or headline:
             lines.append("")
         lines += [result.baseline.sentence(), ""]
-        lines += comparison_lines(result.report, result.context, level=5)
+        lines += comparison_lines(
+            result.report, result.context, level=5, host_rows=result.host_rows
+        )
     elif isinstance(result, UnbaselinedSpec):
         lines += [
             f"No baseline: {md_text(result.reason)}. The head's findings alone "
@@ -184,7 +193,7 @@ def render_suite_comment(
             f"{thresholds.alpha:g}"
         )
         + (
-            f"; GPU launches may grow by at most {thresholds.max_launch_increase:g}"
+            f"; launches per step may grow by at most {thresholds.max_launch_increase:g}"
             if thresholds.max_launch_increase is not None
             else ""
         )

@@ -5,7 +5,9 @@ claimed job carries a lease that a heartbeat thread extends while the job runs. 
 the bundle and calls ``complete`` with the run id; failure calls ``fail`` with the reason and
 the launch log's tail. A job with a ``checkout`` (the pull-request loop) first gets a fresh
 workspace with that commit and its setup command (``runners.workspace``), and its run is tagged
-with the repository, branch, commit, pull request and suite. If the lease is lost (the service
+with the repository, branch, commit, pull request and suite. Its spec is a workload spec, or a
+command entry of the suite that runs in the workspace under ``cptrace profile``
+(``runners.command_job``). If the lease is lost (the service
 gave the job to someone else), the launch is cancelled and nothing is reported.
 
 SIGTERM (e.g. the node is being drained): the current job may finish within ``term_grace_s``;
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.profile_entry import CommandEntry
+from runners.command_job import is_command_job, parse_command_entry, run_command_entry
 from runners.http import ApiError, RetryPolicy, ServiceClient, with_retries
 from runners.launch import LaunchError, LaunchOptions
 from runners.spec import RunSpec, SpecError, parse_spec
@@ -60,6 +64,7 @@ class AgentConfig:
 
 
 RunFn = Callable[[RunSpec, Path, LaunchOptions], Path]
+CommandFn = Callable[[CommandEntry, Path, Path, LaunchOptions], Path]
 UploadFn = Callable[[Path, ServiceClient], UploadResult]
 
 
@@ -73,6 +78,7 @@ class Agent:
         *,
         run_fn: RunFn | None = None,
         upload_fn: UploadFn | None = None,
+        command_fn: CommandFn | None = None,
     ) -> None:
         from runners.launch import run_spec
         from runners.upload import upload_bundle
@@ -81,6 +87,7 @@ class Agent:
         self.config = config
         self.run_fn: RunFn = run_fn or run_spec
         self.upload_fn: UploadFn = upload_fn or upload_bundle
+        self.command_fn: CommandFn = command_fn or run_command_entry
         self.stopping = threading.Event()
         self.jobs_done = 0
         self._retry = RetryPolicy(attempts=4, base_s=1.0, max_s=15.0)
@@ -134,6 +141,7 @@ class Agent:
     def handle(self, job: dict[str, Any]) -> str:
         """Run one claimed job; returns how it ended: completed, failed, released or lost."""
         job_id = job["id"]
+        log.info("job %s: claimed", job_id)
         cancel = threading.Event()
         lost = threading.Event()
         done = threading.Event()
@@ -147,7 +155,9 @@ class Agent:
         self._wait(worker, cancel)
         done.set()
         beat.join(timeout=5)
-        return self._report(job_id, outcome, lost=lost.is_set(), released=cancel.is_set())
+        ended = self._report(job_id, outcome, lost=lost.is_set(), released=cancel.is_set())
+        log.info("job %s: %s", job_id, ended)
+        return ended
 
     def _wait(self, worker: threading.Thread, cancel: threading.Event) -> None:
         """Wait for the job; after SIGTERM give it ``term_grace_s``, then cancel it."""
@@ -163,8 +173,16 @@ class Agent:
     def _run_job(self, job: dict[str, Any], cancel: threading.Event, out: dict[str, Any]) -> None:
         workspace: Path | None = None
         try:
-            spec = parse_spec(job.get("spec"), source=f"job {job['id']} spec")
-            run_dir = self.config.work_dir / f"job{job['id']}-{spec.name}-{int(time.time())}"
+            source = f"job {job['id']} spec"
+            entry: CommandEntry | None = None
+            spec: RunSpec | None = None
+            if is_command_job(job.get("spec")):
+                entry = parse_command_entry(job["spec"], source=source)
+                name = entry.name
+            else:
+                spec = parse_spec(job.get("spec"), source=source)
+                name = spec.name
+            run_dir = self.config.work_dir / f"job{job['id']}-{name}-{int(time.time())}"
             options = _with_cancel(self.config.launch, cancel)
             if job.get("checkout") is not None:
                 checkout = Checkout.from_job(job["checkout"])
@@ -176,8 +194,14 @@ class Agent:
                     timeout_s=self.config.launch.timeout_s or 900.0,
                     cancel=cancel,
                 )
-                options = replace(options, run_tags=checkout.run_tags(spec.name))
-            bundle = self.run_fn(spec, run_dir, options)
+                key = entry.config_key() if entry is not None else None
+                options = replace(options, run_tags=checkout.run_tags(name, key))
+            if spec is not None:
+                bundle = self.run_fn(spec, run_dir, options)
+            elif entry is not None and workspace is not None:
+                bundle = self.command_fn(entry, workspace, run_dir, options)
+            else:
+                raise SpecError(f"{source}: a command entry runs in a checkout; the job has none")
             if cancel.is_set():
                 raise LaunchError("cancelled")
             out["upload"] = self.upload_fn(bundle, self.client)

@@ -162,6 +162,31 @@ class ServiceClient:
             body(),
         )
 
+    def post_body(
+        self,
+        path: str,
+        *,
+        file: Path,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """POST ``file`` itself as the body, streamed (no multipart framing to write or parse)."""
+
+        def body() -> Iterator[bytes]:
+            with file.open("rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    yield chunk
+
+        return self._post_streamed(
+            path,
+            {
+                "Content-Type": content_type,
+                "Content-Length": str(file.stat().st_size),
+                **(headers or {}),
+            },
+            body(),
+        )
+
     def _post_streamed(
         self, path: str, headers: dict[str, str], chunks: Iterator[bytes]
     ) -> Response:

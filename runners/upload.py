@@ -4,6 +4,9 @@ Idempotency is by content: the archive is byte-reproducible (``runners.bundle.pa
 sha256 goes in the ``Idempotency-Key`` header, and the service answers a repeated upload of the
 same bytes with the existing run (200, ``created: false``). So a retry after a timeout whose
 request did arrive never creates a second run.
+
+The archive is the request body itself (``Content-Type: application/gzip``), not a multipart
+form field: the service streams it straight to its bundle reader (docs/service.md).
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ def upload_archive(
     policy: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> UploadResult:
-    """POST an archive with its sha256 as the idempotency key; retry what can be retried."""
+    """POST an archive (as the body) with its sha256 as the idempotency key; retry what can
+    be retried."""
     digest = file_sha256(archive)
 
     def attempt() -> UploadResult:
-        resp = client.post_file(
-            UPLOAD_PATH, field="bundle", file=archive, headers={"Idempotency-Key": digest}
+        resp = client.post_body(
+            UPLOAD_PATH,
+            file=archive,
+            content_type="application/gzip",
+            headers={"Idempotency-Key": digest},
         )
         body = resp.body if isinstance(resp.body, dict) else {}
         if "run_id" not in body:

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,9 @@ class Checkout:
             raise CheckoutError("job checkout: fetch_depth must be 1..10000")
         return checkout
 
-    def run_tags(self, spec_name: str) -> dict[str, Any]:
+    def run_tags(self, spec_name: str, entry_key: str | None = None) -> dict[str, Any]:
         """The manifest ``run`` fields of a run of this checkout (what the baseline search and
-        the history pages filter on)."""
+        the history pages filter on); ``entry_key``: a command entry's configuration key."""
         return {
             "branch": self.ref,
             "commit": self.sha,
@@ -88,11 +89,17 @@ class Checkout:
             "suite": self.suite,
             "spec_name": spec_name,
             "base_sha": self.base_sha,
+            "entry_key": entry_key,
         }
 
 
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the runner's credentials (what the pull request's code sees)."""
+    return {k: v for k, v in environ.items() if k not in SECRET_ENV}
+
+
 def _git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env = without_secrets(os.environ)
     env["GIT_TERMINAL_PROMPT"] = "0"  # never wait for a password on a private repository
     return env
 
@@ -145,7 +152,5 @@ def prepare_workspace(
             )
         except LaunchError as exc:
             first = str(exc).split("\n", 1)[0].split(" ... ", 1)[-1]
-            raise CheckoutError(
-                f"setup command failed ({first})", log_tail=exc.log_tail
-            ) from exc
+            raise CheckoutError(f"setup command failed ({first})", log_tail=exc.log_tail) from exc
     return root

@@ -12,14 +12,17 @@ Two phases, so a killed server never leaves a partial run:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from analyzers.bundle import BundleFile, read_bundle_stream
 from analyzers.readers import check_trace
@@ -61,6 +64,27 @@ class StagedRun:
     host: str | None = None
     config_key: str | None = None
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per staging phase (wall; ``cpu`` = the staging process's CPU), for the
+    upload's ``Server-Timing`` header and the benchmark."""
+
+
+class _Phases:
+    """Wall seconds per phase of one staging, plus the CPU seconds of the whole."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._cpu = time.process_time()
+        self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = now - self._mark
+        self._mark = now
+
+    def done(self) -> dict[str, float]:
+        self.timings["cpu"] = time.process_time() - self._cpu
+        return self.timings
 
 
 def config_key(manifest: dict[str, Any] | None) -> str | None:
@@ -75,29 +99,58 @@ def config_key(manifest: dict[str, Any] | None) -> str | None:
 class BlobSink:
     """The bundle reader's ``MemberSink`` over the blob store: each member goes to a temp file
     in ``tmp/``; ``commit`` moves it under the sha256 the reader computed, once the whole
-    bundle passed; ``discard`` removes whatever was not committed."""
+    bundle passed; ``discard`` removes whatever was not committed.
+
+    Each temp file is flushed to disk (``fsync``) before it is renamed into the store, as
+    ``BlobStore`` does, but in a background thread started as soon as the member is written:
+    the disk works while the reader inflates the next member and the traces are checked,
+    instead of the upload waiting for each file in turn. ``commit`` waits for them all.
+    """
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
         self._temps: list[Path] = []
+        self._syncs: list[Future[None]] = []
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cptrace-fsync")
+        self.sync_wait_s = 0.0
+        """Seconds ``commit`` waited for the disk (for the upload's timings)."""
 
     def put(self, member: str, chunks: Iterable[bytes]) -> Path:
         fh, temp = self.blobs.open_temp()
         self._temps.append(temp)
-        with fh:
+        try:
             for chunk in chunks:
                 fh.write(chunk)
             fh.flush()
-            os.fsync(fh.fileno())
+        except BaseException:
+            fh.close()
+            raise
+        self._syncs.append(self._pool.submit(_sync_and_close, fh))
         return temp
 
     def commit(self, files: Iterable[BundleFile]) -> None:
+        started = time.perf_counter()
+        self._wait_for_disk()
+        self.sync_wait_s = time.perf_counter() - started
         for f in files:
             self.blobs.commit(f.path, f.sha256, f.size)
 
     def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wait_for_disk()
+        self._pool.shutdown(wait=True)
         for temp in self._temps:
             temp.unlink(missing_ok=True)  # committed ones were renamed away already
+
+    def _wait_for_disk(self) -> None:
+        syncs, self._syncs = self._syncs, []
+        for sync in syncs:
+            sync.result()  # an OSError (disk full, I/O error) fails the upload
+
+
+def _sync_and_close(fh: IO[bytes]) -> None:
+    with fh:
+        os.fsync(fh.fileno())
 
 
 def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -> StagedRun:
@@ -110,6 +163,7 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
 
     :raises TraceError: (mapped to 4xx by the app) naming the member and field at fault.
     """
+    phases = _Phases()
     blobs = BlobStore(blob_root, tmp_dir)
     sink = BlobSink(blobs)
     try:
@@ -122,12 +176,16 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
                 max_total_bytes=limits.max_decompressed_bytes,
                 max_members=limits.max_members,
             )
+        phases.lap("read")
         for trace in opened.traces:
             check_trace(trace.path, label=trace.member, max_bytes=limits.max_decompressed_bytes)
+        phases.lap("check")
         manifest = opened.manifest_file
         assert manifest is not None  # a tar's manifest is a member
         kept: list[BundleFile] = [manifest, *opened.traces, *opened.logs]
         sink.commit(kept)
+        phases.lap("commit")
+        phases.timings["sync-wait"] = sink.sync_wait_s
     finally:
         sink.discard()
     files = [StagedFile("manifest", manifest.member, manifest.sha256, manifest.size)]
@@ -146,26 +204,38 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
         commit=run.commit,
         host=run.host,
         config_key=config_key(opened.manifest_json),
+        timings=phases.done(),
     )
 
 
 def stage_trace(
-    upload: Path, name: str, blob_root: Path, tmp_dir: Path, limits: Limits, rank: int | None = None
+    upload: Path,
+    sha256: str,
+    name: str,
+    blob_root: Path,
+    tmp_dir: Path,
+    limits: Limits,
+    rank: int | None = None,
 ) -> StagedRun:
-    """Check one uploaded trace file (or saved report) with ``check_trace``, then store it."""
+    """Check one uploaded trace file (or saved report) with ``check_trace``, then store it.
+
+    ``upload`` is the received temp file (in ``tmp/``) and ``sha256`` its digest, computed
+    while it arrived: the file itself is flushed and renamed into the store, not copied and
+    hashed a second time.
+    """
+    phases = _Phases()
     blobs = BlobStore(blob_root, tmp_dir)
+    checked = check_trace(upload, label=name, max_bytes=limits.max_decompressed_bytes)
+    phases.lap("check")
+    size = upload.stat().st_size
     with upload.open("rb") as fh:
-        pending = blobs.stage_file(fh)
-    try:
-        checked = check_trace(pending.path, label=name, max_bytes=limits.max_decompressed_bytes)
-        blobs.commit_pending(pending)
-    finally:
-        pending.discard()
+        os.fsync(fh.fileno())
+    blobs.commit(upload, sha256, size)
+    phases.lap("commit")
     staged = StagedFile(
-        "trace", name, pending.sha256, pending.size, checked.format or checked.kind,
-        checked.gzipped, rank,
-    )  # fmt: skip
-    return StagedRun(name=name, files=[staged])
+        "trace", name, sha256, size, checked.format or checked.kind, checked.gzipped, rank
+    )
+    return StagedRun(name=name, files=[staged], timings=phases.done())
 
 
 def record_run(

@@ -15,6 +15,7 @@ from typing import Any
 
 from service.auth import now_iso
 from service.core.errors import Conflict, Forbidden, NotFound
+from service.storage import runs
 from service.storage.database import immediate, one, rows
 
 PUBLIC_COLUMNS = (
@@ -238,15 +239,15 @@ def finish_job(
     """Mark a held job completed or failed."""
     with immediate(conn):
         job = _held(conn, job_id, runner, owner)
-        if run_id is not None and one(conn, "SELECT id FROM runs WHERE id = ?", (run_id,)) is None:
-            raise NotFound(f"run {run_id} does not exist")
+        if run_id is not None:
+            runs.require_run(conn, run_id=run_id)
         conn.execute(
             "UPDATE jobs SET status = ?, run_id = ?, reason = ?, log_tail = ?, "
             "lease_expires_at = NULL, updated_at = ? WHERE id = ?",
             (status, run_id, reason, (log_tail or "")[-20000:] or None, now_iso(), job_id),
         )
         if run_id is not None:
-            conn.execute("UPDATE runs SET job_id = ? WHERE id = ?", (job_id, run_id))
+            runs.link_job(conn, run_id=run_id, job_id=job_id)
         touch_runner(conn, job["runner"], job_id=None)
 
 

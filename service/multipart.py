@@ -1,8 +1,13 @@
-"""Stream one file field of a ``multipart/form-data`` body straight into a temp file.
+"""Stream an upload's file straight into a temp file: a multipart form field or a raw body.
 
 Starlette's form parser spools the whole body before the route sees it; here the size limit is
 enforced while bytes arrive, the file is hashed on the way (the hash is the idempotency key),
 and small text fields are kept in memory up to a few KiB each.
+
+Two body forms, one result (``receive_upload``): ``multipart/form-data`` with the file in one
+field (browsers, ``curl -F``, older clients), or the file itself as the body with a
+``Content-Type`` from ``RAW_TYPES`` (``cptrace upload`` and the runners: no multipart framing
+to write or parse).
 """
 
 from __future__ import annotations
@@ -107,24 +112,68 @@ class _Collector:
             self.path.unlink(missing_ok=True)
 
 
-async def receive_file(
-    request: Request, *, field: str, blobs: BlobStore, limit: int
+RAW_TYPES = frozenset(
+    (b"application/gzip", b"application/x-gzip", b"application/x-tar", b"application/octet-stream")
+)
+"""Content types of a raw-body upload (the body is the file; its content is sniffed, not this)."""
+
+
+async def receive_upload(
+    request: Request, *, field: str, blobs: BlobStore, limit: int, raw: bool = False
 ) -> ReceivedFile:
-    """Parse the body, stream the ``field`` file part into a temp file; 400/413 on bad input."""
+    """The uploaded file in a temp file, from a multipart form (file field ``field``) or, where
+    ``raw`` allows it, a raw body (``RAW_TYPES``); 400/413 on bad input or another body type."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    if raw and ctype in RAW_TYPES:
+        return await _receive_raw(request, blobs=blobs, limit=limit)
     if ctype != b"multipart/form-data" or b"boundary" not in params:
-        raise BadRequest(f"expected a multipart/form-data body with a file field '{field}'")
-    boundary = params[b"boundary"]
-    if not 1 <= len(boundary) <= MAX_BOUNDARY:
-        # checked before anything is written: a refused body leaves no temp file behind
+        types = " or ".join(t.decode() for t in sorted(RAW_TYPES))
+        alternative = f", or the file itself as the body (Content-Type: {types})" if raw else ""
         raise BadRequest(
-            f"multipart boundary must be 1 to {MAX_BOUNDARY} characters (got {len(boundary)})"
+            f"expected a multipart/form-data body with a file field '{field}'{alternative}"
         )
+    return await _receive_form(request, params[b"boundary"], field=field, blobs=blobs, limit=limit)
+
+
+def _refuse_declared_size(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
             f"request body ({declared} bytes) is larger than the limit of {limit} bytes"
         )
+
+
+async def _receive_raw(request: Request, *, blobs: BlobStore, limit: int) -> ReceivedFile:
+    """The whole body is the file: into a temp file, hashed on the way."""
+    _refuse_declared_size(request, limit)
+    out, path = blobs.open_temp()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with out:
+            async for chunk in aiter_limited(request.stream(), limit):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    if size == 0:
+        path.unlink(missing_ok=True)
+        raise BadRequest("the request body is empty (expected the file)")
+    return ReceivedFile(path, digest.hexdigest(), size, "")
+
+
+async def _receive_form(
+    request: Request, boundary: bytes, *, field: str, blobs: BlobStore, limit: int
+) -> ReceivedFile:
+    """Parse a multipart body, stream the ``field`` file part into a temp file."""
+    if not 1 <= len(boundary) <= MAX_BOUNDARY:
+        # checked before anything is written: a refused body leaves no temp file behind
+        raise BadRequest(
+            f"multipart boundary must be 1 to {MAX_BOUNDARY} characters (got {len(boundary)})"
+        )
+    _refuse_declared_size(request, limit)
     collector = _Collector(blobs, field)
     try:
         parser = MultipartParser(boundary, collector.callbacks())  # type: ignore[arg-type]

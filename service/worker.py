@@ -29,7 +29,7 @@ from analyzers.bundle import select_analysis_traces
 from service import analysis
 from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
-from service.core.config import Settings
+from service.core.config import Settings, SettingsError
 from service.messages import redact
 from service.storage.blobs import BlobStore
 from service.storage.database import connect
@@ -334,4 +334,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
-    main(Settings(**overrides), once=args.once)
+    try:
+        settings = Settings(**overrides)
+    except SettingsError as exc:
+        parser.exit(2, f"cptrace worker: {exc}\n")
+    main(settings, once=args.once)

@@ -7,6 +7,7 @@ plotly dicts from :mod:`web.figures`), which also makes the charts testable with
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from analyzers.report import (
     GroupAccount,
     HelperDelta,
     HelperStat,
+    Timeline,
 )
 from pr_bot.comment import CommentContext, render_comment
 from pr_bot.deltas import MetricRow, metric_rows
@@ -152,6 +154,24 @@ class RunPage(BaseModel):
     arm_comparisons: list[ArmComparison]
     figures: dict[str, Figure]
     idle_causes: list[IdleCause] = Field(default_factory=list)
+    gpu_observed: bool = True
+    """False for a trace without GPU activity: the GPU timeline and the step account are not
+    drawn (they would show nothing but "idle"), the page says "not observed" instead."""
+
+
+class TimelineZoom(BaseModel):
+    """Where an idle-cause link zooms the drawn timeline: the cause's longest gap there."""
+
+    row: str  # the y row, "rank 0 · idle gaps"
+    x0_ms: float  # the gap, ms from the window start
+    x1_ms: float
+    range_ms: tuple[float, float]  # the x range to show (the gap with a margin)
+    text: str  # the gap's label on the timeline
+
+    @property
+    def fragment(self) -> str:
+        """``timeline@x0-x1``: the page's script zooms to it on load and on click."""
+        return f"timeline@{self.range_ms[0]:.4f}-{self.range_ms[1]:.4f}"
 
 
 class IdleCause(BaseModel):
@@ -167,10 +187,50 @@ class IdleCause(BaseModel):
     largest_at: str | None  # "+12.345 ms in arm:auto_clone#1"
     thread: str | None
     detail: str | None
+    zoom: TimelineZoom | None = None
+    """The cause's longest gap in the drawn timeline window (None when the timeline draws
+    another group, or the cause has no gap in its step)."""
+    drawn_window: str | None = None  # the window the timeline draws for this rank
 
 
-def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCause]:
-    """The largest idle lines (ms per step) of each step group, over its ranks."""
+def timeline_zoom(timeline: Timeline | None, window: str, rank: int, part: str, label: str) -> (
+    tuple[TimelineZoom | None, str | None]
+):
+    """The longest drawn gap of one idle cause, and the window drawn for that rank."""
+    if timeline is None or timeline.window != window:
+        return None, None
+    drawn = next((s.window for s in timeline.steps if s.rank == rank), None)
+    gaps = [
+        g
+        for g in timeline.gaps
+        if g.rank == rank and g.part.value == part and g.label == label
+    ]
+    if not gaps:
+        return None, drawn
+    g = max(gaps, key=lambda g: g.end_ns - g.start_ns)
+    x0, x1 = g.start_ns / 1e6, g.end_ns / 1e6
+    margin = max(x1 - x0, 0.01) * 4  # the gap and the kernels around it
+    return (
+        TimelineZoom(
+            row=figures.gap_row(rank),
+            x0_ms=x0,
+            x1_ms=x1,
+            # 0.1 µs steps, outward, so the link, its fragment and the range hold the gap
+            range_ms=(
+                math.floor(max(x0 - margin, 0.0) * 1e4) / 1e4,
+                math.ceil((x1 + margin) * 1e4) / 1e4,
+            ),
+            text=figures.gap_text(g),
+        ),
+        drawn,
+    )
+
+
+def idle_causes(
+    accounts: Sequence[GroupAccount], limit: int = 5, timeline: Timeline | None = None
+) -> list[IdleCause]:
+    """The largest idle lines (ms per step) of each step group, over its ranks, each with a
+    link to its longest gap in the drawn timeline when the timeline draws its group."""
     rows = []
     for a in accounts:
         if a.window == WHOLE_TRACE:
@@ -180,8 +240,11 @@ def idle_causes(accounts: Sequence[GroupAccount], limit: int = 5) -> list[IdleCa
             if not p.part.value.startswith("idle"):
                 continue
             g = p.largest[0] if p.largest else None
+            zoom, drawn = timeline_zoom(timeline, a.window, a.rank, p.part.value, p.label)
             rows.append(
                 IdleCause(
+                    zoom=zoom,
+                    drawn_window=drawn,
                     window=a.window,
                     rank=a.rank,
                     part=p.part.value,
@@ -247,11 +310,13 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             figs["helper_launches"] = figures.helper_bars(shown, "launches")
             figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
             figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
+        gpu_observed = report.host_time is None or report.host_time.gpu_activity
         if report.timeline is not None and report.timeline.events:
             figs["timeline"] = figures.timeline_figure(report.timeline)
-        figs.update(gpu_timeline_figures(report))
-        if report.accounts:
-            figs["account"] = figures.account_bars(report.accounts)
+        if gpu_observed:  # without GPU activity both would be one "idle" bar per window
+            figs.update(gpu_timeline_figures(report))
+            if report.accounts:
+                figs["account"] = figures.account_bars(report.accounts)
         helpers = helper_rows(report.helpers)
         severity_order = {"error": 0, "warning": 1, "info": 2}
         findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
@@ -270,7 +335,12 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         findings=findings,
         arm_comparisons=arms,
         figures=figs,
-        idle_causes=idle_causes(report.accounts) if report is not None else [],
+        idle_causes=(
+            idle_causes(report.accounts, timeline=report.timeline)
+            if report is not None and "account" in figs
+            else []
+        ),
+        gpu_observed=report is None or report.host_time is None or report.host_time.gpu_activity,
     )
 
 

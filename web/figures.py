@@ -29,6 +29,7 @@ from analyzers.report import (
     IterationComparison,
     IterationStats,
     Timeline,
+    TimelineGap,
 )
 
 Figure = dict[str, Any]
@@ -216,7 +217,10 @@ def decimate_events(timeline: Timeline, max_events: int) -> tuple[list[Any], int
 
 
 def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
-    """Horizontal bars on one row per rank and stream, one trace (colour) per helper.
+    """Horizontal bars on one row per rank and stream, one trace (colour) per helper, and above
+    each rank's streams a row of its idle gaps, coloured by cause and labelled with the cause
+    and helper ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms"; outline in the helper's
+    colour).
 
     Bars are ``base=start, x=duration`` in milliseconds from the window start, which renders
     thousands of kernels in one SVG trace per helper instead of one shape per kernel.
@@ -251,8 +255,17 @@ def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
         }
         for helper, cols in sorted(by_helper.items())
     ]
+    data += idle_gap_traces(timeline)
+    gap_ranks = sorted({g.rank for g in timeline.gaps})
+    order: list[str] = []
+    for rank in sorted({r for r, _ in rows} | set(gap_ranks)):
+        if rank in gap_ranks:
+            order.append(gap_row(rank))
+        order += [row_label[r] for r in rows if r[0] == rank]
     dropped = timeline.dropped + extra_dropped
     subtitle = f" ({dropped} shortest events not drawn)" if dropped else ""
+    if timeline.gaps_dropped:
+        subtitle += f" ({timeline.gaps_dropped} shortest idle gaps not drawn)"
     layout = _layout(
         f"Timeline of {timeline.window}{subtitle}",
         barmode="overlay",
@@ -262,11 +275,87 @@ def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
             "type": "category",
             "automargin": True,
             "categoryorder": "array",
-            "categoryarray": [row_label[r] for r in reversed(rows)],
+            "categoryarray": list(reversed(order)),
         },
-        height=max(260, 90 * len(rows) + 120),
+        uniformtext={"mode": "hide", "minsize": 8},
+        annotations=gap_annotations(timeline),
+        height=max(260, 90 * len(order) + 120),
     )
     return {"data": data, "layout": layout}
+
+
+def gap_annotations(timeline: Timeline, per_rank: int = 1) -> list[dict[str, Any]]:
+    """The label of each rank's longest idle gap, readable before any zoom (a bar's own text
+    shows only where it fits; more labels would overlap at full width)."""
+    out = []
+    for rank in sorted({g.rank for g in timeline.gaps}):
+        mine = sorted(
+            (g for g in timeline.gaps if g.rank == rank),
+            key=lambda g: g.end_ns - g.start_ns,
+            reverse=True,
+        )
+        for g in mine[:per_rank]:
+            out.append(
+                {
+                    "x": (g.start_ns + g.end_ns) / 2 / NS_PER_MS,
+                    "y": gap_row(rank),
+                    "text": svg_text(gap_text(g)),
+                    "showarrow": True,
+                    "arrowhead": 0,
+                    "ax": 0,
+                    "ay": -26,
+                    "font": {"size": 10},
+                    "bgcolor": "rgba(255,255,255,0.85)",
+                }
+            )
+    return out
+
+
+def gap_row(rank: int) -> str:
+    """The timeline row of a rank's idle gaps (also what an idle-cause link zooms to)."""
+    return f"rank {rank} · idle gaps"
+
+
+def gap_text(gap: TimelineGap) -> str:
+    """How a drawn gap is labelled: cause, helper (what it is attributed to), duration."""
+    return f"{gap.part.value}: {gap.label} {(gap.end_ns - gap.start_ns) / NS_PER_MS:.3f} ms"
+
+
+def idle_gap_traces(timeline: Timeline) -> list[dict[str, Any]]:
+    """One bar trace per idle cause (account part) on the ranks' idle-gap rows: the full label
+    ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms") in ``hovertext``, helper and
+    duration as the bar's ``text``."""
+    out = []
+    for part, color in ACCOUNT_COLORS.items():
+        gaps = [g for g in timeline.gaps if g.part.value == part]
+        if not gaps:
+            continue
+        labels = [svg_text(gap_text(g)) for g in gaps]
+        # on the bar (where it fits): helper and duration; the colour and hover give the cause
+        short = [
+            svg_text(f"{g.label} {(g.end_ns - g.start_ns) / NS_PER_MS:.3f} ms") for g in gaps
+        ]
+        out.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": part,
+                "legendgroup": "idle gaps",
+                "base": [g.start_ns / NS_PER_MS for g in gaps],
+                "x": [max(g.end_ns - g.start_ns, 1) / NS_PER_MS for g in gaps],
+                "y": [gap_row(g.rank) for g in gaps],
+                "text": short,
+                "textposition": "inside",
+                "insidetextanchor": "start",
+                "hovertext": labels,
+                "hovertemplate": "<b>%{hovertext}</b><br>start %{base:.3f} ms<extra></extra>",
+                "marker": {
+                    "color": color,
+                    "line": {"color": [helper_color(g.label) for g in gaps], "width": 1.5},
+                },
+            }
+        )
+    return out
 
 
 def comparison_distributions(comparison: IterationComparison) -> Figure:

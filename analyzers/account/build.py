@@ -42,18 +42,22 @@ from analyzers.account.peers import arrivals
 from analyzers.account.sweep import Owned, Union, owned
 from analyzers.attribution import Attribution, RangeHelpers, factorize
 from analyzers.catalog import Catalog
-from analyzers.metrics import _activity_points
+from analyzers.metrics import gpu_activities
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import (
-    AccountGap,
-    AccountPart,
     AccountPartKind,
     Category,
     GroupAccount,
     StepAccount,
     Window,
 )
-from analyzers.timeline import GpuActivities, TimelineWindow, _clipped, timeline_windows
+from analyzers.timeline import (
+    Clipped,
+    GpuTimeline,
+    TimelineWindow,
+    clip_to_windows,
+    window_timelines,
+)
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -157,18 +161,18 @@ class _Context:
         ranges: RangeHelpers,
         catalog: Catalog,
         windows: Sequence[Window],
+        gpu: GpuTimeline,
     ) -> None:
         self.trace, self.att, self.ranges = trace, att, ranges
-        self.rank, _ = _activity_points(trace, att)
-        self.acts = GpuActivities.of_trace(trace, self.rank)
+        self.acts = gpu.acts
+        self.rank = gpu.acts.rank
         self.lines = _Lines()
         launches = trace.launches
         has = att.launch >= 0
         self.l_thread = np.full(len(att.launch), -1, dtype=np.int64)
-        self.l_start = np.full(len(att.launch), -1, dtype=np.int64)
+        self.l_start = gpu.acts.launched
         self.l_end = np.full(len(att.launch), -1, dtype=np.int64)
         self.l_thread[has] = launches["thread"][att.launch[has]]
-        self.l_start[has] = launches["start"][att.launch[has]]
         self.l_end[has] = launches["end"][att.launch[has]]
         self.peers = arrivals(trace, self.rank, self.acts.communication)
         self.comm_key, self.comm_lines = self._communication_lines()
@@ -242,6 +246,25 @@ class _Context:
         return found
 
 
+def _launch_order(clipped: Clipped, launched: IntArray) -> IntArray:
+    """Permutation of the clipped table (already in (window, start) order) that puts the rows
+    tied at one (window, start) in launch order, ties kept in table order: the same order as
+    ``np.lexsort((launched[row], start, seg))``, without sorting the untied rows again."""
+    seg, start = clipped.seg, clipped.start
+    n = len(seg)
+    order = np.arange(n, dtype=np.int64)
+    same = (seg[1:] == seg[:-1]) & (start[1:] == start[:-1])
+    if not same.any():
+        return order
+    tied = np.zeros(n, dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    run = np.cumsum(np.concatenate(([True], ~same)))  # one id per (window, start) value
+    pos = np.flatnonzero(tied)
+    order[pos] = pos[np.lexsort((launched[clipped.row[pos]], run[pos]))]
+    return order
+
+
 def _owned(
     seg: IntArray, start: IntArray, end: IntArray, mask: BoolArray
 ) -> tuple[IntArray, Owned]:
@@ -253,14 +276,16 @@ class _GroupPass:
     """The records of one window group (its windows may not overlap each other's activities
     twice: a group's windows are disjoint steps, or one whole-trace window per rank)."""
 
-    def __init__(self, ctx: _Context, windows: Sequence[TimelineWindow]) -> None:
+    def __init__(
+        self, ctx: _Context, windows: Sequence[TimelineWindow], clipped: Clipped
+    ) -> None:
         self.ctx = ctx
         self.windows = windows
         self.records = _Records()
-        seg, start, end, row = _clipped(windows, ctx.acts)
         # Ties at one instant go to the activity launched first (the sweeps are stable).
-        order = np.lexsort((ctx.l_start[row], start, seg))
-        self.seg, self.start, self.end, self.row = seg[order], start[order], end[order], row[order]
+        order = _launch_order(clipped, ctx.l_start)
+        self.seg, self.start = clipped.seg[order], clipped.start[order]
+        self.end, self.row = clipped.end[order], clipped.row[order]
         self.win_start = np.array([w.start_ns for w in windows], dtype=np.int64)
         self.win_end = np.array([w.end_ns for w in windows], dtype=np.int64)
 
@@ -413,18 +438,6 @@ class _GroupPass:
         return Line(AccountPartKind.IDLE_HOST, UNANNOTATED)
 
 
-@dataclass(frozen=True, slots=True)
-class _Summary:
-    """Per (bucket, line): total, distinct units, the largest pieces and the main thread."""
-
-    bucket: int
-    code: int
-    time: int
-    units: int
-    largest: list[int]  # record indices
-    thread: int
-
-
 def _sorted_distinct(values: IntArray) -> IntArray:
     """Distinct values by sorting (numpy's hash-based ``unique`` is slow on wide int keys)."""
     v = np.sort(values)
@@ -440,24 +453,32 @@ def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     return table[values].astype(np.int64), int(present.sum())
 
 
+PartDict = dict[str, object]
+"""An ``AccountPart`` as the dict pydantic validates: the evidence of a whole account is built
+as plain dicts and validated once per account (in pydantic's core), not object by object."""
+_PART_RANK = {kind: i for i, kind in enumerate(PART_ORDER)}
+
+
 def _summaries(
+    ctx: _Context,
     bucket: IntArray,
-    code: IntArray,
-    dur: IntArray,
-    thread: IntArray,
-    unit: IntArray,
+    records: tuple[IntArray, ...],
+    windows: Sequence[TimelineWindow],
     n_codes: int,
-) -> list[_Summary]:
-    """Group records by (bucket, line) with plain int64 keys: two sorts, no structured sort."""
+) -> dict[int, list[PartDict]]:
+    """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
+    with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
+    main thread and its ``LARGEST`` longest pieces."""
+    seg, code, dur, start, thread, unit = records
     if len(dur) == 0:
-        return []
+        return {}
     key_code, n_keys = _dense_small(bucket * n_codes + code)
     small = key_code.astype(np.int16) if n_keys < (1 << 15) else key_code
     order = np.argsort(small, kind="stable")  # radix sort on small keys
     k = key_code[order]
     heads = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
     d = dur[order]
-    totals = np.add.reduceat(d, heads)
+    totals = np.add.reduceat(d, heads).tolist()
     span = int(unit.max()) + 1
     units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
     (thread_code,) = factorize(thread)
@@ -467,89 +488,91 @@ def _summaries(
     ).reshape(n_keys, n_threads)
     threads = np.zeros(n_threads, dtype=np.int64)
     threads[thread_code] = thread
-    main_thread = threads[per_thread.argmax(axis=1)].tolist()
-    largest = [[r for r in row if r >= 0] for row in zip(*_largest(d, heads, order), strict=True)]
-    first = order[heads]
-    return [
-        _Summary(bucket=b, code=c, time=t, units=u, largest=top, thread=th)
-        for b, c, t, u, top, th in zip(
-            bucket[first].tolist(),
-            code[first].tolist(),
-            totals.tolist(),
-            units.tolist(),
-            largest,
-            main_thread,
+    names = {t: ctx.thread_name(t) for t in threads.tolist()}
+    main_thread = [names[t] for t in threads[per_thread.argmax(axis=1)].tolist()]
+    # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
+    top = _largest(d, heads, order)
+    have = top >= 0
+    rows = top[have]
+    w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
+    starts = start[rows]
+    gaps = [
+        {
+            "start_ns": a,
+            "offset_ns": o,
+            "duration_ns": du,
+            "window": windows[g].window.name,
+            "index": windows[g].window.index,
+            "thread": names[t],
+        }
+        for a, o, du, g, t in zip(
+            starts.tolist(),
+            (starts - w_start[seg[rows]]).tolist(),
+            dur[rows].tolist(),
+            seg[rows].tolist(),
+            thread[rows].tolist(),
             strict=True,
         )
     ]
+    per_key: list[list[PartDict]] = [[] for _ in range(n_keys)]
+    for key, gap in zip(np.nonzero(have)[1].tolist(), gaps, strict=True):
+        per_key[key].append(gap)  # rows of ``top`` are ranks 0, 1, 2: longest first
+    first = order[heads]
+    out: dict[int, list[PartDict]] = {}
+    lines = ctx.lines.lines
+    for b, c, t, u, largest, th in zip(
+        bucket[first].tolist(),
+        code[first].tolist(),
+        totals,
+        units.tolist(),
+        per_key,
+        main_thread,
+        strict=True,
+    ):
+        line = lines[c]
+        out.setdefault(b, []).append(
+            {
+                "part": line.part,
+                "label": line.label,
+                "category": line.category,
+                "time_ns": t,
+                "gaps": u,
+                "largest": largest,
+                "thread": th,
+                "detail": line.detail,
+            }
+        )
+    for parts in out.values():
+        parts.sort(key=lambda p: (_PART_RANK[p["part"]], -p["time_ns"], p["label"]))  # type: ignore[index, operator]
+    return out
 
 
-def _largest(d: IntArray, heads: IntArray, order: IntArray) -> list[list[int]]:
-    """Record indices of the ``LARGEST`` longest records of each key segment (-1: fewer).
+def _largest(d: IntArray, heads: IntArray, order: IntArray) -> IntArray:
+    """Record indices of the ``LARGEST`` longest records of each key segment, one row per
+    rank (longest first), -1 where a segment has fewer.
 
     Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
     the low digits, so the maximum names its record (ties: the earliest); no sort by duration.
     """
     n = len(d)
     if n == 0:
-        return []
+        return np.empty((LARGEST, 0), dtype=np.int64)
+    cols = []
     if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
         by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
-        cols = []
         ends = np.append(heads[1:], n)
         for j in range(LARGEST):
             pos = heads + j
-            cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1).tolist())
-        return cols
+            cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1))
+        return np.stack(cols)
     enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
-    cols = []
     for _ in range(LARGEST):
         best = np.maximum.reduceat(enc, heads)
         hit = best >= 0
         pos = n - 1 - (best % n)
-        cols.append(np.where(hit, order[np.where(hit, pos, 0)], -1).tolist())
+        cols.append(np.where(hit, order[np.where(hit, pos, 0)], -1))
         enc[pos[hit]] = -1
-    return cols
-
-
-def _parts(
-    ctx: _Context,
-    summaries: Sequence[_Summary],
-    records: tuple[IntArray, ...],
-    windows: Sequence[TimelineWindow],
-) -> dict[int, list[AccountPart]]:
-    seg, _, dur, start, thread, _ = records
-    out: dict[int, list[AccountPart]] = {}
-    for s in summaries:
-        line = ctx.lines.lines[s.code]
-        largest = []
-        for r in s.largest:
-            w = windows[int(seg[r])]
-            largest.append(
-                AccountGap(
-                    start_ns=int(start[r]),
-                    offset_ns=int(start[r]) - w.start_ns,
-                    duration_ns=int(dur[r]),
-                    window=w.window.name,
-                    index=w.window.index,
-                    thread=ctx.thread_name(int(thread[r])),
-                )
-            )
-        out.setdefault(s.bucket, []).append(
-            AccountPart(
-                part=line.part,
-                label=line.label,
-                category=line.category,
-                time_ns=s.time,
-                gaps=s.units,
-                largest=largest,
-                thread=ctx.thread_name(s.thread),
-                detail=line.detail,
-            )
-        )
-    for parts in out.values():
-        parts.sort(key=lambda p: (PART_ORDER.index(p.part), -p.time_ns, p.label))
-    return out
+    return np.stack(cols)
 
 
 def compute_accounts(
@@ -559,24 +582,22 @@ def compute_accounts(
     catalog: Catalog,
     windows: Sequence[Window],
     steps: Mapping[tuple[int, str], int],
+    gpu: GpuTimeline,
 ) -> Accounts:
-    """The account of every window of ``windows`` and of every (rank, window group).
+    """The account of every window of ``windows`` and of every (rank, window group), over the
+    windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``).
 
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
-    ctx = _Context(trace, att, ranges, catalog, windows)
-    measured, _ = timeline_windows(trace, windows)
+    ctx = _Context(trace, att, ranges, catalog, windows, gpu)
     result = Accounts(notes=list(ctx.peers.notes))
-    groups: dict[str, list[int]] = {}
-    for i, win in enumerate(windows):
-        groups.setdefault(win.group or win.name, []).append(i)
-    for group, ids in groups.items():
-        tw = [measured[i] for i in ids]
-        records = _GroupPass(ctx, tw).run().arrays()
-        seg, code, dur, _, thread, unit = records
+    for group, clip in gpu.groups.items():
+        tw = clip.windows
+        records = _GroupPass(ctx, tw, clip.clipped).run().arrays()
+        seg, dur = records[0], records[2]
         spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
-        totals = np.zeros(len(tw), dtype=np.int64)
-        np.add.at(totals, seg, dur)
+        # float64 sums of integer ns are exact below 2**53 ns (104 days)
+        totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
         bad = np.flatnonzero(totals != spans)
         if len(bad):
             w = tw[int(bad[0])]
@@ -585,19 +606,21 @@ def compute_accounts(
                 f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
             )
         n_codes = max(len(ctx.lines.lines), 1)
-        per_window = _parts(ctx, _summaries(seg, code, dur, thread, unit, n_codes), records, tw)
+        per_window = _summaries(ctx, seg, records, tw, n_codes)
         for i, w in enumerate(tw):
             result.steps.append(
-                StepAccount(
-                    rank=w.window.rank,
-                    window=group,
-                    name=w.window.name,
-                    index=w.window.index,
-                    basis=w.basis,
-                    start_ns=w.start_ns,
-                    end_ns=w.end_ns,
-                    span_ns=w.end_ns - w.start_ns,
-                    parts=per_window.get(i, []),
+                StepAccount.model_validate(
+                    {
+                        "rank": w.window.rank,
+                        "window": group,
+                        "name": w.window.name,
+                        "index": w.window.index,
+                        "basis": w.basis,
+                        "start_ns": w.start_ns,
+                        "end_ns": w.end_ns,
+                        "span_ns": w.end_ns - w.start_ns,
+                        "parts": per_window.get(i, []),
+                    }
                 )
             )
         rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
@@ -606,18 +629,19 @@ def compute_accounts(
             per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
         else:
             bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            summaries = _summaries(bucket, code, dur, thread, unit, n_codes)
-            per_rank = _parts(ctx, summaries, records, tw)
+            per_rank = _summaries(ctx, bucket, records, tw, n_codes)
         for b, rank in enumerate(ranks):
             mine = [w for w in tw if w.window.rank == rank]
             result.groups.append(
-                GroupAccount(
-                    rank=rank,
-                    window=group,
-                    steps=steps.get((rank, group), len(mine)),
-                    windows=len(mine),
-                    span_ns=sum(w.end_ns - w.start_ns for w in mine),
-                    parts=per_rank.get(b, []),
+                GroupAccount.model_validate(
+                    {
+                        "rank": rank,
+                        "window": group,
+                        "steps": steps.get((rank, group), len(mine)),
+                        "windows": len(mine),
+                        "span_ns": sum(w.end_ns - w.start_ns for w in mine),
+                        "parts": per_rank.get(b, []),
+                    }
                 )
             )
     return result
@@ -658,10 +682,10 @@ def account_pieces(
     selected: Sequence[int],
 ) -> Pieces:
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
-    ctx = _Context(trace, att, ranges, catalog, windows)
-    measured, _ = timeline_windows(trace, windows)
-    tw = [measured[i] for i in selected]
-    group_pass = _GroupPass(ctx, tw)
+    gpu = window_timelines(trace, windows, gpu_activities(trace, att))
+    ctx = _Context(trace, att, ranges, catalog, windows, gpu)
+    tw = [gpu.windows[i] for i in selected]
+    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, gpu.acts))
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,

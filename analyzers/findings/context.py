@@ -13,8 +13,19 @@ from dataclasses import dataclass, field
 from analyzers.catalog import Catalog
 from analyzers.manifest import MetadataFacts, RunManifest, VariantManifest, Workload
 from analyzers.metrics import Metrics, per_step
-from analyzers.report import Category, Evidence, HelperStat, IterationStats
+from analyzers.report import (
+    Category,
+    Evidence,
+    HelperHostTime,
+    HelperStat,
+    HostTimeReport,
+    IterationStats,
+)
 from analyzers.windows import WHOLE_TRACE
+
+NOT_OBSERVED = "not observed: no GPU activity in this trace"
+"""What a rule says about a figure that needs GPU evidence, on a trace without any (a CPU run,
+a CPU-only profile, an nsys export without CUPTI tables), instead of staying silent."""
 
 
 @dataclass(slots=True)
@@ -37,6 +48,52 @@ class RuleContext:
     manifest: RunManifest | None
     catalog: Catalog
     iterations: Sequence[IterationStats] = field(default_factory=tuple)
+    host_time: HostTimeReport | None = None
+    """Host time per helper from the ranges (``analyzers.host_time``): what the rules judge
+    from when the trace has no GPU activity."""
+
+    @property
+    def gpu_observed(self) -> bool:
+        """Whether the trace has GPU activity (without a host-time report: assumed, as the
+        GPU metrics are all the rules get)."""
+        return self.host_time is None or self.host_time.gpu_activity
+
+    def host_rows(self, group: str, helpers: Sequence[str]) -> list[HelperHostTime]:
+        rows = self.host_time.helpers if self.host_time else []
+        return [h for h in rows if h.window == group and h.helper in helpers and h.calls]
+
+    def ran(self, group: str, helpers: Sequence[str]) -> bool:
+        """Whether any of ``helpers`` ran in the group: GPU activities when the trace has GPU
+        activity, else host calls (catalogued ranges; a CPU run still records them)."""
+        if self.gpu_observed:
+            return per_step(self.stats(group, helpers)) > 0
+        return bool(self.host_rows(group, helpers))
+
+    def category_ran(self, group: str, category: Category) -> bool:
+        """Whether helpers of a category ran in the group (GPU activities, else host calls)."""
+        if self.gpu_observed:
+            return self.category_launches(group, category) > 0
+        rows = self.host_time.helpers if self.host_time else []
+        return any(h.window == group and h.category == category and h.calls for h in rows)
+
+    def ranks_running(self, group: str, helpers: Sequence[str]) -> list[int]:
+        rows: Sequence[HelperStat | HelperHostTime] = (
+            self.stats(group, helpers) if self.gpu_observed else self.host_rows(group, helpers)
+        )
+        return sorted({r.rank for r in rows})
+
+    def names_running(self, group: str, helpers: Sequence[str]) -> str:
+        rows: Sequence[HelperStat | HelperHostTime] = (
+            self.stats(group, helpers) if self.gpu_observed else self.host_rows(group, helpers)
+        )
+        return ", ".join(sorted({r.helper for r in rows}))
+
+    def usage_evidence(self, group: str, helpers: Sequence[str]) -> list[Evidence]:
+        """How much the helpers ran: GPU figures (:func:`helper_evidence`) when the trace has
+        GPU activity, else host figures from the ranges (:func:`host_evidence`)."""
+        if self.gpu_observed:
+            return helper_evidence(self.stats(group, helpers), group)
+        return host_evidence(self.host_rows(group, helpers), group)
 
     def targets(self) -> list[Target]:
         """Window groups to judge: every variant's group, else every step group."""
@@ -141,6 +198,75 @@ def helper_evidence(stats: Sequence[HelperStat], group: str) -> list[Evidence]:
     return out
 
 
+def host_evidence(rows: Sequence[HelperHostTime], group: str) -> list[Evidence]:
+    """Per rank, from the host ranges alone (a trace without GPU activity): calls, host time
+    (steady state: the first call, compilation or warm-up, reported apart), host time per call
+    and the host-sync operators inside the calls; the GPU figures are stated as not observed."""
+    by_rank: dict[int, list[HelperHostTime]] = {}
+    for r in rows:
+        by_rank.setdefault(r.rank, []).append(r)
+    out = []
+    for rank, mine in sorted(by_rank.items()):
+        steps, basis = per_step_basis(group, mine[0].steps)
+        names = ", ".join(sorted({r.helper for r in mine}))
+        calls = sum(r.calls for r in mine)
+        first = sum(r.first_call_ns for r in mine)
+        firsts = sum(1 for r in mine if r.first_call_ns)
+        steady = sum(r.inclusive_ns for r in mine) - first
+        excluded = ", first call excluded" if first else ""
+        out += [
+            Evidence(
+                name=f"calls {basis} (host ranges; {names})",
+                value=round(calls / steps, 2),
+                rank=rank,
+                window=group,
+            ),
+            Evidence(
+                name=f"host time in the helper {basis}{excluded}",
+                value=round(steady / steps / 1e6, 4),
+                unit="ms",
+                rank=rank,
+                window=group,
+            ),
+        ]
+        if calls > firsts:
+            out.append(
+                Evidence(
+                    name=f"host time per call{excluded}",
+                    value=round(steady / (calls - firsts) / 1e6, 4),
+                    unit="ms",
+                    rank=rank,
+                    window=group,
+                )
+            )
+        out.append(
+            Evidence(
+                name=f"host-sync operators inside the calls {basis}",
+                value=round(sum(r.sync_ops for r in mine) / steps, 2),
+                rank=rank,
+                window=group,
+            )
+        )
+        if first:
+            out.append(
+                Evidence(
+                    name="host time of the first call alone (compilation, warm-up)",
+                    value=round(first / 1e6, 4),
+                    unit="ms",
+                    rank=rank,
+                    window=group,
+                )
+            )
+    out.append(
+        Evidence(
+            name="CPU launch calls, GPU activities and GPU time of the helper",
+            value=NOT_OBSERVED,
+            window=group,
+        )
+    )
+    return out
+
+
 def real_seqlens(facts: MetadataFacts, workload: Workload) -> list[int] | None:
     if facts.cu_seqlens:
         return [b - a for a, b in zip(facts.cu_seqlens, facts.cu_seqlens[1:], strict=False)]
@@ -186,8 +312,8 @@ bundled implementation's forced zero-fill (112 launches, 0.69 ms GPU) costs 2.78
 class Saving:
     """An expected saving per iteration and how it was obtained."""
 
-    ms: float | None  # None: only whole-trace totals, which are not per iteration
-    basis: str  # "measured" | "estimate"
+    ms: float | None  # None: whole-trace totals (not per iteration), or no GPU activity
+    basis: str | None  # "measured" | "estimate"; None without GPU activity
     evidence: list[Evidence]
     pct: float | None = None
 
@@ -213,7 +339,7 @@ def _signature(ctx: RuleContext, group: str, exclude: Sequence[str]) -> frozense
     """Finding-feeding helpers that run in a group, except ``exclude``: two arms with the same
     signature differ (as far as the catalog can tell) only in ``exclude``."""
     names = [h.name for h in ctx.catalog.helpers if h.finding and h.name not in exclude]
-    return frozenset(n for n in names if per_step(ctx.stats(group, [n])) > 0)
+    return frozenset(n for n in names if ctx.ran(group, [n]))
 
 
 def saving_from_arms(
@@ -236,7 +362,7 @@ def saving_from_arms(
             continue
         seen.add(other.group)
         theirs = timed_stats(ctx, other.group)
-        if theirs is None or per_step(ctx.stats(other.group, helpers)) > 0:
+        if theirs is None or ctx.ran(other.group, helpers):
             continue
         if _signature(ctx, other.group, helpers) != signature:
             continue
@@ -278,6 +404,8 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
     ms: float | None
     evidence: list[Evidence] = []
     arm = saving_from_arms(ctx, target, helpers)
+    if not ctx.gpu_observed:
+        return _saving_not_observed(target, arm)
     if arm is not None and arm[0] > 0:
         diff, label, mine, theirs = arm
         ms, basis = diff, "measured"
@@ -346,3 +474,31 @@ def expected_saving(ctx: RuleContext, target: Target, helpers: Sequence[str]) ->
     timed = timed_stats(ctx, target.group)
     pct = 100.0 * ms / timed.median_ms if ms is not None and timed and timed.median_ms else None
     return Saving(ms=ms, basis=basis, evidence=evidence, pct=pct)
+
+
+def _saving_not_observed(
+    target: Target, arm: tuple[float, str, IterationStats, IterationStats] | None
+) -> Saving:
+    """No GPU activity: no saving is claimed. The estimate needs the helper's GPU time and
+    launches, and a run without GPU (gloo on CPU) times CPU work that does not carry over to a
+    GPU; a sibling arm's measured difference is shown for what it is."""
+    evidence = [
+        Evidence(
+            name="expected saving",
+            value=f"{NOT_OBSERVED} (the estimate needs the helper's GPU time and launches; "
+            "iteration times of a run without GPU do not carry over to a GPU)",
+            window=target.group,
+        )
+    ]
+    if arm is not None:
+        diff, label, mine, theirs = arm
+        evidence.append(
+            Evidence(
+                name=f"median iteration difference to arm {label!r} (timed iterations of this "
+                f"run without GPU, n={mine.n} and {theirs.n}; not a GPU saving)",
+                value=round(diff, 3),
+                unit="ms",
+                window=target.group,
+            )
+        )
+    return Saving(ms=None, basis=None, evidence=evidence)

@@ -17,12 +17,10 @@ from analyzers.findings.context import (
     RuleContext,
     Target,
     expected_saving,
-    helper_evidence,
     padding_differences,
     real_seqlens,
 )
 from analyzers.findings.observed import observed_evidence, observed_prefix
-from analyzers.metrics import per_step
 from analyzers.report import (
     AccountPartKind,
     Category,
@@ -78,15 +76,14 @@ def _saving_fields(saving: Any) -> dict[str, Any]:
 def padded_path(ctx: RuleContext, target: Target) -> list[Finding]:
     """(a) TE's padded path although every cu_seqlens entry equals its padded twin."""
     helpers = ctx.helpers_feeding(PADDED_PATH)
-    stats = ctx.stats(target.group, helpers)
-    if per_step(stats) == 0:
+    if not ctx.ran(target.group, helpers):
         return []
-    evidence = helper_evidence(stats, target.group)
+    evidence = ctx.usage_evidence(target.group, helpers)
     differences = padding_differences(target.facts)
     base: dict[str, Any] = {
-        "helper": ", ".join(sorted({s.helper for s in stats})),
+        "helper": ctx.names_running(target.group, helpers),
         "window": target.group,
-        "ranks": sorted({s.rank for s in stats}),
+        "ranks": ctx.ranks_running(target.group, helpers),
         "references": ["TE >= 2.18 identity-based padding detector"],
     }
     if differences is None:
@@ -173,18 +170,19 @@ def _fast_path(ctx: RuleContext, target: Target) -> str | None:
         return "pad_between_seqs=False was passed"
     if facts.pad_between_seqs is None and facts.padded_is_same_object:
         return "the same tensor object was passed as cu_seqlens and cu_seqlens_padded"
-    metadata = per_step(ctx.stats(target.group, ctx.helpers_feeding(PADDED_PATH)))
-    attention = ctx.category_launches(target.group, Category.ATTENTION)
+    metadata = ctx.ran(target.group, ctx.helpers_feeding(PADDED_PATH))
+    attention = ctx.category_ran(target.group, Category.ATTENTION)
     if (
-        metadata == 0
-        and attention > 0
+        not metadata
+        and attention
         and facts.pad_between_seqs is None
         and (target.workload.implementation or "te").startswith("te")
         # Without CP there is no per-step metadata to miss: its absence proves nothing (a
         # one-GPU te_transformer run with padded offsets was flagged before this).
         and _cp(target) >= 2
     ):
-        return "the trace shows attention but no get_cu_seqlens_on_cp_rank launches"
+        seen = "launches" if ctx.gpu_observed else "calls (host ranges)"
+        return f"the trace shows attention but no get_cu_seqlens_on_cp_rank {seen}"
     return None
 
 
@@ -252,8 +250,7 @@ def fast_path_with_padding(ctx: RuleContext, target: Target) -> list[Finding]:
 def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]:
     """(c) Gradient zero-fill launches although there is no padding to clear."""
     helpers = ctx.helpers_feeding(ZERO_FILL)
-    stats = ctx.stats(target.group, helpers)
-    if per_step(stats) == 0:
+    if not ctx.ran(target.group, helpers):
         return []
     differences = padding_differences(target.facts)
     if differences is None or differences or _tail_unaligned(target):
@@ -264,11 +261,11 @@ def zero_fill_without_padding(ctx: RuleContext, target: Target) -> list[Finding]
             rule=ZERO_FILL,
             severity=Severity.WARNING,
             window=target.group,
-            helper=", ".join(sorted({s.helper for s in stats})),
-            ranks=sorted({s.rank for s in stats}),
+            helper=ctx.names_running(target.group, helpers),
+            ranks=ctx.ranks_running(target.group, helpers),
             title=f"Backward zero-fills gradient padding in {target.label!r} but there is none",
             evidence=[
-                *helper_evidence(stats, target.group),
+                *ctx.usage_evidence(target.group, helpers),
                 *_zero_fill_elsewhere(ctx, target, helpers),
                 *saving.evidence,
                 *observed_evidence(target, about="metadata"),
@@ -291,7 +288,7 @@ def _fast_path_arms(ctx: RuleContext, target: Target, helpers: list[str]) -> lis
             or (other.facts.pad_between_seqs is None and other.facts.padded_is_same_object)
             or _implementation(other) == "te-adapter"
         )
-        if unpadded and per_step(ctx.stats(other.group, helpers)) > 0:
+        if unpadded and ctx.ran(other.group, helpers):
             out.append(other.label)
     return out
 

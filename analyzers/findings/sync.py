@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzers.findings.context import RuleContext, Target, per_step_basis
+from analyzers.findings.context import NOT_OBSERVED, RuleContext, Target, per_step_basis
 from analyzers.report import UNATTRIBUTED, Evidence, Finding, Severity
 from analyzers.windows import WHOLE_TRACE
 
@@ -13,6 +13,8 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
     """(e) cudaStreamSynchronize / blocking copies / ``.item()`` inside the step windows."""
     if target.group == WHOLE_TRACE:
         return []  # between steps, a sync is harmless (timing, checkpointing)
+    if not ctx.gpu_observed:
+        return _sync_ops_without_gpu(ctx, target)
     rows = [s for s in ctx.metrics.host_syncs if s.window == target.group and s.calls]
     out = []
     for helper in sorted({s.helper for s in rows}):
@@ -64,6 +66,69 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
                 # wait would move to the next sync point or the step's end)
                 expected_saving_ms=round(blocked, 4) if known else None,
                 saving_basis="estimate" if known else None,
+            )
+        )
+    return out
+
+
+def _sync_ops_without_gpu(ctx: RuleContext, target: Target) -> list[Finding]:
+    """A trace without GPU activity has no sync API calls to time, but its ranges still show
+    which helper calls a host-sync operator (``aten::item``, ``aten::nonzero``, ...) in the step
+    and how often: on a GPU tensor each one waits for the device. The blocked time is not
+    observed, so these are observations (info), never a saving."""
+    feeding = set(ctx.helpers_feeding(HOST_SYNC))
+    rows = [
+        r
+        for r in (ctx.host_time.helpers if ctx.host_time else [])
+        if r.window == target.group and r.calls and (r.sync_ops or r.helper in feeding)
+    ]
+    out = []
+    for helper in sorted({r.helper for r in rows}):
+        mine = sorted((r for r in rows if r.helper == helper), key=lambda r: r.rank)
+        steps, basis = per_step_basis(target.group, mine[0].steps)
+        evidence = [
+            item
+            for r in mine
+            for item in (
+                Evidence(
+                    name=f"host-sync operators inside {helper} {basis} (host ranges)",
+                    value=round(r.sync_ops / steps, 2),
+                    rank=r.rank,
+                    window=target.group,
+                ),
+                Evidence(
+                    name=f"calls of {helper} {basis} (host ranges)",
+                    value=round(r.calls / steps, 2),
+                    rank=r.rank,
+                    window=target.group,
+                ),
+            )
+        ]
+        evidence.append(
+            Evidence(name="host time blocked on the GPU", value=NOT_OBSERVED, window=target.group)
+        )
+        most = max(r.sync_ops / steps for r in mine)
+        what = (
+            f"calls host-sync operators ({most:g} per step)"
+            if most
+            else "ran (no host-sync operator recorded inside it)"
+        )
+        out.append(
+            Finding(
+                rule=HOST_SYNC,
+                severity=Severity.INFO,
+                helper=helper,
+                window=target.group,
+                ranks=[r.rank for r in mine],
+                evidence=evidence,
+                title=f"{helper} {what} in {target.label!r}; the trace has no GPU activity, so "
+                "the time they would block the host is not observed",
+                recommendation=(
+                    "On a GPU every .item()/.tolist()/nonzero on a device tensor inside the step "
+                    "drains the launch queue: compute the metadata on the host once per batch "
+                    "(cp_attention.PackedBatch.from_cu_seqlens), and profile a GPU run of the "
+                    "same workload to measure the blocked time."
+                ),
             )
         )
     return out

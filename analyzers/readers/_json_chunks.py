@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from analyzers.readers._kineto_layout import (
+    _POW10,
+    _WIDTH,
     FAST_CATS,
+    LAUNCH,
+    LAUNCH_CATS,
     RowSink,
     _Bytes,
     _emit,
     _fits_ns,
     _ns,
-    _numbers,
 )
 
 CHUNK_BYTES = 1 << 20
@@ -56,26 +60,51 @@ class ChunkMismatch(Exception):
 
 
 class _Structure:
-    """Where the brackets outside strings are, and the nesting depth after each.
+    """Where the quotes, brackets and colons outside strings are, and the depth at each.
 
     The text must start outside any string. A quote is a string delimiter unless an odd run of
-    backslashes precedes it; a bracket between an odd and an even delimiter is inside a string.
+    backslashes precedes it; a bracket or colon between an odd and an even delimiter is inside a
+    string. Brackets and colons are found in one pass, so the depth at every colon (whose key
+    it ends: 1 for an event's own keys, 2 for those of its ``args``) comes with the brackets'.
     """
 
-    __slots__ = ("close_depth", "depth", "position", "quotes")
+    __slots__ = (
+        "close_depth",
+        "colon_after",
+        "colon_depth",
+        "colon_event",
+        "colons",
+        "depth",
+        "position",
+        "quotes",
+    )
 
     def __init__(self, text: bytes) -> None:
         arr = np.frombuffer(text, dtype=np.uint8)
         quotes = np.flatnonzero(arr == 34)
-        if len(quotes) and (arr == 92).any():
+        if len(quotes) and (arr[np.maximum(quotes - 1, 0)] == 92).any():
             quotes = quotes[~_escaped(arr, quotes)]
         self.quotes = quotes
-        brackets = np.flatnonzero((arr == 123) | (arr == 125) | (arr == 91) | (arr == 93))
-        outside = np.searchsorted(quotes, brackets) % 2 == 0
-        self.position = brackets[outside]
-        opening = (arr[self.position] == 123) | (arr[self.position] == 91)
-        step = np.where(opening, 1, -1)
-        self.depth = np.cumsum(step)
+        folded = arr & np.uint8(0xDF)  # "{" -> "[", "}" -> "]"
+        syntax = np.flatnonzero((folded == 91) | (folded == 93) | (arr == 58))
+        after = np.searchsorted(quotes, syntax)
+        outside = after % 2 == 0
+        syntax, after = syntax[outside], after[outside]
+        kinds = arr[syntax]
+        colon = kinds == 58
+        opening = (kinds == 123) | (kinds == 91)
+        depth = np.cumsum(np.where(opening, 1, np.where(colon, 0, -1)))
+        self.colons = syntax[colon]
+        """Colons outside strings: one per key of every object."""
+        self.colon_after = after[colon]
+        """Index in ``quotes`` of the first quote after each colon (its key ends just before)."""
+        self.colon_depth = depth[colon]
+        """Depth at each colon (1: a key of an event itself)."""
+        self.colon_event = np.cumsum(opening & (depth == 1))[colon] - 1
+        """Index of the event (object at depth 1) of each colon, from the text's start."""
+        self.position = syntax[~colon]
+        opening = opening[~colon]
+        self.depth = depth[~colon]
         """Depth after each bracket; the text's own level is 0."""
         self.close_depth = np.where(opening, 99, self.depth)
         """Depth after each closing bracket (99 for opening ones)."""
@@ -92,8 +121,39 @@ class _Structure:
         return out
 
 
+_ESCAPE_RUN = 64
+"""Backslash runs before a quote longer than this are measured over the whole text."""
+
+
 def _escaped(arr: npt.NDArray[np.uint8], quotes: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Quotes preceded by an odd number of backslashes."""
+    """Quotes preceded by an odd number of backslashes.
+
+    Only quotes right after a backslash are looked at, walking back one byte at a time (runs
+    are a byte or two in practice); a run longer than ``_ESCAPE_RUN`` is counted exactly over
+    the whole text instead.
+    """
+    out = np.zeros(len(quotes), dtype=bool)
+    candidates = np.flatnonzero((quotes > 0) & (arr[np.maximum(quotes - 1, 0)] == 92))
+    run = np.ones(len(candidates), dtype=np.int64)
+    active = np.arange(len(candidates))
+    for _ in range(_ESCAPE_RUN):
+        if not len(active):
+            break
+        before = quotes[candidates[active]] - run[active] - 1
+        more = (before >= 0) & (arr[np.maximum(before, 0)] == 92)
+        run[active[more]] += 1
+        active = active[more]
+    else:
+        if len(active):
+            return _escaped_everywhere(arr, quotes)
+    out[candidates] = run % 2 == 1
+    return out
+
+
+def _escaped_everywhere(
+    arr: npt.NDArray[np.uint8], quotes: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """``_escaped`` for any run length, over the whole text."""
     backslash = arr == 92
     index = np.arange(len(arr), dtype=np.int64)
     last_other = np.maximum.accumulate(np.where(backslash, -1, index))
@@ -201,14 +261,51 @@ def _tail(text: bytes, header: dict[str, object]) -> None:
     header.update(_object(b"{" + rest[1:]))
 
 
-_KEYS = {b"ph": 0, b"cat": 1, b"name": 2, b"pid": 3, b"tid": 4, b"ts": 5, b"dur": 6}
-"""Top-level keys of a range event that this path reads without a JSON parser."""
+_TOP_KEYS = (b"ph", b"cat", b"name", b"pid", b"tid", b"ts", b"dur", b"args")
+"""Keys at an event's own level that this path reads without a JSON parser (codes 0-7)."""
+_PH, _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = range(9)
+"""Key codes; ``_CORRELATION`` is ``args.correlation`` (a launch's), one level down."""
+_KEY_WORDS = [
+    (
+        code,
+        np.uint64((1 << (8 * len(key) + 8)) - 1),
+        np.uint64(int.from_bytes(key + b'"', "little")),
+    )
+    for code, key in enumerate(_TOP_KEYS)
+]
+"""(code, mask, word) of each key with its closing quote: one 8-byte compare per key."""
+_NUMERIC = np.zeros(9, dtype=bool)
+_NUMERIC[[_PID, _TID, _TS, _DUR, _CORRELATION]] = True
+_TERMINATOR = np.zeros(256, dtype=bool)
+_TERMINATOR[list(b",}] \t\r\n")] = True
+"""Bytes that may follow a JSON number inside an object."""
+_COLUMNS = np.arange(_WIDTH, dtype=np.int64)
+
+
+class _EventFields(NamedTuple):
+    """What ``_fields`` read of each event of a chunk."""
+
+    kind: npt.NDArray[np.int64]
+    """``FAST_CATS`` range kind, ``LAUNCH``, or -1."""
+    name_start: npt.NDArray[np.int64]
+    name_end: npt.NDArray[np.int64]
+    pid: npt.NDArray[np.int64]
+    tid: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    end: npt.NDArray[np.int64]
+    correlation: npt.NDArray[np.int64]
+    fast: npt.NDArray[np.bool_]
+    """Every field read cleanly: the event becomes a row without a JSON parser."""
+    times_ok: npt.NDArray[np.bool_]
+    """``ts`` and ``dur`` read (exact times for the events parsed as JSON)."""
+    skip: npt.NDArray[np.bool_]
+    """No row at all (flows, instants)."""
 
 
 def _events(text: bytes, structure: _Structure, sink: RowSink) -> None:
-    """The whole events of ``text`` (``{...}, {...}``): range events (Python frames, ops,
-    annotations: most of a trace) cut out vectorized, every other event parsed by ``orjson``;
-    all in file order through the layout reader's ``_emit``."""
+    """The whole events of ``text`` (``{...}, {...}``): range and launch events (Python frames,
+    ops, annotations, runtime calls: most of a trace) cut out vectorized, every other event
+    parsed by ``orjson``; all in file order through the layout reader's ``_emit``."""
     within = structure.position < len(text)  # the structure may cover text after the cut
     is_open = structure.close_depth == 99
     opens = structure.position[within & (structure.depth == 1) & is_open]
@@ -220,22 +317,20 @@ def _events(text: bytes, structure: _Structure, sink: RowSink) -> None:
     if len(opens) != len(closes) or (np.frombuffer(text, dtype=np.uint8)[opens] != 123).any():
         raise ChunkMismatch("traceEvents holds something other than objects")
     data = _Bytes(text)
-    fields = _fields(data, structure, opens, closes)
-    kind, name_span, pid, tid, start, end, fast_ok, ts_ok, skip = fields
-    fast = np.flatnonzero(fast_ok)
-    slow = np.flatnonzero(~fast_ok & ~skip)
-    names = [
-        text[a:b]
-        for a, b in zip(name_span[0][fast].tolist(), name_span[1][fast].tolist(), strict=True)
-    ]
-    times = (start[slow], end[slow] - start[slow], ts_ok[slow])
+    got = _fields(data, structure, opens, closes)
+    fast = np.flatnonzero(got.fast)
+    slow = np.flatnonzero(~got.fast & ~got.skip)
+    cuts = zip(got.name_start[fast].tolist(), got.name_end[fast].tolist(), strict=True)
+    names = [text[a:b] for a, b in cuts]
+    times = (got.start[slow], got.end[slow] - got.start[slow], got.times_ok[slow])
+    row_fields = (got.pid, got.tid, got.start, got.end, got.correlation)
     _emit(
         text,
         opens - 2,  # _emit reads an event as text[open + 2 : close + 3]
         closes - 2,
         fast,
-        kind[fast],
-        (pid[fast], tid[fast], start[fast], end[fast], np.zeros(len(fast), dtype=np.int64)),
+        got.kind[fast],
+        tuple(column[fast] for column in row_fields),
         names,
         slow,
         times,
@@ -248,98 +343,175 @@ def _fields(
     structure: _Structure,
     opens: npt.NDArray[np.int64],
     closes: npt.NDArray[np.int64],
-) -> tuple[
-    npt.NDArray[np.int64],
-    tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.bool_],
-    npt.NDArray[np.bool_],
-    npt.NDArray[np.bool_],
-]:
-    """Per event: range kind, name span, pid, tid, start/end ns, whether all of it was read
-    (a range event, every field once, integers and plain numbers), whether the times were
-    (for the events parsed as JSON), and whether the event is no row at all (a flow)."""
-    arr = data.arr
-    count = len(opens)
-    quotes = structure.quotes[structure.quotes < data.size]  # the structure may run past the cut
-    starts, stops = quotes[0::2], quotes[1::2]
-    starts = starts[: len(stops)]
-    # Candidate keys: strings of a key's length starting like one ("ph", "cat", ...), then
-    # those followed by ":" at the events' own level.
-    length = stops - starts - 1
-    which = np.full(len(starts), -1, dtype=np.int64)
-    for size in sorted({len(key) for key in _KEYS}):
-        sized = np.flatnonzero(length == size)
-        for key, code in _KEYS.items():
-            if len(key) == size:
-                which[sized[data.has(starts[sized] + 1, key)]] = code
-    key_rows = np.flatnonzero(which >= 0)
-    after = _skip_spaces(arr, stops[key_rows] + 1)
-    mine = arr[after] == 58
-    key_rows, after = key_rows[mine], after[mine]
-    mine = structure.depth_at(starts[key_rows]) == 1
-    key_rows, after = key_rows[mine], after[mine]
-    if not len(key_rows):  # no keys at the events' level: every event goes the JSON way
+) -> _EventFields:
+    """Read ph, cat, name, pid, tid, ts, dur (and a launch's ``args.correlation``) of each event.
+
+    Every key is a string right before a colon outside strings: the colons give the keys, their
+    depth says whose (1: the event's own, 2: inside its one nested object, ``args``). An event
+    whose fields are not each present once, plain (a string, a non-negative number without
+    exponent), or whose keys are not followed directly by their colon, goes the JSON way.
+    """
+    arr, count = data.arr, len(opens)
+    quotes = structure.quotes
+    inside = np.searchsorted(structure.colons, data.size)  # the structure may run past the cut
+    colons = structure.colons[:inside]
+    after = structure.colon_after[:inside]
+    event = np.maximum(structure.colon_event[:inside], 0)
+    key_end = quotes[np.maximum(after - 1, 0)]
+    tight = (after >= 2) & (key_end == colons - 1)
+    loose = np.zeros(count, dtype=bool)
+    loose[event[~tight]] = True  # `"key" : v` is valid JSON, but rare: the JSON way
+    key_at = quotes[np.maximum(after - 2, 0)] + 1
+    depth = structure.colon_depth[:inside]
+    top = np.flatnonzero(tight & (depth == 1))
+    words = data.word[key_at[top]]
+    code = np.full(len(top), -1, dtype=np.int64)
+    for key_code, mask, word in _KEY_WORDS:
+        code[(words & mask) == word] = key_code
+    inner = np.flatnonzero(tight & (depth == 2))
+    inner = inner[data.has(key_at[inner], b'correlation"')]
+    rows = np.concatenate((top[code >= 0], inner))
+    codes = np.concatenate((code[code >= 0], np.full(len(inner), _CORRELATION, dtype=np.int64)))
+    if not len(rows):  # no key this path reads: every event goes the JSON way
         none = np.zeros(count, dtype=np.int64)
-        return none, (none, none), none, none, none, none, none < 0, none < 0, none < 0
-    key_start = starts[key_rows]
-    which = which[key_rows]
-    event = np.searchsorted(opens, key_start) - 1
-    value = _skip_spaces(arr, after + 1)
-    # string values: the value is the next string
-    next_string = np.minimum(key_rows + 1, len(starts) - 1)
-    is_string = starts[next_string] == value
-    value_end = np.where(is_string, stops[next_string], -1)
-    # numbers (pid, tid, ts, dur only): up to the first character that is neither a digit
-    # nor a dot, within the width ``_numbers`` reads (longer ones go the JSON way)
-    mantissa = np.zeros(len(key_rows), dtype=np.int64)
-    fraction = np.zeros(len(key_rows), dtype=np.int64)
-    number_ok = np.zeros(len(key_rows), dtype=bool)
-    numeric = np.flatnonzero(which >= 3)
-    window = data.columns(value[numeric])
-    digits = (window - np.uint8(48) < 10) | (window == 46)
-    width = np.argmin(digits, axis=1)  # first non-number column (0 if none: too long)
-    number_end = value[numeric] + width
-    m, f, number_start, good = _numbers(data, number_end)
-    good &= (width > 0) & (number_start == value[numeric]) & (digits[:, 0])
-    good &= arr[value[numeric]] != 46
-    mantissa[numeric], fraction[numeric], number_ok[numeric] = m, f, good
-    seen = np.zeros((len(_KEYS), count), dtype=np.int64)
-    np.add.at(seen, (np.maximum(which, 0)[which >= 0], event[which >= 0]), 1)
-    ok = (seen == 1).all(axis=0)
-    per_event = np.full((len(_KEYS), count), -1, dtype=np.int64)
-    per_event[which[which >= 0], event[which >= 0]] = np.flatnonzero(which >= 0)
+        no = none != 0
+        return _EventFields(none - 1, none, none, none, none, none, none, none, no, no, no)
+    events = event[rows]
+    seen = np.bincount(codes * count + events, minlength=9 * count).reshape(9, count) == 1
+    value = _skip_spaces(arr, colons[rows] + 1)
+    # string values: the first quote after the colon opens it
+    first_quote = np.minimum(after[rows], len(quotes) - 2)
+    is_string = quotes[first_quote] == value
+    value_end = np.where(is_string, quotes[first_quote + 1], -1)
+    mantissa = np.zeros(len(rows), dtype=np.int64)
+    fraction = np.zeros(len(rows), dtype=np.int64)
+    number_ok = np.zeros(len(rows), dtype=bool)
+    numeric = np.flatnonzero(_NUMERIC[codes])
+    mantissa[numeric], fraction[numeric], number_ok[numeric] = _numbers_at(data, value[numeric])
+    where = np.zeros((9, count), dtype=np.int64)
+    where[codes, events] = np.arange(len(rows))
 
-    def field(code: int) -> npt.NDArray[np.int64]:
-        rows: npt.NDArray[np.int64] = np.maximum(per_event[code], 0)
-        return rows
+    def field(key_code: int) -> npt.NDArray[np.int64]:
+        found: npt.NDArray[np.int64] = where[key_code]
+        return found
 
-    ph, cat, name, pid_k, tid_k, ts_k, dur_k = (field(c) for c in range(len(_KEYS)))
-    one_letter = (per_event[0] >= 0) & is_string[ph] & (value_end[ph] - value[ph] == 2)
+    ph, cat, name, pid, tid, ts, dur, args, corr = (field(c) for c in range(9))
+    one_letter = seen[_PH] & is_string[ph] & (value_end[ph] - value[ph] == 2) & ~loose
     phase = arr[value[ph] + 1]
-    ok &= one_letter & (phase == 88)  # "X"
-    # Flows ("s"/"f"), instants ("i") and the like: not rows, and not metadata.
-    skip = one_letter & (phase != 88) & (phase != 77)
     kind = np.full(count, -1, dtype=np.int64)
-    cat_len = value_end[cat] - value[cat] - 1
-    for cat_name, cat_kind in FAST_CATS.items():
-        hit = is_string[cat] & (cat_len == len(cat_name)) & data.has(value[cat] + 1, cat_name)
-        kind[hit] = cat_kind
-    ok &= kind >= 0
-    ok &= is_string[name]
-    for k in (pid_k, tid_k):
-        ok &= number_ok[k] & (fraction[k] == 0)
-    times_ok = (per_event[5] >= 0) & (per_event[6] >= 0)
-    for k in (ts_k, dur_k):
-        times_ok &= number_ok[k] & _fits_ns(mantissa[k], fraction[k])
-    ok &= times_ok
-    start = np.where(times_ok, _ns(mantissa[ts_k], fraction[ts_k]), 0)
-    end = start + np.where(times_ok, _ns(mantissa[dur_k], fraction[dur_k]), 0)
-    name_span = (value[name] + 1, value_end[name])
-    return kind, name_span, mantissa[pid_k], mantissa[tid_k], start, end, ok, times_ok, skip
+    cat_ok = seen[_CAT] & is_string[cat]
+    for cat_name, cat_kind in [*FAST_CATS.items(), *((c, LAUNCH) for c in LAUNCH_CATS)]:
+        kind[cat_ok & data.has(value[cat] + 1, cat_name + b'"')] = cat_kind
+    fast = one_letter & (phase == 88) & (kind != -1) & seen[_NAME] & is_string[name]  # "X"
+    for key_code, rows_of in ((_PID, pid), (_TID, tid)):
+        fast &= seen[key_code] & number_ok[rows_of] & (fraction[rows_of] == 0)
+    times_ok = seen[_TS] & seen[_DUR] & ~loose
+    for rows_of in (ts, dur):
+        times_ok &= number_ok[rows_of] & _fits_ns(mantissa[rows_of], fraction[rows_of])
+    fast &= times_ok
+    launch = kind == LAUNCH
+    if launch.any():
+        fast &= ~launch | _correlation_ok(data, structure, opens, seen, value[args])
+        fast &= ~launch | (number_ok[corr] & (fraction[corr] == 0))
+    start = np.where(times_ok, _ns(mantissa[ts], fraction[ts]), 0)
+    end = start + np.where(times_ok, _ns(mantissa[dur], fraction[dur]), 0)
+    return _EventFields(
+        kind=kind,
+        name_start=value[name] + 1,
+        name_end=value_end[name],
+        pid=mantissa[pid],
+        tid=mantissa[tid],
+        start=start,
+        end=end,
+        correlation=mantissa[corr],
+        fast=fast,
+        times_ok=times_ok,
+        # Flows ("s"/"f"), instants ("i") and the like: not rows, and not metadata.
+        skip=one_letter & (phase != 88) & (phase != 77),
+    )
+
+
+def _correlation_ok(
+    data: _Bytes,
+    structure: _Structure,
+    opens: npt.NDArray[np.int64],
+    seen: npt.NDArray[np.bool_],
+    args_value: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Events whose ``args`` is an object, their only nested one, with one ``correlation``.
+
+    With a single object one level down, every key at depth 2 is an ``args`` key, so the
+    ``correlation`` found there is ``args.correlation`` and no other object's.
+    """
+    inner = structure.close_depth == 99
+    inner &= (structure.depth == 2) & (structure.position < data.size)
+    nested = structure.position[inner]
+    owner = np.searchsorted(opens, nested) - 1  # >= 0: depth 2 lies inside an event
+    single = np.bincount(owner, minlength=len(opens)) == 1
+    only_nested = np.full(len(opens), -1, dtype=np.int64)
+    only_nested[owner] = nested  # meaningful where single
+    ok: npt.NDArray[np.bool_] = seen[_ARGS] & seen[_CORRELATION] & single
+    ok &= only_nested == args_value
+    return ok
+
+
+def _numbers_at(
+    data: _Bytes, start: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Parse the non-negative JSON numbers that start at ``start``.
+
+    Returns (mantissa, digits after the dot, ok). ``ok`` is False unless the text reads
+    ``digits(.digits)?`` in at most ``_WIDTH - 1`` characters followed by what may end a
+    number (a comma, a closing bracket, whitespace): a sign, an exponent or ``1.`` go the JSON
+    way. The shape comes from a byte window; the digits of the integer and the fraction part
+    are combined eight at a time in 64-bit words (``_digits``).
+    """
+    g = data.columns(start)
+    digit = g - np.uint8(48)  # wraps below '0', so one comparison tests the digit range
+    is_digit = digit < 10
+    is_dot = g == 46
+    width = np.argmin(is_digit | is_dot, axis=1)  # first other column (0: none, too long)
+    is_dot &= width[:, None] > _COLUMNS
+    dots = np.count_nonzero(is_dot, axis=1)
+    index = np.arange(len(g))
+    last = np.maximum(width - 1, 0)
+    ok = (width > 0) & is_digit[:, 0] & is_digit[index, last] & (dots <= 1)
+    ok &= _TERMINATOR[g[index, width]]
+    whole = np.where(dots > 0, np.argmax(is_dot, axis=1), width)  # digits before the dot
+    ok &= whole <= 16  # (``_digits`` reads 16 at most; longer integers go the JSON way)
+    fraction = width - np.minimum(whole + 1, width)
+    mantissa = _digits(data, start + whole, whole) * _POW10[fraction]
+    mantissa += _digits(data, start + width, fraction)
+    return mantissa, fraction, ok
+
+
+_ASCII_ZEROS = np.uint64(0x3030303030303030)
+_KEEP_LAST = np.array([0, *(((1 << (8 * k)) - 1) << (64 - 8 * k) for k in range(1, 9))], np.uint64)
+"""Mask of the last ``k`` bytes of a little-endian word (``k`` = 0..8)."""
+
+
+def _digits(
+    data: _Bytes, end: npt.NDArray[np.int64], count: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The value of the ``count`` (at most 16) ASCII digits that end just before ``end``.
+
+    Each 64-bit word holds eight bytes; the bytes before the digits are set to '0', and the
+    digits are combined pairwise in three multiply-shift steps (2, 4, then 8 digits), so a
+    number costs a dozen vector operations instead of one per digit.
+    """
+    total = np.zeros(len(end), dtype=np.uint64)
+    for word_at, keep, scale in ((end - 16, count - 8, 1), (end - 8, count, 10**8)):
+        keep = np.clip(keep, 0, 8)
+        mask = _KEEP_LAST[keep]
+        word = data.word[np.maximum(word_at, 0)]  # bytes before the chunk are never kept
+        word = (word & mask) | (_ASCII_ZEROS & ~mask)
+        word -= _ASCII_ZEROS
+        word = (word * np.uint64(10) + (word >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
+        word = (word * np.uint64(100) + (word >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
+        word = (word * np.uint64(10000) + (word >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+        total = total * np.uint64(scale) + word
+    out: npt.NDArray[np.int64] = total.astype(np.int64)
+    return out
 
 
 def _skip_spaces(arr: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

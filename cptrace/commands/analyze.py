@@ -315,6 +315,13 @@ def render_report(report: Any) -> None:
                 f"{r.attributed_fraction:.1%}",
             )
         console.print(totals)
+        if _cpu_only(report):  # no GPU: its timeline and account would be all "idle"
+            console.print(
+                f"{group}: GPU timeline and where the step went: not observed: no GPU activity "
+                "in this trace",
+                highlight=False,
+            )
+            continue
         _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
         render_account(console, report, group)
     _render_devices(console, report.devices)
@@ -350,7 +357,8 @@ def _render_host_time(console: Any, report: Any) -> None:
         table = Table(title=title, title_justify="left")
         for col in ("rank", "helper", "category", f"calls{unit}", f"inclusive ms{unit}"):
             table.add_column(col, justify="left" if col in ("helper", "category") else "right")
-        table.add_column(f"self ms{unit}", justify="right")
+        for col in (f"self ms{unit}", "first call ms", f"sync ops{unit}"):
+            table.add_column(col, justify="right")
         for h in sorted(rows, key=lambda h: (h.rank, -h.inclusive_ns)):
             steps = 1 if whole else max(h.steps, 1)
             table.add_row(
@@ -360,8 +368,14 @@ def _render_host_time(console: Any, report: Any) -> None:
                 f"{h.calls / steps:g}",
                 _ms(h.inclusive_ns / steps),
                 _ms(h.self_ns / steps),
+                _ms(h.first_call_ns) if h.first_call_ns else "-",
+                f"{h.sync_ops / steps:g}",
             )
         console.print(table)
+        console.print(
+            "[dim]inclusive and self include the first call (compilation, warm-up), shown "
+            "apart; sync ops = host-sync operators (aten::item, ...) inside the calls[/]"
+        )
 
 
 def _render_timeline(console: Any, rows: list[Any], group: str) -> None:
@@ -603,8 +617,8 @@ def render_comparison(result: Any) -> None:
     _render_rank_deltas(console, result)
     render_account_delta(console, result)
     console.print(
-        f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms, GPU busy delta "
-        f"{result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",
+        f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms, GPU busy (clipped "
+        f"to the windows) delta {result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",
         highlight=False,
     )
     it = result.iterations
@@ -667,7 +681,7 @@ def _render_rank_deltas(console: Any, result: Any) -> None:
         return
     per = result.basis.split(",")[0]
     table = Table(title=f"Ranks, {per}, base -> head", title_justify="left")
-    for col in ("rank", "span ms", "GPU busy ms", "total GPU ms"):
+    for col in ("rank", "span ms", "GPU busy ms (clipped)", "total GPU ms"):
         table.add_column(col, justify="right")
     for r in result.ranks:
         table.add_row(

@@ -18,10 +18,14 @@ token_app = typer.Typer(help="Manage API tokens (stored hashed; shown once).", n
 DataDir = typer.Option(Path("var"), "--data-dir", help="Directory of the database and blobs.")
 
 
-def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
-    from service.core.config import Settings
+def _settings(data_dir: Path, **values: object):  # type: ignore[no-untyped-def]
+    """The service's settings; a bad ``CPTRACE_*`` value is one ``Error:`` line, no traceback."""
+    from service.core.config import Settings, SettingsError
 
-    return Settings(data_dir=data_dir)
+    try:
+        return Settings(data_dir=data_dir, **values)
+    except SettingsError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -49,11 +53,10 @@ def serve(
     from cptrace.app import create_app
     from service.bootstrap import default_demo_dir, ensure_admin_token, sweep_at_startup
     from service.bootstrap import seed_demo as seed
-    from service.core.config import Settings
     from service.http_timeouts import timed_protocol
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
-    settings = Settings(data_dir=data_dir, run_worker=worker)
+    settings = _settings(data_dir, run_worker=worker)
     app = create_app(settings)
     swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left behind
     if swept.total:

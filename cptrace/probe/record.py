@@ -9,10 +9,12 @@ in 64 of 64 sampled calls". Everything here is plain data, dumped as JSON into
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,22 @@ ALIGNMENTS = (8, 16, 128)
 MAX_DISTINCT_TOKENS = 32
 """Distinct token counts kept per signature (a dynamic-length job would otherwise grow forever)."""
 PROBE_FORMAT = 1
+DUMP_INTERVAL_S = 2.0
+"""At most one record write per this many seconds at sampled calls (a new signature is written
+at once; the exit dump writes the final counts)."""
+
+
+@functools.cache
+def transformer_engine_version() -> str | None:
+    """The installed TE version, looked up once: a metadata scan costs milliseconds."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("transformer_engine", "transformer-engine"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +200,14 @@ class ProbeState:
     installed: list[str] = field(default_factory=list)
     """What the probe wrapped in this process (``module:attribute``)."""
     overhead_ns: int = 0
-    """Time spent in the probe's own bookkeeping on sampled calls (measured)."""
+    """Time spent in the probe's own bookkeeping on sampled calls (measured), of which:"""
+    host_copy_ns: int = 0
+    """copying offsets to the host (a device-to-host copy waits for the stream's queued work)"""
+    dump_ns: int = 0
+    """and writing the record at sampled calls (see ``maybe_dump``)."""
+    dump_interval_s: float = DUMP_INTERVAL_S
+    last_dump: float | None = None
+    dumped_signatures: int = -1
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Site -> ``{count, first}``: the probe's own failures. The probe never raises into the
     job; a fact it failed to read is reported as not observed instead."""
@@ -207,33 +232,41 @@ class ProbeState:
                 items.append(record)
 
     def to_json(self) -> dict[str, Any]:
-        from importlib.metadata import PackageNotFoundError, version
-
-        te = None
-        for dist in ("transformer_engine", "transformer-engine"):
-            try:
-                te = version(dist)
-                break
-            except PackageNotFoundError:
-                continue
         return {
             "probe_format": PROBE_FORMAT,
             "rank": self.rank,
             "pid": os.getpid(),
             "sampling": {"first": self.policy.first, "every": self.policy.every},
-            "transformer_engine": te,
+            "transformer_engine": transformer_engine_version(),
             "installed": list(self.installed),
             "sites": {name: site.to_json() for name, site in sorted(self.sites.items())},
             "events": self.events,
             "overhead_ms": round(self.overhead_ns / 1e6, 3),
+            "host_copy_ms": round(self.host_copy_ns / 1e6, 3),
+            "dump_ms": round(self.dump_ns / 1e6, 3),
             "errors": self.errors,
         }
+
+    def maybe_dump(self) -> Path | None:
+        """At a sampled call: write the record if it gained a signature since the last write or
+        ``dump_interval_s`` passed (a rank killed later leaves a record at most that old; a
+        clean or failing exit writes the final one). Its time counts in ``dump_ns``."""
+        t0 = time.perf_counter_ns()
+        signatures = sum(len(site.signatures) for site in self.sites.values())
+        fresh = self.last_dump is not None and signatures == self.dumped_signatures and (
+            time.monotonic() - self.last_dump < self.dump_interval_s
+        )
+        written = None if fresh else self.dump()
+        self.dump_ns += time.perf_counter_ns() - t0
+        return written
 
     def dump(self) -> Path | None:
         """Write the record atomically (a rank killed later still leaves its last dump)."""
         if self.out_dir is None:
             return None
         with self.lock:
+            self.last_dump = time.monotonic()
+            self.dumped_signatures = sum(len(site.signatures) for site in self.sites.values())
             text = json.dumps(self.to_json(), indent=1) + "\n"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         target = self.out_dir / f"probe_rank{self.rank}.json"

@@ -99,7 +99,9 @@ def _first_tensor(a: dict[str, Any], *names: str) -> Any:
     return None
 
 
-def _dpa_facts(self: Any, a: dict[str, Any]) -> tuple[dict[str, Any], CallFacts]:
+def _dpa_facts(
+    state: ProbeState, self: Any, a: dict[str, Any]
+) -> tuple[dict[str, Any], CallFacts]:
     """Signature and facts of one sampled ``DotProductAttention.forward`` call."""
     cu_q, cu_kv = a.get("cu_seqlens_q"), a.get("cu_seqlens_kv")
     cu_qp, cu_kvp = a.get("cu_seqlens_q_padded"), a.get("cu_seqlens_kv_padded")
@@ -113,8 +115,10 @@ def _dpa_facts(self: Any, a: dict[str, Any]) -> tuple[dict[str, Any], CallFacts]
             getattr(self, "load_balancing_strategy", None) if cp_size > 1 else None
         ),
     }
+    t0 = time.perf_counter_ns()
     q_list, qp_list = _host_list(cu_q), _host_list(cu_qp)
     kv_list, kvp_list = _host_list(cu_kv), _host_list(cu_kvp)
+    state.host_copy_ns += time.perf_counter_ns() - t0
     same = None
     equal = None
     if cu_q is not None:
@@ -146,7 +150,7 @@ def _wrap_dpa_forward(state: ProbeState, original: Callable[..., Any]) -> Callab
         facts.pad_between_seqs_resolved = resolved
         with state.lock:
             site.record(sig, facts)
-        state.dump()
+        state.maybe_dump()
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -159,7 +163,7 @@ def _wrap_dpa_forward(state: ProbeState, original: Callable[..., Any]) -> Callab
             t0 = time.perf_counter_ns()
             seen = _guarded(
                 state, DPA_SITE,
-                lambda: _dpa_facts(self, signature.bind(self, *args, **kwargs).arguments),
+                lambda: _dpa_facts(state, self, signature.bind(self, *args, **kwargs).arguments),
             )
             state.overhead_ns += time.perf_counter_ns() - t0
             if seen is None:
@@ -229,7 +233,9 @@ def _wrap_get_batch(state: ProbeState, original: Callable[..., Any]) -> Callable
         a.apply_defaults()
         args_ = a.arguments
         cp_size = _group_size(args_.get("cp_group"))
+        t0 = time.perf_counter_ns()
         padded = _host_list(args_.get("cu_seqlens_padded"))
+        state.host_copy_ns += time.perf_counter_ns() - t0
         with state.lock:
             site.record(
                 {
@@ -279,7 +285,7 @@ def _wrap_cp_attn(state: ProbeState, original: Callable[..., Any]) -> Callable[.
         )
         with state.lock:
             site.record(sig, facts)
-        state.dump()
+        state.maybe_dump()
 
     @functools.wraps(original)
     def cp_attn(q: Any, k: Any, v: Any, meta: Any, **kwargs: Any) -> Any:

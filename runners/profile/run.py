@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,12 @@ class ProfileOptions:
     name: str | None = None
     include_hostname: bool = False
     cancel: threading.Event | None = None
+    cwd: Path | None = None
+    """Run the command in this directory (``cptrace agent``: the job's checkout); None: here."""
+    env: Mapping[str, str] | None = None
+    """The job's base environment instead of ours (the agent removes its credentials)."""
+    run_tags: dict[str, Any] | None = None
+    """Extra manifest ``run`` fields (the agent's pull-request jobs: repo, commit, suite, ...)."""
 
 
 @dataclass(slots=True)
@@ -101,7 +108,7 @@ def nsys_available(nsys_cmd: tuple[str, ...] = ("nsys",)) -> bool:
 
 def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
     """The job's environment: ours, plus the bootstrap and where each hook writes."""
-    env = dict(os.environ)
+    env = dict(os.environ if opts.env is None else opts.env)
     paths = [str(BOOTSTRAP_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -218,6 +225,7 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
         result = supervise(
             command, log=log, env=env, status_dir=scratch / "status",
             watchdog_s=opts.watchdog_s, timeout_s=opts.timeout_s, cancel=opts.cancel,
+            cwd=opts.cwd,
         )
         failure = failure_record(result, watchdog_s=opts.watchdog_s)
         traces = _collect_traces(out, scratch, opts, log)
@@ -273,6 +281,7 @@ def _finalize(
         command=" ".join(["cptrace", "profile", "--", *redacted]),
         exit_status=result.returncode,
         wall_s=result.wall_s,
+        **(opts.run_tags or {}),
     )
     variants = []
     workload: dict[str, Any] = {}

@@ -1,19 +1,49 @@
 """Service settings: one pydantic-settings class, environment prefix ``CPTRACE_``.
 
 Every field is documented in ``docs/service.md`` (a test checks the table against this class),
-so an operator can find each knob without reading code.
+so an operator can find each knob without reading code. Each kind of setting is declared by one
+helper (``_count``, ``_size``, ``_seconds``, ``_flag``); a bad value (``CPTRACE_INGEST_WORKERS=x``)
+is refused with one line naming the variable and what it expects (``SettingsError``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
 MAX_RANK = 2**31 - 1
 """Largest trace rank accepted from a form or a manifest (SQLite and the readers' int32)."""
+ENV_PREFIX = "CPTRACE_"
+
+
+class SettingsError(ValueError):
+    """A setting (an environment variable or an argument) has a value it cannot take."""
+
+
+def _count(default: int, description: str, *, minimum: int = 1) -> Any:
+    """A whole number (a count, milliseconds) of at least ``minimum``."""
+    return Field(default=default, ge=minimum, description=description)
+
+
+def _size(default_mib: int, description: str, *, minimum_bytes: int = 1) -> Any:
+    """A size in bytes (the default given in MiB) of at least ``minimum_bytes``."""
+    return Field(default=default_mib * MiB, ge=minimum_bytes, description=description)
+
+
+def _seconds(default: float, description: str, *, zero_ok: bool = False) -> Any:
+    """A duration in seconds: positive (or, with ``zero_ok``, at least 0)."""
+    if zero_ok:
+        return Field(default=default, ge=0, description=description)
+    return Field(default=default, gt=0, description=description)
+
+
+def _flag(default: bool, description: str) -> Any:
+    """On or off (``true``/``false``, ``1``/``0``, ``yes``/``no``)."""
+    return Field(default=default, description=description)
 
 
 class Settings(BaseSettings):
@@ -22,112 +52,87 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CPTRACE_", extra="ignore")
 
     data_dir: Path = Field(default=Path("var"), description="Directory of the database and blobs.")
-    public_read: bool = Field(
-        default=True, description="Allow reads (GET) without a token; writes always need one."
+    public_read: bool = _flag(True, "Allow reads (GET) without a token; writes always need one.")
+    max_upload_bytes: int = _size(1024, "Largest accepted request body, checked while streaming.")
+    max_decompressed_bytes: int = _size(
+        4096, "Largest total size a gzip upload may expand to (gzip-bomb guard)."
     )
-    max_upload_bytes: int = Field(
-        default=1024 * MiB,
-        ge=1,
-        description="Largest accepted request body, checked while streaming.",
+    max_bundle_members: int = _count(512, "Most files a run bundle may hold.")
+    read_time_limit_ms: int = _count(2000, "Time limit of one read query (progress handler).")
+    busy_timeout_ms: int = _count(10000, "SQLite busy timeout for every connection.", minimum=0)
+    job_lease_s: float = _seconds(120.0, "Lease a runner gets on claim; heartbeats extend it.")
+    job_max_attempts: int = _count(3, "Claims a job gets before an expired lease fails it.")
+    claim_max_wait_s: float = _seconds(
+        30.0, "Longest long-poll a runner may ask for in a claim.", zero_ok=True
     )
-    max_decompressed_bytes: int = Field(
-        default=4096 * MiB,
-        ge=1,
-        description="Largest total size a gzip upload may expand to (gzip-bomb guard).",
+    analysis_lease_s: float = _seconds(600.0, "Lease of the worker on one analysis task.")
+    analysis_max_attempts: int = _count(
+        2, "Attempts of one analysis before the run is marked failed."
     )
-    max_bundle_members: int = Field(
-        default=512, ge=1, description="Most files a run bundle may hold."
-    )
-    read_time_limit_ms: int = Field(
-        default=2000, ge=1, description="Time limit of one read query (progress handler)."
-    )
-    busy_timeout_ms: int = Field(
-        default=10000, ge=0, description="SQLite busy timeout for every connection."
-    )
-    job_lease_s: float = Field(
-        default=120.0, gt=0, description="Lease a runner gets on claim; heartbeats extend it."
-    )
-    job_max_attempts: int = Field(
-        default=3, ge=1, description="Claims a job gets before an expired lease fails it."
-    )
-    claim_max_wait_s: float = Field(
-        default=30.0, ge=0, description="Longest long-poll a runner may ask for in a claim."
-    )
-    analysis_lease_s: float = Field(
-        default=600.0, gt=0, description="Lease of the worker on one analysis task."
-    )
-    analysis_max_attempts: int = Field(
-        default=2, ge=1, description="Attempts of one analysis before the run is marked failed."
-    )
-    worker_poll_s: float = Field(
-        default=0.5, gt=0, description="How often an idle analysis worker looks for tasks."
-    )
-    ingest_workers: int = Field(
-        default=2,
-        ge=0,
-        description="Processes that validate uploads concurrently, off the API's event loop "
+    worker_poll_s: float = _seconds(0.5, "How often an idle analysis worker looks for tasks.")
+    ingest_workers: int = _count(
+        2,
+        "Processes that validate uploads concurrently, off the API's event loop "
         "(0: a thread, no limits).",
+        minimum=0,
     )
-    validation_memory_limit_bytes: int = Field(
-        default=2048 * MiB,
-        ge=64 * MiB,
-        description="Address-space limit of each upload-validation process (RLIMIT_AS).",
+    validation_memory_limit_bytes: int = _size(
+        2048,
+        "Address-space limit of each upload-validation process (RLIMIT_AS).",
+        minimum_bytes=64 * MiB,
     )
-    validation_time_limit_s: float = Field(
-        default=300.0, gt=0, description="Longest one upload's validation may take (then 413)."
+    validation_time_limit_s: float = _seconds(
+        300.0, "Longest one upload's validation may take (then 413)."
     )
-    analysis_time_limit_s: float = Field(
-        default=1800.0, gt=0, description="Longest one analysis may run before the run fails."
+    analysis_time_limit_s: float = _seconds(
+        1800.0, "Longest one analysis may run before the run fails."
     )
-    analysis_memory_limit_bytes: int = Field(
-        default=16384 * MiB,
-        ge=64 * MiB,
-        description="Address-space limit of the process that runs one analysis (RLIMIT_AS).",
+    analysis_memory_limit_bytes: int = _size(
+        16384,
+        "Address-space limit of the process that runs one analysis (RLIMIT_AS).",
+        minimum_bytes=64 * MiB,
     )
-    run_worker: bool = Field(
-        default=False,
-        description="Start an analysis worker process with the API and supervise it "
+    run_worker: bool = _flag(
+        False,
+        "Start an analysis worker process with the API and supervise it "
         "(`cptrace serve` sets it unless --no-worker).",
     )
-    restart_max: int = Field(
-        default=5,
-        ge=0,
-        description="Restarts of a supervised process within restart_window_s before the "
+    restart_max: int = _count(
+        5,
+        "Restarts of a supervised process within restart_window_s before the "
         "server gives up and reports itself unhealthy.",
+        minimum=0,
     )
-    restart_window_s: float = Field(
-        default=300.0, gt=0, description="Window over which restart_max is counted."
+    restart_window_s: float = _seconds(300.0, "Window over which restart_max is counted.")
+    restart_backoff_s: float = _seconds(
+        1.0, "Delay before the first restart; doubles each time (max 30 s).", zero_ok=True
     )
-    restart_backoff_s: float = Field(
-        default=1.0,
-        ge=0,
-        description="Delay before the first restart; doubles each time (max 30 s).",
+    worker_heartbeat_s: float = _seconds(
+        2.0, "How often an analysis worker records that it is alive."
     )
-    worker_heartbeat_s: float = Field(
-        default=2.0, gt=0, description="How often an analysis worker records that it is alive."
+    health_worker_stale_s: float = _seconds(
+        30.0, "A supervised worker silent this long is reported down."
     )
-    health_worker_stale_s: float = Field(
-        default=30.0, gt=0, description="A supervised worker silent this long is reported down."
-    )
-    health_queue_stall_s: float = Field(
-        default=900.0,
-        gt=0,
-        description="An analysis queued this long while no worker heartbeat is fresh is "
+    health_queue_stall_s: float = _seconds(
+        900.0,
+        "An analysis queued this long while no worker heartbeat is fresh is "
         "reported as a stalled queue.",
     )
-    health_min_free_bytes: int = Field(
-        default=256 * MiB, ge=0, description="Free disk under data_dir below which /health is 503."
+    health_min_free_bytes: int = _size(
+        256, "Free disk under data_dir below which /health is 503.", minimum_bytes=0
     )
-    http_header_timeout_s: float = Field(
-        default=10.0, gt=0, description="Time a client has to send a request's headers."
+    http_header_timeout_s: float = _seconds(10.0, "Time a client has to send a request's headers.")
+    http_body_timeout_s: float = _seconds(
+        60.0, "Longest pause between two pieces of a request body."
     )
-    http_body_timeout_s: float = Field(
-        default=60.0, gt=0, description="Longest pause between two pieces of a request body."
-    )
-    http_keep_alive_s: int = Field(
-        default=5, ge=1, description="Idle keep-alive connections are closed after this."
-    )
-    max_page_size: int = Field(default=500, ge=1, description="Largest `limit` of a list call.")
+    http_keep_alive_s: int = _count(5, "Idle keep-alive connections are closed after this.")
+    max_page_size: int = _count(500, "Largest `limit` of a list call.")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(describe_settings_error(exc)) from None
 
     @field_validator("data_dir")
     @classmethod
@@ -150,3 +155,14 @@ class Settings(BaseSettings):
     def tmp_dir(self) -> Path:
         """Partial uploads; on the same filesystem as the blobs so a rename is atomic."""
         return self.data_dir / "tmp"
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line per bad setting: the variable, the value given, what it expects."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        given = error.get("input")
+        shown = f"={str(given)[:80]!r}" if isinstance(given, str | int | float) else ""
+        lines.append(f"{ENV_PREFIX}{field.upper()}{shown}: {error['msg']}")
+    return "; ".join(lines)

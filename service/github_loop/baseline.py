@@ -6,9 +6,13 @@ of those, only runs on the same GPU model(s) and software versions (:data:`ENVIR
 because a driver or TE update moves kernel times by more than most regressions. Of those, the
 run at the merge-base SHA when it was measured, else the newest one (the comment says which).
 
-The suite and spec name are the loop's configuration key rather than the workload hash
-(``runs.config_key``): a pull request may change its own workload (a flag in its spec file),
-and that change is what is being measured, not a reason to find no baseline.
+For a workload spec the suite and spec name are the loop's configuration key rather than the
+workload hash (``runs.config_key``): a pull request may change its own workload (a flag in its
+spec file), and that change is what is being measured, not a reason to find no baseline. A
+command entry (the repository's own script under ``cptrace profile``) adds its ``entry_key``:
+the same command line and profiler settings (``contracts.profile_entry.CommandEntry``), since
+a different command or profiler schedule measures something else; the script's code at the
+commit is what is being measured.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class RunTags:
     spec: str | None
     pr: int | None
     environment: dict[str, Any]
+    entry_key: str | None = None
+    """A command entry's configuration key (command line + profiler settings); None: a spec."""
 
     def environment_key(self) -> tuple[str, ...]:
         return tuple(json.dumps(self.environment.get(k), sort_keys=True) for k in ENVIRONMENT_KEYS)
@@ -56,9 +62,7 @@ class ChosenBaseline:
     how: Literal["merge-base", "newest"]
 
 
-_TAG_SQL = (
-    'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
-)
+_TAG_SQL = 'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
 
 
 def _tags(row: dict[str, Any]) -> RunTags:
@@ -76,6 +80,7 @@ def _tags(row: dict[str, Any]) -> RunTags:
         spec=run.get("spec_name"),
         pr=int(pr) if isinstance(pr, int) else None,
         environment=env,
+        entry_key=run.get("entry_key") if isinstance(run.get("entry_key"), str) else None,
     )
 
 
@@ -95,8 +100,9 @@ def choose_baseline(
         " AND json_extract(r.manifest_json, '$.run.suite') = ?"
         " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
         " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
+        " AND json_extract(r.manifest_json, '$.run.entry_key') IS ?"
         " ORDER BY r.id DESC LIMIT ?",
-        (base_ref, head.run_id, head.repo, head.suite, head.spec, CANDIDATE_LIMIT),
+        (base_ref, head.run_id, head.repo, head.suite, head.spec, head.entry_key, CANDIDATE_LIMIT),
     )
     key = head.environment_key()
     same_stack = [t for t in map(_tags, candidates) if t.environment_key() == key]

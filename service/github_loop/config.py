@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pr_bot.github import RetryPolicy
-from service.github_loop.models import RepoConfig
+from service.github_loop.models import RepoConfig, first_error
 
 MiB = 1024 * 1024
 
@@ -41,6 +41,11 @@ class LoopSettings(BaseSettings):
     )
     approval_command: str = Field(
         default="/cptrace run", description="comment command that approves a fork's head"
+    )
+    check_runs: bool = Field(
+        default=False,
+        description="post check runs (Checks API: GitHub App tokens) instead of commit "
+        "statuses, so no baseline is 'neutral'; a token that may not falls back to statuses",
     )
     max_payload_bytes: int = Field(default=25 * MiB, ge=1024)
     job_max_attempts: int = Field(default=2, ge=1)
@@ -73,11 +78,7 @@ class LoopSettings(BaseSettings):
             try:
                 configs[str(repo)] = RepoConfig.model_validate(body or {})
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise LoopConfigError(
-                    f"{self.repos_file}: {repo}.{where}: {first['msg']}"
-                ) from exc
+                raise LoopConfigError(f"{self.repos_file}: {repo}.{first_error(exc)}") from exc
         return configs
 
     def repo_config(self, repo: str) -> RepoConfig:

@@ -9,18 +9,33 @@
         specs:
           - path: bench/cp_smoke.yaml  # a workload spec file of the repository at that commit
           - {name: inline, ...}        # or a spec inline
+          - name: train                # or the repository's own command, under cptrace profile
+            command: torchrun --nproc-per-node 2 train.py --steps 20
+            profile: {torch: true}
         thresholds: {min_effect_pct: 3, alpha: 0.05, max_launch_increase: 0}
 
-Strict models (unknown keys are errors), so a typo in a threshold is reported, not ignored.
+Strict models (unknown keys are errors), so a typo in a threshold is reported, not ignored. An
+entry with a ``command`` key is a command entry (``contracts.profile_entry.CommandEntry``),
+any other mapping a workload spec (inline or by ``path``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from contracts.profile_entry import CommandEntry
 from pr_bot.policy import Thresholds
 
 SUITE_FILE = ".cptrace.yml"
@@ -57,11 +72,24 @@ class SpecRef(_Strict):
         return self
 
 
+def _entry_kind(raw: Any) -> str:
+    """``command`` for a mapping with a command key, else ``spec`` (a path or an inline spec)."""
+    if isinstance(raw, dict):
+        return "command" if "command" in raw else "spec"
+    return "command" if isinstance(raw, CommandEntry) else "spec"
+
+
+SuiteEntry = Annotated[
+    Annotated[CommandEntry, Tag("command")] | Annotated[SpecRef, Tag("spec")],
+    Discriminator(_entry_kind),
+]
+
+
 class Suite(_Strict):
-    """One suite: the specs to run, where, and the policy that judges them."""
+    """One suite: the specs and commands to run, where, and the policy that judges them."""
 
     gpus: int = Field(default=1, ge=0, le=1024, description="GPUs a runner must offer")
-    specs: list[SpecRef] = Field(min_length=1, max_length=20)
+    specs: list[SuiteEntry] = Field(min_length=1, max_length=20)
     thresholds: Thresholds = Field(default_factory=Thresholds)
     setup: str | None = Field(default=None, max_length=2000, description="overrides the top one")
 
@@ -82,6 +110,23 @@ class SuiteFile(_Strict):
                     "starting with a letter or digit"
                 )
         return suites
+
+
+_ENTRY_TAGS = frozenset({"command", "spec"})
+
+
+def first_error(exc: ValidationError) -> str:
+    """``suites.smoke.specs.1.profile.torch_active: Input should be ...``: the first error's
+    field path (the entry kind pydantic adds after a list index left out) and its message."""
+    first = exc.errors()[0]
+    parts: list[str] = []
+    loc = list(first["loc"])
+    for i, part in enumerate(loc):
+        if part in _ENTRY_TAGS and i and isinstance(loc[i - 1], int):
+            continue
+        parts.append(str(part))
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{'.'.join(parts) or '(top level)'}: {message}"
 
 
 class RepoConfig(_Strict):

@@ -23,11 +23,18 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from contracts.profile_entry import CommandEntry
 from pr_bot.github import GitHubClient
 from service import jobs
 from service.auth import now_iso
 from service.github_loop.config import LoopSettings
-from service.github_loop.models import SUITE_FILE, JobCheckout, RepoConfig, SuiteFile
+from service.github_loop.models import (
+    SUITE_FILE,
+    JobCheckout,
+    RepoConfig,
+    SuiteFile,
+    first_error,
+)
 
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
 HANDLED_EVENTS = frozenset({"push", "pull_request", "issue_comment"})
@@ -166,9 +173,7 @@ def load_suite_file(text: str, where: str) -> SuiteFile:
     try:
         return SuiteFile.model_validate(_yaml(text, where))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise PlanError(f"{where}: {loc}: {first['msg']}") from exc
+        raise PlanError(f"{where}: {first_error(exc)}") from exc
 
 
 def suites_for(
@@ -185,11 +190,17 @@ def suites_for(
     return load_suite_file(text, f"{SUITE_FILE} at {target.head_sha[:12]}")
 
 
-def plan_batches(
-    target: Target, suites: SuiteFile, client: GitHubClient | None
-) -> list[BatchPlan]:
-    """One batch per suite; a suite whose spec files cannot be read is a batch with an error
-    (its comment says so) rather than a silent skip."""
+def _add(plan: BatchPlan, suite: str, entry_name: str, spec: dict[str, Any]) -> None:
+    """One job of the batch; entry names are the comment's sections and the baseline's key."""
+    if any(entry_name == other for other, _ in plan.specs):
+        raise PlanError(f"suite {suite}: two specs or commands are named {entry_name!r}")
+    plan.specs.append((entry_name, spec))
+
+
+def plan_batches(target: Target, suites: SuiteFile, client: GitHubClient | None) -> list[BatchPlan]:
+    """One batch per suite, one job per spec or command entry (a command entry's job spec is
+    the entry itself); a suite whose spec files cannot be read is a batch with an error (its
+    comment says so) rather than a silent skip."""
     plans = []
     for name, suite in suites.suites.items():
         plan = BatchPlan(
@@ -199,6 +210,9 @@ def plan_batches(
         )
         try:
             for i, ref in enumerate(suite.specs):
+                if isinstance(ref, CommandEntry):  # runs in the checkout: nothing to read here
+                    _add(plan, name, ref.name, ref.model_dump(mode="json"))
+                    continue
                 spec = ref.spec
                 where = f"suite {name} spec {i + 1}"
                 if ref.path is not None:
@@ -211,10 +225,7 @@ def plan_batches(
                     spec = _yaml(text, where)
                 if not isinstance(spec, dict):
                     raise PlanError(f"{where}: expected a mapping of workload fields")
-                spec_name = str(spec.get("name") or f"spec{i + 1}")
-                if any(spec_name == other for other, _ in plan.specs):
-                    raise PlanError(f"suite {name}: two specs are named {spec_name!r}")
-                plan.specs.append((spec_name, spec))
+                _add(plan, name, str(spec.get("name") or f"spec{i + 1}"), spec)
         except PlanError as exc:
             plan.specs.clear()
             plan.error = str(exc)
@@ -222,9 +233,7 @@ def plan_batches(
     return plans
 
 
-def supersede_older(
-    conn: sqlite3.Connection, repo: str, pr: int, suite: str, newest: int
-) -> int:
+def supersede_older(conn: sqlite3.Connection, repo: str, pr: int, suite: str, newest: int) -> int:
     """A new push makes the pull request's older batches of this suite moot: mark them
     superseded and take their not yet claimed jobs out of the queue (running ones finish, but
     their result is not published). Returns the jobs taken out."""

@@ -19,6 +19,7 @@ import httpx
 
 from analyzers.compare import CompareError
 from pr_bot.comment import CommentContext
+from pr_bot.deltas import host_only, host_time_rows
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
 from pr_bot.labels import compare_url, run_label
 from pr_bot.policy import StatusState, Thresholds, judge
@@ -28,7 +29,6 @@ from pr_bot.suite_comment import (
     FailedSpec,
     SpecResult,
     UnbaselinedSpec,
-    github_state,
     render_suite_comment,
     status_description,
     suite_state,
@@ -36,6 +36,7 @@ from pr_bot.suite_comment import (
 from service import jobs, store
 from service.auth import now_iso
 from service.github_loop.baseline import choose_baseline, run_tags
+from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.storage.database import Database, one, rows
 
@@ -177,6 +178,12 @@ class Publisher:
             report = store.get_comparison(self.db, base.run_id, head.id)
         except CompareError as exc:
             return FailedSpec(name, f"comparison with run #{base.run_id} failed: {exc}")
+        base_report = store.get_report(self.db, base.run_id)
+        host_rows = (
+            host_time_rows(base_report, head.report, report.base_label, report.head_label)
+            if base_report is not None and host_only(base_report, head.report)
+            else None
+        )
         base_label = run_label(base.run_id, base.name, base.commit)
         context = CommentContext(
             suite=batch["suite"],
@@ -189,6 +196,7 @@ class Publisher:
             report=report,
             verdict=judge(report, thresholds),
             context=context,
+            host_rows=host_rows,
             baseline=Baseline(
                 run_id=base.run_id,
                 label=base_label,
@@ -226,9 +234,7 @@ class Publisher:
                         batch["suite"],
                         batch["head_sha"],
                         results,
-                        Thresholds.model_validate(
-                            json.loads(batch["config_json"])["thresholds"]
-                        ),
+                        Thresholds.model_validate(json.loads(batch["config_json"])["thresholds"]),
                         link=target,
                     )
                     marker = body.splitlines()[0]
@@ -236,11 +242,13 @@ class Publisher:
                         client, batch["repo"], int(batch["pr_number"]), marker, body
                     )
                     comment_url = posted.url
-                client.create_commit_status(
+                post_commit_state(
+                    client,
+                    self.loop,
                     batch["repo"],
                     batch["head_sha"],
-                    github_state(state),
                     context=f"cptrace/{batch['suite']}",
+                    state=state,
                     description=status_description(results),
                     target_url=target,
                 )
@@ -258,9 +266,7 @@ class Publisher:
             comment_url=comment_url,
             published_at=now_iso(),
         )
-        log.info(
-            "batch %s (%s %s): %s", batch["id"], batch["repo"], batch["suite"], state.value
-        )
+        log.info("batch %s (%s %s): %s", batch["id"], batch["repo"], batch["suite"], state.value)
         return 1
 
 

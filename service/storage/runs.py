@@ -442,6 +442,16 @@ def set_run_state(
     conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE {where}", params)
 
 
+def link_job(conn: sqlite3.Connection, *, run_id: int, job_id: int) -> None:
+    """Record that job ``job_id`` produced run ``run_id`` (a runner completed it)."""
+    conn.execute("UPDATE runs SET job_id = ? WHERE id = ?", (job_id, run_id))
+
+
+def total_runs(conn: sqlite3.Connection) -> int:
+    """How many runs are stored (``/health``)."""
+    return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+
+
 def run_exists(conn: sqlite3.Connection, *, run_id: int) -> bool:
     return conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 

@@ -195,14 +195,16 @@ def _ns(value: object) -> int:
 
 
 def _kineto_raw(path: Path) -> dict[tuple[int, str], int]:
-    """(window start ns, arm) -> host-bound idle of the helper, over the arm's GPU annotation
-    (first to last GPU activity of the arm's range, merged over streams by External id)."""
+    """(window start ns, arm) -> host-bound idle of the helper, over the arm's GPU window: its
+    GPU annotation (merged over streams by External id) extended to the last GPU activity
+    launched inside the arm's CPU range on any thread, up to the next window's start."""
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     launches: dict[int, tuple[int, int, int]] = {}
     acts: list[tuple[int, int, int | None]] = []
     helper: dict[int, list[Interval]] = defaultdict(list)
     syncs: dict[int, list[Interval]] = defaultdict(list)
     annotations: dict[tuple[str, int], list[int]] = {}
+    cpu_ranges: dict[str, list[Interval]] = defaultdict(list)
     sync_ops = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero"}
     launch_api = ("cudaLaunch", "cuLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch")
     copies = []
@@ -224,6 +226,8 @@ def _kineto_raw(path: Path) -> dict[tuple[int, str], int]:
             helper[ev["tid"]].append((start, end))
         elif cat == "cpu_op" and name in sync_ops:
             syncs[ev["tid"]].append((start, end))
+        elif cat == "user_annotation" and name.startswith("arm:"):
+            cpu_ranges[name].append((start, end))
         elif cat == "gpu_user_annotation" and name.startswith("arm:"):
             key = (name, args.get("External id", -1))
             lo, hi = annotations.get(key, [start, end])
@@ -234,10 +238,21 @@ def _kineto_raw(path: Path) -> dict[tuple[int, str], int]:
             syncs[tid].append((ls, max(le, end)))
     acts = [(s, e, k if k in launches else None) for s, e, k in acts]
     helper_time = {t: _minus(_disjoint(v), _disjoint(syncs.get(t, []))) for t, v in helper.items()}
-    return {
-        (lo, name.split(":", 1)[1]): _helper_idle((lo, hi), acts, launches, helper_time)
-        for (name, _), (lo, hi) in annotations.items()
-    }
+    per_name: dict[str, list[Interval]] = defaultdict(list)
+    for (name, _), (lo, hi) in annotations.items():
+        per_name[name].append((lo, hi))
+    out = {}
+    for name, intervals in per_name.items():
+        intervals.sort()
+        cpu = sorted(cpu_ranges[name])
+        assert len(cpu) == len(intervals)
+        for k, ((lo, hi), (cs, ce)) in enumerate(zip(intervals, cpu, strict=True)):
+            ends = [e for _, e, c in acts if c is not None and cs <= launches[c][0] <= ce]
+            nxt = intervals[k + 1][0] if k + 1 < len(intervals) else None
+            if ends:
+                hi = max(hi, min(max(ends), nxt) if nxt is not None else max(ends))
+            out[(lo, name.split(":", 1)[1])] = _helper_idle((lo, hi), acts, launches, helper_time)
+    return out
 
 
 # ------------------------------------------------------------------------ the tests

@@ -280,6 +280,63 @@ def test_events_off_the_layout_take_the_json_path(
     assert 7 in fast.launches["thread"].tolist()
 
 
+def test_events_off_the_plain_shape_take_the_json_path_in_any_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The any-layout reader cuts out only what reads plainly; the rest goes through JSON.
+
+    Escapes (and a backslash run before a closing quote), an exponent, a string tid, a space
+    before a colon, a duplicated ``args.correlation`` (JSON keeps the last), a correlation
+    outside ``args`` (at the top, or in another object), a nested object in ``args``: every
+    variant reads exactly like the
+    standard library's scanner, in compact and indented layouts.
+    """
+    with gzip.open(SYNTH[1], "rt") as fh:
+        document = json.load(fh)
+    events = document["traceEvents"]
+    frames = [e for e in events if e.get("cat") == "python_function"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
+    frames[0]["name"] = 'say "hi" \\ \u00e9'
+    frames[1]["name"] = "ends in backslashes \\\\"
+    frames[2]["name"] = 'x", "pid": 1, "tid": 2, "ts": 3,'
+    ops[1]["dur"] = 98765.4321  # written as an exponent below
+    ops[2]["tid"] = str(ops[2]["tid"])
+    ops[3]["ts"] = 4444444444.25  # written with a space before its colon below
+    runtime[1]["args"] = {"marker": 1, **runtime[1]["args"]}  # a first, overridden "correlation"
+    runtime[2]["correlation"] = runtime[2]["args"].pop("correlation")
+    runtime[3]["args"]["nested"] = {"correlation": 1}
+    runtime[4]["args"].pop("correlation")
+    runtime[4]["other"] = {"correlation": 777777}  # one level down, but not in args
+    for name, options in (("compact", {"separators": (",", ":")}), ("indent", {"indent": 3})):
+        text = json.dumps(document, **options)  # type: ignore[arg-type]
+        colon = ":" if name == "compact" else ": "
+        for old, new in (
+            ("98765.4321", "9.87654321e4"),
+            (f'"ts"{colon}4444444444.25', f'"ts" {colon}4444444444.25'),
+            (f'"marker"{colon}1', f'"correlation"{colon}987654'),
+        ):
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        edited = tmp_path / f"{name}_rank1.json"
+        edited.write_text(text)
+        chunked = read_kineto(edited)
+        assert chunked.metadata["json_parser"] == "json-chunks"
+        _assert_same(chunked, _scanner(edited, monkeypatch))
+        names = set(chunked.strings.names)
+        assert {'say "hi" \\ é', "ends in backslashes \\\\"} <= names
+        row = np.flatnonzero(chunked.ranges["start"] == round(ops[1]["ts"] * 1000))
+        assert (chunked.ranges["end"][row] - chunked.ranges["start"][row]).tolist() == [
+            98_765_432
+        ]
+        corr = chunked.launches["correlation"].tolist()
+        assert runtime[1]["args"]["correlation"] in corr  # the last of the two keys
+        assert 987654 not in corr
+        assert runtime[2]["correlation"] not in corr  # not an args.correlation: no launch row
+        assert runtime[3]["args"]["correlation"] in corr
+        assert 777777 not in corr
+
+
 def test_truncated_layout_text_reports_the_json_position(tmp_path: Path) -> None:
     with gzip.open(SYNTH[0], "rb") as fh:
         text = fh.read()

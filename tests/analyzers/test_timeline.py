@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from analyzers.attribution import attribute
 from analyzers.catalog import load_catalog
+from analyzers.metrics import gpu_activities
 from analyzers.model import GPU_RANGE_DTYPE, ActivityKind, Trace
 from analyzers.pipeline import analyze_trace
 from analyzers.report import Window, WindowBasis
@@ -32,6 +34,7 @@ def _acts(rows: list[tuple[int, int, int, ActivityKind, bool]]) -> GpuActivities
         end=np.array([r[2] for r in rows], dtype=np.int64),
         kind=np.array([int(r[3]) for r in rows], dtype=np.int8),
         communication=np.array([r[4] for r in rows], dtype=bool),
+        launched=np.full(len(rows), -1, dtype=np.int64),
     )
 
 
@@ -159,13 +162,23 @@ def test_vectorized_pairs_match_brute_force() -> None:
         )
 
 
-def _annotated_trace(gpu_rows: list[tuple[int, int, int]]) -> Trace:
-    """Two CPU steps [0, 100) and [100, 200); GPU annotations (start, end, external id)."""
+def _annotated_trace(
+    gpu_rows: list[tuple[int, int, int]],
+    extra: list[tuple[int, int, int]] = (),  # type: ignore[assignment]
+    steps: int = 2,
+) -> Trace:
+    """CPU steps [0, 100) and [100, 200) (``steps``: the first ``steps`` of them); GPU
+    annotations (start, end, external id); ``extra`` kernels (launch, start, duration) launched
+    from another thread."""
     b = TraceBuilder()
     b.range("ProfilerStep#1", 0, 100)
-    b.range("ProfilerStep#2", 100, 200)
+    if steps > 1:
+        b.range("ProfilerStep#2", 100, 200)
     b.kernel("k", 10, 150, 40)  # launched in step 1, runs [150, 190)
-    b.kernel("k", 120, 190, 60)  # launched in step 2, runs [190, 250)
+    if steps > 1:
+        b.kernel("k", 120, 190, 60)  # launched in step 2, runs [190, 250)
+    for launch, start, duration in extra:
+        b.kernel("bwd", launch, start, duration, thread=2)
     trace = b.build()
     step1 = trace.strings.intern("ProfilerStep#1")
     step2 = trace.strings.intern("ProfilerStep#2")
@@ -194,6 +207,34 @@ def test_kineto_step_window_is_its_gpu_annotation_merged_over_streams() -> None:
     assert summary.gpu_busy_ns == 100
 
 
+def test_kineto_step_window_extends_to_work_launched_in_the_cpu_range() -> None:
+    # CPU steps [0, 100) and [100, 200); annotations [150, 190) and [190, 250) (the main
+    # thread's kernels). Another thread (autograd) launches, inside step 1, a kernel running
+    # [195, 230) and, inside step 2, one running [260, 300): step 1 would end at 230 but stops
+    # at the next window's start, 190 (windows never overlap); step 2 ends at 300. (Step 1's
+    # annotation is written for two streams, one External id.)
+    trace = _annotated_trace(
+        [(150, 190, 5), (150, 170, 5), (190, 250, 9)], extra=[(60, 195, 35), (150, 260, 40)]
+    )
+    report = analyze_trace(trace, catalog=load_catalog()).report
+    steps = [t for t in report.window_timelines if t.window == "ProfilerStep"]
+    assert [(t.basis, t.start_ns, t.end_ns) for t in steps] == [
+        (WindowBasis.GPU_ANNOTATION, 150, 190),
+        (WindowBasis.GPU_ANNOTATION, 190, 300),
+    ]
+    # step 2: [190, 250) + [260, 300) busy, [250, 260) idle
+    assert [(t.busy_ns, t.idle_ns) for t in steps] == [(40, 0), (100, 10)]
+
+
+def test_kineto_step_window_extension_past_the_annotation() -> None:
+    # one step [0, 100), annotation [150, 190); another thread's kernel launched at 90 runs
+    # [200, 240): the window is [150, 240), with the [190, 200) between them idle
+    trace = _annotated_trace([(150, 190, 5)], extra=[(90, 200, 40)], steps=1)
+    report = analyze_trace(trace, catalog=load_catalog()).report
+    [step] = [t for t in report.window_timelines if t.window == "ProfilerStep"]
+    assert (step.start_ns, step.end_ns, step.busy_ns, step.idle_ns) == (150, 240, 80, 10)
+
+
 def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
     # three intervals (no External ids) for two CPU ranges of different names: step 1 gets two
     trace = _annotated_trace([(150, 170, -1), (175, 190, -1), (190, 250, -1)])
@@ -202,7 +243,8 @@ def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
                start_ns=100 * i, end_ns=100 * (i + 1), group="ProfilerStep")
         for i in range(2)
     ]  # fmt: skip
-    measured, notes = timeline_windows(trace, windows)
+    acts = gpu_activities(trace, attribute(trace, load_catalog()))
+    measured, notes = timeline_windows(trace, windows, acts)
     assert [m.basis for m in measured] == [WindowBasis.CPU_RANGE, WindowBasis.GPU_ANNOTATION]
     assert len(notes) == 1 and "'ProfilerStep#1'" in notes[0]
 

@@ -1,4 +1,6 @@
-"""A real local git repository for the loop's tests: commits with a suite file and a spec.
+"""A real local git repository for the loop's tests: commits with a suite file, a spec and,
+when asked, the repository's own training script (``loop_train.py`` as ``train.py``) with a
+command entry that runs it under ``cptrace profile``.
 
 Pushed to a bare repository (the "GitHub" remote the fake serves contents from and the agent
 fetches from, with ``uploadpack.allowAnySHA1InWant`` as GitHub allows fetching any commit).
@@ -12,8 +14,10 @@ from typing import Any
 
 import yaml
 
-# The smallest CPU workload that still has profiled steps, the bundled helpers, and enough
-# timed steps for the significance test.
+TRAIN_SCRIPT = Path(__file__).with_name("loop_train.py")
+
+# The smallest CPU workload that still has profiled steps, the bundled helpers, and timed steps
+# for the comment's iteration table (the e2e gate is the findings, not the noisy CPU time).
 SMOKE_SPEC: dict[str, Any] = {
     "name": "loop-smoke",
     "implementation": "bundled",
@@ -25,9 +29,33 @@ SMOKE_SPEC: dict[str, Any] = {
     "dtype": "fp32",
     "layers": 1,
     "warmup": 1,
-    "iterations": 12,  # 12 vs 12 timed steps: the test's power against the machine's noise
+    "iterations": 6,
     "profilers": {"mode": "torch", "profiled_steps": 1, "torch": {"with_stack": False}},
 }
+
+
+# The repository's own script on two gloo ranks, profiled with --torch: one warm-up step and two
+# recorded ones (optimizer.step calls), no Python stacks (the helpers are ranges).
+TRAIN_ENTRY: dict[str, Any] = {
+    "name": "train",
+    "command": "torchrun --nproc-per-node 2 train.py --steps 4",
+    "profile": {
+        "torch": True,
+        "torch_wait": 0,
+        "torch_warmup": 1,
+        "torch_active": 2,
+        "with_stack": False,
+        "watchdog_s": 10,
+        "timeout_s": 240,
+    },
+}
+
+
+def train_script(*, broken: bool) -> str:
+    """``train.py`` at a commit: the fixed attention, or with its broken switches on."""
+    text = TRAIN_SCRIPT.read_text()
+    assert "\nBROKEN = False\n" in text
+    return text.replace("\nBROKEN = False\n", f"\nBROKEN = {broken}\n")
 
 
 class LoopRepo:
@@ -62,15 +90,22 @@ class LoopRepo:
         spec: dict[str, Any],
         suite: dict[str, Any] | None = None,
         setup: str | None = None,
+        train_broken: bool | None = None,
     ) -> str:
+        """Commit the spec, the suite file and, with ``train_broken`` given, ``train.py`` and
+        its command entry in the default suite."""
         (self.work / "bench").mkdir(exist_ok=True)
         (self.work / "bench" / "smoke.yaml").write_text(yaml.safe_dump(spec))
+        entries: list[dict[str, Any]] = [{"path": "bench/smoke.yaml"}]
+        if train_broken is not None:
+            (self.work / "train.py").write_text(train_script(broken=train_broken))
+            entries.append(TRAIN_ENTRY)
         suite_file: dict[str, Any] = {
             "suites": {
                 "smoke": suite
                 or {
                     "gpus": 0,
-                    "specs": [{"path": "bench/smoke.yaml"}],
+                    "specs": entries,
                     "thresholds": {
                         "min_effect_pct": 5,
                         "max_launch_increase": 0,

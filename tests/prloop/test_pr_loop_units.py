@@ -54,7 +54,7 @@ def test_policy_needs_significance_ci_and_effect_size(reports) -> None:
     # ... unless launches may not grow: counts are exact, +68 per step is real.
     gated = judge(slower, Thresholds(min_effect_pct=50, max_launch_increase=0))
     assert gated.state == StatusState.FAILURE and gated.reasons == [
-        "GPU launches per step +68 (the suite allows +0)"
+        "launches per step +68 (the suite allows +0)"
     ]
     assert judge(faster, Thresholds(max_launch_increase=0)).state == StatusState.SUCCESS
 
@@ -83,7 +83,7 @@ def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> Non
     title = "<!-- cptrace:suite=h200x2 -->\n### cptrace · h200x2: :boom: a job failed"
     assert body.startswith(title)
     assert "#### `adapter`: :x: regression" in body
-    assert "- GPU launches per step +68 (the suite allows +0)" in body
+    assert "- launches per step +68 (the suite allows +0)" in body
     assert "measured at the merge base `aaaaaaaaaaaa` of `main`" in body
     assert "the newest measured run of `main` (the merge base `cccccccccccc` has not been" in body
     changed = [d for d in slower.helpers if d.status != "unchanged"]
@@ -110,9 +110,15 @@ def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> Non
 
 def _insert(db, run_id: int, *, branch: str, commit: str, pr: int | None = None,
             gpu: str = "NVIDIA H200", suite: str = "h200x2", spec: str = "adapter",
-            status: str = "analysed") -> None:  # fmt: skip
+            status: str = "analysed", entry_key: str | None = None) -> None:  # fmt: skip
     manifest = {
-        "run": {"repo": "octo/model", "suite": suite, "spec_name": spec, "pr": pr},
+        "run": {
+            "repo": "octo/model",
+            "suite": suite,
+            "spec_name": spec,
+            "pr": pr,
+            "entry_key": entry_key,
+        },
         "environment": {"gpu_models": [gpu], "torch": "2.11.0", "cuda": "13.0"},
     }
     db.write(lambda c: c.execute(
@@ -147,5 +153,32 @@ def test_baseline_is_the_merge_base_run_on_the_same_stack_else_the_newest(tmp_pa
         assert pick("gh-pages", None) is None
         a100 = db.read(lambda c: run_tags(c, 3))
         assert db.read(lambda c: choose_baseline(c, a100, "main", None)) is None
+    finally:
+        db.close()
+
+
+def test_a_command_entry_baseline_needs_the_same_command_and_profile_key(tmp_path) -> None:
+    """A command entry's key is its command line + profiler settings: a main run of the same
+    entry name with another key (the command or the schedule changed) measures something
+    else; a spec run (no key) never stands in for a command run either."""
+    db = open_database(Settings(data_dir=tmp_path))
+    try:
+        _insert(db, 1, branch="main", commit="m1", spec="train", entry_key="cmd-aaaa")
+        _insert(db, 2, branch="main", commit="m2", spec="train", entry_key="cmd-bbbb")
+        _insert(db, 3, branch="main", commit="m3", spec="train")  # a spec named train
+        _insert(db, 9, branch="topic", commit="h1", pr=8, spec="train", entry_key="cmd-aaaa")
+        _insert(db, 10, branch="topic", commit="h2", pr=8, spec="train", entry_key="cmd-cccc")
+        _insert(db, 11, branch="topic", commit="h3", pr=8, spec="train")
+
+        def pick(head_id: int) -> int | None:
+            head = db.read(lambda c: run_tags(c, head_id))
+            assert head is not None
+            chosen = db.read(lambda c: choose_baseline(c, head, "main", None))
+            return None if chosen is None else chosen.run.run_id
+
+        assert db.read(lambda c: run_tags(c, 9)).entry_key == "cmd-aaaa"  # type: ignore[union-attr]
+        assert pick(9) == 1  # the newest main run is 3 and 2, but they are other entries
+        assert pick(10) is None
+        assert pick(11) == 3
     finally:
         db.close()

@@ -263,3 +263,52 @@ def test_a_newer_push_takes_the_older_heads_queued_jobs_out(tmp_path, github, re
     assert jobs[second]["status"] == "queued"
     assert _rows(app, "SELECT head_sha, status FROM pr_batches ORDER BY id") == [
         (first, "superseded"), (second, "queued")]  # fmt: skip
+
+
+def test_with_check_runs_on_pending_and_results_are_check_runs(tmp_path, github, repo) -> None:
+    """An App token posts check runs (no baseline is "neutral"); a personal token cannot, and
+    the same call falls back to a commit status, so the gate is never silent."""
+    from pr_bot.github import GitHubClient
+    from pr_bot.policy import StatusState
+    from service.github_loop.commit_state import post_commit_state
+
+    github.git_dirs[REPO] = repo.bare
+    github.app_token = True
+    base = repo.git("rev-parse", "HEAD")
+    repo.git("checkout", "-qb", "topic")
+    head = repo.commit("two", spec={**SMOKE_SPEC, "layers": 2})
+    repo.push("topic")
+    app = _app(tmp_path, github, check_runs=True)
+    with TestClient(app) as client:
+        answer = _deliver(client, "pull_request", _pr("opened", head, base, repo.clone_url))
+        assert answer.status_code == 202, answer.text
+    assert github.statuses_for(head) == []
+    (pending,) = github.check_runs
+    assert (pending["name"], pending["head_sha"], pending["status"]) == (
+        "cptrace/smoke", head, "in_progress")  # fmt: skip
+    assert "conclusion" not in pending and pending["output"]["title"].startswith("queued 1 job")
+
+    loop = LoopSettings(check_runs=True)
+    config = GitHubConfig(token=github.token, api_url=github.url)
+    with GitHubClient(config) as gh:
+        how = post_commit_state(
+            gh, loop, REPO, head, context="cptrace/smoke", state=StatusState.NEUTRAL,
+            description="no baseline: no baseline on the base branch",
+            target_url="https://c.test/runs/3",
+        )  # fmt: skip
+        assert how == "check run"
+        final = github.check_runs[-1]
+        assert (final["status"], final["conclusion"]) == ("completed", "neutral")
+        assert final["details_url"] == "https://c.test/runs/3"
+        github.app_token = False  # a personal access token: 403 -> a commit status
+        how = post_commit_state(
+            gh, loop, REPO, head, context="cptrace/smoke", state=StatusState.NEUTRAL,
+            description="no baseline: no baseline on the base branch",
+        )  # fmt: skip
+        assert how == "status"
+        assert github.statuses_for(head)[-1]["state"] == "success"  # statuses have no neutral
+        how = post_commit_state(
+            gh, LoopSettings(), REPO, head, context="cptrace/smoke", state=StatusState.ERROR,
+            description="a job failed",
+        )  # fmt: skip
+        assert how == "status" and github.statuses_for(head)[-1]["state"] == "error"

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -128,3 +129,68 @@ def test_the_probe_never_raises_into_the_job() -> None:
     assert state.errors[CP_ATTN_SITE]["count"] == 2
     assert "AttributeError" in state.errors[CP_ATTN_SITE]["first"]
     assert state.sites[CP_ATTN_SITE].calls == 3
+
+
+def test_the_record_is_written_at_once_then_at_most_every_interval(tmp_path: Path) -> None:
+    from cptrace.probe.record import CallFacts, ProbeState
+
+    state = ProbeState(rank=0, policy=SamplingPolicy(), out_dir=tmp_path, dump_interval_s=3600)
+    site = state.site("s")
+    path = tmp_path / "probe_rank0.json"
+
+    def sample(qkv_format: str) -> Path | None:
+        site.tick()
+        site.record({"qkv_format": qkv_format}, CallFacts(cu_seqlens=[0, 8], local_tokens=8))
+        return state.maybe_dump()
+
+    assert sample("thd") == path  # the first sampled call: written (a crash later keeps it)
+    assert sample("thd") is None  # same signature inside the interval: not rewritten
+    assert json.loads(path.read_text())["sites"]["s"]["sampled_calls"] == 1
+    assert sample("bshd") == path  # a new signature: written at once
+    state.dump_interval_s = 0
+    assert sample("bshd") == path  # the interval passed
+    record = json.loads(path.read_text())
+    assert record["sites"]["s"]["sampled_calls"] == 4
+    assert record["dump_ms"] >= 0 and state.dump_ns > 0
+
+
+class _TE220DotProductAttention:
+    """TE 2.20.2's ``DotProductAttention.forward`` signature (the arguments the probe reads, in
+    TE's order), for the wrapper on CPU where TE is not installed; the real one ran on the H200
+    (``tests/data/te-2.20.2-h200-profile``)."""
+
+    qkv_format = "thd"
+    attn_mask_type = "padding_causal"
+    cp_group = None
+
+    def forward(
+        self, query_layer: Any = None, key_layer: Any = None, value_layer: Any = None,
+        attention_mask: Any = None, qkv_format: str | None = None, cu_seqlens_q: Any = None,
+        cu_seqlens_kv: Any = None, cu_seqlens_q_padded: Any = None,
+        cu_seqlens_kv_padded: Any = None, pad_between_seqs: bool | None = None,
+        qkv_layer: Any = None,
+    ) -> str:
+        return "attended"
+
+
+def test_dpa_wrapper_reads_te_2_20s_packed_qkv_layer(tmp_path: Path) -> None:
+    import torch
+
+    from cptrace.probe.record import ProbeState
+    from cptrace.probe.wrappers import DPA_SITE, _wrap_dpa_forward
+
+    state = ProbeState(rank=0, policy=SamplingPolicy(first=2, every=0), out_dir=tmp_path)
+    forward = _wrap_dpa_forward(state, _TE220DotProductAttention.forward)
+    cu = torch.tensor([0, 1008, 1712], dtype=torch.int32)
+    qkv = torch.zeros(1712, 3, 2, 8)
+    for _ in range(3):  # TE's MHA passes the packed tensor and leaves query_layer None
+        assert forward(_TE220DotProductAttention(), qkv_format="thd", cu_seqlens_q=cu,
+                       cu_seqlens_kv=cu, cu_seqlens_q_padded=cu.clone(),
+                       cu_seqlens_kv_padded=cu.clone(), qkv_layer=qkv) == "attended"
+    assert state.errors == {}
+    (sig,) = state.sites[DPA_SITE].to_json()["signatures"]
+    assert state.sites[DPA_SITE].calls == 3 and sig["sampled_calls"] == 2
+    assert sig["same_object"] == {"false": 2} and sig["value_equal"] == {"true": 2}
+    assert sig["local_tokens_aligned"] == {"8": 2, "16": 2, "128": 0}  # 1712 rows = tokens
+    assert state.host_copy_ns > 0
+    assert json.loads((tmp_path / "probe_rank0.json").read_text())["sites"][DPA_SITE]["calls"] >= 1

@@ -64,11 +64,10 @@ def test_retries_5xx_with_backoff_and_a_stable_key(
     keys = {headers["idempotency-key"] for _, headers, _ in fake_service.calls}
     assert keys == {result.sha256}
     assert all(headers["authorization"] == "Bearer t" for _, headers, _ in fake_service.calls)
-    # The archive inside the multipart body is exactly what the key names.
-    body = fake_service.calls[0][2]
-    start = body.index(b"\r\n\r\n") + 4
-    end = body.rindex(b"\r\n--")
-    assert hashlib.sha256(body[start:end]).hexdigest() == result.sha256
+    # The body is the archive itself, exactly what the key names.
+    _, headers, body = fake_service.calls[0]
+    assert headers["content-type"] == "application/gzip"
+    assert hashlib.sha256(body).hexdigest() == result.sha256
     assert len(sleeps) == 2 and sleeps[1] > sleeps[0] * 0.9
 
 

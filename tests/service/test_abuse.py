@@ -381,6 +381,28 @@ def test_stalled_body_is_cut_off(server: Server) -> None:
     )
 
 
+def test_oversized_request_head_is_refused(server: Server) -> None:
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(80):  # 80 KiB of headers, over the 64 KiB cap, never completed
+            try:
+                sock.sendall(b"X-Pad: " + b"a" * 1016 + b"\r\n")
+            except OSError:  # the server answered and closed while these were in flight
+                break
+        sock.settimeout(TIMEOUT_S + 5)
+        answer = sock.recv(4096)
+        _closed_within(sock, TIMEOUT_S + 5)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    record(
+        "request line + headers over 64 KiB (80 KiB of headers)",
+        "400 and the connection closed (the header cap)",
+        answer.split(b"\r\n", 1)[0].decode(),
+    )
+
+
 def test_idle_connection_is_cut_off(server: Server) -> None:
     sock = socket.create_connection(("127.0.0.1", server.port))
     try:

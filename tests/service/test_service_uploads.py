@@ -41,26 +41,41 @@ def _stored(app_env: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def post_bundle(client: TestClient, data: bytes, headers: dict[str, str], **kw: Any) -> Any:
+FORMS = ("multipart", "raw")
+"""The two bodies of a bundle upload: a form field ``bundle``, or the bundle as the body."""
+
+
+def post_bundle(
+    client: TestClient, data: bytes, headers: dict[str, str], form: str = "multipart", **kw: Any
+) -> Any:
+    if form == "raw":
+        return client.post(
+            BUNDLES, content=data, headers={**headers, "Content-Type": "application/gzip"}, **kw
+        )
     return client.post(
         BUNDLES, files={"bundle": ("b.tar.gz", data, "application/gzip")}, headers=headers, **kw
     )
 
 
+@pytest.mark.parametrize("form", FORMS)
 def test_bundle_upload_creates_run_once(
-    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+    form: str, client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
 ) -> None:
-    data = kineto_bundle(name="upload-once", salt="once")
+    data = kineto_bundle(name="upload-once", salt=f"once-{form}")
     key = {"Idempotency-Key": hashlib.sha256(data).hexdigest()}
-    first = post_bundle(client, data, {**runner, **key})
+    first = post_bundle(client, data, {**runner, **key}, form)
     assert first.status_code == 201, first.text
     body = first.json()
     assert body["created"] is True
+    timing = first.headers["server-timing"]  # the server's phases, for the benchmark
+    for phase in ("receive", "stage", "record", "total", "stage-read", "stage-check"):
+        assert f"{phase};dur=" in timing, timing
     before = _stored(app_env)
-    again = post_bundle(client, data, {**runner, **key})
-    assert again.status_code == 200
-    assert again.json() == {**body, "created": False}
-    assert _stored(app_env) == before
+    for again_form in FORMS:  # the same bytes in either body are the same upload
+        again = post_bundle(client, data, {**runner, **key}, again_form)
+        assert again.status_code == 200
+        assert again.json() == {**body, "created": False}
+        assert _stored(app_env) == before
     run = client.get(f"/api/v1/runs/{body['run_id']}").json()
     assert run["name"] == "upload-once"
     assert run["branch"] == "main"
@@ -210,9 +225,7 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
             "run.name",
         ),
         "trace nested 2000 deep": lambda: (
-            bundle_with(
-                "traces/r0.json", b'{"traceEvents": [{"args": ' + b"[" * 2000, "kineto"
-            ),
+            bundle_with("traces/r0.json", b'{"traceEvents": [{"args": ' + b"[" * 2000, "kineto"),
             400,
             "nested deeper",
         ),
@@ -241,13 +254,22 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
     }
 
 
-@pytest.mark.parametrize("case", list(_bad_bundles(Path("/tmp")).keys()))
+@pytest.mark.parametrize(
+    ("case", "form"),
+    # each case in one body form, the forms alternating: both reach the same reader
+    [(case, FORMS[i % 2]) for i, case in enumerate(_bad_bundles(Path("/tmp")))],
+)
 def test_bad_bundle_is_refused_and_nothing_stored(
-    case: str, client: TestClient, runner: dict[str, str], app_env: dict[str, Any], tmp_path: Path
+    case: str,
+    form: str,
+    client: TestClient,
+    runner: dict[str, str],
+    app_env: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     data, status, words = _bad_bundles(tmp_path)[case]()
     before = _stored(app_env)
-    resp = post_bundle(client, data, runner)
+    resp = post_bundle(client, data, runner, form)
     assert resp.status_code == status, resp.text
     body = resp.json()
     assert body["ok"] is False and body["status"] == status
@@ -255,12 +277,13 @@ def test_bad_bundle_is_refused_and_nothing_stored(
     assert _stored(app_env) == before
 
 
+@pytest.mark.parametrize("form", FORMS)
 def test_oversized_upload_is_413(
-    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+    form: str, client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
 ) -> None:
     before = _stored(app_env)
     big = b"\x1f\x8b" + b"x" * (9 * 1024 * 1024)  # over the module's 8 MiB limit
-    resp = post_bundle(client, big, runner)
+    resp = post_bundle(client, big, runner, form)
     assert resp.status_code == 413
     assert "limit" in resp.json()["error"]
     assert _stored(app_env) == before
@@ -309,9 +332,21 @@ def test_wrong_idempotency_key(client: TestClient, runner: dict[str, str]) -> No
     assert resp.status_code == 400 and "Idempotency-Key" in resp.json()["error"]
 
 
-def test_not_multipart(client: TestClient, runner: dict[str, str]) -> None:
+def test_body_neither_form_nor_bundle(client: TestClient, runner: dict[str, str]) -> None:
+    resp = client.post(BUNDLES, content=b"raw", headers={**runner, "Content-Type": "text/plain"})
+    assert resp.status_code == 400
+    assert "multipart" in resp.json()["error"] and "application/gzip" in resp.json()["error"]
     resp = client.post(
         BUNDLES, content=b"raw", headers={**runner, "Content-Type": "application/gzip"}
+    )
+    assert resp.status_code == 400 and "not a readable tar" in resp.json()["error"]
+    resp = client.post(
+        BUNDLES, content=b"", headers={**runner, "Content-Type": "application/x-tar"}
+    )
+    assert resp.status_code == 400 and "empty" in resp.json()["error"]
+    # a single trace has a name and a rank: only the form carries them
+    resp = client.post(
+        TRACES, content=b"{}", headers={**runner, "Content-Type": "application/gzip"}
     )
     assert resp.status_code == 400 and "multipart" in resp.json()["error"]
     resp = client.post(BUNDLES, files={"other": ("x", b"data")}, headers=runner)

@@ -29,6 +29,9 @@ import httpx
 _LIST = re.compile(r"^/repos/([^/]+/[^/]+)/issues/(\d+)/comments$")
 _PATCH = re.compile(r"^/repos/([^/]+/[^/]+)/issues/comments/(\d+)$")
 _STATUS = re.compile(r"^/repos/([^/]+/[^/]+)/statuses/([0-9a-fA-F]+)$")
+_CHECK_RUNS = re.compile(r"^/repos/([^/]+/[^/]+)/check-runs$")
+_CONCLUSIONS = ("action_required", "cancelled", "failure", "neutral", "success", "skipped",
+                "stale", "timed_out")  # fmt: skip
 _CONTENTS = re.compile(r"^/repos/([^/]+/[^/]+)/contents/(.+)$")
 _COMPARE = re.compile(r"^/repos/([^/]+/[^/]+)/compare/([0-9a-fA-F]+)\.\.\.([0-9a-fA-F]+)$")
 _PULL = re.compile(r"^/repos/([^/]+/[^/]+)/pulls/(\d+)$")
@@ -65,6 +68,9 @@ class FakeGitHub:
     per_page_max: int = 100
     comments: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    check_runs: list[dict[str, Any]] = field(default_factory=list)
+    app_token: bool = False
+    """Whether the token is a GitHub App's: only those may create check runs (else 403)."""
     requests: list[Recorded] = field(default_factory=list)
     git_dirs: dict[str, Path] = field(default_factory=dict)
     """repo -> a bare git repository the contents and compare APIs read."""
@@ -242,6 +248,18 @@ def _handler(state: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                     return
                 state.statuses.append({"repo": match.group(1), "sha": match.group(2), **body})
                 self._send(201, {"id": len(state.statuses), **body})
+            elif match := _CHECK_RUNS.match(path):
+                if not state.app_token:
+                    self._send(403, {"message": "Resource not accessible by personal access token"})
+                    return
+                completed = body.get("status") == "completed"
+                if not isinstance(body.get("name"), str) or completed != (
+                    body.get("conclusion") in _CONCLUSIONS
+                ):
+                    self._send(422, {"message": "Validation Failed"})
+                    return
+                state.check_runs.append({"repo": match.group(1), **body})
+                self._send(201, {"id": len(state.check_runs), **body})
             else:
                 self._send(404, {"message": "Not Found"})
 

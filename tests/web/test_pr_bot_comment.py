@@ -34,7 +34,7 @@ def test_comment_has_marker_verdict_table_helpers_findings_and_link() -> None:
     median_row = next(line for line in lines if line.startswith("| iteration time, median"))
     assert "| 21." in median_row and "| -2." in median_row and "**significant**" in median_row
     assert "p=1.2e-09" in median_row and "95% CI" in median_row
-    assert "| GPU launches per step | 72.0 | 16.0 | -56.0 (-77.8%) | exact" in body
+    assert "| launches per step | 72.0 | 16.0 | -56.0 (-77.8%) | exact: CPU launch calls" in body
     assert "| `get_cu_seqlens_on_cp_rank` | metadata | 32.0 | 0.0 | -32.0 | -0.128 |" in body
     assert "`attn_fwd_step`" not in body  # unchanged helpers are left out
     assert "resolved: ~~Padded THD path taken without padding~~" in body

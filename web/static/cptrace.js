@@ -32,8 +32,35 @@
       );
     });
     Promise.all(drawn).then(function () {
+      zoomFromHash();
       document.body.dataset.chartsReady = "true";
     });
+  }
+
+  // Idle-cause links point at "#timeline@X0-X1" (ms from the window start): scroll to the
+  // timeline and zoom its x axis there, on click, on load and when the fragment changes.
+  function zoomTimeline(x0, x1) {
+    var el = document.getElementById("chart-timeline");
+    if (!el || typeof Plotly === "undefined" || !(x1 > x0)) return;
+    Plotly.relayout(el, { "xaxis.range": [x0, x1] }).then(function () {
+      el.dataset.zoom = x0 + "-" + x1;
+    });
+    var section = document.getElementById("timeline");
+    if (section && section.scrollIntoView) section.scrollIntoView();
+  }
+
+  function zoomFromHash() {
+    var match = /^#timeline@([0-9.]+)-([0-9.]+)$/.exec(window.location.hash);
+    if (match) zoomTimeline(parseFloat(match[1]), parseFloat(match[2]));
+  }
+
+  function timelineLinks() {
+    document.querySelectorAll("a.timeline-zoom").forEach(function (link) {
+      link.addEventListener("click", function () {
+        zoomTimeline(parseFloat(link.dataset.x0), parseFloat(link.dataset.x1));
+      });
+    });
+    window.addEventListener("hashchange", zoomFromHash);
   }
 
   function autosubmit() {
@@ -84,6 +111,7 @@
   document.addEventListener("DOMContentLoaded", function () {
     autosubmit();
     sortableTables();
+    timelineLinks();
     drawCharts();
   });
 })();

@@ -32,6 +32,7 @@ from service.core.errors import (
     UnprocessableEntity,
 )
 from service.github_loop import planner, webhook
+from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopConfigError, LoopSettings
 from service.github_loop.publisher import pending_description
 from service.storage.database import Database, immediate, one, rows
@@ -149,11 +150,13 @@ def _queue(
             if plan.error is not None:
                 continue
             try:
-                client.create_commit_status(
+                post_commit_state(
+                    client,
+                    loop,
                     target.repo,
                     target.head_sha,
-                    "pending",
                     context=f"cptrace/{plan.suite}",
+                    state=None,
                     description=pending_description(len(plan.specs)),
                 )
             except GitHubError as exc:  # the result status will follow anyway
@@ -180,11 +183,13 @@ def _handle_event(
             return [], intent.reason
         if intent.awaiting_approval:
             if client is not None:
-                client.create_commit_status(
+                post_commit_state(
+                    client,
+                    loop,
                     intent.target.repo,
                     intent.target.head_sha,
-                    "pending",
                     context="cptrace",
+                    state=None,
                     description=(
                         f"fork: waiting for a maintainer's {loop.approval_label!r} label or "
                         f"{loop.approval_command!r} comment"

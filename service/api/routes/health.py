@@ -23,6 +23,7 @@ from contracts.version import __version__
 from service.api.deps import DbDep
 from service.core.config import Settings
 from service.storage.database import Database
+from service.storage.runs import total_runs
 from service.supervisor import ComponentState, WorkerSupervisor
 
 router = APIRouter(prefix="/health", tags=["health"])
@@ -100,13 +101,12 @@ async def live() -> Liveness:
 
 def _counts(conn: sqlite3.Connection) -> tuple[int, int, int, str | None, float | None]:
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM runs), "
-        "(SELECT count(*) FROM analysis_tasks WHERE status = 'queued'), "
+        "SELECT (SELECT count(*) FROM analysis_tasks WHERE status = 'queued'), "
         "(SELECT count(*) FROM jobs WHERE status = 'queued'), "
         "(SELECT min(created_at) FROM analysis_tasks WHERE status = 'queued'), "
         "(SELECT max(beat_at) FROM worker_heartbeats WHERE state = 'alive')"
     ).fetchone()
-    return int(row[0]), int(row[1]), int(row[2]), row[3], row[4]
+    return total_runs(conn), int(row[0]), int(row[1]), row[2], row[3]
 
 
 def _age(iso: str | None, now: float) -> float | None:

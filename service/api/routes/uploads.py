@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -12,7 +13,7 @@ from service.api.schemas import MAX_ID, UploadResult
 from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
-from service.multipart import receive_file
+from service.multipart import RAW_TYPES, receive_upload
 from service.storage import runs
 from service.storage.database import immediate
 from service.uploads_exec import run_staging
@@ -20,23 +21,43 @@ from service.uploads_exec import run_staging
 router = APIRouter(prefix="/uploads", tags=["uploads"])
 
 
-def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _form(
+    field: str, description: str, extra: dict[str, Any] | None = None, *, raw: bool = False
+) -> dict[str, Any]:
+    """The request body in the OpenAPI document: a multipart form, and (``raw``) the file
+    itself as the body under any of ``RAW_TYPES``."""
     properties = {field: {"type": "string", "format": "binary", "description": description}}
     properties.update(extra or {})
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": [field],
-                        "properties": properties,
-                    }
-                }
-            },
+    content: dict[str, Any] = {
+        "multipart/form-data": {
+            "schema": {"type": "object", "required": [field], "properties": properties}
         }
     }
+    if raw:
+        binary = {"schema": {"type": "string", "format": "binary", "description": description}}
+        content.update({t.decode(): binary for t in sorted(RAW_TYPES)})
+    return {"requestBody": {"required": True, "content": content}}
+
+
+class _Clock:
+    """Wall seconds per phase of one upload, answered in the ``Server-Timing`` header (the
+    benchmark reads it: the server's own share of an upload's time)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._started = self._mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = now - self._mark
+        self._mark = now
+
+    def header(self, staged: StagedRun | None) -> str:
+        phases = dict(self.phases)
+        phases["total"] = time.perf_counter() - self._started
+        for name, seconds in (staged.timings if staged else {}).items():
+            phases[f"stage-{name}"] = seconds
+        return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in phases.items())
 
 
 @router.post(
@@ -44,7 +65,9 @@ def _form(field: str, description: str, extra: dict[str, Any] | None = None) -> 
     response_model=UploadResult,
     status_code=201,
     responses={200: {"model": UploadResult, "description": "the same bundle was uploaded before"}},
-    openapi_extra=_form("bundle", "a run bundle (.tar.gz): manifest.json, traces/, logs/"),
+    openapi_extra=_form(
+        "bundle", "a run bundle (.tar.gz or .tar): manifest.json, traces/, logs/", raw=True
+    ),
 )
 async def upload_bundle(
     request: Request,
@@ -55,10 +78,16 @@ async def upload_bundle(
     _: RunnerAccess,
     idempotency_key: Annotated[str | None, Header(description="sha256 of the bundle bytes")] = None,
 ) -> UploadResult:
-    """Upload a run bundle; 201 creates a run, 200 when this content was uploaded before."""
-    received = await receive_file(
-        request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes
+    """Upload a run bundle; 201 creates a run, 200 when this content was uploaded before.
+
+    The body is a multipart form with the file in field `bundle`, or the bundle itself
+    (`Content-Type: application/gzip`, `application/x-tar` or `application/octet-stream`).
+    """
+    clock = _Clock()
+    received = await receive_upload(
+        request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes, raw=True
     )
+    clock.lap("receive")
     try:
         if idempotency_key and idempotency_key.lower() != received.sha256:
             raise BadRequest(
@@ -69,6 +98,7 @@ async def upload_bundle(
         known = db.read(lambda c: runs.find_upload(c, key=key))
         if known is not None:
             response.status_code = 200
+            response.headers["Server-Timing"] = clock.header(None)
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
         staged = await run_staging(
             request.app,
@@ -78,10 +108,13 @@ async def upload_bundle(
             settings.tmp_dir,
             _limits(settings),
         )
+        clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)
     run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None))
+    clock.lap("record")
     response.status_code = 201 if created else 200
+    response.headers["Server-Timing"] = clock.header(staged)
     return UploadResult(run_id=run_id, created=created, sha256=received.sha256)
 
 
@@ -111,9 +144,11 @@ async def upload_trace(
     ] = None,
 ) -> UploadResult:
     """Upload one trace: a new run, or another file of `run_id` (re-analysed)."""
-    received = await receive_file(
+    clock = _Clock()
+    received = await receive_upload(
         request, field="trace", blobs=blobs, limit=settings.max_upload_bytes
     )
+    clock.lap("receive")
     try:
         rank = _rank(received.fields.get("rank"))
         name = (received.fields.get("name") or received.filename or "trace")[:200]
@@ -123,17 +158,21 @@ async def upload_trace(
             request.app,
             stage_trace,
             received.path,
+            received.sha256,
             name,
             settings.blob_dir,
             settings.tmp_dir,
             _limits(settings),
             rank,
         )
+        clock.lap("stage")
     finally:
-        received.path.unlink(missing_ok=True)
+        received.path.unlink(missing_ok=True)  # (renamed into the store once it passed)
     key = f"trace:{run_id or 'new'}:{received.sha256}"
     new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id))
+    clock.lap("record")
     response.status_code = 201 if created else 200
+    response.headers["Server-Timing"] = clock.header(staged)
     return UploadResult(run_id=new_id, created=created, sha256=received.sha256)
 
 

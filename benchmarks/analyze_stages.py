@@ -1,0 +1,220 @@
+"""``analyze`` per stage, and paired against another source tree (a base commit).
+
+Why paired: on a shared machine the load moves timings by 2x between minutes; a base and the
+current tree run alternately (ABAB, a fresh process each) see the same load, so their ratio is
+meaningful where two separate runs are not. Each child process times the stages of one
+``run_analysis`` (imports excluded, everything else included) by wrapping the functions
+``analyzers.pipeline`` calls, so the same child works on any tree whose pipeline calls them:
+
+========== ================================================================================
+read       ``_read`` (the readers, merging)
+attribute  ``match_ranges``, ``attribute``, ``find_windows``
+metrics    ``compute_metrics`` (helper/stream/kernel tables, figures, GPU timeline), iterations
+account    ``compute_accounts`` (issue 11; absent in older trees)
+findings   ``evaluate``, ``idle_statement``, ``host_time``, ``host_time_findings``
+report     building the ``AnalysisReport`` (pydantic validation)
+other      the rest of ``run_analysis`` (catalog, notes, environment)
+========== ================================================================================
+
+Every stage is reported as CPU seconds of the process (user + system: the stable number on a
+loaded machine) and wall seconds; ``total`` is the whole ``run_analysis``, ``w/o account`` is
+total minus the account stage (what ``analyze`` costs without it), ``account adds`` = account
+/ (total - account) (issue 11's target: at most 20%). Peak RSS is the child's ``ru_maxrss``.
+
+Inputs (``--input``, repeatable): ``pair`` (the real TE 2.20.2 Kineto pair, the HTA comparison
+traces), ``x10`` (the pair with its events written 10 times, as ``hta_compare.py --scale 10``
+builds it), ``nsys`` (the real 3-arm nsys export), ``nsys2m`` (``--large``, default
+``/tmp/cptrace_large_nsys.sqlite``, built by ``make_large_nsys.py --kernels 2000000``).
+
+Usage::
+
+    git -C /work/main worktree add /tmp/base ee57ffc
+    .venv/bin/python benchmarks/analyze_stages.py --base /tmp/base --input pair --repeat 3
+
+Prints a table per input (medians); it asserts nothing (benchmarks are not tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TE = ROOT / "tests/data/te-2.20.2-h200x2"
+PAIR = [TE / "kineto_3arms_rank0.json.gz", TE / "kineto_3arms_rank1.json.gz"]
+NSYS = TE / "nsys_3arms.sqlite.gz"
+LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
+STAGES: dict[str, tuple[str, ...]] = {
+    "read": ("_read",),
+    "attribute": ("match_ranges", "attribute", "find_windows"),
+    "metrics": ("compute_metrics", "_iterations"),
+    "account": ("compute_accounts",),
+    "findings": ("evaluate", "idle_statement", "host_time", "host_time_findings"),
+    "report": ("AnalysisReport",),
+}
+ROWS = [*STAGES, "other", "total", "w/o account"]
+
+
+def child(paths: list[str], step_pattern: str) -> dict[str, Any]:
+    """One ``run_analysis`` in this process, timed per stage (see the module docstring)."""
+    import resource
+
+    from analyzers import pipeline
+
+    wall: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+    cpu: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+
+    def timed(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            w, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                wall[stage] += time.perf_counter() - w
+                cpu[stage] += time.process_time() - c
+
+        return wrapper
+
+    for stage, names in STAGES.items():
+        for name in names:
+            if hasattr(pipeline, name):
+                setattr(pipeline, name, timed(stage, getattr(pipeline, name)))
+    w0, c0 = time.perf_counter(), time.process_time()
+    analysis = pipeline.run_analysis(paths, step_pattern=step_pattern)
+    wall["total"], cpu["total"] = time.perf_counter() - w0, time.process_time() - c0
+    for table in (wall, cpu):
+        table["other"] = table["total"] - sum(table[s] for s in STAGES)
+        table["w/o account"] = table["total"] - table["account"]
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "activities": len(analysis.trace.activities),
+        "windows": len(analysis.report.windows),
+    }
+
+
+def _run_child(tree: Path, paths: list[Path], step_pattern: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, __file__, "--child", step_pattern, *map(str, paths)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: child failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _median(runs: list[dict[str, Any]], clock: str, row: str) -> float:
+    return statistics.median(r[clock][row] for r in runs)
+
+
+def _table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
+    names = list(runs)
+    first = runs[names[-1]][0]
+    print(
+        f"\n{label}: {first['activities']:,} activities, {first['windows']} windows; "
+        f"median of {len(runs[names[-1]])} fresh processes per tree, alternating"
+    )
+    head = ["stage"]
+    for name in names:
+        head += [f"{name} cpu s", f"{name} wall s"]
+    if len(names) == 2:
+        head += ["cpu delta", "wall delta"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in ROWS:
+        cells = [row]
+        values = {}
+        for name in names:
+            c, w = _median(runs[name], "cpu", row), _median(runs[name], "wall", row)
+            values[name] = (c, w)
+            cells += [f"{c:.3f}", f"{w:.3f}"]
+        if len(names) == 2:
+            (bc, bw), (cc, cw) = values[names[0]], values[names[1]]
+            cells += [_delta(bc, cc), _delta(bw, cw)]
+        print("| " + " | ".join(cells) + " |")
+    rss = " | ".join(f"{n} {statistics.median(r['rss_mb'] for r in runs[n]):.0f}" for n in names)
+    print(f"peak RSS MiB (median): {rss}")
+    current = runs[names[-1]]
+    share = [r["cpu"]["account"] / max(r["cpu"]["w/o account"], 1e-9) for r in current]
+    wshare = [r["wall"]["account"] / max(r["wall"]["w/o account"], 1e-9) for r in current]
+    print(
+        f"account adds ({names[-1]}): {100 * statistics.median(share):.1f}% cpu, "
+        f"{100 * statistics.median(wshare):.1f}% wall (per run: "
+        + ", ".join(f"{100 * s:.1f}%" for s in share)
+        + "; target <= 20%)"
+    )
+
+
+def _delta(base: float, current: float) -> str:
+    if base <= 0:
+        return "n/a"
+    return f"{100 * (current / base - 1):+.1f}%"
+
+
+def _inputs(which: list[str], large: Path, tmp: Path) -> list[tuple[str, list[Path], str]]:
+    out = []
+    for name in which:
+        if name == "pair":
+            out.append(("kineto pair (HTA comparison traces)", PAIR, "^arm:"))
+        elif name == "x10":
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from hta_compare import _scaled_copy
+
+            scaled = [tmp / p.name for p in PAIR]
+            for source, target in zip(PAIR, scaled, strict=True):
+                _scaled_copy(source, target, 10)
+            out.append(("kineto pair, events x10", scaled, "^arm:"))
+        elif name == "nsys":
+            out.append(("nsys 3 arms", [NSYS], "^nsys_arm:"))
+        elif name == "nsys2m":
+            if not large.exists():
+                raise SystemExit(
+                    f"{large}: missing; build it with benchmarks/make_large_nsys.py "
+                    "--kernels 2000000"
+                )
+            out.append((f"nsys {large.name}", [large], "^nsys_arm:"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--base", type=Path, help="source tree to pair against (a worktree)")
+    parser.add_argument(
+        "--input",
+        action="append",
+        choices=["pair", "x10", "nsys", "nsys2m"],
+        help="inputs (default: pair and nsys)",
+    )
+    parser.add_argument("--large", type=Path, default=LARGE)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per tree and input")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[1:], args.child[0])))
+        return 0
+    trees = {"base": args.base.resolve()} if args.base else {}
+    trees["current"] = ROOT
+    print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    with tempfile.TemporaryDirectory(prefix="cptrace-stages-") as tmp:
+        for label, paths, pattern in _inputs(args.input or ["pair", "nsys"], args.large, Path(tmp)):
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+            for _ in range(args.repeat):  # ABAB: both trees see the same drift in load
+                for name, tree in trees.items():
+                    runs[name].append(_run_child(tree, paths, pattern))
+            _table(label, runs)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,221 @@
+"""The run page's step timeline with its idle gaps, over the real store.
+
+Real bundles are uploaded to the real service, analysed by the real worker, and the run page is
+read back: the timeline figure must draw each rank's idle gaps (the step account's idle pieces
+of the drawn window, coloured by cause and labelled "cause: helper duration"), and the top idle
+causes must link to the timeline at their gap. The CPU bundle (gloo, no GPU activity) must draw
+neither a GPU timeline nor an account, and say "not observed".
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import pytest
+from fastapi.testclient import TestClient
+
+from cptrace.app import create_app
+from service.auth import Role, create_token
+from service.core.config import Settings
+from service.worker import AnalysisWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+NSYS_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
+CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+SETTINGS: list[Settings] = []  # the store's settings, for the browser test's own server
+IDLE_PARTS = {
+    "idle: host-bound",
+    "idle: synchronisation",
+    "idle: waiting on another rank",
+    "idle: other",
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict[str, int]]]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("gaps"), ingest_workers=0)
+    SETTINGS.append(settings)
+    app = create_app(settings)
+    token = app.state.db.write_tx(lambda c: create_token(c, role=Role.RUNNER))
+    with TestClient(app) as client:
+        ids = {}
+        for key, bundle in (("nsys", NSYS_BUNDLE), ("cpu", CPU_BUNDLE)):
+            resp = client.post(
+                "/api/v1/uploads/bundles",
+                files={"bundle": (bundle.name, bundle.read_bytes())},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert resp.status_code == 201, resp.text
+            ids[key] = resp.json()["run_id"]
+        worker = AnalysisWorker(settings)
+        try:
+            while worker.run_once():
+                pass
+        finally:
+            worker.close()
+        for run_id in ids.values():
+            assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "analysed"
+        yield client, ids
+
+
+def _figure(page: str, name: str) -> dict[str, Any]:
+    block = re.search(
+        rf'<script type="application/json" id="fig-{name}">(.*?)</script>', page, flags=re.S
+    )
+    assert block is not None, f"no figure {name}"
+    figure: dict[str, Any] = json.loads(html.unescape(block.group(1)))
+    return figure
+
+
+def test_timeline_draws_the_labelled_idle_gaps_of_the_drawn_step(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, ids = store
+    page = client.get(f"/runs/{ids['nsys']}").text
+    fig = _figure(page, "timeline")
+    go.Figure(fig)  # a valid plotly figure
+    gaps = [t for t in fig["data"] if t.get("legendgroup") == "idle gaps"]
+    assert gaps and {t["name"] for t in gaps} <= IDLE_PARTS
+    report = client.get(f"/runs/{ids['nsys']}.json").json()["run"]["report"]
+    timeline = report["timeline"]
+    drawn = {(s["rank"], s["window"], s["index"]) for s in timeline["steps"]}
+    assert {r for r, _, _ in drawn} == set(report["ranks"])
+    # what the figure draws, per (rank, cause, helper), in ns, from its labels and bar widths
+    seen: dict[tuple[int, str, str], float] = defaultdict(float)
+    for trace in gaps:
+        for y, text, short, width in zip(
+            trace["y"], trace["hovertext"], trace["text"], trace["x"], strict=True
+        ):
+            rank = int(re.fullmatch(r"rank (\d+) · idle gaps", y).group(1))  # type: ignore[union-attr]
+            label, ms = re.fullmatch(r"(.+) ([0-9.]+) ms", text).groups()  # type: ignore[union-attr]
+            assert label.startswith(trace["name"] + ": ")
+            assert short == f"{label[len(trace['name']) + 2 :]} {ms} ms"  # helper on the bar
+            assert float(ms) == pytest.approx(width, abs=5e-4)
+            seen[(rank, trace["name"], label[len(trace["name"]) + 2 :])] += width * 1e6
+    # ... equals the stored step account's idle parts of exactly those windows
+    account: dict[tuple[int, str, str], int] = defaultdict(int)
+    for step in report["step_accounts"]:
+        if step["window"] != timeline["window"]:
+            continue
+        if (step["rank"], step["name"], step["index"]) not in drawn:
+            continue
+        for part in step["parts"]:
+            if part["part"] in IDLE_PARTS and part["time_ns"]:
+                account[(step["rank"], part["part"], part["label"])] += part["time_ns"]
+    assert timeline["gaps_dropped"] == 0
+    assert set(seen) == set(account)
+    for key, ns in account.items():
+        assert seen[key] == pytest.approx(ns, rel=1e-6, abs=2e3), key
+    helper = ("idle: host-bound", "get_cu_seqlens_on_cp_rank")
+    assert any(k[1:] == helper for k in seen), "the padded-path helper's gaps are drawn"
+    # the gaps sit on their own row above each rank's streams
+    order = fig["layout"]["yaxis"]["categoryarray"]
+    for rank in report["ranks"]:
+        row = order.index(f"rank {rank} · idle gaps")
+        streams = [i for i, y in enumerate(order) if y.startswith(f"rank {rank} · stream")]
+        assert streams and row == max(streams) + 1  # categoryarray runs bottom-up
+
+
+def test_idle_causes_link_to_the_timeline_at_their_gap(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, ids = store
+    page = client.get(f"/runs/{ids['nsys']}").text
+    fig = _figure(page, "timeline")
+    data = client.get(f"/runs/{ids['nsys']}.json").json()
+    window = data["run"]["report"]["timeline"]["window"]
+    links = re.findall(
+        r'<a class="timeline-zoom" href="#timeline@([0-9.]+)-([0-9.]+)" data-chart="chart-timeline"'
+        r' data-x0="([0-9.]+)" data-x1="([0-9.]+)" title="([^"]*)">',
+        page,
+    )
+    causes = [c for c in data["idle_causes"] if c["window"] == window]
+    zoomed = [c for c in causes if c["zoom"]]
+    assert zoomed and len(links) == len(zoomed)
+    drawn = {
+        (y, text, base, width)
+        for t in fig["data"]
+        if t.get("legendgroup") == "idle gaps"
+        for y, text, base, width in zip(t["y"], t["hovertext"], t["base"], t["x"], strict=True)
+    }
+    for cause, (h0, h1, x0, x1, title) in zip(zoomed, links, strict=True):
+        zoom = cause["zoom"]
+        assert float(h0) == pytest.approx(float(x0)) and float(h1) == pytest.approx(float(x1))
+        assert html.unescape(title) == zoom["text"]
+        assert zoom["text"].startswith(f"{cause['part']}: {cause['label']} ")
+        # the link's range holds a drawn gap of that cause on that rank, the cause's longest
+        mine = [
+            (base, width)
+            for y, text, base, width in drawn
+            if y == f"rank {cause['rank']} · idle gaps"
+            and text.startswith(f"{cause['part']}: {cause['label']} ")
+        ]
+        longest = max(mine, key=lambda g: g[1])
+        assert longest[0] == pytest.approx(zoom["x0_ms"])
+        assert float(x0) <= longest[0] and longest[0] + longest[1] <= float(x1) + 1e-9
+    # causes of groups the timeline does not draw say so instead of a link
+    other = [c for c in data["idle_causes"] if c["window"] != window]
+    assert all(c["zoom"] is None for c in other)
+    if other:
+        assert "not drawn (the timeline draws another window)" in page
+
+
+def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, ids = store
+    page = client.get(f"/runs/{ids['cpu']}").text
+    assert "Not observed: no GPU activity in this trace." in page
+    for name in ("gpu_timeline", "account", "timeline"):
+        assert f'id="fig-{name}"' not in page
+    assert 'id="idle-causes"' not in page and 'class="imbalance"' not in page
+    ranks = re.search(r'<table class="ranks">.*?</table>', page, flags=re.S)
+    assert ranks is not None and "not observed" in ranks.group(0)  # no "GPU busy 0"
+    table = re.search(r'<table class="host-time sortable".*?</table>', page, flags=re.S)
+    assert table is not None
+    assert "get_cu_seqlens_on_cp_rank" in table.group(0)
+    assert "cp_attention.grad_zero_fill" in table.group(0)
+    data = client.get(f"/runs/{ids['cpu']}.json").json()
+    assert data["gpu_observed"] is False
+    rules = {f["rule"] for f in data["findings"]}
+    assert {"padded-path-without-padding", "zero-fill-without-padding", "gpu-not-observed"} <= rules
+
+
+@pytest.mark.browser
+def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    from web_browser import browser_page, open_page, require_chromium
+    from web_server import serve
+
+    require_chromium()
+    _, ids = store
+    # a second app over the same data directory, under uvicorn, for the browser
+    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
+        open_page(page, f"{url}/runs/{ids['nsys']}")
+        link = page.locator("a.timeline-zoom").first
+        x0, x1 = float(link.get_attribute("data-x0")), float(link.get_attribute("data-x1"))
+        link.click()
+        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
+        shown = page.evaluate(
+            "() => document.getElementById('chart-timeline').layout.xaxis.range"
+        )
+        assert shown == pytest.approx([x0, x1])
+        assert page.url.endswith(link.get_attribute("href") or "?")
+        # the fragment alone zooms too (a shared link), on a fresh load
+        page.goto("about:blank")
+        open_page(page, f"{url}/runs/{ids['nsys']}#timeline@1.0000-2.0000")
+        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
+        shown = page.evaluate(
+            "() => document.getElementById('chart-timeline').layout.xaxis.range"
+        )
+        assert shown == pytest.approx([1.0, 2.0])
+        page.locator("#chart-timeline").screenshot(path="/tmp/fig/timeline_zoom.png")
+        assert page.errors == [], page.errors
