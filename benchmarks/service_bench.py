@@ -37,7 +37,7 @@ table states the split. A benchmark prints numbers; it asserts nothing.
 Usage::
 
     python benchmarks/service_bench.py                 # full run (~2.5 minutes on 2 idle cores)
-    python benchmarks/service_bench.py --uploads-only --upload-rounds 2   # uploads only, ~1 min
+    python benchmarks/service_bench.py --runs 100 --uploads-only --upload-rounds 2   # ~1 min
     python benchmarks/service_bench.py --runs 1000 --seconds 5 --think 1
     python benchmarks/service_bench.py --no-pin         # everything shares every core
 """
