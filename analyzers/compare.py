@@ -380,6 +380,16 @@ def compare_reports(
     per = "in the whole trace" if whole else "per step"
     summary = _summary(deltas, iterations, labels, per)
     notes = comparability_notes(base, head, base_window, head_window)
+    without_gpu = [
+        side
+        for side, r in (("base", base), ("head", head))
+        if r.host_time is not None and not r.host_time.gpu_activity
+    ]
+    if without_gpu:
+        notes.append(
+            f"no GPU activity in the {' and '.join(without_gpu)} trace: helper, kernel, Total "
+            "GPU, GPU busy and account figures are not observed"
+        )
     if notes and iterations is not None:
         summary += f"; {len(notes)} comparability warning(s): see notes"
     if mixed and b_it and h_it:
@@ -416,6 +426,7 @@ def compare_reports(
         total_gpu=total_gpu(base, head, base_window, head_window),
         ranks=rank_deltas(base, head, base_window, head_window),
         notes=notes,
+        gpu_observed=not without_gpu,
         timeline_base=[t for t in base.gpu_timeline if t.window == base_window],
         timeline_head=[t for t in head.gpu_timeline if t.window == head_window],
     )

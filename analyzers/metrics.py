@@ -28,7 +28,7 @@ from analyzers.attribution import (
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
 from analyzers.kernels import KernelTables, device_figures
-from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
@@ -67,6 +67,9 @@ class Metrics:
     imbalance: list[Imbalance] = field(default_factory=list)
     host_syncs: list[HostSyncStat] = field(default_factory=list)
     timeline: Timeline | None = None
+    other_timelines: list[Timeline] = field(default_factory=list)
+    """The same dashboard timeline for every other step group (the run page links idle causes
+    of each group to its gaps)."""
     devices: list[DeviceFigures] = field(default_factory=list)
     kernels: list[KernelStat] = field(default_factory=list)
     durations_ms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
@@ -322,7 +325,7 @@ def _rank_summaries(
     acts = trace.activities
     w_rank = np.array([w.rank for w in placed.windows], dtype=np.int64)
     clipped = {t.rank: t for t in timelines if t.window == placed.group}
-    launches = trace.launches
+    launches = trace.launches[launch_calls(trace.launches)]  # not the host-sync calls
     in_window = assign_windows(
         launches["rank"].astype(np.int64), launches["start"].astype(np.int64), placed.windows
     )
@@ -553,8 +556,12 @@ def compute_metrics(
         metrics.host_syncs += _host_syncs(
             trace, catalog, att, ranges, placed, metrics.steps, sync_ops
         )
-        if metrics.timeline is None and (group != WHOLE_TRACE or len(groups) == 1):
-            metrics.timeline = _timeline(trace, att, placed, timeline_limit)
+        if group != WHOLE_TRACE or len(groups) == 1:
+            drawn = _timeline(trace, att, placed, timeline_limit)
+            if metrics.timeline is None:
+                metrics.timeline = drawn
+            else:
+                metrics.other_timelines.append(drawn)
     metrics.helpers.sort(key=lambda h: (groups.index(h.window), h.rank, -h.gpu_time_ns))
     return metrics
 

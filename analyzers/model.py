@@ -79,8 +79,15 @@ LAUNCH_DTYPE = np.dtype(
         ("end", np.int64),
         ("correlation", np.int64),
         ("api", np.int32),  # SymbolTable id of the API name, e.g. "cudaLaunchKernel"
+        # True for a host-synchronising call (cudaStreamSynchronize, cuCtxSynchronize, ...):
+        # kept so the step account sees the host wait, never counted as a launch
+        ("sync", np.bool_),
     ]
 )
+"""Rows of ``Trace.launches``: the CPU calls that launch GPU work (kernels, memcpy, memset,
+graphs), which own the correlation id of that work, and the host-synchronising calls
+(``sync`` True, no GPU work of their own). "launches" in every figure counts only the former:
+use ``launch_calls``."""
 
 RANGE_DTYPE = np.dtype(
     [
@@ -113,6 +120,12 @@ last GPU activity the range launched, one row per stream. Not a CPU range, so ke
 
 MAX_NAME_CHARS = 4096
 """Longest kernel or range name kept; longer ones are cut with ``truncated_name``'s marker."""
+
+
+def launch_calls(launches: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Which rows of a ``launches`` table are CPU launch calls (not synchronising calls)."""
+    out: npt.NDArray[np.bool_] = ~launches["sync"]
+    return out
 
 
 def truncated_name(name: str) -> str:

@@ -30,8 +30,22 @@ from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
-from analyzers.model import Trace, merge_traces
-from analyzers.report import AnalysisReport, IterationStats, RunEnvironment, SourceInfo
+from analyzers.model import (
+    ACTIVITY_DTYPE,
+    LAUNCH_DTYPE,
+    RANGE_DTYPE,
+    SymbolTable,
+    Trace,
+    launch_calls,
+    merge_traces,
+)
+from analyzers.report import (
+    AnalysisReport,
+    Finding,
+    IterationStats,
+    RunEnvironment,
+    SourceInfo,
+)
 from analyzers.stats import iteration_stats
 from analyzers.timeline_gaps import timeline_gaps
 from analyzers.windows import WHOLE_TRACE, find_windows
@@ -56,6 +70,19 @@ class Analysis:
     report: AnalysisReport
 
 
+class FailedRunError(TraceError):
+    """A run bundle holds no traces because its job failed before writing any.
+
+    The message says so in one line with the failure summary (failed rank, exception);
+    ``findings`` are what the manifest alone supports (e.g. a token count that FP8 cannot
+    take, the usual cause of such a failure), for the caller to show next to the error.
+    """
+
+    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+        super().__init__(message)
+        self.findings = list(findings)
+
+
 def _expand(
     paths: Sequence[PathLike], manifest: RunManifest | PathLike | None, stack: ExitStack
 ) -> tuple[list[Path], RunManifest | None]:
@@ -72,11 +99,53 @@ def _expand(
             files.append(path)
             continue
         stack.enter_context(bundle)
-        files.extend(bundle.analysis_paths())
+        found = bundle.analysis_paths()
+        if not found and len(paths) == 1:
+            _refuse_empty_bundle(path, bundle.manifest)
+        files.extend(found)
         bundle_manifest = bundle_manifest or bundle.manifest
     if manifest is None:
         return files, bundle_manifest
     return files, manifest if isinstance(manifest, RunManifest) else load_manifest(manifest)
+
+
+def _refuse_empty_bundle(path: Path, manifest: RunManifest | None) -> None:
+    """A bundle without traces: say why in one line (the job's failure, when it failed)."""
+    failure = manifest.failure if manifest else None
+    if manifest is None or failure is None:
+        raise TraceError(f"{path}: the run bundle holds no traces")
+    exception = failure.exception or {}
+    what = failure.summary
+    if not what and exception:
+        what = f"rank {failure.failed_rank} raised {exception.get('type')}: "
+        what += str(exception.get("message"))
+    what = " ".join((what or "no failure summary recorded").split())
+    raise FailedRunError(
+        f"{path}: no traces: the job failed before writing any ({what})",
+        manifest_findings(manifest),
+    )
+
+
+def manifest_findings(manifest: RunManifest, catalog: Catalog | None = None) -> list[Finding]:
+    """The findings a run's manifest supports on its own, for a run that left no trace.
+
+    The rules run on an empty trace judged as one whole-trace group: the workload rules (token
+    alignment, divisibility, ...) read only the manifest; the trace rules find nothing to say.
+    """
+    empty = Trace(
+        source="(no trace)",
+        format="none",
+        strings=SymbolTable(),
+        activities=np.empty(0, dtype=ACTIVITY_DTYPE),
+        launches=np.empty(0, dtype=LAUNCH_DTYPE),
+        ranges=np.empty(0, dtype=RANGE_DTYPE),
+    )
+    catalog = catalog or load_catalog()
+    ranges = match_ranges(empty, catalog)
+    att = attribute(empty, catalog, ranges)
+    metrics = compute_metrics(empty, att, ranges, catalog, [])
+    metrics.groups = [WHOLE_TRACE]
+    return evaluate(metrics, manifest, catalog=catalog)
 
 
 def _open_bundle(path: Path) -> Bundle | None:
@@ -111,7 +180,7 @@ def _read(
                 format=trace.format,
                 ranks=ranks,
                 activities=len(trace.activities),
-                launches=len(trace.launches),
+                launches=int(launch_calls(trace.launches).sum()),
                 ranges=len(trace.ranges),
                 notes=list(trace.notes),
             )
@@ -279,6 +348,16 @@ def analyze_trace(
         catalog,
     )
     ranks = [r for r in trace.rank_list() if r >= 0] or trace.rank_list()
+    timelines = [metrics.timeline] if metrics.timeline else []
+    drawn = timeline_gaps(
+        trace,
+        att,
+        ranges,
+        catalog,
+        windows,
+        timelines + metrics.other_timelines,
+        pieces_of=accounts.pieces,
+    )
     report = AnalysisReport(
         catalog_version=f"{catalog.name}-{catalog.version}",
         sources=list(sources),
@@ -290,9 +369,8 @@ def analyze_trace(
         imbalance=metrics.imbalance,
         iterations=iterations,
         findings=findings,
-        timeline=timeline_gaps(
-            trace, att, ranges, catalog, windows, metrics.timeline, pieces_of=accounts.pieces
-        ),
+        timeline=drawn[0] if drawn else None,
+        other_timelines=drawn[1:],
         notes=_notes(trace, manifest, metrics, iterations)
         + accounts.notes
         + uncited_observations(manifest, findings),

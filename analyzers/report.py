@@ -473,6 +473,8 @@ class AnalysisReport(_Model):
     iterations: list[IterationStats] = Field(default_factory=list)
     findings: list[Finding]
     timeline: Timeline | None = None
+    other_timelines: list[Timeline] = Field(default_factory=list)
+    """The dashboard timeline (with its idle gaps) of every other step group."""
     notes: list[str] = Field(default_factory=list)
     host_syncs: list[HostSyncStat] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
@@ -594,6 +596,9 @@ class ComparisonReport(_Model):
     kernel_deltas: list[KernelDelta] = Field(default_factory=list)
     total_gpu: GpuTotal | None = None
     ranks: list[RankDelta] = Field(default_factory=list)
+    gpu_observed: bool = True
+    """False when either side's trace has no GPU activity: its helper, kernel, Total GPU, busy
+    and account figures are not observed (the CLI and the page say so instead of zeros)."""
     notes: list[str] = Field(default_factory=list)
     """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
     timeline_base: list[GroupTimeline] = Field(default_factory=list)

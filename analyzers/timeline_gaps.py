@@ -12,6 +12,7 @@ parts of those windows exactly; touching pieces of one cause are drawn as one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -28,26 +29,73 @@ def timeline_gaps(
     ranges: RangeHelpers,
     catalog: Catalog,
     windows: Sequence[Window],
-    timeline: Timeline | None,
+    timelines: Sequence[Timeline],
     pieces_of: Callable[[Sequence[int]], Pieces] | None = None,
-) -> Timeline | None:
-    """``timeline`` with the idle pieces of its windows (at most ``limit`` per rank, the
+) -> list[Timeline]:
+    """``timelines`` with the idle pieces of their windows (at most ``limit`` per rank, the
     longest; the rest counted in ``gaps_dropped``). ``pieces_of`` gives the pieces of the
-    selected windows when an account already exists (``Accounts.pieces``, no second build)."""
-    if timeline is None or not timeline.steps or not len(trace.activities):
-        return timeline
-    drawn = {(s.rank, s.window, s.index): s.origin_ns for s in timeline.steps}
-    selected = [
+    selected windows when an account already exists (``Accounts.pieces``, no second build).
+
+    One account pass covers every drawn window when they are disjoint on each rank (the
+    middle steps of different groups are); windows that overlap go one group at a time."""
+    if not len(trace.activities):
+        return list(timelines)
+    wanted = [_drawn(t, windows) for t in timelines]
+    everything = [i for sel in wanted for i in sel]
+    if _disjoint([windows[i] for i in everything]):
+        pieces = [_pieces(trace, att, ranges, catalog, windows, everything, pieces_of)] * len(
+            timelines
+        )
+    else:
+        pieces = [_pieces(trace, att, ranges, catalog, windows, sel, pieces_of) for sel in wanted]
+    return [
+        _with_gaps(t, p, windows, sel) if p is not None and sel else t
+        for t, p, sel in zip(timelines, pieces, wanted, strict=True)
+    ]
+
+
+def _drawn(timeline: Timeline, windows: Sequence[Window]) -> list[int]:
+    """Indices of the windows a timeline draws (one per rank)."""
+    drawn = {(s.rank, s.window, s.index) for s in timeline.steps}
+    return [
         i
         for i, w in enumerate(windows)
         if (w.group or w.name) == timeline.window and (w.rank, w.name, w.index) in drawn
     ]
+
+
+def _disjoint(chosen: Sequence[Window]) -> bool:
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for w in chosen:
+        by_rank.setdefault(w.rank, []).append((w.start_ns, w.end_ns))
+    for spans in by_rank.values():
+        spans.sort()
+        if any(b[0] < a[1] for a, b in pairwise(spans)):
+            return False
+    return True
+
+
+def _pieces(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    selected: Sequence[int],
+    pieces_of: Callable[[Sequence[int]], Pieces] | None,
+) -> Pieces | None:
     if not selected:
-        return timeline
+        return None
     if pieces_of is not None:
-        pieces = pieces_of(selected)
-    else:
-        pieces = account_pieces(trace, att, ranges, catalog, windows, selected)
+        return pieces_of(selected)
+    return account_pieces(trace, att, ranges, catalog, windows, selected)
+
+
+def _with_gaps(
+    timeline: Timeline, pieces: Pieces, windows: Sequence[Window], selected: Sequence[int]
+) -> Timeline:
+    origin = {(s.rank, s.window, s.index): s.origin_ns for s in timeline.steps}
+    mine = {(w.rank, w.name, w.index, w.group) for w in (windows[i] for i in selected)}
     # idle gap pieces, and the exposed NCCL time spent waiting for a later peer (an
     # activity's share, but idle in the account: the GPU waits for another rank)
     peer = [i for i, line in enumerate(pieces.lines) if line.part == AccountPartKind.IDLE_PEER]
@@ -56,9 +104,10 @@ def timeline_gaps(
     merged: list[TimelineGap] = []
     for i in idle.tolist():
         w = pieces.windows[int(pieces.seg[i])].window
-        origin = drawn[(w.rank, w.name, w.index)]
+        if (w.rank, w.name, w.index, w.group) not in mine:
+            continue  # another timeline's window (one pass covered them all)
         line = pieces.lines[int(pieces.line[i])]
-        start = int(pieces.start[i]) - origin
+        start = int(pieces.start[i]) - origin[(w.rank, w.name, w.index)]
         end = start + int(pieces.duration[i])
         last = merged[-1] if merged else None
         if (
@@ -75,11 +124,11 @@ def timeline_gaps(
     kept: list[TimelineGap] = []
     dropped = 0
     for rank in sorted({g.rank for g in merged}):
-        mine = sorted(
+        gaps = sorted(
             (g for g in merged if g.rank == rank), key=lambda g: g.end_ns - g.start_ns, reverse=True
         )
-        kept += sorted(mine[: timeline.limit], key=lambda g: g.start_ns)
-        dropped += max(len(mine) - timeline.limit, 0)
+        kept += sorted(gaps[: timeline.limit], key=lambda g: g.start_ns)
+        dropped += max(len(gaps) - timeline.limit, 0)
     return timeline.model_copy(update={"gaps": kept, "gaps_dropped": dropped})
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.model import Trace
+from analyzers.model import Trace, launch_calls
 from analyzers.report import Window
 
 WHOLE_TRACE = "whole trace"
@@ -52,9 +52,10 @@ def _range_ranks(trace: Trace) -> npt.NDArray[np.int64]:
 
 def _cpu_rows(trace: Trace, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Drop ranges on threads that launch nothing when the same name exists on a launching one."""
-    if len(rows) == 0 or len(trace.launches) == 0:
+    calls = trace.launches[launch_calls(trace.launches)]
+    if len(rows) == 0 or len(calls) == 0:
         return rows
-    launching = np.isin(trace.ranges["thread"][rows], np.unique(trace.launches["thread"]))
+    launching = np.isin(trace.ranges["thread"][rows], np.unique(calls["thread"]))
     names = trace.ranges["name"][rows]
     keep = launching | ~np.isin(names, names[launching])
     return rows[keep]

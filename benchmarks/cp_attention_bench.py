@@ -293,11 +293,12 @@ FLOOR_ARMS = {
     "in place only": {**_OFF, "in_place": True},
     "remote rows only": {**_OFF, "remote_rows": True},
     "after, no remote rows": {**_DAY1, "remote_rows": False},
-    # Day 2: each new switch alone on top of day 1's three.
+    # Day 2: each new switch alone on top of day 1's three; "after" = the defaults.
     "day-1 after": _DAY1,
     "day 1 + dq rows": {**_DAY1, "dq_rows": True},
     "day 1 + joint bwd": {**_DAY1, "joint_bwd": True},
-    "after": {**_DAY1, "dq_rows": True, "joint_bwd": True},
+    "after": {**_DAY1, "dq_rows": True},
+    "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend). Day 1's run 2 had
 #: "after, cudnn autotune" with heuristics modes A + FALLBACK: no gain, 1 plan per shape; the

@@ -18,7 +18,12 @@ What it measures (issue 5), against a real ``cptrace serve`` (uvicorn + worker) 
      issue's target (p99 < 100 ms with 100 concurrent readers) is judged on the 1 s pass
      (100 req/s); the 0.25 s pass (400 req/s) shows the headroom.
 2. Upload throughput (MB/s of bundle bytes, upload to stored run) for the 4.7 MB Kineto bundle,
-   one client and four clients.
+   one client and four clients (keep-alive ``httpx`` clients), per body form: the bundle as the
+   body (``raw``, what ``cptrace upload`` sends) and a multipart field. Beside each: the server's
+   own phases of the median upload from its ``Server-Timing`` header (receive, validation:
+   read/check/commit/disk wait/CPU, record) with the MB/s they add up to, and the CPU all the
+   server's processes spent per upload with the MB/s one core takes at that cost. On a shared
+   machine the wall-clock rows follow the load; the CPU row hardly moves.
 3. Time from uploading the 3-arm nsys export to a finished analysis (upload, validation, queue,
    worker analysis, report stored), polled every 10 ms.
 
@@ -31,7 +36,8 @@ table states the split. A benchmark prints numbers; it asserts nothing.
 
 Usage::
 
-    python benchmarks/service_bench.py                 # full run (~2 minutes on 2 cores)
+    python benchmarks/service_bench.py                 # full run (~2.5 minutes on 2 idle cores)
+    python benchmarks/service_bench.py --uploads-only --upload-rounds 2   # uploads only, ~1 min
     python benchmarks/service_bench.py --runs 1000 --seconds 5 --think 1
     python benchmarks/service_bench.py --no-pin         # everything shares every core
 """
@@ -345,6 +351,22 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu_seconds(pgid: int) -> float | None:
+    """User + system CPU seconds of every live process in process group ``pgid`` (the server:
+    the API process, its validation processes, the worker). None where ``/proc`` is missing."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def latency_under_ingest(
     port: int,
     token: str,
@@ -392,28 +414,50 @@ def pct(values: list[float], q: float) -> float:
 
 
 def throughput(
-    base: str, token: str, bundles: list[bytes], clients: int, form: str
+    base: str, token: str, bundles: list[bytes], clients: int, form: str, server_pid: int
 ) -> tuple[float, dict[str, float]]:
     """Client-side MB/s of uploading ``bundles`` with ``clients`` threads, and the median of
-    each server phase (seconds) over the uploads."""
+    each server phase (seconds) over the uploads, plus ``api-cpu``: the API process's CPU
+    seconds per upload (receiving, hashing, recording; the validation process's own CPU is
+    ``stage-cpu``), and ``server-cpu``: all the server's processes' CPU per upload."""
     size = sum(len(b) for b in bundles)
+    cpu_before, group_before = cpu_seconds(server_pid), group_cpu_seconds(server_pid)
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         answers = list(pool.map(lambda b: upload(base, token, b, form), bundles))
     elapsed = time.perf_counter() - started
+    cpu_after, group_after = cpu_seconds(server_pid), group_cpu_seconds(server_pid)
     phases = {
         name: statistics.median(a["_timing"].get(name, 0.0) for a in answers)
         for name in answers[0]["_timing"]
     }
+    if cpu_before is not None and cpu_after is not None:
+        phases["api-cpu"] = (cpu_after - cpu_before) / len(bundles)
+    if group_before is not None and group_after is not None:
+        phases["server-cpu"] = (group_after - group_before) / len(bundles)
     return size / 1e6 / elapsed, phases
 
 
-def describe_phases(phases: dict[str, float], size: int) -> str:
-    """One table cell: the server's phases of a median upload, and its MB/s from them."""
+def describe_phases(phases: dict[str, float], size: int) -> tuple[str, str]:
+    """Two table cells: the server's phases of a median upload with its MB/s from them, and
+    the server's CPU per upload with the MB/s one core could take at that cost."""
     ms = {name: seconds * 1000 for name, seconds in phases.items()}
     total = phases.get("total", 0.0)
-    rate = f"{size / 1e6 / total:.0f} MB/s" if total else "?"
-    return (
+    rate = f"{size / 1e6 / total:.0f} MB/s" if total else ""
+    cpu = phases.get("server-cpu", 0.0)  # every server process (also a server without timings)
+    split = (
+        f": API process {ms.get('api-cpu', 0):.0f}, validation {ms.get('stage-cpu', 0):.0f}"
+        if "stage-cpu" in phases
+        else ""
+    )
+    cpu_cell = (
+        f"{size / 1e6 / cpu:.0f} MB/s per core ({cpu * 1000:.0f} ms per upload{split})"
+        if cpu
+        else "?"
+    )
+    if not total:
+        return cpu_cell, "? (this server sends no Server-Timing)"
+    return cpu_cell, (
         f"{rate} (total {ms.get('total', 0):.0f} ms: receive {ms.get('receive', 0):.0f}, "
         f"stage {ms.get('stage', 0):.0f} [read {ms.get('stage-read', 0):.0f}, check "
         f"{ms.get('stage-check', 0):.0f}, commit {ms.get('stage-commit', 0):.0f} of which "
@@ -496,8 +540,9 @@ def main() -> None:
         "--forms",
         nargs="+",
         choices=BODY_FORMS,
-        default=list(BODY_FORMS),
-        help="upload body forms to measure (a server before the raw form knows only multipart)",
+        default=None,
+        help="upload body forms to measure (default: both with --uploads-only, else raw, what "
+        "`cptrace upload` sends; a server before the raw form knows only multipart)",
     )
     parser.add_argument(
         "--upload-rounds",
@@ -506,6 +551,7 @@ def main() -> None:
         help="repeat the throughput rows, the body forms interleaved (a loaded machine)",
     )
     args = parser.parse_args()
+    args.forms = args.forms or (list(BODY_FORMS) if args.uploads_only else ["raw"])
     server_cores, load_cores = core_split(args.pin)
     pin_to(load_cores)  # this process uploads: it is load generator too
 
@@ -516,7 +562,10 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}/api/v1"
     rows: list[tuple[str, str]] = []
     try:
-        upload(base, token, kineto_bundle("warmup"), args.forms[0])  # start the ingest process
+        # Warm every validation process (the first upload in each imports the readers), so
+        # the first measured row does not pay for it.
+        warm = [kineto_bundle(f"warmup-{i}") for i in range(4)]
+        throughput(base, token, warm, len(warm), args.forms[0], proc.pid)
         passes = [("closed loop", 0.0)] + [
             (f"open loop {args.readers / think:.0f} req/s", think) for think in args.think
         ]
@@ -551,13 +600,12 @@ def main() -> None:
                     bundles = [kineto_bundle(f"tp{round_}-{clients}-{form}-{i}") for i in range(8)]
                     if not args.uploads_only:
                         wait_idle(base)  # the analyses of earlier uploads would share the CPU
-                    rate, phases = throughput(base, token, bundles, clients, form)
+                    rate, phases = throughput(base, token, bundles, clients, form, proc.pid)
                     what = f"{size / 1e6:.1f} MB bundles, {clients} client(s), {form} body"
                     rows.append((f"upload throughput, {what}", f"{rate:.1f} MB/s"))
-                    rows.append(
-                        (f"  server side, median upload ({clients} client(s), {form})",
-                         describe_phases(phases, size))
-                    )  # fmt: skip
+                    cpu_cell, wall_cell = describe_phases(phases, size)
+                    rows.append((f"  server wall, median upload ({clients}, {form})", wall_cell))
+                    rows.append((f"  server CPU per upload ({clients}, {form})", cpu_cell))
         if not args.uploads_only:
             runs = []
             for _ in range(3):

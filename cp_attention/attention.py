@@ -44,18 +44,22 @@ class Tuning:
     * ``dq_rows``: (saved-KV backward) the dQ of an in-place step that covers only some query
       rows is added at those rows only, instead of zero-filling the rest and adding the whole
       buffer;
-    * ``joint_bwd``: (saved-KV backward) a rank whose steps form one causal call over a packed
-      KV (:class:`~cp_attention.plan.JointBwd`: DualChunkSwap rank ``cp - 1``) runs its whole
-      backward as that one call, so the per-call dO·O pre-pass, dQ conversion and the dQ sum
-      run once. The dK/dV of remote blocks are then ready only after the whole call (on the
-      network they no longer overlap the local step).
+    * ``joint_bwd`` (off): (saved-KV backward) a rank whose steps form one causal call over a
+      packed KV (:class:`~cp_attention.plan.JointBwd`: DualChunkSwap rank ``cp - 1``) runs its
+      whole backward as that one call, so the per-call dO·O pre-pass, dQ conversion and the dQ
+      sums run once, at the price of packing the KV and gathering each block's dK/dV back.
+      Measured on one H200 (reference workload): cp=2 rank 1 7.60 vs 6.19 ms (the bottom-right
+      causal cuDNN backward over the packed KV runs 1.4x slower than the two step calls, and
+      packing costs more than the adds it saves); cp=4 rank 3 4.24 vs 4.41 ms. Off because it
+      loses at cp=2 and because the dK/dV of remote blocks are then ready only after the whole
+      call, so on the network their return no longer overlaps the local step (unmeasured).
     """
 
     fused_merge: bool = True
     in_place: bool = True
     remote_rows: bool = True
     dq_rows: bool = True
-    joint_bwd: bool = True
+    joint_bwd: bool = False
 
 
 @dataclass(frozen=True, slots=True)

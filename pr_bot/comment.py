@@ -164,9 +164,7 @@ def _host_time_section(rows: Sequence[HostTimeRow], heading: str, limit: int) ->
         f"{_signed(r.delta_ms, 3)} | {r.status} |"
         for r in shown
     ]
-    more = len([r for r in rows if r.status != "same calls"]) - len(
-        [r for r in shown if r.status != "same calls"]
-    )
+    more = sum(1 for r in rows if r.status != "same calls" and r not in shown)
     lines = [
         f"{heading} Per-helper host time ({md_text(labels.HOST_BASIS)})",
         "",

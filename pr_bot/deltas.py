@@ -187,3 +187,13 @@ def host_time_rows(
 def host_only(base: AnalysisReport, head: AnalysisReport) -> bool:
     """Whether a side has no GPU activity: its host times are the only per-helper figures."""
     return any(r.host_time is not None and not r.host_time.gpu_activity for r in (base, head))
+
+
+def host_rows_for(
+    base: AnalysisReport | None, head: AnalysisReport | None, comparison: ComparisonReport
+) -> list[HostTimeRow] | None:
+    """The host-time table of ``comparison`` when a side has no GPU activity (None: the
+    launch table applies, or a report is missing). What the comment's ``host_rows`` take."""
+    if base is None or head is None or not host_only(base, head):
+        return None
+    return host_time_rows(base, head, comparison.base_label, comparison.head_label)

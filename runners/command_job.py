@@ -39,7 +39,8 @@ def parse_command_entry(raw: Any, *, source: str) -> CommandEntry:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(entry)"
-        raise SpecError(f"{source}: {where}: {first['msg']}") from exc
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SpecError(f"{source}: {where}: {message}") from exc
 
 
 def is_command_job(spec: Any) -> bool:

@@ -11,8 +11,8 @@ request's headers and for the next piece of its body. ``TimedHttpToolsProtocol``
   the connection. A pause caused by the server itself (flow control while the app is busy) does
   not count.
 
-It is uvicorn's httptools protocol (llhttp, C), not its h11 one (pure Python): h11 parses an
-upload body several times slower, and a 4.7 MB bundle spent most of its receive time there.
+It is uvicorn's httptools protocol (llhttp, C), not its h11 one (pure Python): parsing a 4.7 MB
+upload body costs ~0.4 ms of CPU there against ~6 ms in h11.
 """
 
 from __future__ import annotations

@@ -96,6 +96,10 @@ def config_key(manifest: dict[str, Any] | None) -> str | None:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+MAX_PENDING_SYNCS = 32
+"""Member files a bundle may have written but not yet flushed to disk (each holds an open file)."""
+
+
 class BlobSink:
     """The bundle reader's ``MemberSink`` over the blob store: each member goes to a temp file
     in ``tmp/``; ``commit`` moves it under the sha256 the reader computed, once the whole
@@ -125,6 +129,8 @@ class BlobSink:
         except BaseException:
             fh.close()
             raise
+        if len(self._syncs) >= MAX_PENDING_SYNCS:  # bound the open files of a many-member bundle
+            self._syncs.pop(0).result()
         self._syncs.append(self._pool.submit(_sync_and_close, fh))
         return temp
 

@@ -154,6 +154,8 @@ class RunPage(BaseModel):
     arm_comparisons: list[ArmComparison]
     figures: dict[str, Figure]
     idle_causes: list[IdleCause] = Field(default_factory=list)
+    timelines: list[tuple[str, str]] = Field(default_factory=list)
+    """(figure name, window group) of each drawn step timeline, the first group's first."""
     gpu_observed: bool = True
     """False for a trace without GPU activity: the GPU timeline and the step account are not
     drawn (they would show nothing but "idle"), the page says "not observed" instead."""
@@ -162,6 +164,7 @@ class RunPage(BaseModel):
 class TimelineZoom(BaseModel):
     """Where an idle-cause link zooms the drawn timeline: the cause's longest gap there."""
 
+    chart: str  # the timeline figure's name ("timeline", "timeline_1", ...)
     row: str  # the y row, "rank 0 · idle gaps"
     x0_ms: float  # the gap, ms from the window start
     x1_ms: float
@@ -170,8 +173,8 @@ class TimelineZoom(BaseModel):
 
     @property
     def fragment(self) -> str:
-        """``timeline@x0-x1``: the page's script zooms to it on load and on click."""
-        return f"timeline@{self.range_ms[0]:.4f}-{self.range_ms[1]:.4f}"
+        """``timeline_1@x0-x1``: the page's script zooms that chart on load and on click."""
+        return f"{self.chart}@{self.range_ms[0]:.4f}-{self.range_ms[1]:.4f}"
 
 
 class IdleCause(BaseModel):
@@ -193,12 +196,20 @@ class IdleCause(BaseModel):
     drawn_window: str | None = None  # the window the timeline draws for this rank
 
 
-def timeline_zoom(timeline: Timeline | None, window: str, rank: int, part: str, label: str) -> (
-    tuple[TimelineZoom | None, str | None]
-):
+def drawn_timelines(report: AnalysisReport) -> dict[str, tuple[str, Timeline]]:
+    """window group -> (figure name, timeline) of every step timeline the run page draws."""
+    timelines = ([report.timeline] if report.timeline else []) + list(report.other_timelines)
+    names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(timelines))]
+    return {t.window: (name, t) for name, t in zip(names, timelines, strict=False) if t.events}
+
+
+def timeline_zoom(
+    drawn: dict[str, tuple[str, Timeline]], window: str, rank: int, part: str, label: str
+) -> tuple[TimelineZoom | None, str | None]:
     """The longest drawn gap of one idle cause, and the window drawn for that rank."""
-    if timeline is None or timeline.window != window:
+    if window not in drawn:
         return None, None
+    chart, timeline = drawn[window]
     drawn = next((s.window for s in timeline.steps if s.rank == rank), None)
     gaps = [
         g
@@ -212,6 +223,7 @@ def timeline_zoom(timeline: Timeline | None, window: str, rank: int, part: str, 
     margin = max(x1 - x0, 0.01) * 4  # the gap and the kernels around it
     return (
         TimelineZoom(
+            chart=chart,
             row=figures.gap_row(rank),
             x0_ms=x0,
             x1_ms=x1,
@@ -227,7 +239,9 @@ def timeline_zoom(timeline: Timeline | None, window: str, rank: int, part: str, 
 
 
 def idle_causes(
-    accounts: Sequence[GroupAccount], limit: int = 5, timeline: Timeline | None = None
+    accounts: Sequence[GroupAccount],
+    limit: int = 5,
+    drawn: dict[str, tuple[str, Timeline]] | None = None,
 ) -> list[IdleCause]:
     """The largest idle lines (ms per step) of each step group, over its ranks, each with a
     link to its longest gap in the drawn timeline when the timeline draws its group."""
@@ -240,11 +254,11 @@ def idle_causes(
             if not p.part.value.startswith("idle"):
                 continue
             g = p.largest[0] if p.largest else None
-            zoom, drawn = timeline_zoom(timeline, a.window, a.rank, p.part.value, p.label)
+            zoom, window = timeline_zoom(drawn or {}, a.window, a.rank, p.part.value, p.label)
             rows.append(
                 IdleCause(
                     zoom=zoom,
-                    drawn_window=drawn,
+                    drawn_window=window,
                     window=a.window,
                     rank=a.rank,
                     part=p.part.value,
@@ -311,8 +325,9 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
             figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
         gpu_observed = report.host_time is None or report.host_time.gpu_activity
-        if report.timeline is not None and report.timeline.events:
-            figs["timeline"] = figures.timeline_figure(report.timeline)
+        drawn = drawn_timelines(report)
+        for name, timeline in drawn.values():
+            figs[name] = figures.timeline_figure(timeline)
         if gpu_observed:  # without GPU activity both would be one "idle" bar per window
             figs.update(gpu_timeline_figures(report))
             if report.accounts:
@@ -336,8 +351,13 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         arm_comparisons=arms,
         figures=figs,
         idle_causes=(
-            idle_causes(report.accounts, timeline=report.timeline)
+            idle_causes(report.accounts, drawn=drawn_timelines(report))
             if report is not None and "account" in figs
+            else []
+        ),
+        timelines=(
+            [(name, group) for group, (name, _) in drawn_timelines(report).items()]
+            if report is not None
             else []
         ),
         gpu_observed=report is None or report.host_time is None or report.host_time.gpu_activity,
@@ -401,9 +421,10 @@ def compare_page(
         figs["distributions"] = figures.comparison_distributions(report.iterations)
     if changed:
         figs["helper_deltas"] = figures.helper_delta_bars(report.helpers)
-    figs.update(comparison_timeline_figures(report))
-    if report.account:
-        figs["account_delta"] = figures.account_delta_bars(report.account)
+    if report.gpu_observed:  # else every GPU figure would read 0 or "idle: other"
+        figs.update(comparison_timeline_figures(report))
+        if report.account:
+            figs["account_delta"] = figures.account_delta_bars(report.account)
     context = CommentContext(
         suite="preview",
         base_name=run_label(base.id, base.name, base.commit, base_window),

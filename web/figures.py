@@ -233,8 +233,8 @@ def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
         trace = by_helper.setdefault(
             event.helper, {"base": [], "x": [], "y": [], "text": [], "category": []}
         )
-        trace["base"].append(event.start_ns / NS_PER_MS)
-        trace["x"].append(max(event.end_ns - event.start_ns, 1) / NS_PER_MS)
+        trace["base"].append(_ms6(event.start_ns))
+        trace["x"].append(_ms6(max(event.end_ns - event.start_ns, 1)))
         trace["y"].append(row_label[(event.rank, event.stream)])
         trace["text"].append(svg_text(event.name))
         trace["category"].append(event.category.value)
@@ -311,6 +311,12 @@ def gap_annotations(timeline: Timeline, per_rank: int = 1) -> list[dict[str, Any
     return out
 
 
+def _ms6(ns: int) -> float:
+    """Integer ns as ms with every digit kept and none more (a float of ns / 1e6 prints up to
+    17 digits: twice the page weight of a timeline for nothing)."""
+    return round(ns / NS_PER_MS, 6)
+
+
 def gap_row(rank: int) -> str:
     """The timeline row of a rank's idle gaps (also what an idle-cause link zooms to)."""
     return f"rank {rank} · idle gaps"
@@ -341,8 +347,8 @@ def idle_gap_traces(timeline: Timeline) -> list[dict[str, Any]]:
                 "orientation": "h",
                 "name": part,
                 "legendgroup": "idle gaps",
-                "base": [g.start_ns / NS_PER_MS for g in gaps],
-                "x": [max(g.end_ns - g.start_ns, 1) / NS_PER_MS for g in gaps],
+                "base": [_ms6(g.start_ns) for g in gaps],
+                "x": [_ms6(max(g.end_ns - g.start_ns, 1)) for g in gaps],
                 "y": [gap_row(g.rank) for g in gaps],
                 "text": short,
                 "textposition": "inside",

@@ -172,10 +172,13 @@ def read_chunks(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
     buf = buf[events_at:]
     done = False
     while True:
-        while not done and len(buf) < CHUNK_BYTES:
+        parts, size = [buf], len(buf)
+        while not done and size < CHUNK_BYTES:  # joined once: no copy per block read
             block = next(blocks, b"")
             done = not block
-            buf += block
+            parts.append(block)
+            size += len(block)
+        buf = b"".join(parts)
         structure = _Structure(buf)
         ends = np.flatnonzero(structure.close_depth <= 0)
         closing = np.flatnonzero(structure.close_depth[ends] < 0)
@@ -274,6 +277,22 @@ _KEY_WORDS = [
     for code, key in enumerate(_TOP_KEYS)
 ]
 """(code, mask, word) of each key with its closing quote: one 8-byte compare per key."""
+
+
+def _word_pattern(text: bytes) -> tuple[tuple[np.uint64, np.uint64], tuple[np.uint64, np.uint64]]:
+    """(mask, word) of the first and second eight bytes of ``text`` (at most 16 bytes)."""
+    parts = (text[:8], text[8:16])
+    return (
+        (np.uint64((1 << (8 * len(parts[0]))) - 1), np.uint64(int.from_bytes(parts[0], "little"))),
+        (np.uint64((1 << (8 * len(parts[1]))) - 1), np.uint64(int.from_bytes(parts[1], "little"))),
+    )
+
+
+_CAT_WORDS = [
+    (kind, _word_pattern(cat + b'"'))
+    for cat, kind in [*FAST_CATS.items(), *((c, LAUNCH) for c in LAUNCH_CATS)]
+]
+"""(kind, word patterns) of each category read vectorized, with its closing quote."""
 _NUMERIC = np.zeros(9, dtype=bool)
 _NUMERIC[[_PID, _TID, _TS, _DUR, _CORRELATION]] = True
 _TERMINATOR = np.zeros(256, dtype=bool)
@@ -369,6 +388,7 @@ def _fields(
     for key_code, mask, word in _KEY_WORDS:
         code[(words & mask) == word] = key_code
     inner = np.flatnonzero(tight & (depth == 2))
+    inner = inner[key_end[inner] - key_at[inner] == 11]  # the length of "correlation"
     inner = inner[data.has(key_at[inner], b'correlation"')]
     rows = np.concatenate((top[code >= 0], inner))
     codes = np.concatenate((code[code >= 0], np.full(len(inner), _CORRELATION, dtype=np.int64)))
@@ -386,7 +406,11 @@ def _fields(
     mantissa = np.zeros(len(rows), dtype=np.int64)
     fraction = np.zeros(len(rows), dtype=np.int64)
     number_ok = np.zeros(len(rows), dtype=bool)
+    # pid and tid repeat over the whole trace: read once per distinct text, the rest per row
+    ids = np.flatnonzero((codes == _PID) | (codes == _TID))
+    mantissa[ids], number_ok[ids] = _repeated_ints(data, value[ids])
     numeric = np.flatnonzero(_NUMERIC[codes])
+    numeric = numeric[~number_ok[numeric]]
     mantissa[numeric], fraction[numeric], number_ok[numeric] = _numbers_at(data, value[numeric])
     where = np.zeros((9, count), dtype=np.int64)
     where[codes, events] = np.arange(len(rows))
@@ -400,8 +424,12 @@ def _fields(
     phase = arr[value[ph] + 1]
     kind = np.full(count, -1, dtype=np.int64)
     cat_ok = seen[_CAT] & is_string[cat]
-    for cat_name, cat_kind in [*FAST_CATS.items(), *((c, LAUNCH) for c in LAUNCH_CATS)]:
-        kind[cat_ok & data.has(value[cat] + 1, cat_name + b'"')] = cat_kind
+    cat_words = (data.word[value[cat] + 1], data.word[value[cat] + 9])
+    for cat_kind, patterns in _CAT_WORDS:
+        hit = cat_ok.copy()
+        for words_at, (mask, word) in zip(cat_words, patterns, strict=True):
+            hit &= (words_at & mask) == word
+        kind[hit] = cat_kind
     fast = one_letter & (phase == 88) & (kind != -1) & seen[_NAME] & is_string[name]  # "X"
     for key_code, rows_of in ((_PID, pid), (_TID, tid)):
         fast &= seen[key_code] & number_ok[rows_of] & (fraction[rows_of] == 0)
@@ -453,6 +481,28 @@ def _correlation_ok(
     ok: npt.NDArray[np.bool_] = seen[_ARGS] & seen[_CORRELATION] & single
     ok &= only_nested == args_value
     return ok
+
+
+_SMALL_INT = re.compile(rb"(0|[1-9][0-9]{0,6})[,}\] \t\r\n]")
+
+
+def _repeated_ints(
+    data: _Bytes, start: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Integers of up to seven digits at ``start``, parsed once per distinct 8-byte text.
+
+    A process or thread id repeats on every event; the eight bytes from its first digit hold
+    the number and what ends it, so equal words are equal numbers. Words that hold anything
+    else come back not ok (the caller parses those rows one by one).
+    """
+    words, inverse = np.unique(data.word[start], return_inverse=True)
+    values = np.full(len(words), -1, dtype=np.int64)
+    for index, word in enumerate(words.tolist()):
+        found = _SMALL_INT.match(int(word).to_bytes(8, "little"))
+        if found:
+            values[index] = int(found.group(1))
+    out = values[inverse.ravel()]
+    return out, out >= 0
 
 
 def _numbers_at(
@@ -517,9 +567,12 @@ def _digits(
 def _skip_spaces(arr: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Advance each position past JSON whitespace (a few characters at most in practice)."""
     at = at.copy()
-    for _ in range(64):
-        space = (arr[at] == 32) | (arr[at] == 10) | (arr[at] == 13) | (arr[at] == 9)
-        if not space.any():
-            break
-        at[space] += 1
+    moving = np.flatnonzero(_SPACE[arr[at]])
+    while len(moving):
+        at[moving] += 1
+        moving = moving[_SPACE[arr[at[moving]]]]
     return at
+
+
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[list(b" \t\r\n")] = True

@@ -62,6 +62,7 @@ MAX_EVENT_BYTES = 64 << 20
 
 EVENTS_OPEN = b'"traceEvents": [\n'
 SEPARATOR = b"\n  },\n  {\n"
+FIRST_EVENT = b'  {\n    "'
 EVENTS_CLOSE = b"\n  }\n  ]"
 X_PREFIX = b'    "ph": "X", "cat": "'
 PH_PREFIX = b'    "ph": "'
@@ -162,11 +163,12 @@ class RowSink:
     (merged with the vectorized rows in file order)."""
     emit: Callable[[str, npt.NDArray[np.void]], None]
     """Receives ("ranges" | "launches", rows in file order) once per chunk."""
-    is_launch: Callable[[str], bool]
-    """Whether a runtime/driver API name launches GPU work (others make no launch row)."""
+    keeps_api: Callable[[str], bool]
+    """Whether a runtime/driver API call becomes a row of the launches table (a launch or a
+    host sync; every other API call makes no row)."""
     name_ids: dict[bytes, int] = field(default_factory=dict)
     launch_ids: dict[bytes, int] = field(default_factory=dict)
-    """API name text -> string id, or -1 for an API that launches nothing."""
+    """API name text -> string id, or -1 for an API the launches table does not keep."""
 
 
 def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSink) -> None:
@@ -186,8 +188,14 @@ def read_layout(blocks: Iterator[bytes], header: dict[str, object], sink: RowSin
         raise LayoutMismatch("no traceEvents array in Kineto's layout")
     header.update(_object_text(buf[:found].rstrip().rstrip(b","), b"}"))
     buf = buf[found + len(EVENTS_OPEN) :]
-    if buf.startswith(b"  {\n") and not buf.startswith(b'  {\n    "'):
-        # The first event's keys are not at indent 4 (json.dump(indent=1) and the like).
+    while len(buf) < len(FIRST_EVENT):  # enough text to see how the first event is indented
+        block = next(blocks, b"")
+        if not block:
+            break
+        buf += block
+    if buf.lstrip(b" \t\r\n").startswith(b"{") and not buf.startswith(FIRST_EVENT):
+        # The first event is not at indent 2 with its keys at indent 4 (json.dump(indent=N)):
+        # another layout, known at once (not after probing megabytes for a separator).
         raise LayoutMismatch("the first event is not in Kineto's line layout")
     done = False
     first = True
@@ -606,7 +614,8 @@ def _emit(
     launches["end"] = end[is_launch]
     launches["correlation"] = correlation[is_launch]
     launches["api"] = name_of[is_launch]
-    keep = name_of[is_launch] >= 0  # APIs that launch nothing make no row
+    launches["sync"] = False  # set from the API names once the file is read
+    keep = name_of[is_launch] >= 0  # APIs the launches table does not keep make no row
     if slow_ranges:
         ranges = np.insert(ranges, range_at, np.array(slow_ranges, dtype=RANGE_DTYPE))
         slow_ranges.clear()
@@ -673,6 +682,6 @@ def _name_id(raw: bytes, launch: bool, sink: RowSink) -> int:
     found = table.get(raw)
     if found is None:
         name = _decode_name(raw)
-        found = -1 if launch and not sink.is_launch(name) else sink.strings.intern(name)
+        found = -1 if launch and not sink.keeps_api(name) else sink.strings.intern(name)
         table[raw] = found
     return found

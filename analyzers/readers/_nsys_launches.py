@@ -1,7 +1,8 @@
 """CUDA runtime/driver API tables of an nsys export -> the ``launches`` array.
 
-Only calls that launch GPU work and own a correlation id are kept, filtered inside SQLite by
-their StringIds id, so the millions of other API rows (event queries, stream checks) never
+Only calls that launch GPU work and own a correlation id, and the calls that block the host on
+the GPU (``cudaStreamSynchronize`` ..., marked ``sync``: not launches), are kept, filtered inside
+SQLite by their StringIds id, so the millions of other API rows (event queries, stream checks) never
 reach Python. As for activities, the fast query packs ``correlationId << 32 | nameId`` into one
 value; a guard falls back to the plain query for values that do not fit.
 """
@@ -13,7 +14,7 @@ import numpy.typing as npt
 
 from analyzers.model import LAUNCH_DTYPE
 from analyzers.readers._arrays import factorize
-from analyzers.readers._cuda_api import is_launch_api, normalize_api
+from analyzers.readers._cuda_api import is_kept_api, normalize_api, sync_column
 from analyzers.readers._nsys_sql import Columns, Fill, NsysSource, Query, shrink
 
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -25,7 +26,8 @@ _LOW32 = np.int64(0xFFFFFFFF)
 
 
 def read_launches(src: NsysSource) -> npt.NDArray[np.void]:
-    """Launch-like API rows of the runtime (and driver, if exported) tables, de-duplicated."""
+    """Launch and host-sync API rows of the runtime (and driver, if exported) tables,
+    de-duplicated."""
     if not src.schema.has(RUNTIME):
         src.notes.append(
             f"no {RUNTIME} table: kernels cannot be linked to launch calls, so range "
@@ -43,17 +45,18 @@ def read_launches(src: NsysSource) -> npt.NDArray[np.void]:
             out, filled = src.fetch_into(out, filled, table, _queries(table, api_ids))
     out = drop_duplicate_launches(src, shrink(out, filled))
     out["api"] = _api_symbols(src, api_ids, out["api"])
+    out["sync"] = sync_column(out["api"], src.strings)
     return out
 
 
 def launch_api_ids(src: NsysSource) -> dict[int, str]:
-    """StringIds id -> normalized API name for the launch-like CUDA calls."""
+    """StringIds id -> normalized API name for the CUDA calls kept (launches and syncs)."""
     if not src.schema.has("StringIds", "value"):
         return {}
     rows = src.conn.execute(
         "SELECT id, value FROM StringIds WHERE value LIKE 'cu%' AND length(value) < 80"
     ).fetchall()
-    return {int(sid): normalize_api(str(v)) for sid, v in rows if is_launch_api(str(v))}
+    return {int(sid): normalize_api(str(v)) for sid, v in rows if is_kept_api(str(v))}
 
 
 def _queries(table: str, api_ids: dict[int, str]) -> list[tuple[Query, Fill]]:

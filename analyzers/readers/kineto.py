@@ -8,7 +8,8 @@ Kineto ``cat``              normalized rows
 kernel, gpu_memcpy,         activities: device = args.device, stream = args.stream,
 gpu_memset                  correlation = args.correlation; process = the CPU process whose
                             launch owns the correlation id (Kineto writes the device as pid)
-cuda_runtime, cuda_driver   launches (launch-like calls with a correlation id only)
+cuda_runtime, cuda_driver   launches: launch calls with a correlation id, and host syncs
+                            (``cudaStreamSynchronize`` ..., ``sync`` True: not launches)
 user_annotation             ranges RECORD_FUNCTION (``ProfilerStep#N``: STEP)
 python_function             ranges PYTHON (parent/depth from time among Python frames; the
                             tree equals Kineto's "Python parent id" links, so those are not
@@ -65,8 +66,9 @@ from analyzers.model import (
     RangeKind,
     SymbolTable,
     Trace,
+    launch_calls,
 )
-from analyzers.readers._cuda_api import is_launch_api
+from analyzers.readers._cuda_api import is_kept_api, sync_column
 from analyzers.readers._json_chunks import ChunkMismatch, read_chunks
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
@@ -268,10 +270,10 @@ def _sink(tables: _Tables) -> RowSink:
                 rows["kind"][steps] = _STEP
         tables.extend(table, rows)
 
-    def is_launch(name: str) -> bool:
+    def keeps_api(name: str) -> bool:
         found = tables.launch_names.get(name)
         if found is None:
-            found = tables.launch_names[name] = is_launch_api(name)
+            found = tables.launch_names[name] = is_kept_api(name)
         return found
 
     return RowSink(
@@ -279,7 +281,7 @@ def _sink(tables: _Tables) -> RowSink:
         take=lambda event: _take(event, tables),
         pending=tables.pending,
         emit=emit,
-        is_launch=is_launch,
+        keeps_api=keeps_api,
     )
 
 
@@ -423,7 +425,7 @@ def _launch(event: dict[str, object], _kind: int, tables: _Tables) -> None:
         return
     launch = tables.launch_names.get(name)
     if launch is None:  # a handful of API names repeat over millions of calls
-        launch = tables.launch_names[name] = is_launch_api(name)
+        launch = tables.launch_names[name] = is_kept_api(name)
     if not launch:
         return
     start = _ns(event["ts"])
@@ -437,6 +439,7 @@ def _launch(event: dict[str, object], _kind: int, tables: _Tables) -> None:
             start + _ns(event.get("dur", 0)),
             int(correlation),
             tables.strings.intern(name),
+            False,  # sync: set from the API names once the file is read
         ),
     )
 
@@ -488,9 +491,11 @@ def _rank(path: Path, header: dict[str, object], override: int | None) -> tuple[
 def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -> Trace:
     activities = tables.freeze("activities")
     launches = tables.freeze("launches")
+    launches["sync"] = sync_column(launches["api"], tables.strings)
     ranges = tables.freeze("ranges")
-    main_process = _main_process(launches, ranges)
-    activities["process"] = _owning_process(activities, launches, main_process)
+    calls = launches[launch_calls(launches)]
+    main_process = _main_process(calls, ranges)
+    activities["process"] = _owning_process(activities, calls, main_process)
     # Python frames and RecordFunction ranges come from different tracers and straddle each
     # other (a record_function opens inside the __enter__ frame): nest them separately.
     family = (ranges["kind"] == RangeKind.PYTHON).astype(np.int64)
@@ -551,7 +556,7 @@ def _owning_process(
 
 
 def _notes(launches: npt.NDArray[np.void]) -> list[str]:
-    if len(launches):
+    if launch_calls(launches).any():
         return []
     return ["no cuda_runtime/cuda_driver launch events: range attribution unavailable"]
 

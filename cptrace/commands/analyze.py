@@ -114,16 +114,34 @@ def analyze(
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
+    from analyzers.pipeline import FailedRunError
+
     try:
         report = _run_analyze(
             traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
         )
+    except FailedRunError as exc:
+        # the bundle of a job that failed: the one-line error, then what the manifest shows
+        failed = _fail(exc)
+        _render_manifest_findings(exc.findings, as_json)
+        raise failed from exc
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
         return
     render_report(report)
+
+
+def _render_manifest_findings(findings: list[Any], as_json: bool) -> None:
+    """Findings from a failed run's manifest alone (``--json``: a JSON list on stdout)."""
+    if as_json:
+        typer.echo(json.dumps([f.model_dump(mode="json") for f in findings], indent=2))
+        return
+    if findings:
+        from rich.console import Console
+
+        _render_findings(Console(), findings, "Findings from the run manifest (no trace)")
 
 
 def compare(
@@ -565,6 +583,9 @@ def render_comparison(result: Any) -> None:
     for note in result.notes:
         console.print(escape(f"warning: {note}"), style="yellow", highlight=False)
     basis = result.basis
+    if not result.gpu_observed:
+        _render_without_gpu(console, result)
+        return
     table = Table(
         title=f"{result.base_label} -> {result.head_label}: helpers, {basis}",
         title_justify="left",
@@ -630,6 +651,34 @@ def render_comparison(result: Any) -> None:
             highlight=False,
         )
         console.print(f"[dim]{it.method}[/]")
+    _render_findings(console, result.findings_base, f"Findings, base ({result.base_label})")
+    _render_findings(console, result.findings_head, f"Findings, head ({result.head_label})")
+    console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)
+
+
+def _render_without_gpu(console: Any, result: Any) -> None:
+    """A comparison with a side without GPU activity: span, iterations and findings only; the
+    GPU figures would all read 0."""
+    from rich.markup import escape
+
+    console.print(
+        "helpers, kernels, Total GPU, GPU busy and where the step went: not observed: no GPU "
+        "activity in this trace",
+        highlight=False,
+    )
+    console.print(
+        f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms "
+        f"({result.basis.split(',')[0]})",
+        highlight=False,
+    )
+    it = result.iterations
+    if it is not None:
+        console.print(
+            f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
+            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
+            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
+            highlight=False,
+        )
     _render_findings(console, result.findings_base, f"Findings, base ({result.base_label})")
     _render_findings(console, result.findings_head, f"Findings, head ({result.head_label})")
     console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)

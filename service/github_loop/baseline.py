@@ -22,7 +22,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.storage.database import rows
+from service.storage import runs
 
 ENVIRONMENT_KEYS = (
     "gpu_models",
@@ -62,9 +62,6 @@ class ChosenBaseline:
     how: Literal["merge-base", "newest"]
 
 
-_TAG_SQL = 'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
-
-
 def _tags(row: dict[str, Any]) -> RunTags:
     manifest = json.loads(row["manifest_json"] or "{}")
     run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
@@ -85,24 +82,23 @@ def _tags(row: dict[str, Any]) -> RunTags:
 
 
 def run_tags(conn: sqlite3.Connection, run_id: int) -> RunTags | None:
-    found = rows(conn, _TAG_SQL + "WHERE r.id = ?", (run_id,))
-    return _tags(found[0]) if found else None
+    row = runs.loop_tag_row(conn, run_id=run_id)
+    return None if row is None else _tags(row)
 
 
 def choose_baseline(
     conn: sqlite3.Connection, head: RunTags, base_ref: str, merge_base: str | None
 ) -> ChosenBaseline | None:
     """The baseline run for ``head`` on ``base_ref``; None when no run qualifies."""
-    candidates = rows(
+    candidates = runs.loop_baseline_candidates(
         conn,
-        _TAG_SQL + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
-        " AND json_extract(r.manifest_json, '$.run.repo') = ?"
-        " AND json_extract(r.manifest_json, '$.run.suite') = ?"
-        " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
-        " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
-        " AND json_extract(r.manifest_json, '$.run.entry_key') IS ?"
-        " ORDER BY r.id DESC LIMIT ?",
-        (base_ref, head.run_id, head.repo, head.suite, head.spec, head.entry_key, CANDIDATE_LIMIT),
+        branch=base_ref,
+        exclude_run_id=head.run_id,
+        repo=head.repo,
+        suite=head.suite,
+        spec_name=head.spec,
+        entry_key=head.entry_key,
+        limit=CANDIDATE_LIMIT,
     )
     key = head.environment_key()
     same_stack = [t for t in map(_tags, candidates) if t.environment_key() == key]

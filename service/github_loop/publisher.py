@@ -19,7 +19,7 @@ import httpx
 
 from analyzers.compare import CompareError
 from pr_bot.comment import CommentContext
-from pr_bot.deltas import host_only, host_time_rows
+from pr_bot.deltas import host_rows_for
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
 from pr_bot.labels import compare_url, run_label
 from pr_bot.policy import StatusState, Thresholds, judge
@@ -178,12 +178,7 @@ class Publisher:
             report = store.get_comparison(self.db, base.run_id, head.id)
         except CompareError as exc:
             return FailedSpec(name, f"comparison with run #{base.run_id} failed: {exc}")
-        base_report = store.get_report(self.db, base.run_id)
-        host_rows = (
-            host_time_rows(base_report, head.report, report.base_label, report.head_label)
-            if base_report is not None and host_only(base_report, head.report)
-            else None
-        )
+        host_rows = host_rows_for(store.get_report(self.db, base.run_id), head.report, report)
         base_label = run_label(base.run_id, base.name, base.commit)
         context = CommentContext(
             suite=batch["suite"],

@@ -472,6 +472,42 @@ def manifest_json(conn: sqlite3.Connection, *, run_id: int) -> Any:
     return json.loads(row[0]) if row and row[0] else None
 
 
+_LOOP_TAGS = 'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
+
+
+def loop_tag_row(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any] | None:
+    """A run's id, name, commit, branch and manifest text (the pull-request loop's tags)."""
+    found = rows(conn, _LOOP_TAGS + "WHERE r.id = ?", (run_id,))
+    return found[0] if found else None
+
+
+def loop_baseline_candidates(
+    conn: sqlite3.Connection,
+    *,
+    branch: str,
+    exclude_run_id: int,
+    repo: str | None,
+    suite: str | None,
+    spec_name: str | None,
+    entry_key: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Analysed runs on ``branch`` tagged (manifest ``run`` block) with this repository, suite,
+    entry name and entry key (``IS``: a spec's runs have none), not from a pull request; newest
+    first, rows as :func:`loop_tag_row`."""
+    return rows(
+        conn,
+        _LOOP_TAGS + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
+        " AND json_extract(r.manifest_json, '$.run.repo') = ?"
+        " AND json_extract(r.manifest_json, '$.run.suite') = ?"
+        " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
+        " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
+        " AND json_extract(r.manifest_json, '$.run.entry_key') IS ?"
+        " ORDER BY r.id DESC LIMIT ?",
+        (branch, exclude_run_id, repo, suite, spec_name, entry_key, limit),
+    )
+
+
 def runs_with_reports_older_than(conn: sqlite3.Connection, *, schema_version: int) -> list[int]:
     """Runs whose stored report has an older schema and no analysis queued or running."""
     return [

@@ -95,17 +95,27 @@ class TraceBuilder:
                     launch_at + 2,
                     correlation,
                     self.strings.intern(api),
+                    False,
                 )
             )
         return correlation
 
     def api_call(
-        self, api: str, start: int, end: int, *, thread: int = 1, rank: int = 0, process: int = 100
+        self,
+        api: str,
+        start: int,
+        end: int,
+        *,
+        thread: int = 1,
+        rank: int = 0,
+        process: int = 100,
+        sync: bool = True,
     ) -> None:
-        """A runtime call without GPU work (e.g. cudaStreamSynchronize)."""
+        """A runtime call without GPU work (e.g. cudaStreamSynchronize: ``sync``, as the
+        readers mark it)."""
         self._corr += 1
         self.launches.append(
-            (rank, process, thread, start, end, self._corr, self.strings.intern(api))
+            (rank, process, thread, start, end, self._corr, self.strings.intern(api), sync)
         )
 
     def build(self) -> Trace:

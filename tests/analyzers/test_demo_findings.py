@@ -17,7 +17,7 @@ from analyzers.bundle import read_bundle
 from analyzers.findings.context import LAUNCH_HOST_COST_US
 from analyzers.manifest import RunManifest
 from analyzers.pipeline import analyze
-from analyzers.report import AnalysisReport, Finding
+from analyzers.report import AnalysisReport, Finding, Severity
 
 BUNDLES = Path(__file__).resolve().parents[2] / "demo" / "bundles"
 REFERENCE = "te-2.20.2-reference-3arms-h200x2"
@@ -156,7 +156,13 @@ def test_adapter_vs_stock() -> None:
 def test_bundled_fixed_arm_is_clean_and_broken_arms_compare_to_the_right_arm() -> None:
     report, manifest = _load(BUNDLED)
     assert _per_step(report, "arm:fixed", {METADATA_HELPER, *ZERO_FILL_HELPERS}) == 0
-    assert not [f for f in report.findings if f.window == "arm:fixed"]
+    # The harness's cudaStreamSynchronize calls inside every step (the readers keep sync API
+    # rows) are reported as information only, outside any helper; nothing else fires.
+    fixed = [f for f in report.findings if f.window == "arm:fixed"]
+    assert [(f.rule, f.severity, f.helper) for f in fixed] == [
+        ("host-sync-in-step", Severity.INFO, None)
+    ]
+    assert fixed[0].evidence[0].name.startswith("cudaStreamSynchronize calls per step")
     assert not [f for f in report.findings if f.rule == "fast-path-with-padding"]
 
     def measured(rule: str, arm: str, other: str) -> None:

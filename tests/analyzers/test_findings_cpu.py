@@ -282,3 +282,25 @@ def test_nsys_export_without_cupti_tables_finds_the_padded_path(tmp_path: Path) 
     assert sum(steps.values()) == arm_ranges == 2
     assert sum(calls[r] * steps[r] for r in calls) == per_arm["nsys_arm:auto_clone"] == 96
     assert any(f["rule"] == "gpu-not-observed" for f in report["findings"])
+
+
+def test_compare_of_cpu_arms_states_the_gpu_figures_as_not_observed() -> None:
+    result = RUNNER.invoke(
+        app,
+        ["compare", "--base", str(SMOKE), "--base-window", "arm:fixed", "--head-window",
+         "arm:broken"],
+    )
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "where the step went: not observed: no GPU activity in this trace" in text
+    assert "Total GPU (" not in text and "GPU busy ms" not in text  # no table of zeros
+    assert "WARNING [padded-path-without-padding]" in text  # the head's host-range finding
+    report = json.loads(
+        RUNNER.invoke(
+            app,
+            ["compare", "--base", str(SMOKE), "--base-window", "arm:fixed", "--head-window",
+             "arm:broken", "--json"],
+        ).output
+    )
+    assert report["gpu_observed"] is False
+    assert any("no GPU activity in the base and head trace" in n for n in report["notes"])

@@ -326,9 +326,7 @@ def test_events_off_the_plain_shape_take_the_json_path_in_any_layout(
         names = set(chunked.strings.names)
         assert {'say "hi" \\ é', "ends in backslashes \\\\"} <= names
         row = np.flatnonzero(chunked.ranges["start"] == round(ops[1]["ts"] * 1000))
-        assert (chunked.ranges["end"][row] - chunked.ranges["start"][row]).tolist() == [
-            98_765_432
-        ]
+        assert (chunked.ranges["end"][row] - chunked.ranges["start"][row]).tolist() == [98_765_432]
         corr = chunked.launches["correlation"].tolist()
         assert runtime[1]["args"]["correlation"] in corr  # the last of the two keys
         assert 987654 not in corr

@@ -2,7 +2,8 @@
 
 The expected times come from a plain walk of the JSON in the test (``json.loads`` with
 ``parse_float=Decimal``: the decimal text, never a float), for the real traces in Kineto's own
-layout and re-serialized (``indent=1``, compact), and for hand-written traces whose epoch
+layout and re-serialized (``indent=1``, compact, ``indent=4`` with sorted keys, CRLF line ends),
+and for hand-written traces whose epoch
 microseconds do not fit a float's 53 bits.
 """
 
@@ -64,10 +65,20 @@ def _variants(path: Path, tmp_path: Path) -> list[Path]:
     indented.write_text(json.dumps(doc, indent=1))
     compact = tmp_path / f"compact_{own.name}"
     compact.write_text(json.dumps(doc, separators=(",", ":")))
-    return [own, indented, compact]
+    sorted_keys = tmp_path / f"sorted_{own.name}"
+    sorted_keys.write_text(json.dumps(doc, indent=4, sort_keys=True))
+    crlf = tmp_path / f"crlf_{own.name}"
+    crlf.write_bytes(raw.replace(b"\n", b"\r\n"))
+    return [own, indented, compact, sorted_keys, crlf]
 
 
-PARSERS = {"own": "kineto-layout", "indent1": "json-chunks", "compact": "json-chunks"}
+PARSERS = {
+    "own": "kineto-layout",
+    "indent1": "json-chunks",
+    "compact": "json-chunks",
+    "sorted": "json-chunks",
+    "crlf": "json-chunks",
+}
 
 
 @pytest.mark.parametrize("path", [*SYNTH, TE0], ids=lambda p: p.name)

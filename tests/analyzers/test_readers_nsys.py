@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
 from analyzers.readers import read_nsys
 from analyzers.readers._nsys_ranges import PYTHON_NVTX_DOMAINS
 
@@ -81,7 +81,8 @@ def test_correlation_join_covers_every_activity(arms: Trace) -> None:
 
 
 def test_launch_api_names_are_normalized(arms: Trace) -> None:
-    apis = Counter(arms.strings[int(i)] for i in arms.launches["api"])
+    calls = launch_calls(arms.launches)
+    apis = Counter(arms.strings[int(i)] for i in arms.launches["api"][calls])
     assert apis == {
         "cudaLaunchKernel": 12_346,
         "cuLaunchKernelEx": 2_892,
@@ -89,6 +90,9 @@ def test_launch_api_names_are_normalized(arms: Trace) -> None:
         "cudaMemcpyAsync": 1_860,
         "cudaMemsetAsync": 1_560,
     }
+    # the host syncs are kept apart (sync rows): the runtime table holds 20 + 164 of them
+    syncs = Counter(arms.strings[int(i)] for i in arms.launches["api"][~calls])
+    assert syncs == {"cudaDeviceSynchronize": 20, "cudaStreamSynchronize": 164}
 
 
 def test_helper_ranges_are_python_frames_each_enclosing_one_launch(arms: Trace) -> None:

@@ -141,12 +141,13 @@ def test_fused_gather_rows_matches_eager(indexed: bool, add: bool) -> None:
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("day1", [False, True])
+@pytest.mark.parametrize("variant", ["default", "day1", "joint"])
 def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: str,
-                                                            causal: bool, day1: bool) -> None:
+                                                            causal: bool, variant: str) -> None:
     """All ranks' local work (in place, fused merge, remote dK/dV added by rows, dQ added by
-    rows, DualChunkSwap rank cp-1's one-call backward; ``day1``: without the last two) on one
-    GPU, reassembled, against the float64 reference; padding rows exactly zero."""
+    rows; ``day1``: without dQ by rows; ``joint``: with DualChunkSwap rank cp-1's one-call
+    backward) on one GPU, reassembled, against the float64 reference; padding rows exactly
+    zero."""
     from cp_loopback import run_all_ranks
     from cp_reference import reference_attention
 
@@ -159,7 +160,8 @@ def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: s
     gen = torch.Generator().manual_seed(cp + 10 * causal)
     full = {n: torch.randn(cup[-1], h, 128, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", 8), ("k", 4), ("v", 4), ("dout", 8))}
-    tuning = Tuning(dq_rows=False, joint_bwd=False) if day1 else Tuning()
+    tuning = {"default": Tuning(), "day1": Tuning(dq_rows=False),
+              "joint": Tuning(joint_bwd=True)}[variant]
     got = run_all_ranks(meta, full, causal, tuning, backend="cudnn")
     want = reference_attention(*(full[n].cpu() for n in ("q", "k", "v", "dout")), cu,
                                tuple(cup), causal)

@@ -25,7 +25,8 @@ CU = (0, 13, 18, 40, 41)  # real lengths 13, 5, 22, 1
 TUNINGS = {
     "default": Tuning(),
     "day-1 switches only": Tuning(dq_rows=False, joint_bwd=False),
-    "joint, whole blocks": Tuning(remote_rows=False, dq_rows=False),
+    "joint bwd": Tuning(joint_bwd=True),
+    "joint, whole blocks": Tuning(remote_rows=False, dq_rows=False, joint_bwd=True),
 }
 
 

@@ -11,15 +11,17 @@ turn on the bundled attention's broken switches: extra padding and zero-fill wor
 commit statuses.
 
 On CPU the analysis attributes no GPU launches (there are none), so there are no per-helper
-launch rows; the comment shows the helpers' host time instead (calls and host ms per step, from
-the ranges), and the slow commit fails the suite's policy through the findings that appeared
-(the broken switches' helpers, cp_attention.grad_zero_fill and the per-step metadata recompute,
-start running: deterministic). The per-helper and per-kernel launch deltas of the comment are
-checked on real H200 traces in test_pr_loop_units.py.
+launch rows; the comment shows the helpers' host time instead (calls and self host ms per step,
+from the ranges: cp_attention.grad_zero_fill and the per-step metadata recompute appear), and
+the slow commit fails the suite's policy through the findings that appeared (the broken
+switches' code paths start running: deterministic). The per-helper and per-kernel launch
+deltas of the comment are checked on real H200 traces in test_pr_loop_units.py.
 
 Time: two runners share the jobs (a batch's spec and command run side by side), main's push and
-the failing setup are sent together, and the spec runs six timed steps: about two minutes on
-the shared two-core machine.
+the failing setup are sent together, the slow push follows main's uploads (not their analyses:
+the worker analyses in upload order), the spec runs six timed steps, and the idle processes are
+killed at the end: 75 s at a load of 5, about 2 minutes at a load of 10 on the shared two-core
+machine (the old spec-only test: 57 s and 150 s). The timeline of the phases is printed.
 """
 
 from __future__ import annotations

@@ -182,3 +182,42 @@ def test_a_command_entry_baseline_needs_the_same_command_and_profile_key(tmp_pat
         assert pick(11) == 3
     finally:
         db.close()
+
+
+CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+
+
+def test_a_cpu_comparison_shows_host_time_per_helper_and_names_the_growth() -> None:
+    """A real gloo run (no GPU activity), arm fixed vs broken: no launch rows exist, so the
+    comment's per-helper figures are host calls and self host ms per step; the broken arm's
+    helpers appear, and the headline names the helper whose host time grew most."""
+    from pr_bot.deltas import host_only, host_rows_for, host_time_rows
+
+    with read_bundle(CPU_BUNDLE) as bundle:
+        report = analyze(bundle.analysis_paths(), manifest=bundle.manifest)
+    fixed, broken = "arm:fixed", "arm:broken"
+    compared = compare_reports(report, report, base_window=fixed, head_window=broken)
+    assert host_only(report, report) and not [d for d in compared.helpers if d.delta_launches]
+    rows = {r.helper: r for r in host_time_rows(report, report, fixed, broken)}
+    recompute, zero_fill = rows["get_cu_seqlens_on_cp_rank"], rows["cp_attention.grad_zero_fill"]
+    assert (recompute.status, recompute.base_calls, recompute.head_calls) == ("appeared", 0, 32)
+    assert (zero_fill.status, zero_fill.base_calls, zero_fill.head_calls) == ("appeared", 0, 4)
+    assert recompute.head_ms > 0 and zero_fill.head_ms > 0
+    same = [r for r in rows.values() if r.status == "same calls"]
+    assert same and all(r.base_calls == r.head_calls > 0 for r in same)
+    ordered = host_time_rows(report, report, fixed, broken)
+    assert host_rows_for(report, report, compared) == ordered  # what the publisher passes
+    assert [r.delta_ms for r in ordered] == sorted((r.delta_ms for r in ordered), reverse=True)
+
+    result = ComparedSpec(
+        spec="smoke", report=compared,
+        verdict=judge(compared, Thresholds(fail_on_new_findings="info")), context=_context(),
+        baseline=Baseline(4, "#4 ref", "merge-base", "a" * 40, "main"), host_rows=ordered,
+    )  # fmt: skip
+    body = render_suite_comment("cpu", "b" * 40, [result], Thresholds())
+    assert "No GPU activity in one of the runs" in body and "Per-helper launch deltas" not in body
+    assert "Per-helper host time (host ranges of each helper's outermost calls" in body
+    assert f"- Host time grew most in `{ordered[0].helper}`: +" in body
+    line = next(x for x in body.splitlines() if x.startswith("| `get_cu_seqlens_on_cp_rank` |"))
+    assert line.startswith("| `get_cu_seqlens_on_cp_rank` | 0.0 | 32.0 | +32.0 | 0.000 |")
+    assert line.endswith("| appeared |")

@@ -18,11 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUNS_TABLES = ("runs", "run_files", "run_metrics", "reports", "uploads", "comparisons")
 HOME = "service/storage/runs.py"
 SCHEMA = "service/storage/migrations.py"
-ALLOWED = {
-    # prloop's pull-request loop (not this area's file): its two baseline queries (run tags,
-    # baseline candidates) are to move into service/storage/runs.py; remove this entry then.
-    "service/github_loop/baseline.py": "run tags and baseline candidates",
-}
+ALLOWED: dict[str, str] = {}
 _SQL = re.compile(
     r"\b(?:FROM|JOIN|INTO|UPDATE)\s+(" + "|".join(RUNS_TABLES) + r")\b"
 )  # (keywords in capitals, as the code writes SQL; "FROM uploads" in prose is lower case)

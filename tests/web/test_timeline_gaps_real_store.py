@@ -79,12 +79,20 @@ def test_timeline_draws_the_labelled_idle_gaps_of_the_drawn_step(
 ) -> None:
     client, ids = store
     page = client.get(f"/runs/{ids['nsys']}").text
-    fig = _figure(page, "timeline")
+    data = client.get(f"/runs/{ids['nsys']}.json").json()
+    report = data["run"]["report"]
+    drawn_timelines = [report["timeline"], *report["other_timelines"]]
+    assert len(drawn_timelines) == len(data["timelines"]) == 3  # one per arm
+    for (name, _), timeline in zip(data["timelines"], drawn_timelines, strict=True):
+        _check_timeline(_figure(page, name), timeline, report)
+
+
+def _check_timeline(
+    fig: dict[str, Any], timeline: dict[str, Any], report: dict[str, Any]
+) -> None:
     go.Figure(fig)  # a valid plotly figure
     gaps = [t for t in fig["data"] if t.get("legendgroup") == "idle gaps"]
     assert gaps and {t["name"] for t in gaps} <= IDLE_PARTS
-    report = client.get(f"/runs/{ids['nsys']}.json").json()["run"]["report"]
-    timeline = report["timeline"]
     drawn = {(s["rank"], s["window"], s["index"]) for s in timeline["steps"]}
     assert {r for r, _, _ in drawn} == set(report["ranks"])
     # what the figure draws, per (rank, cause, helper), in ns, from its labels and bar widths
@@ -114,7 +122,8 @@ def test_timeline_draws_the_labelled_idle_gaps_of_the_drawn_step(
     for key, ns in account.items():
         assert seen[key] == pytest.approx(ns, rel=1e-6, abs=2e3), key
     helper = ("idle: host-bound", "get_cu_seqlens_on_cp_rank")
-    assert any(k[1:] == helper for k in seen), "the padded-path helper's gaps are drawn"
+    padded = any(k[1:] == helper for k in seen)
+    assert padded == (timeline["window"] == "nsys_arm:auto_clone"), "padded path's gaps drawn"
     # the gaps sit on their own row above each rank's streams
     order = fig["layout"]["yaxis"]["categoryarray"]
     for rank in report["ranks"]:
@@ -128,43 +137,41 @@ def test_idle_causes_link_to_the_timeline_at_their_gap(
 ) -> None:
     client, ids = store
     page = client.get(f"/runs/{ids['nsys']}").text
-    fig = _figure(page, "timeline")
     data = client.get(f"/runs/{ids['nsys']}.json").json()
-    window = data["run"]["report"]["timeline"]["window"]
+    report = data["run"]["report"]
+    timelines = [report["timeline"], *report["other_timelines"]]
+    # one drawn timeline per step group, each chart on the page
+    assert [g for _, g in data["timelines"]] == [t["window"] for t in timelines]
+    assert len(timelines) == 3
+    charts = {group: name for name, group in data["timelines"]}
     links = re.findall(
-        r'<a class="timeline-zoom" href="#timeline@([0-9.]+)-([0-9.]+)" data-chart="chart-timeline"'
-        r' data-x0="([0-9.]+)" data-x1="([0-9.]+)" title="([^"]*)">',
+        r'<a class="timeline-zoom" href="#(timeline(?:_\d+)?)@([0-9.]+)-([0-9.]+)" '
+        r'data-chart="chart-(timeline(?:_\d+)?)" data-x0="([0-9.]+)" data-x1="([0-9.]+)" '
+        r'title="([^"]*)">',
         page,
     )
-    causes = [c for c in data["idle_causes"] if c["window"] == window]
-    zoomed = [c for c in causes if c["zoom"]]
-    assert zoomed and len(links) == len(zoomed)
-    drawn = {
-        (y, text, base, width)
-        for t in fig["data"]
-        if t.get("legendgroup") == "idle gaps"
-        for y, text, base, width in zip(t["y"], t["hovertext"], t["base"], t["x"], strict=True)
-    }
-    for cause, (h0, h1, x0, x1, title) in zip(zoomed, links, strict=True):
+    zoomed = [c for c in data["idle_causes"] if c["zoom"]]
+    assert len(links) == len(zoomed) == len(data["idle_causes"])  # every cause is drawn
+    for cause, (name, h0, h1, chart, x0, x1, title) in zip(zoomed, links, strict=True):
         zoom = cause["zoom"]
+        assert name == chart == zoom["chart"] == charts[cause["window"]]
         assert float(h0) == pytest.approx(float(x0)) and float(h1) == pytest.approx(float(x1))
         assert html.unescape(title) == zoom["text"]
         assert zoom["text"].startswith(f"{cause['part']}: {cause['label']} ")
+        fig = _figure(page, chart)
+        assert fig["layout"]["title"]["text"].startswith(f"Timeline of {cause['window']}")
         # the link's range holds a drawn gap of that cause on that rank, the cause's longest
         mine = [
             (base, width)
-            for y, text, base, width in drawn
+            for t in fig["data"]
+            if t.get("legendgroup") == "idle gaps"
+            for y, text, base, width in zip(t["y"], t["hovertext"], t["base"], t["x"], strict=True)
             if y == f"rank {cause['rank']} · idle gaps"
             and text.startswith(f"{cause['part']}: {cause['label']} ")
         ]
         longest = max(mine, key=lambda g: g[1])
         assert longest[0] == pytest.approx(zoom["x0_ms"])
         assert float(x0) <= longest[0] and longest[0] + longest[1] <= float(x1) + 1e-9
-    # causes of groups the timeline does not draw say so instead of a link
-    other = [c for c in data["idle_causes"] if c["window"] != window]
-    assert all(c["zoom"] is None for c in other)
-    if other:
-        assert "not drawn (the timeline draws another window)" in page
 
 
 def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
@@ -188,34 +195,64 @@ def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
     assert {"padded-path-without-padding", "zero-fill-without-padding", "gpu-not-observed"} <= rules
 
 
+def _load(page: Any, url: str) -> None:
+    """Like ``web_browser.open_page`` with room for a loaded machine: the page draws one
+    timeline per arm (thousands of bars each)."""
+    page.errors.clear()
+    response = page.goto(url, wait_until="domcontentloaded", timeout=180_000)
+    assert response is not None and response.status == 200, url
+    page.wait_for_selector("body[data-charts-ready='true']", timeout=180_000)
+    assert page.errors == [], page.errors
+
+
 @pytest.mark.browser
 def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
     store: tuple[TestClient, dict[str, int]],
 ) -> None:
-    from web_browser import browser_page, open_page, require_chromium
+    from web_browser import browser_page, require_chromium
     from web_server import serve
 
     require_chromium()
     _, ids = store
+    zoomed = "name => document.getElementById('chart-' + name).dataset.zoom"
+    shown = "name => document.getElementById('chart-' + name).layout.xaxis.range"
     # a second app over the same data directory, under uvicorn, for the browser
     with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
-        open_page(page, f"{url}/runs/{ids['nsys']}")
-        link = page.locator("a.timeline-zoom").first
+        _load(page, f"{url}/runs/{ids['nsys']}")
+        link = page.locator("a.timeline-zoom").last  # a cause of the last arm's timeline
+        chart = (link.get_attribute("data-chart") or "").removeprefix("chart-")
+        assert chart == "timeline_2"
         x0, x1 = float(link.get_attribute("data-x0")), float(link.get_attribute("data-x1"))
         link.click()
-        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
-        shown = page.evaluate(
-            "() => document.getElementById('chart-timeline').layout.xaxis.range"
-        )
-        assert shown == pytest.approx([x0, x1])
+        page.wait_for_function(zoomed, arg=chart)
+        assert page.evaluate(shown, chart) == pytest.approx([x0, x1])
+        assert page.evaluate(shown, "timeline") != pytest.approx([x0, x1])  # only that chart
         assert page.url.endswith(link.get_attribute("href") or "?")
         # the fragment alone zooms too (a shared link), on a fresh load
         page.goto("about:blank")
-        open_page(page, f"{url}/runs/{ids['nsys']}#timeline@1.0000-2.0000")
-        page.wait_for_function("() => document.getElementById('chart-timeline').dataset.zoom")
-        shown = page.evaluate(
-            "() => document.getElementById('chart-timeline').layout.xaxis.range"
-        )
-        assert shown == pytest.approx([1.0, 2.0])
-        page.locator("#chart-timeline").screenshot(path="/tmp/fig/timeline_zoom.png")
+        _load(page, f"{url}/runs/{ids['nsys']}#timeline@1.0000-2.0000")
+        page.wait_for_function(zoomed, arg="timeline")
+        assert page.evaluate(shown, "timeline") == pytest.approx([1.0, 2.0])
         assert page.errors == [], page.errors
+
+
+def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, ids = store
+    run = ids["cpu"]
+    params = {"base_window": "arm:fixed", "head_window": "arm:broken"}
+    page = client.get(f"/compare/{run}/{run}", params=params)
+    assert page.status_code == 200, page.text
+    text = page.text
+    assert "not observed: no GPU activity in this trace" in text
+    for section in (
+        'id="total-gpu"',
+        'id="helper-deltas"',
+        'id="fig-account_delta"',
+        'id="fig-gpu_timeline"',
+    ):
+        assert section not in text
+    data = client.get(f"/compare/{run}/{run}.json", params=params).json()
+    assert data["report"]["gpu_observed"] is False
+    assert any("no GPU activity in the base and head trace" in n for n in data["report"]["notes"])

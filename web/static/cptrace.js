@@ -37,27 +37,29 @@
     });
   }
 
-  // Idle-cause links point at "#timeline@X0-X1" (ms from the window start): scroll to the
-  // timeline and zoom its x axis there, on click, on load and when the fragment changes.
-  function zoomTimeline(x0, x1) {
-    var el = document.getElementById("chart-timeline");
+  // Idle-cause links point at "#timeline_N@X0-X1" (a timeline chart, ms from its window's
+  // start): scroll to that chart and zoom its x axis there, on click, on load and when the
+  // fragment changes.
+  function zoomTimeline(name, x0, x1) {
+    var el = document.getElementById("chart-" + name);
     if (!el || typeof Plotly === "undefined" || !(x1 > x0)) return;
     Plotly.relayout(el, { "xaxis.range": [x0, x1] }).then(function () {
       el.dataset.zoom = x0 + "-" + x1;
     });
-    var section = document.getElementById("timeline");
-    if (section && section.scrollIntoView) section.scrollIntoView();
+    var holder = document.getElementById(name + "-view");
+    if (holder && holder.scrollIntoView) holder.scrollIntoView();
   }
 
   function zoomFromHash() {
-    var match = /^#timeline@([0-9.]+)-([0-9.]+)$/.exec(window.location.hash);
-    if (match) zoomTimeline(parseFloat(match[1]), parseFloat(match[2]));
+    var match = /^#(timeline(?:_[0-9]+)?)@([0-9.]+)-([0-9.]+)$/.exec(window.location.hash);
+    if (match) zoomTimeline(match[1], parseFloat(match[2]), parseFloat(match[3]));
   }
 
   function timelineLinks() {
     document.querySelectorAll("a.timeline-zoom").forEach(function (link) {
       link.addEventListener("click", function () {
-        zoomTimeline(parseFloat(link.dataset.x0), parseFloat(link.dataset.x1));
+        var name = (link.dataset.chart || "").replace(/^chart-/, "");
+        zoomTimeline(name, parseFloat(link.dataset.x0), parseFloat(link.dataset.x1));
       });
     });
     window.addEventListener("hashchange", zoomFromHash);
