@@ -144,6 +144,18 @@ def per_step_basis(group: str, steps: int) -> tuple[int, str]:
     return n, f"per step (total / {n} step{'s' if n != 1 else ''})"
 
 
+def _first_call_evidence(first_ns: int, rank: int, group: str) -> Evidence:
+    """The first call's host time on its own: compilation and warm-up, kept apart from the
+    steady state (GPU and CPU-only traces alike)."""
+    return Evidence(
+        name="host time of the first call alone (compilation, warm-up)",
+        value=round(first_ns / 1e6, 4),
+        unit="ms",
+        rank=rank,
+        window=group,
+    )
+
+
 def helper_evidence(stats: Sequence[HelperStat], group: str) -> list[Evidence]:
     """Per rank: CPU launch calls, GPU time and host time of some helpers, per step in a step
     group and as totals in the whole trace; the first call's host time (a compiled helper
@@ -186,15 +198,7 @@ def helper_evidence(stats: Sequence[HelperStat], group: str) -> list[Evidence]:
             ),
         ]
         if first:
-            out.append(
-                Evidence(
-                    name="host time of the first call alone (compilation, warm-up)",
-                    value=round(first / 1e6, 4),
-                    unit="ms",
-                    rank=rank,
-                    window=group,
-                )
-            )
+            out.append(_first_call_evidence(first, rank, group))
     return out
 
 
@@ -248,15 +252,7 @@ def host_evidence(rows: Sequence[HelperHostTime], group: str) -> list[Evidence]:
             )
         )
         if first:
-            out.append(
-                Evidence(
-                    name="host time of the first call alone (compilation, warm-up)",
-                    value=round(first / 1e6, 4),
-                    unit="ms",
-                    rank=rank,
-                    window=group,
-                )
-            )
+            out.append(_first_call_evidence(first, rank, group))
     out.append(
         Evidence(
             name="CPU launch calls, GPU activities and GPU time of the helper",

@@ -642,24 +642,12 @@ def render_comparison(result: Any) -> None:
         f"to the windows) delta {result.busy_delta_ns / 1e6:+.3f} ms ({basis.split(',')[0]})",
         highlight=False,
     )
-    it = result.iterations
-    if it is not None:
-        console.print(
-            f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
-            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
-            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
-            highlight=False,
-        )
-        console.print(f"[dim]{it.method}[/]")
-    _render_findings(console, result.findings_base, f"Findings, base ({result.base_label})")
-    _render_findings(console, result.findings_head, f"Findings, head ({result.head_label})")
-    console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)
+    _render_iterations_and_findings(console, result, method=True)
 
 
 def _render_without_gpu(console: Any, result: Any) -> None:
     """A comparison with a side without GPU activity: span, iterations and findings only; the
     GPU figures would all read 0."""
-    from rich.markup import escape
 
     console.print(
         "helpers, kernels, Total GPU, GPU busy and where the step went: not observed: no GPU "
@@ -671,6 +659,14 @@ def _render_without_gpu(console: Any, result: Any) -> None:
         f"({result.basis.split(',')[0]})",
         highlight=False,
     )
+    _render_iterations_and_findings(console, result, method=False)
+
+
+def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) -> None:
+    """The iterations line (and its method when asked), both sides' findings, the summary:
+    the tail of every comparison, with or without GPU activity."""
+    from rich.markup import escape
+
     it = result.iterations
     if it is not None:
         console.print(
@@ -679,6 +675,8 @@ def _render_without_gpu(console: Any, result: Any) -> None:
             f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
             highlight=False,
         )
+        if method:
+            console.print(f"[dim]{it.method}[/]")
     _render_findings(console, result.findings_base, f"Findings, base ({result.base_label})")
     _render_findings(console, result.findings_head, f"Findings, head ({result.head_label})")
     console.print(f"[bold]{escape(result.summary)}[/]", highlight=False)
