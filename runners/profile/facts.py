@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cptrace.probe.wrappers import CP_ATTN_SITE, DPA_SITE
+from runners.profile.supervise import read_rank_records
 
 _SITES = (DPA_SITE, CP_ATTN_SITE)  # attention entry points, most specific first
 _COMM = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
@@ -20,15 +21,7 @@ _COMM = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
 
 def read_probe_files(directory: Path) -> dict[int, dict[str, Any]]:
     """rank -> probe record (files that cannot be read are skipped: a rank killed mid-write)."""
-    out: dict[int, dict[str, Any]] = {}
-    for path in sorted(directory.glob("probe_rank*.json")):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("rank"), int):
-            out[record["rank"]] = record
-    return out
+    return read_rank_records(directory, "probe_rank*.json")
 
 
 def _true(counter: dict[str, int]) -> int:

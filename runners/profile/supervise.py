@@ -67,10 +67,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def read_statuses(status_dir: Path | None) -> dict[int, dict[str, Any]]:
     """Every rank's last status record (unreadable or half-written files are skipped)."""
+    return read_rank_records(status_dir, "rank*.json")
+
+
+def read_rank_records(directory: Path | None, pattern: str) -> dict[int, dict[str, Any]]:
+    """rank -> the JSON record of each file matching ``pattern`` that names its rank. Files that
+    cannot be read are skipped: a rank killed mid-write leaves a half-written one (status records
+    here, the probe's records in ``facts``)."""
     out: dict[int, dict[str, Any]] = {}
-    if status_dir is None or not status_dir.is_dir():
+    if directory is None or not directory.is_dir():
         return out
-    for path in sorted(status_dir.glob("rank*.json")):
+    for path in sorted(directory.glob(pattern)):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
