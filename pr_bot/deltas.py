@@ -66,7 +66,10 @@ def _row(
 
 
 def metric_rows(report: ComparisonReport) -> list[MetricRow]:
-    """Iteration time (with its test), launches and GPU time (exact), span and busy deltas."""
+    """Iteration time (with its test), launches and GPU time (exact), span and busy deltas.
+
+    Without GPU activity on a side (``report.gpu_observed`` false) launches, GPU time and busy
+    are not observed, so their rows are left out rather than shown as zeros."""
     rows: list[MetricRow] = []
     it = report.iterations
     if it is not None:
@@ -96,7 +99,20 @@ def metric_rows(report: ComparisonReport) -> list[MetricRow]:
                 detail="tail of the distribution; no test",
             )
         )
-    rows.append(
+    if report.gpu_observed:
+        rows += _gpu_rows(report)
+    delta_only = [("span per step", labels.SPAN_PER_STEP, report.span_delta_ns)]
+    if report.gpu_observed:
+        delta_only.append(("busy per step", labels.BUSY_PER_STEP, report.busy_delta_ns))
+    for metric, label, delta_ns in delta_only:
+        delta = delta_ns / NS_PER_MS
+        rows.append(_row(metric, label, "ms", None, None, delta=delta, detail="delta only"))
+    return rows
+
+
+def _gpu_rows(report: ComparisonReport) -> list[MetricRow]:
+    """Launches (exact) and GPU time of the helpers: rows only a trace with GPU activity has."""
+    return [
         _row(
             "launches per step",
             labels.LAUNCHES_PER_STEP,
@@ -105,9 +121,7 @@ def metric_rows(report: ComparisonReport) -> list[MetricRow]:
             sum(d.head_launches for d in report.helpers),
             significance="exact",
             detail=f"{labels.LAUNCHES_BASIS}; launch counts are deterministic",
-        )
-    )
-    rows.append(
+        ),
         _row(
             "GPU time per step",
             labels.GPU_TIME_PER_STEP,
@@ -115,15 +129,8 @@ def metric_rows(report: ComparisonReport) -> list[MetricRow]:
             sum(d.base_gpu_time_ns for d in report.helpers) / NS_PER_MS,
             sum(d.head_gpu_time_ns for d in report.helpers) / NS_PER_MS,
             detail="from the profiled steps",
-        )
-    )
-    for metric, label, delta_ns in (
-        ("span per step", labels.SPAN_PER_STEP, report.span_delta_ns),
-        ("busy per step", labels.BUSY_PER_STEP, report.busy_delta_ns),
-    ):
-        delta = delta_ns / NS_PER_MS
-        rows.append(_row(metric, label, "ms", None, None, delta=delta, detail="delta only"))
-    return rows
+        ),
+    ]
 
 
 class HostTimeRow(BaseModel):

@@ -192,6 +192,11 @@ def test_page_shows_the_host_table_and_why_the_gpu_tables_are_empty(runs: Runs) 
     assert "no launch, kernel or GPU-time rows to compare" in reason.group(1)
     for section in ('id="total-gpu"', 'id="helper-deltas"', 'id="fig-account_delta"'):
         assert section not in page
+    deltas = re.search(r'<table class="deltas" id="deltas-table">.*?</table>', page, re.S)
+    assert deltas is not None  # no launch, GPU-time or busy row of zeros
+    assert re.findall(r'<tr data-metric="([^"]+)">', deltas.group(0)) == [
+        "iteration time, median", "iteration time, p90", "span per step"
+    ]
     table = re.search(r'<table class="host-time-deltas sortable".*?</table>', page, re.S)
     assert table is not None
     cells = _cells(table.group(0))
@@ -220,6 +225,8 @@ def _check_comment(body: str, expected: dict[str, dict[str, Any]]) -> None:
         body
     )
     assert "Per-helper host time" in body
+    assert "| launches per step |" not in body and "GPU time ms/step" not in body
+    assert "GPU busy ms/step" not in body and "Where the step went" not in body  # no zeros
     rows = {
         m[0]: m[1:]
         for m in re.findall(
