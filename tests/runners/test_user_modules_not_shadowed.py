@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from analyzers.bundle import read_bundle
 from cptrace.cli import app
+from runners.profile.run import BOOTSTRAP_DIR, ProfileOptions, child_environment
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,11 @@ dist.destroy_process_group()
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text), encoding="utf-8")
+
+
+def test_only_the_bootstrap_goes_before_the_users_pythonpath(tmp_path: Path) -> None:
+    env = child_environment(ProfileOptions(torch=True, env={"PYTHONPATH": "/u/a:/u/b"}), tmp_path)
+    assert env["PYTHONPATH"].split(":") == [str(BOOTSTRAP_DIR), "/u/a", "/u/b"]
 
 
 def test_the_jobs_own_packages_win_and_the_probe_still_works(tmp_path: Path) -> None:
