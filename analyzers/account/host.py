@@ -23,16 +23,18 @@ names no helper).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, factorize
+from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, factorize, symbol_table
 from analyzers.catalog import Catalog
 from analyzers.model import ActivityKind, RangeKind, Trace
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 UNANNOTATED = "unannotated host"
 
@@ -75,25 +77,35 @@ def _sync_calls(trace: Trace, catalog: Catalog, att: Attribution) -> _SyncCalls:
     """Sync API launch rows and D2H copy launches as host intervals, with their labels."""
     launches, acts = trace.launches, trace.activities
     label = np.full(len(launches), -1, dtype=np.int64)
-    ends = launches["end"].astype(np.int64).copy()
-    apis = [s for s in np.unique(launches["api"]) if catalog.is_sync("apis", trace.strings[int(s)])]
-    api_rows = np.flatnonzero(np.isin(launches["api"], apis))
-    label[api_rows] = launches["api"][api_rows]
+    api = launches["api"]
+    api_rows = np.flatnonzero(_symbols(trace, api, lambda n: catalog.is_sync("apis", n))[api])
+    label[api_rows] = api[api_rows]
+    extended = np.empty(0, dtype=np.int64)
+    copy_end = np.empty(0, dtype=np.int64)
     copies = np.flatnonzero(acts["kind"] == ActivityKind.MEMCPY)
     if len(copies):
-        names = [
-            s
-            for s in np.unique(acts["name"][copies])
-            if catalog.is_sync("memcpy", trace.strings[int(s)])
-        ]
-        d2h = copies[np.isin(acts["name"][copies], names) & (att.launch[copies] >= 0)]
-        rows = att.launch[d2h]
-        label[rows] = acts["name"][d2h]
-        np.maximum.at(ends, rows, acts["end"][d2h].astype(np.int64))
+        names = acts["name"][copies]
+        sync = _symbols(trace, names, lambda n: catalog.is_sync("memcpy", n))
+        d2h = copies[sync[names] & (att.launch[copies] >= 0)]
+        extended = att.launch[d2h]
+        label[extended] = acts["name"][d2h]
+        copy_end = acts["end"][d2h].astype(np.int64)
     rows = np.flatnonzero(label >= 0).astype(np.int64)
+    ends = launches["end"][rows].astype(np.int64)
+    if len(extended):  # a blocking copy's call lasts until the copy ends
+        np.maximum.at(ends, np.searchsorted(rows, extended), copy_end)
     thread = launches["thread"][rows].astype(np.int64)
     start = launches["start"][rows].astype(np.int64)
-    return _SyncCalls(RangeIndex(thread, start, ends[rows], rows), label, thread, start, ends[rows])
+    return _SyncCalls(RangeIndex(thread, start, ends, rows), label, thread, start, ends)
+
+
+def _symbols(
+    trace: Trace, column: npt.NDArray[np.int32], keep: Callable[[str], bool]
+) -> BoolArray:
+    """Per symbol id (plus a trailing False): whether the name passes ``keep``, asked once
+    for each symbol that occurs in ``column``."""
+    table = symbol_table(column, len(trace.strings), lambda s: int(keep(trace.strings[s])))
+    return np.append(table > 0, False)
 
 
 class HostStates:
@@ -112,13 +124,12 @@ class HostStates:
         table = trace.ranges
         kind = table["kind"]
         names = table["name"]
-        sync_symbols = [
-            s for s in np.unique(names).tolist() if catalog.is_sync("ops", trace.strings[s])
-        ]
-        window_symbols = [s for n in window_names if (s := trace.strings.lookup(n)) is not None]
-        sync_op_rows = np.flatnonzero(np.isin(names, sync_symbols) & (kind == RangeKind.CPU_OP))
-        other = (kind != RangeKind.PYTHON) & (kind != RangeKind.STEP)
-        other &= ~np.isin(names, window_symbols)
+        sync_op = _symbols(trace, names, lambda n: catalog.is_sync("ops", n))[names]
+        sync_op_rows = np.flatnonzero(sync_op & (kind == RangeKind.CPU_OP))
+        window = np.zeros(len(trace.strings) + 1, dtype=bool)
+        window[[s for n in window_names if (s := trace.strings.lookup(n)) is not None]] = True
+        window = window[names]
+        other = (kind != RangeKind.PYTHON) & (kind != RangeKind.STEP) & ~window
         # Catalogued ranges are looked up first (``labels``): an instant the other index is
         # asked about lies in none of them, so leaving them out changes no answer.
         other[ranges.specific.rows] = False
@@ -128,6 +139,22 @@ class HostStates:
         self._any = _index(trace, np.flatnonzero(other).astype(np.int64))
         self._python = _index(trace, np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64))
         self._bounds = self._boundaries()
+        names_of = np.append(names.astype(np.int64), -1)
+        helper_of = np.append(ranges.helper.astype(np.int64), -1)
+        # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order; the
+        # rest label what is left open.
+        self._cutting: list[tuple[RangeIndex, int, IntArray]] = [
+            (self._sync_ops, LabelType.SYNC, names_of),
+            (self._calls.index, LabelType.SYNC, np.append(self._calls.label, -1)),
+            (self._ranges.specific, LabelType.HELPER, helper_of),
+            (self._ranges.container, LabelType.HELPER, helper_of),
+        ]
+        self._rest: list[tuple[RangeIndex, int, IntArray]] = [
+            (self._any, LabelType.RANGE, names_of),
+            (self._python, LabelType.RANGE, names_of),
+        ]
+        self._names_of = names_of
+        self._intervals = self._interval_states()
 
     def _boundaries(self) -> dict[int, IntArray]:
         """Per thread, the sorted instants where its state can change."""
@@ -168,60 +195,107 @@ class HostStates:
             int(t[0]): v for t, v in zip(np.split(thread, cuts), np.split(time, cuts), strict=True)
         }
 
+    def _interval_states(self) -> _Intervals:
+        """The cutting lookups' answer on every elementary interval of every thread.
+
+        Thread ``t`` with boundaries ``b`` (``_boundaries``) has intervals ``k = 0..len(b)``,
+        ``[b[k-1], b[k])``: no sync or helper range opens or closes strictly inside one, so the
+        cutting lookups (``_cutting``) answer the same for every instant of it, except in an
+        interval starting where a degenerate range (``end <= start``, which ``RangeIndex``
+        treats as ``[start, start + 1)``) starts: there only its first instant is known.
+        Interval 0 lies before every cutting range. One lookup per boundary, keys in sorted
+        order, instead of one per idle piece of every window group."""
+        sizes = [len(b) + 1 for b in self._bounds.values()]
+        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        total = max(int(offsets[-1]), 1)  # never empty: ``labels`` gathers index 0 as a dummy
+        kind = np.full(total, _OPEN, dtype=np.int64)
+        value = np.full(total, -1, dtype=np.int64)
+        first = np.full(total, np.iinfo(np.int64).min, dtype=np.int64)
+        offset = {t: int(o) for t, o in zip(self._bounds, offsets.tolist(), strict=False)}
+        if not self._bounds:
+            return _Intervals(offset, kind, value, first, np.zeros(total, dtype=bool))
+        bounds = list(self._bounds.values())
+        # interval k >= 1 of a thread starts at its boundary k - 1
+        at = np.concatenate(
+            [o + 1 + np.arange(len(b)) for o, b in zip(offsets, bounds, strict=False)]
+        )
+        thread = np.repeat(np.array(list(self._bounds), dtype=np.int64), [len(b) for b in bounds])
+        time = np.concatenate(bounds)
+        first[at] = time
+        k, v = self._chain(thread, time, self._cutting)
+        kind[at], value[at] = k, v
+        unstable = np.zeros(total, dtype=bool)
+        table = self._trace.ranges
+        degenerate_thread, degenerate_start = [], []
+        for index, _, _ in self._cutting:
+            if index is self._calls.index:
+                t, s, e = self._calls.thread, self._calls.start, self._calls.end
+            else:
+                rows = index.rows
+                t, s, e = table["thread"][rows], table["start"][rows], table["end"][rows]
+            bad = e <= s
+            degenerate_thread.append(t[bad].astype(np.int64))
+            degenerate_start.append(s[bad].astype(np.int64))
+        d_thread, d_start = np.concatenate(degenerate_thread), np.concatenate(degenerate_start)
+        for thread_id, b in self._bounds.items():
+            mine = d_start[d_thread == thread_id]
+            if len(mine):
+                unstable[offset[thread_id] + np.searchsorted(b, mine, side="right")] = True
+        return _Intervals(offset, kind, value, first, unstable)
+
     def split(
         self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
-    ) -> tuple[IntArray, IntArray, IntArray]:
+    ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
         """Sub-pieces of ``[lo, hi)`` per query, cut where the thread's state changes strictly
-        inside ``(lo, cut)``: (query index, start, end), zero-length pieces dropped."""
+        inside ``(lo, cut)``: (query index, start, end, elementary interval of the start for
+        ``labels``; -1 on a thread without boundaries), zero-length pieces dropped."""
         n = len(lo)
         first = np.zeros(n, dtype=np.int64)
         count = np.zeros(n, dtype=np.int64)
+        interval = np.full(n, -1, dtype=np.int64)
         bounds: list[IntArray] = []
         offset = 0
-        for t in np.unique(thread).tolist():
-            b = self._bounds.get(int(t))
-            if b is None or len(b) == 0:
-                continue
+        for t, b in self._bounds.items():
             q = np.flatnonzero(thread == t)
+            if len(q) == 0:
+                continue
             a = np.searchsorted(b, lo[q], side="right")
             z = np.searchsorted(b, cut[q], side="left")
             first[q] = a + offset
             count[q] = np.maximum(z - a, 0)
+            interval[q] = a + self._intervals.offset[t]
             bounds.append(b)
             offset += len(b)
         flat = np.concatenate(bounds) if bounds else np.empty(0, dtype=np.int64)
         per = count + 1
         query = np.repeat(np.arange(n, dtype=np.int64), per)
-        pos = np.arange(len(query), dtype=np.int64) - np.repeat(np.cumsum(per) - per, per)
-        starts = lo[query].copy()
-        inner = pos > 0
+        pos = np.arange(len(query), dtype=np.int64) - (np.cumsum(per) - per)[query]
+        starts = lo[query]
+        inner = np.flatnonzero(pos > 0)
         starts[inner] = flat[first[query[inner]] + pos[inner] - 1]
         ends = np.empty_like(starts)
         ends[:-1] = starts[1:]
         last = np.cumsum(per) - 1
         ends[last] = hi
         keep = ends > starts
-        return query[keep], starts[keep], ends[keep]
+        return query[keep], starts[keep], ends[keep], (interval[query] + pos)[keep]
 
-    def labels(self, thread: IntArray, time: IntArray) -> HostLabels:
-        """The state of ``thread`` at ``time`` for each query; each lookup asks only about the
-        queries the ones before it left open."""
+    def _chain(
+        self,
+        thread: IntArray,
+        time: IntArray,
+        steps: list[tuple[RangeIndex, int, IntArray]],
+        kind: IntArray | None = None,
+        value: IntArray | None = None,
+        open_: IntArray | None = None,
+    ) -> tuple[IntArray, IntArray]:
+        """Label the queries ``open_`` (all when None) by the first lookup of ``steps`` that
+        finds a range; each lookup asks only about the queries the ones before it left open.
+        Unlabelled queries keep their ``kind`` (``_OPEN`` when new)."""
         n = len(time)
-        names = np.append(self._trace.ranges["name"].astype(np.int64), -1)
-        helper = np.append(self._ranges.helper.astype(np.int64), -1)
-        kind = np.full(n, LabelType.UNANNOTATED, dtype=np.int64)
-        value = np.full(n, -1, dtype=np.int64)
-        detail = np.full(n, -1, dtype=np.int64)
-        open_ = np.arange(n, dtype=np.int64)
-        sync_label = np.append(self._calls.label, -1)
-        steps: list[tuple[RangeIndex, int, IntArray]] = [
-            (self._sync_ops, LabelType.SYNC, names),
-            (self._calls.index, LabelType.SYNC, sync_label),
-            (self._ranges.specific, LabelType.HELPER, helper),
-            (self._ranges.container, LabelType.HELPER, helper),
-            (self._any, LabelType.RANGE, names),
-            (self._python, LabelType.RANGE, names),
-        ]
+        kind = np.full(n, _OPEN, dtype=np.int64) if kind is None else kind
+        value = np.full(n, -1, dtype=np.int64) if value is None else value
+        open_ = np.arange(n, dtype=np.int64) if open_ is None else open_
         for index, label_type, table in steps:
             if len(open_) == 0:
                 break
@@ -232,10 +306,49 @@ class HostStates:
             kind[open_[hit]] = label_type
             value[open_[hit]] = table[rows[hit]]
             open_ = open_[~hit]
+        return kind, value
+
+    def labels(
+        self, thread: IntArray, time: IntArray, interval: IntArray | None = None
+    ) -> HostLabels:
+        """The state of ``thread`` at ``time`` for each query. ``interval`` (from ``split``)
+        gives each query's elementary interval, whose sync/helper state is known already
+        (``_interval_states``); only what it leaves open is looked up."""
+        n = len(time)
+        if interval is None:
+            kind, value = self._chain(thread, time, self._cutting + self._rest)
+        else:
+            iv = self._intervals
+            known = interval >= 0
+            at = np.where(known, interval, 0)
+            unsure = known & iv.unstable[at] & (time != iv.first[at])
+            kind = np.where(known, iv.kind[at], _OPEN)
+            value = np.where(known, iv.value[at], -1)
+            redo = np.flatnonzero(unsure)
+            kind[redo], value[redo] = _OPEN, -1
+            self._chain(thread, time, self._cutting, kind, value, redo)
+            self._chain(thread, time, self._rest, kind, value, np.flatnonzero(kind == _OPEN))
+        kind[kind == _OPEN] = LabelType.UNANNOTATED
+        detail = np.full(n, -1, dtype=np.int64)
         syncs = np.flatnonzero(kind == LabelType.SYNC)
         if len(syncs) and len(self._python.rows):
-            detail[syncs] = names[self._python.lookup(thread[syncs], time[syncs])]
+            detail[syncs] = self._names_of[self._python.lookup(thread[syncs], time[syncs])]
         return HostLabels(kind, value, detail)
+
+
+_OPEN = -1
+"""A query no lookup has labelled yet (``LabelType.UNANNOTATED`` in the end)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Intervals:
+    """Per elementary interval of every thread (``HostStates._interval_states``), flat."""
+
+    offset: dict[int, int]  # thread -> index of its interval 0
+    kind: IntArray  # the cutting lookups' label type, ``_OPEN`` where none finds a range
+    value: IntArray
+    first: IntArray  # the interval's first instant (interval 0: the int64 minimum)
+    unstable: BoolArray  # a degenerate range starts there (only ``first`` is known)
 
 
 __all__ = ["UNANNOTATED", "HostLabels", "HostStates", "LabelType"]
