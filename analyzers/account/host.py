@@ -203,17 +203,21 @@ class HostStates:
         cutting lookups (``_cutting``) answer the same for every instant of it, except in an
         interval starting where a degenerate range (``end <= start``, which ``RangeIndex``
         treats as ``[start, start + 1)``) starts: there only its first instant is known.
-        Interval 0 lies before every cutting range. One lookup per boundary, keys in sorted
-        order, instead of one per idle piece of every window group."""
+        Interval 0 lies before every cutting range. The answers are looked up on first use
+        (``_resolve``: about half the intervals hold an idle piece), keys in sorted order,
+        instead of once per idle piece of every window group."""
         sizes = [len(b) + 1 for b in self._bounds.values()]
         offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         total = max(int(offsets[-1]), 1)  # never empty: ``labels`` gathers index 0 as a dummy
         kind = np.full(total, _OPEN, dtype=np.int64)
         value = np.full(total, -1, dtype=np.int64)
         first = np.full(total, np.iinfo(np.int64).min, dtype=np.int64)
+        owner = np.full(total, -1, dtype=np.int64)
+        done = np.zeros(total, dtype=bool)
         offset = {t: int(o) for t, o in zip(self._bounds, offsets.tolist(), strict=False)}
         if not self._bounds:
-            return _Intervals(offset, kind, value, first, np.zeros(total, dtype=bool))
+            done[:] = True
+            return _Intervals(offset, kind, value, first, np.zeros(total, dtype=bool), owner, done)
         bounds = list(self._bounds.values())
         # interval k >= 1 of a thread starts at its boundary k - 1
         at = np.concatenate(
@@ -222,8 +226,8 @@ class HostStates:
         thread = np.repeat(np.array(list(self._bounds), dtype=np.int64), [len(b) for b in bounds])
         time = np.concatenate(bounds)
         first[at] = time
-        k, v = self._chain(thread, time, self._cutting)
-        kind[at], value[at] = k, v
+        owner[at] = thread
+        done[offsets[:-1]] = True  # interval 0: before every cutting range
         unstable = np.zeros(total, dtype=bool)
         table = self._trace.ranges
         degenerate_thread, degenerate_start = [], []
@@ -241,7 +245,21 @@ class HostStates:
             mine = d_start[d_thread == thread_id]
             if len(mine):
                 unstable[offset[thread_id] + np.searchsorted(b, mine, side="right")] = True
-        return _Intervals(offset, kind, value, first, unstable)
+        return _Intervals(offset, kind, value, first, unstable, owner, done)
+
+    def _resolve(self, interval: IntArray) -> None:
+        """Look up the cutting state of the intervals ``interval`` asks about that are not
+        known yet (one chain over them, in (thread, time) order: sorted keys)."""
+        iv = self._intervals
+        need = np.zeros(len(iv.done), dtype=bool)
+        need[interval[interval >= 0]] = True
+        need &= ~iv.done
+        todo = np.flatnonzero(need)
+        if len(todo) == 0:
+            return
+        kind, value = self._chain(iv.owner[todo], iv.first[todo], self._cutting)
+        iv.kind[todo], iv.value[todo] = kind, value
+        iv.done[todo] = True
 
     def split(
         self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
@@ -318,6 +336,7 @@ class HostStates:
         if interval is None:
             kind, value = self._chain(thread, time, self._cutting + self._rest)
         else:
+            self._resolve(interval)
             iv = self._intervals
             known = interval >= 0
             at = np.where(known, interval, 0)
@@ -349,6 +368,8 @@ class _Intervals:
     value: IntArray
     first: IntArray  # the interval's first instant (interval 0: the int64 minimum)
     unstable: BoolArray  # a degenerate range starts there (only ``first`` is known)
+    owner: IntArray  # the interval's thread (-1 for interval 0)
+    done: BoolArray  # ``kind`` and ``value`` known (``HostStates._resolve``)
 
 
 __all__ = ["UNANNOTATED", "HostLabels", "HostStates", "LabelType"]
