@@ -1,8 +1,9 @@
 """The idle gaps of the windows the dashboard timeline draws, from the step account.
 
-Why: the run page reads stored reports only, and a stored account keeps the three largest
-pieces per part; to draw every idle gap on the timeline, labelled with its cause and helper
-("idle: host-bound: get_cu_seqlens_on_cp_rank 1.2 ms"), the report carries the idle pieces of
+Why: the run page reads stored reports only, and a stored account keeps only the largest
+pieces per part (one per step, three per group); to draw every idle gap on the timeline,
+labelled with its cause and helper ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.2 ms"), the
+report carries the idle pieces of
 the drawn windows (one step per rank, ``Timeline.steps``) on the timeline's own clock. The
 pieces are the account's (``analyzers.account.account_pieces``): the idle gap pieces and the
 exposed NCCL time spent waiting for a later peer, so the drawn gaps add up to the account's idle

@@ -65,7 +65,13 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LARGEST = 3
-"""How many of the largest pieces each part keeps as evidence."""
+"""How many of the largest pieces each line of a group account keeps as evidence (and each
+line of a step account whose group has one window per rank, e.g. the whole trace)."""
+LARGEST_PER_STEP = 1
+"""The same for the step accounts of a group with several windows on a rank: the largest piece
+of each line in each step (the group account keeps ``LARGEST`` over all its steps). Why one:
+at 2M kernels the 776 step accounts held 69,000 evidence pieces, the largest cost of the
+account's output; every view reads the first one only."""
 QUEUED = "queued before the gap (stream dependency)"
 NO_LAUNCH = "no launch row for the next activity"
 NO_WORK = "no GPU work in the window"
@@ -497,10 +503,11 @@ def _summaries(
     windows: Sequence[TimelineWindow],
     n_codes: int,
     per_window: bool,
+    largest: int,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
     with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``LARGEST`` longest pieces.
+    main thread and its ``largest`` longest pieces.
 
     ``per_window``: the buckets are the windows, where an activity has at most one record per
     line (its share of one part in one window), so only gap pieces need distinct counting."""
@@ -532,7 +539,7 @@ def _summaries(
     ).reshape(n_keys, n_threads)
     main_thread = [names[t] for t in per_thread.argmax(axis=1).tolist()]
     # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
-    top = _largest(d, heads, order)
+    top = _largest(d, heads, order, largest)
     have = top >= 0
     rows = top[have]
     w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
@@ -588,8 +595,8 @@ def _summaries(
     return out
 
 
-def _largest(d: IntArray, heads: IntArray, order: IntArray) -> IntArray:
-    """Record indices of the ``LARGEST`` longest records of each key segment, one row per
+def _largest(d: IntArray, heads: IntArray, order: IntArray, count: int) -> IntArray:
+    """Record indices of the ``count`` longest records of each key segment, one row per
     rank (longest first), -1 where a segment has fewer.
 
     Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
@@ -597,17 +604,17 @@ def _largest(d: IntArray, heads: IntArray, order: IntArray) -> IntArray:
     """
     n = len(d)
     if n == 0:
-        return np.empty((LARGEST, 0), dtype=np.int64)
+        return np.empty((count, 0), dtype=np.int64)
     cols = []
     if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
         by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
         ends = np.append(heads[1:], n)
-        for j in range(LARGEST):
+        for j in range(count):
             pos = heads + j
             cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1))
         return np.stack(cols)
     enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
-    for _ in range(LARGEST):
+    for _ in range(count):
         best = np.maximum.reduceat(enc, heads)
         hit = best >= 0
         pos = n - 1 - (best % n)
@@ -678,7 +685,18 @@ def _accounts(
                 f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
             )
         n_codes = max(len(ctx.lines.lines), 1)
-        per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True)
+        rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
+        ranks = sorted(set(rank_of.tolist()))
+        one_per_rank = len(ranks) == len(tw)  # the whole trace: step and group lines are one
+        per_window = _summaries(
+            ctx,
+            seg,
+            records,
+            tw,
+            n_codes,
+            per_window=True,
+            largest=LARGEST if one_per_rank else LARGEST_PER_STEP,
+        )
         for i, w in enumerate(tw):
             result.steps.append(
                 StepAccount.model_validate(
@@ -695,13 +713,13 @@ def _accounts(
                     }
                 )
             )
-        rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
-        ranks = sorted(set(rank_of.tolist()))
-        if len(ranks) == len(tw):  # one window per rank (the whole trace): the same lines
+        if one_per_rank:
             per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
         else:
             bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            per_rank = _summaries(ctx, bucket, records, tw, n_codes, per_window=False)
+            per_rank = _summaries(
+                ctx, bucket, records, tw, n_codes, per_window=False, largest=LARGEST
+            )
         for b, rank in enumerate(ranks):
             mine = [w for w in tw if w.window.rank == rank]
             result.groups.append(
