@@ -526,8 +526,12 @@ def _summaries(
         idle = unit >= len(ctx.att.helper)  # gap units are numbered after the activity rows
         units = np.bincount(key_code[~idle], minlength=n_keys)
         if idle.any():
-            pieces = _sorted_distinct(key_code[idle] * span + unit[idle]) // span
-            units += np.bincount(pieces, minlength=n_keys)
+            # The pieces of one gap are consecutive records, so in the stable key order its
+            # pieces of one line are adjacent: count the runs of (line, gap).
+            u = unit[order]
+            run = u >= len(ctx.att.helper)
+            run[1:] &= (k[1:] != k[:-1]) | (u[1:] != u[:-1])
+            units += np.bincount(k[run], minlength=n_keys)
     else:
         units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
     # ``thread`` holds thread codes (``_Context.l_tcode``, in thread id order): the argmax

@@ -139,6 +139,12 @@ class HostStates:
         self._any = _index(trace, np.flatnonzero(other).astype(np.int64))
         self._python = _index(trace, np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64))
         self._bounds = self._boundaries()
+        sizes = [len(b) for b in self._bounds.values()]
+        self._flat_bounds = (
+            np.concatenate(list(self._bounds.values())) if sizes else np.empty(0, dtype=np.int64)
+        )
+        starts = np.concatenate(([0], np.cumsum(sizes))).tolist()
+        self._bound_offset = {t: int(o) for t, o in zip(self._bounds, starts, strict=False)}
         names_of = np.append(names.astype(np.int64), -1)
         helper_of = np.append(ranges.helper.astype(np.int64), -1)
         # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order; the
@@ -167,7 +173,8 @@ class HostStates:
         # innermost other range (or Python frame) open at its start.
         for index in (self._sync_ops, self._ranges.specific, self._ranges.container):
             rows = index.rows
-            threads += [table["thread"][rows], table["thread"][rows]]
+            on = table["thread"][rows]
+            threads += [on, on]
             times += [table["start"][rows], table["end"][rows]]
         thread = np.concatenate(threads).astype(np.int64)
         time = np.concatenate(times).astype(np.int64)
@@ -268,35 +275,44 @@ class HostStates:
         inside ``(lo, cut)``: (query index, start, end, elementary interval of the start for
         ``labels``; -1 on a thread without boundaries), zero-length pieces dropped."""
         n = len(lo)
-        first = np.zeros(n, dtype=np.int64)
-        count = np.zeros(n, dtype=np.int64)
+        first = np.zeros(n, dtype=np.int64)  # in ``_flat_bounds``: the first boundary > lo
+        count = np.zeros(n, dtype=np.int64)  # boundaries strictly inside (lo, cut)
         interval = np.full(n, -1, dtype=np.int64)
-        bounds: list[IntArray] = []
-        offset = 0
         for t, b in self._bounds.items():
             q = np.flatnonzero(thread == t)
             if len(q) == 0:
                 continue
             a = np.searchsorted(b, lo[q], side="right")
             z = np.searchsorted(b, cut[q], side="left")
-            first[q] = a + offset
+            first[q] = a + self._bound_offset[t]
             count[q] = np.maximum(z - a, 0)
             interval[q] = a + self._intervals.offset[t]
-            bounds.append(b)
-            offset += len(b)
-        flat = np.concatenate(bounds) if bounds else np.empty(0, dtype=np.int64)
-        per = count + 1
-        query = np.repeat(np.arange(n, dtype=np.int64), per)
-        pos = np.arange(len(query), dtype=np.int64) - (np.cumsum(per) - per)[query]
-        starts = lo[query]
-        inner = np.flatnonzero(pos > 0)
-        starts[inner] = flat[first[query[inner]] + pos[inner] - 1]
+        # Pieces in (query, piece) order: each query's first piece at ``head``, then one piece
+        # per inner boundary (``count``), filled only for the queries that have any.
+        before = np.cumsum(count) - count
+        head = np.arange(n, dtype=np.int64) + before
+        total = n + int(before[-1] + count[-1]) if n else 0
+        query = np.empty(total, dtype=np.int64)
+        starts = np.empty(total, dtype=np.int64)
+        where = np.empty(total, dtype=np.int64)
+        query[head] = np.arange(n, dtype=np.int64)
+        starts[head] = lo
+        where[head] = interval
+        multi = np.flatnonzero(count)
+        if len(multi):
+            c = count[multi]
+            step = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c) + 1
+            at = np.repeat(head[multi], c) + step
+            query[at] = np.repeat(multi, c)
+            starts[at] = self._flat_bounds[np.repeat(first[multi], c) + step - 1]
+            where[at] = np.repeat(interval[multi], c) + step
         ends = np.empty_like(starts)
         ends[:-1] = starts[1:]
-        last = np.cumsum(per) - 1
-        ends[last] = hi
+        ends[head + count] = hi
         keep = ends > starts
-        return query[keep], starts[keep], ends[keep], (interval[query] + pos)[keep]
+        if bool(keep.all()):
+            return query, starts, ends, where
+        return query[keep], starts[keep], ends[keep], where[keep]
 
     def _chain(
         self,
