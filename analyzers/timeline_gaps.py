@@ -13,11 +13,12 @@ parts of those windows exactly; touching pieces of one cause are drawn as one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
-from analyzers.account.build import Pieces, account_pieces
+from analyzers.account.build import Pieces, account_pieces, collector_paused
 from analyzers.attribution import Attribution, RangeHelpers
 from analyzers.catalog import Catalog
 from analyzers.model import Trace
@@ -41,6 +42,19 @@ def timeline_gaps(
     middle steps of different groups are); windows that overlap go one group at a time."""
     if not len(trace.activities):
         return list(timelines)
+    with collector_paused():  # thousands of acyclic gap models (see ``collector_paused``)
+        return _timeline_gaps(trace, att, ranges, catalog, windows, timelines, pieces_of)
+
+
+def _timeline_gaps(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    timelines: Sequence[Timeline],
+    pieces_of: Callable[[Sequence[int]], Pieces] | None,
+) -> list[Timeline]:
     wanted = [_drawn(t, windows) for t in timelines]
     everything = [i for sel in wanted for i in sel]
     if _disjoint([windows[i] for i in everything]):
@@ -102,35 +116,50 @@ def _with_gaps(
     peer = [i for i, line in enumerate(pieces.lines) if line.part == AccountPartKind.IDLE_PEER]
     idle = np.flatnonzero((pieces.unit >= pieces.activities) | np.isin(pieces.line, peer))
     idle = idle[np.lexsort((pieces.start[idle], pieces.seg[idle]))]
-    merged: list[TimelineGap] = []
+    merged: list[_Gap] = []  # plain objects while merging; models only for those kept
+    seg, start_ns, duration = (a.tolist() for a in (pieces.seg, pieces.start, pieces.duration))
+    codes = pieces.line.tolist()
+    last: _Gap | None = None
     for i in idle.tolist():
-        w = pieces.windows[int(pieces.seg[i])].window
+        w = pieces.windows[seg[i]].window
         if (w.rank, w.name, w.index, w.group) not in mine:
             continue  # another timeline's window (one pass covered them all)
-        line = pieces.lines[int(pieces.line[i])]
-        start = int(pieces.start[i]) - origin[(w.rank, w.name, w.index)]
-        end = start + int(pieces.duration[i])
-        last = merged[-1] if merged else None
+        line = pieces.lines[codes[i]]
+        start = start_ns[i] - origin[(w.rank, w.name, w.index)]
+        end = start + duration[i]
         if (
             last is not None
             and last.rank == w.rank
-            and last.end_ns == start
+            and last.end == start
             and (last.part, last.label) == (line.part, line.label)
         ):
-            last.end_ns = end
+            last.end = end
             continue
-        merged.append(
-            TimelineGap(rank=w.rank, start_ns=start, end_ns=end, part=line.part, label=line.label)
-        )
+        last = _Gap(w.rank, start, end, line.part, line.label)
+        merged.append(last)
     kept: list[TimelineGap] = []
     dropped = 0
     for rank in sorted({g.rank for g in merged}):
         gaps = sorted(
-            (g for g in merged if g.rank == rank), key=lambda g: g.end_ns - g.start_ns, reverse=True
+            (g for g in merged if g.rank == rank), key=lambda g: g.end - g.start, reverse=True
         )
-        kept += sorted(gaps[: timeline.limit], key=lambda g: g.start_ns)
+        kept += [
+            TimelineGap(rank=g.rank, start_ns=g.start, end_ns=g.end, part=g.part, label=g.label)
+            for g in sorted(gaps[: timeline.limit], key=lambda g: g.start)
+        ]
         dropped += max(len(gaps) - timeline.limit, 0)
     return timeline.model_copy(update={"gaps": kept, "gaps_dropped": dropped})
+
+
+@dataclass(slots=True)
+class _Gap:
+    """A drawn gap while touching pieces are merged (a ``TimelineGap`` once kept)."""
+
+    rank: int
+    start: int
+    end: int
+    part: AccountPartKind
+    label: str
 
 
 __all__ = ["timeline_gaps"]
