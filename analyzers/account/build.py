@@ -195,8 +195,10 @@ class _Context:
         # (index -1) ordinary indices: the launching thread, its code and the launch end.
         self.l_thread = np.full(len(att.launch) + 1, -1, dtype=np.int64)
         self.l_end = np.full(len(att.launch) + 1, -1, dtype=np.int64)
-        self.l_thread[has] = launches["thread"][att.launch[has]]
-        self.l_end[has] = launches["end"][att.launch[has]]
+        launch = att.launch[has]
+        # contiguous copies first: gathers from a structured table's strided field cost twice
+        self.l_thread[has] = np.ascontiguousarray(launches["thread"])[launch]
+        self.l_end[has] = np.ascontiguousarray(launches["end"])[launch]
         self.l_start = gpu.acts.launched
         # Records carry dense thread codes (in thread id order), named once here.
         (self.l_tcode,) = factorize(self.l_thread)
@@ -277,23 +279,22 @@ class _Context:
         return self.trace.thread_names.get(thread) or f"thread {thread}"
 
 
-def _launch_order(clipped: Clipped, launched: IntArray) -> IntArray:
-    """Permutation of the clipped table (already in (window, start) order) that puts the rows
-    tied at one (window, start) in launch order, ties kept in table order: the same order as
-    ``np.lexsort((launched[row], start, seg))``, without sorting the untied rows again."""
+def _launch_order(clipped: Clipped, launched: IntArray) -> tuple[IntArray, IntArray] | None:
+    """The clipped table (already in (window, start) order) with the rows tied at one
+    (window, start) put in launch order, ties kept in table order (the same order as
+    ``np.lexsort((launched[row], start, seg))``, without sorting the untied rows again), as
+    (positions, the row each takes its place from); None when nothing is tied."""
     seg, start = clipped.seg, clipped.start
     n = len(seg)
-    order = np.arange(n, dtype=np.int64)
     same = (seg[1:] == seg[:-1]) & (start[1:] == start[:-1])
     if not same.any():
-        return order
+        return None
     tied = np.zeros(n, dtype=bool)
     tied[1:] |= same
     tied[:-1] |= same
     run = np.cumsum(np.concatenate(([True], ~same)))  # one id per (window, start) value
     pos = np.flatnonzero(tied)
-    order[pos] = pos[np.lexsort((launched[clipped.row[pos]], run[pos]))]
-    return order
+    return pos, pos[np.lexsort((launched[clipped.row[pos]], run[pos]))]
 
 
 def _owned(
@@ -311,10 +312,15 @@ class _GroupPass:
         self.ctx = ctx
         self.windows = windows
         self.records = _Records()
-        # Ties at one instant go to the activity launched first (the sweeps are stable).
-        order = _launch_order(clipped, ctx.l_start)
-        self.seg, self.start = clipped.seg[order], clipped.start[order]
-        self.end, self.row = clipped.end[order], clipped.row[order]
+        # Ties at one instant go to the activity launched first (the sweeps are stable);
+        # tied rows share their window and start, so only ends and rows move.
+        self.seg, self.start = clipped.seg, clipped.start
+        self.end, self.row = clipped.end, clipped.row
+        tied = _launch_order(clipped, ctx.l_start)
+        if tied is not None:
+            pos, source = tied
+            self.end, self.row = self.end.copy(), self.row.copy()
+            self.end[pos], self.row[pos] = clipped.end[source], clipped.row[source]
         self.win_start = np.array([w.start_ns for w in windows], dtype=np.int64)
         self.win_end = np.array([w.end_ns for w in windows], dtype=np.int64)
 
@@ -338,7 +344,10 @@ class _GroupPass:
 
     def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
         helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
-        return self.ctx.lines.codes(helper, lambda i: self.ctx.helper_line(part, int(helper[i])))
+        # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
+        return self.ctx.lines.codes(
+            helper + 1, lambda i: self.ctx.helper_line(part, int(helper[i]))
+        )
 
     def _compute(self, mask: BoolArray) -> Union:
         """Computation by helper; returns the computation union the other parts subtract."""
