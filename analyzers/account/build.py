@@ -299,9 +299,11 @@ def _launch_order(clipped: Clipped, launched: IntArray) -> tuple[IntArray, IntAr
 
 def _owned(
     seg: IntArray, start: IntArray, end: IntArray, mask: BoolArray
-) -> tuple[IntArray, Owned]:
+) -> tuple[IntArray, IntArray, Owned]:
+    """The rows of ``mask``, their windows and their owned pieces."""
     rows = np.flatnonzero(mask)
-    return rows, owned(seg[rows], start[rows], end[rows])
+    mine = seg[rows]
+    return rows, mine, owned(mine, start[rows], end[rows])
 
 
 class _GroupPass:
@@ -338,12 +340,14 @@ class _GroupPass:
     def _union(self, mask: BoolArray) -> Union:
         return Union.of(self.seg[mask], self.start[mask], self.end[mask])
 
-    def _add(self, rows: IntArray, code: IntArray, dur: IntArray, start: IntArray) -> None:
-        r = self.row[rows]
-        self.records.add(self.seg[rows], code, dur, start, self.ctx.l_tcode[r], r)
+    def _add(
+        self, seg: IntArray, r: IntArray, code: IntArray, dur: IntArray, start: IntArray
+    ) -> None:
+        """Records of activities ``r`` (rows of the activity table) in windows ``seg``."""
+        self.records.add(seg, code, dur, start, self.ctx.l_tcode[r], r)
 
-    def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
-        helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
+    def _helper_codes(self, part: AccountPartKind, r: IntArray) -> IntArray:
+        helper = self.ctx.att.helper[r].astype(np.int64)
         # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
         return self.ctx.lines.codes(
             helper + 1, lambda i: self.ctx.helper_line(part, int(helper[i]))
@@ -354,15 +358,16 @@ class _GroupPass:
         rows = np.flatnonzero(mask)
         seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
         mine = owned(seg, start, end)
-        code = self._helper_codes(AccountPartKind.COMPUTE, rows)
-        self._add(rows, code, mine.length, mine.piece_start)
+        r = self.row[rows]
+        code = self._helper_codes(AccountPartKind.COMPUTE, r)
+        self._add(seg, r, code, mine.length, mine.piece_start)
         return Union.of(seg, start, end, mine)
 
     def _communication(self, mask: BoolArray, comp: Union) -> None:
-        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         if len(rows) == 0:
             return
-        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
+        lo, hi = mine.piece_start, mine.piece_end
         r = self.row[rows]
         last = self.ctx.peers.last_start[r]
         wait_end = np.where(last >= 0, np.clip(last, lo, hi), lo)
@@ -378,7 +383,7 @@ class _GroupPass:
             h, name = lines[int(keys[i])]
             return Line(AccountPartKind.EXPOSED_COMMUNICATION, name, category(h))
 
-        self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
+        self._add(seg, r, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
 
         def peer(i: int) -> Line:
@@ -388,13 +393,13 @@ class _GroupPass:
             return Line(AccountPartKind.IDLE_PEER, name, category(h), late)
 
         peer_keys = keys * 1024 + (peer_rank + 1)
-        self._add(rows, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
+        self._add(seg, r, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
 
     def _memcpy(self, mask: BoolArray, busy: Union) -> None:
-        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         if len(rows) == 0:
             return
-        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
+        lo, hi = mine.piece_start, mine.piece_end
         exposed = (hi - lo) - busy.covered(seg, lo, hi)
         r = self.row[rows]
         helper = self.ctx.att.helper[r].astype(np.int64)
@@ -406,7 +411,7 @@ class _GroupPass:
             kind = strings[int(name[i])]
             return self.ctx.helper_line(AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), kind)
 
-        self._add(rows, self.ctx.lines.codes(keys, make), exposed, lo)
+        self._add(seg, r, self.ctx.lines.codes(keys, make), exposed, lo)
 
     def _idle(self) -> None:
         ctx = self.ctx

@@ -72,10 +72,10 @@ def _index(columns: _Columns, rows: IntArray) -> RangeIndex:
 
 @dataclass(frozen=True, slots=True)
 class _SyncCalls:
-    """Host intervals of sync API calls and D2H copies (rows of ``trace.launches``)."""
+    """Host intervals of sync API calls and D2H copies (one per launch row that is one)."""
 
-    index: RangeIndex
-    label: IntArray  # per launch row: symbol naming the call (-1: not a sync call)
+    index: RangeIndex  # its rows index the arrays below
+    label: IntArray  # symbol naming the call
     thread: IntArray
     start: IntArray
     end: IntArray
@@ -84,32 +84,33 @@ class _SyncCalls:
 def _sync_calls(trace: Trace, catalog: Catalog, att: Attribution) -> _SyncCalls:
     """Sync API launch rows and D2H copy launches as host intervals, with their labels."""
     launches, acts = trace.launches, trace.activities
-    label = np.full(len(launches), -1, dtype=np.int64)
     api = launches["api"]
     api_rows = np.flatnonzero(_symbols(trace, api, lambda n: catalog.is_sync("apis", n))[api])
-    label[api_rows] = api[api_rows]
-    extended = np.empty(0, dtype=np.int64)
-    copy_end = np.empty(0, dtype=np.int64)
+    rows = api_rows.astype(np.int64)
+    extended = np.empty(0, dtype=np.int64)  # launch rows of blocking device-to-host copies
+    copy_name = copy_end = extended
     copies = np.flatnonzero(acts["kind"] == ActivityKind.MEMCPY)
     if len(copies):
         names = acts["name"][copies]
         sync = _symbols(trace, names, lambda n: catalog.is_sync("memcpy", n))
         d2h = copies[sync[names] & (att.launch[copies] >= 0)]
-        extended = att.launch[d2h]
-        label[extended] = acts["name"][d2h]
+        extended = att.launch[d2h].astype(np.int64)
+        copy_name = acts["name"][d2h].astype(np.int64)
         copy_end = acts["end"][d2h].astype(np.int64)
-    rows = np.flatnonzero(label >= 0).astype(np.int64)
+        rows = np.union1d(rows, extended)
+    # the copy names the call (after the API), a blocking copy's call lasts until it ends
+    label = np.empty(len(rows), dtype=np.int64)
+    label[np.searchsorted(rows, api_rows)] = api[api_rows]
+    label[np.searchsorted(rows, extended)] = copy_name
     ends = launches["end"][rows].astype(np.int64)
-    if len(extended):  # a blocking copy's call lasts until the copy ends
-        np.maximum.at(ends, np.searchsorted(rows, extended), copy_end)
+    np.maximum.at(ends, np.searchsorted(rows, extended), copy_end)
     thread = launches["thread"][rows].astype(np.int64)
     start = launches["start"][rows].astype(np.int64)
-    return _SyncCalls(RangeIndex(thread, start, ends, rows), label, thread, start, ends)
+    index = RangeIndex(thread, start, ends, np.arange(len(rows), dtype=np.int64))
+    return _SyncCalls(index, label, thread, start, ends)
 
 
-def _symbols(
-    trace: Trace, column: npt.NDArray[np.int32], keep: Callable[[str], bool]
-) -> BoolArray:
+def _symbols(trace: Trace, column: npt.NDArray[np.int32], keep: Callable[[str], bool]) -> BoolArray:
     """Per symbol id (plus a trailing False): whether the name passes ``keep``, asked once
     for each symbol that occurs in ``column``."""
     table = symbol_table(column, len(trace.strings), lambda s: int(keep(trace.strings[s])))
@@ -148,7 +149,8 @@ class HostStates:
         self._any = _index(self._table, np.flatnonzero(other).astype(np.int64))
         python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64)
         self._python = _index(self._table, python)
-        self._bounds = self._boundaries()
+        spans = self._cutting_spans()
+        self._bounds = self._boundaries(spans)
         sizes = [len(b) for b in self._bounds.values()]
         self._flat_bounds = (
             np.concatenate(list(self._bounds.values())) if sizes else np.empty(0, dtype=np.int64)
@@ -170,49 +172,43 @@ class HostStates:
             (self._python, LabelType.RANGE, names_of),
         ]
         self._names_of = names_of
-        self._intervals = self._interval_states()
+        self._intervals = self._interval_states(spans)
 
-    def _boundaries(self) -> dict[int, IntArray]:
-        """Per thread, the sorted instants where its state can change."""
+    def _cutting_spans(self) -> list[tuple[IntArray, IntArray, IntArray]]:
+        """(thread, start, end) of the ranges that cut idle pieces: sync ops, sync calls and
+        copies, specific and container helper ranges (the ``_cutting`` lookups' ranges)."""
         table = self._table
-        threads, times = (
-            [self._calls.thread, self._calls.thread],
-            [self._calls.start, self._calls.end],
-        )
-        # Only helper and sync ranges cut: a stretch outside every helper is labelled by the
-        # innermost other range (or Python frame) open at its start.
+        spans = [(self._calls.thread, self._calls.start, self._calls.end)]
         for index in (self._sync_ops, self._ranges.specific, self._ranges.container):
             rows = index.rows
-            on = table["thread"][rows]
-            threads += [on, on]
-            times += [table["start"][rows], table["end"][rows]]
-        thread = np.concatenate(threads).astype(np.int64)
-        time = np.concatenate(times).astype(np.int64)
+            spans.append((table["thread"][rows], table["start"][rows], table["end"][rows]))
+        return spans
+
+    def _boundaries(self, spans: list[tuple[IntArray, IntArray, IntArray]]) -> dict[int, IntArray]:
+        """Per thread (ascending ids), the sorted distinct instants where its state can change:
+        the starts and ends of ``spans``. Only helper and sync ranges cut: a stretch outside
+        every helper is labelled by the innermost other range (or Python frame) open at its
+        start."""
+        thread = np.concatenate([t for t, _, _ in spans]).astype(np.int64, copy=False)
         if len(thread) == 0:
             return {}
-        # Sorted distinct (thread, time) pairs: one sort of int64 keys (thread code, time)
-        # when they fit, else a two-key sort.
-        (code,) = factorize(thread)
-        base = int(time.min())
-        width = int(time.max()) - base + 1
-        if (int(code.max()) + 1) * width < (1 << 62):
-            key = np.sort(code * width + (time - base))  # a sort: numpy's unique hashes
-            key = key[np.concatenate(([True], key[1:] != key[:-1]))]
-            distinct = np.zeros(int(code.max()) + 1, dtype=np.int64)
-            distinct[code] = thread
-            thread, time = distinct[key // width], key % width + base
-        else:
-            order = np.lexsort((time, thread))
-            thread, time = thread[order], time[order]
-            keep = np.ones(len(time), dtype=bool)
-            keep[1:] = (thread[1:] != thread[:-1]) | (time[1:] != time[:-1])
-            thread, time = thread[keep], time[keep]
-        cuts = np.flatnonzero(np.diff(thread)) + 1
-        return {
-            int(t[0]): v for t, v in zip(np.split(thread, cuts), np.split(time, cuts), strict=True)
-        }
+        start = np.concatenate([s for _, s, _ in spans]).astype(np.int64, copy=False)
+        end = np.concatenate([e for _, _, e in spans]).astype(np.int64, copy=False)
+        (code,) = factorize(thread)  # few threads: codes in id order
+        ids = np.zeros(int(code.max()) + 1, dtype=np.int64)
+        ids[code] = thread
+        out: dict[int, IntArray] = {}
+        for j, thread_id in enumerate(ids.tolist()):
+            mine = code == j
+            times = np.concatenate((start[mine], end[mine]))
+            times.sort()  # a sort: numpy's unique hashes
+            keep = np.empty(len(times), dtype=bool)
+            keep[0] = True
+            np.not_equal(times[1:], times[:-1], out=keep[1:])
+            out[thread_id] = times[keep]
+        return out
 
-    def _interval_states(self) -> _Intervals:
+    def _interval_states(self, spans: list[tuple[IntArray, IntArray, IntArray]]) -> _Intervals:
         """The cutting lookups' answer on every elementary interval of every thread.
 
         Thread ``t`` with boundaries ``b`` (``_boundaries``) has intervals ``k = 0..len(b)``,
@@ -223,41 +219,25 @@ class HostStates:
         Interval 0 lies before every cutting range. The answers are looked up on first use
         (``_resolve``: about half the intervals hold an idle piece), keys in sorted order,
         instead of once per idle piece of every window group."""
-        sizes = [len(b) + 1 for b in self._bounds.values()]
+        bounds = list(self._bounds.values())
+        sizes = [len(b) + 1 for b in bounds]
         offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        offset = {t: int(o) for t, o in zip(self._bounds, offsets.tolist(), strict=False)}
         total = max(int(offsets[-1]), 1)  # never empty: ``labels`` gathers index 0 as a dummy
         kind = np.full(total, _OPEN, dtype=np.int64)
         value = np.full(total, -1, dtype=np.int64)
-        first = np.full(total, np.iinfo(np.int64).min, dtype=np.int64)
-        owner = np.full(total, -1, dtype=np.int64)
-        done = np.zeros(total, dtype=bool)
-        offset = {t: int(o) for t, o in zip(self._bounds, offsets.tolist(), strict=False)}
-        if not self._bounds:
-            done[:] = True
-            return _Intervals(offset, kind, value, first, np.zeros(total, dtype=bool), owner, done)
-        bounds = list(self._bounds.values())
-        # interval k >= 1 of a thread starts at its boundary k - 1
-        at = np.concatenate(
-            [o + 1 + np.arange(len(b)) for o, b in zip(offsets, bounds, strict=False)]
-        )
-        thread = np.repeat(np.array(list(self._bounds), dtype=np.int64), [len(b) for b in bounds])
-        time = np.concatenate(bounds)
-        first[at] = time
-        owner[at] = thread
-        done[offsets[:-1]] = True  # interval 0: before every cutting range
         unstable = np.zeros(total, dtype=bool)
-        table = self._table
-        degenerate_thread, degenerate_start = [], []
-        for index, _, _ in self._cutting:
-            if index is self._calls.index:
-                t, s, e = self._calls.thread, self._calls.start, self._calls.end
-            else:
-                rows = index.rows
-                t, s, e = table["thread"][rows], table["start"][rows], table["end"][rows]
-            bad = e <= s
-            degenerate_thread.append(t[bad].astype(np.int64))
-            degenerate_start.append(s[bad].astype(np.int64))
-        d_thread, d_start = np.concatenate(degenerate_thread), np.concatenate(degenerate_start)
+        if not bounds:
+            every = np.ones(total, dtype=bool)
+            return _Intervals(offset, kind, value, value.copy(), unstable, value.copy(), every)
+        # interval k >= 1 of a thread starts at its boundary k - 1; interval 0 at "-infinity"
+        lowest = np.array([np.iinfo(np.int64).min], dtype=np.int64)
+        first = np.concatenate([x for b in bounds for x in (lowest, b)])
+        owner = np.repeat(np.array(list(self._bounds), dtype=np.int64), sizes)
+        done = np.zeros(total, dtype=bool)
+        done[offsets[:-1]] = True  # interval 0: before every cutting range
+        d_thread = np.concatenate([t[e <= s] for t, s, e in spans]).astype(np.int64)
+        d_start = np.concatenate([s[e <= s] for _, s, e in spans]).astype(np.int64)
         for thread_id, b in self._bounds.items():
             mine = d_start[d_thread == thread_id]
             if len(mine):
@@ -394,7 +374,7 @@ class _Intervals:
     value: IntArray
     first: IntArray  # the interval's first instant (interval 0: the int64 minimum)
     unstable: BoolArray  # a degenerate range starts there (only ``first`` is known)
-    owner: IntArray  # the interval's thread (-1 for interval 0)
+    owner: IntArray  # the interval's thread
     done: BoolArray  # ``kind`` and ``value`` known (``HostStates._resolve``)
 
 
