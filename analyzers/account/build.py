@@ -303,12 +303,13 @@ def _owned(
     """The rows of ``mask``, their windows and their owned pieces."""
     rows = np.flatnonzero(mask)
     mine = seg[rows]
-    return rows, mine, owned(mine, start[rows], end[rows])
+    return rows, mine, owned(mine, start[rows], end[rows], in_order=True)
 
 
 class _GroupPass:
     """The records of one window group (its windows may not overlap each other's activities
-    twice: a group's windows are disjoint steps, or one whole-trace window per rank)."""
+    twice: a group's windows are disjoint steps, or one whole-trace window per rank). Its rows
+    are in (window, start) order, the clipped table's, so the sweeps skip checking it."""
 
     def __init__(self, ctx: _Context, windows: Sequence[TimelineWindow], clipped: Clipped) -> None:
         self.ctx = ctx
@@ -338,7 +339,7 @@ class _GroupPass:
         return self.records
 
     def _union(self, mask: BoolArray) -> Union:
-        return Union.of(self.seg[mask], self.start[mask], self.end[mask])
+        return Union.of(self.seg[mask], self.start[mask], self.end[mask], in_order=True)
 
     def _add(
         self, seg: IntArray, r: IntArray, code: IntArray, dur: IntArray, start: IntArray
@@ -357,7 +358,7 @@ class _GroupPass:
         """Computation by helper; returns the computation union the other parts subtract."""
         rows = np.flatnonzero(mask)
         seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
-        mine = owned(seg, start, end)
+        mine = owned(seg, start, end, in_order=True)
         r = self.row[rows]
         code = self._helper_codes(AccountPartKind.COMPUTE, r)
         self._add(seg, r, code, mine.length, mine.piece_start)
@@ -415,7 +416,7 @@ class _GroupPass:
 
     def _idle(self) -> None:
         ctx = self.ctx
-        union = Union.of(self.seg, self.start, self.end, with_rows=True)
+        union = Union.of(self.seg, self.start, self.end, with_rows=True, in_order=True)
         gaps = union.gaps(self.win_start, self.win_end)
         n = len(gaps.start)
         if n == 0:

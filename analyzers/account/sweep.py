@@ -60,13 +60,15 @@ def _running_max(seg: IntArray, values: IntArray) -> IntArray:
     return out
 
 
-def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
-    """First-come exclusive pieces of ``[start, end)`` intervals within each segment."""
+def owned(seg: IntArray, start: IntArray, end: IntArray, in_order: bool | None = None) -> Owned:
+    """First-come exclusive pieces of ``[start, end)`` intervals within each segment.
+    ``in_order``: whether the rows are ordered by (segment, start) already (checked if None)."""
     n = len(start)
     if n == 0:
         return Owned(_EMPTY, _EMPTY, None)
     end = np.maximum(end, start)
-    in_order = _sorted(seg, start)  # the usual input: clipped activities in window, time order
+    if in_order is None:  # the usual input: clipped activities in window, time order
+        in_order = _sorted(seg, start)
     if in_order:
         order = None
         s, e, g = start, end, seg
@@ -127,10 +129,12 @@ class Union:
         end: IntArray,
         mine: Owned | None = None,
         with_rows: bool = False,
+        in_order: bool | None = None,
     ) -> Union:
         """The union of the intervals (``mine``: their ``owned`` pieces, when already known);
-        ``with_rows``: also the input rows opening and closing each piece."""
-        mine = mine if mine is not None else owned(seg, start, end)
+        ``with_rows``: also the input rows opening and closing each piece; ``in_order`` as in
+        ``owned``."""
+        mine = mine if mine is not None else owned(seg, start, end, in_order)
         # Along the (segment, start) order the owned pieces are disjoint and sorted too.
         if mine.order is None:
             keep = mine.piece_end > mine.piece_start
