@@ -69,6 +69,12 @@ def _timeline_gaps(
     ]
 
 
+def drawn_windows(windows: Sequence[Window], timelines: Sequence[Timeline]) -> list[int]:
+    """Indices of the windows ``timeline_gaps`` will ask the pieces of (every timeline's drawn
+    steps): ``compute_accounts(keep=...)`` keeps them from its own passes."""
+    return sorted({i for t in timelines for i in _drawn(t, windows)})
+
+
 def _drawn(timeline: Timeline, windows: Sequence[Window]) -> list[int]:
     """Indices of the windows a timeline draws (one per rank)."""
     drawn = {(s.rank, s.window, s.index) for s in timeline.steps}
@@ -162,4 +168,4 @@ class _Gap:
     label: str
 
 
-__all__ = ["timeline_gaps"]
+__all__ = ["drawn_windows", "timeline_gaps"]

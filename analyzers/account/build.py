@@ -32,7 +32,7 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -87,13 +87,29 @@ class Accounts:
     notes: list[str] = field(default_factory=list)
     context: _Context | None = field(default=None, repr=False)
     """What the account was computed from, so ``pieces`` reuses it."""
+    kept: list[_Kept] = field(default_factory=list, repr=False)
+    """The pieces of the windows ``compute_accounts`` was asked to keep, per window group."""
 
     def pieces(self, selected: Sequence[int]) -> Pieces:
         """``account_pieces`` of these windows (indices into the windows given to
-        ``compute_accounts``), reusing the account's per-trace state instead of rebuilding it."""
+        ``compute_accounts``): the kept pieces when it kept them all (the same pieces, cut
+        from the group's own pass), else a pass reusing the account's per-trace state."""
         if self.context is None:
             raise RuntimeError("an account without its context has no pieces")
+        kept = {i for k in self.kept for i in k.ids.tolist()}
+        if selected and all(i in kept for i in selected):
+            return _kept_pieces(self.context, self.kept, selected)
         return _pieces(self.context, selected)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A group pass's records and clipped rows of some of its windows; ``seg`` columns hold
+    indices into the windows given to ``compute_accounts`` (``ids``)."""
+
+    ids: IntArray
+    records: tuple[IntArray, ...]  # seg, line, duration, start, thread code, unit
+    clipped: tuple[IntArray, IntArray, IntArray, IntArray]  # seg, row, start, end
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,14 +664,17 @@ def compute_accounts(
     windows: Sequence[Window],
     steps: Mapping[tuple[int, str], int],
     gpu: GpuTimeline,
+    keep: Collection[int] = (),
 ) -> Accounts:
     """The account of every window of ``windows`` and of every (rank, window group), over the
-    windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``).
+    windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``). ``keep``:
+    windows (indices into ``windows``) whose pieces ``Accounts.pieces`` will be asked for (the
+    run page's drawn steps), kept from the group passes instead of computed again.
 
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
     with collector_paused():
-        return _accounts(trace, att, ranges, catalog, windows, steps, gpu)
+        return _accounts(trace, att, ranges, catalog, windows, steps, gpu, set(keep))
 
 
 @contextmanager
@@ -684,12 +703,17 @@ def _accounts(
     windows: Sequence[Window],
     steps: Mapping[tuple[int, str], int],
     gpu: GpuTimeline,
+    keep: set[int],
 ) -> Accounts:
     ctx = _Context(trace, att, ranges, catalog, windows, gpu)
     result = Accounts(notes=list(ctx.peers.notes), context=ctx)
     for group, clip in gpu.groups.items():
         tw = clip.windows
-        records = _GroupPass(ctx, tw, clip.clipped).run().arrays()
+        group_pass = _GroupPass(ctx, tw, clip.clipped)
+        records = group_pass.run().arrays()
+        drawn = [i for i, g in enumerate(clip.ids) if g in keep]
+        if drawn:
+            result.kept.append(_keep(group_pass, records, np.asarray(clip.ids), drawn))
         seg, dur = records[0], records[2]
         spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
         # float64 sums of integer ns are exact below 2**53 ns (104 days)
@@ -791,6 +815,60 @@ def account_pieces(
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
     gpu = window_timelines(trace, windows, gpu_activities(trace, att))
     return _pieces(_Context(trace, att, ranges, catalog, windows, gpu), selected)
+
+
+def _keep(
+    group_pass: _GroupPass, records: tuple[IntArray, ...], ids: IntArray, mine: list[int]
+) -> _Kept:
+    """The records and clipped rows of the group's windows ``mine`` (positions in the group;
+    ``ids`` maps them to window indices)."""
+    want = np.zeros(len(ids), dtype=bool)
+    want[mine] = True
+    at = want[records[0]]
+    kept = tuple(column[at] for column in records)
+    rows = want[group_pass.seg]
+    clipped = (
+        ids[group_pass.seg[rows]],
+        group_pass.row[rows],
+        group_pass.start[rows],
+        group_pass.end[rows],
+    )
+    return _Kept(ids[mine], (ids[kept[0]], *kept[1:]), clipped)
+
+
+def _kept_pieces(ctx: _Context, kept: Sequence[_Kept], selected: Sequence[int]) -> Pieces:
+    """``Pieces`` of ``selected`` from the kept records: the same pieces a pass over those
+    windows gives (every window's account depends on its own rows only; a group's rows are in
+    (window, start) order either way), in group order."""
+    position = {w: i for i, w in enumerate(selected)}
+    where = np.full(len(ctx.gpu.windows), -1, dtype=np.int64)
+    where[list(position)] = list(position.values())
+    columns: list[list[IntArray]] = [[] for _ in range(6)]
+    clipped: list[list[IntArray]] = [[] for _ in range(4)]
+    for k in kept:
+        at = where[k.records[0]] >= 0
+        for bucket, column in zip(columns, k.records, strict=True):
+            bucket.append(column[at])
+        rows = where[k.clipped[0]] >= 0
+        for bucket, column in zip(clipped, k.clipped, strict=True):
+            bucket.append(column[rows])
+    seg, code, dur, start, thread, unit = (np.concatenate(c) for c in columns)
+    c_seg, c_row, c_start, c_end = (np.concatenate(c) for c in clipped)
+    return Pieces(
+        windows=[ctx.gpu.windows[i] for i in selected],
+        lines=list(ctx.lines.lines),
+        activities=len(ctx.att.helper),
+        seg=where[seg],
+        line=code,
+        start=start,
+        duration=dur,
+        thread=ctx.thread_ids[thread],
+        unit=unit,
+        clipped_row=c_row,
+        clipped_start=c_start,
+        clipped_end=c_end,
+        clipped_seg=where[c_seg],
+    )
 
 
 def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
