@@ -13,7 +13,6 @@ parts of those windows exactly; touching pieces of one cause are drawn as one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -122,50 +121,53 @@ def _with_gaps(
     peer = [i for i, line in enumerate(pieces.lines) if line.part == AccountPartKind.IDLE_PEER]
     idle = np.flatnonzero((pieces.unit >= pieces.activities) | np.isin(pieces.line, peer))
     idle = idle[np.lexsort((pieces.start[idle], pieces.seg[idle]))]
-    merged: list[_Gap] = []  # plain objects while merging; models only for those kept
-    seg, start_ns, duration = (a.tolist() for a in (pieces.seg, pieces.start, pieces.duration))
-    codes = pieces.line.tolist()
-    last: _Gap | None = None
-    for i in idle.tolist():
-        w = pieces.windows[seg[i]].window
-        if (w.rank, w.name, w.index, w.group) not in mine:
-            continue  # another timeline's window (one pass covered them all)
-        line = pieces.lines[codes[i]]
-        start = start_ns[i] - origin[(w.rank, w.name, w.index)]
-        end = start + duration[i]
-        if (
-            last is not None
-            and last.rank == w.rank
-            and last.end == start
-            and (last.part, last.label) == (line.part, line.label)
-        ):
-            last.end = end
-            continue
-        last = _Gap(w.rank, start, end, line.part, line.label)
-        merged.append(last)
+    # pieces of this timeline's windows, on its clock
+    of_window = [pieces.windows[j].window for j in range(len(pieces.windows))]
+    drawn = [(w.rank, w.name, w.index, w.group) in mine for w in of_window]
+    idle = idle[np.array([*drawn, False])[pieces.seg[idle]]]
+    shift = np.array(
+        [
+            origin[(w.rank, w.name, w.index)] if d else 0
+            for w, d in zip(of_window, drawn, strict=True)
+        ]
+        + [0],
+        dtype=np.int64,
+    )
+    rank_of = np.array([w.rank for w in of_window] + [0], dtype=np.int64)
+    seg = pieces.seg[idle]
+    rank = rank_of[seg]
+    start = pieces.start[idle] - shift[seg]
+    end = start + pieces.duration[idle]
+    kinds: dict[tuple[AccountPartKind, str], int] = {}
+    kind_of = np.array(
+        [kinds.setdefault((line.part, line.label), len(kinds)) for line in pieces.lines],
+        dtype=np.int64,
+    )
+    kind = kind_of[pieces.line[idle]]
+    # touching pieces of one rank and (part, label), consecutive in (window, start) order, are
+    # drawn as one gap: from its first piece's start to its last piece's end
+    new = np.ones(len(idle), dtype=bool)
+    new[1:] = ~((rank[1:] == rank[:-1]) & (end[:-1] == start[1:]) & (kind[1:] == kind[:-1]))
+    heads = np.flatnonzero(new)
+    tails = heads[1:] - 1 if len(heads) else heads
+    tails = np.append(tails, len(idle) - 1) if len(heads) else tails
+    g_rank, g_start, g_end, g_kind = rank[heads], start[heads], end[tails], kind[heads]
+    named = list(kinds)
     kept: list[TimelineGap] = []
     dropped = 0
-    for rank in sorted({g.rank for g in merged}):
-        gaps = sorted(
-            (g for g in merged if g.rank == rank), key=lambda g: g.end - g.start, reverse=True
-        )
-        kept += [
-            TimelineGap(rank=g.rank, start_ns=g.start, end_ns=g.end, part=g.part, label=g.label)
-            for g in sorted(gaps[: timeline.limit], key=lambda g: g.start)
-        ]
-        dropped += max(len(gaps) - timeline.limit, 0)
+    for r in sorted(set(g_rank.tolist())):
+        mine_rows = np.flatnonzero(g_rank == r)
+        # the ``limit`` longest (ties: first drawn first), then in time order
+        longest = mine_rows[np.argsort(g_start[mine_rows] - g_end[mine_rows], kind="stable")]
+        chosen = longest[: timeline.limit]
+        chosen = chosen[np.argsort(g_start[chosen], kind="stable")]
+        for a, b, k in zip(
+            g_start[chosen].tolist(), g_end[chosen].tolist(), g_kind[chosen].tolist(), strict=True
+        ):
+            part, label = named[k]
+            kept.append(TimelineGap(rank=r, start_ns=a, end_ns=b, part=part, label=label))
+        dropped += max(len(mine_rows) - timeline.limit, 0)
     return timeline.model_copy(update={"gaps": kept, "gaps_dropped": dropped})
-
-
-@dataclass(slots=True)
-class _Gap:
-    """A drawn gap while touching pieces are merged (a ``TimelineGap`` once kept)."""
-
-    rank: int
-    start: int
-    end: int
-    part: AccountPartKind
-    label: str
 
 
 __all__ = ["drawn_windows", "timeline_gaps"]
