@@ -516,7 +516,7 @@ def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
     present = np.bincount(values) > 0
     table = np.cumsum(present) - 1
-    return table[values].astype(np.int64), int(present.sum())
+    return table[values].astype(np.int64, copy=False), int(present.sum())
 
 
 PartDict = dict[str, object]

@@ -144,10 +144,10 @@ class HostStates:
         other[ranges.specific.rows] = False
         other[ranges.container.rows] = False
         self._table = _columns(trace)
-        self._sync_ops = _index(self._table, sync_op_rows.astype(np.int64))
+        self._sync_ops = _index(self._table, sync_op_rows.astype(np.int64, copy=False))
         self._calls = _sync_calls(trace, catalog, att)
-        self._any = _index(self._table, np.flatnonzero(other).astype(np.int64))
-        python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64)
+        self._any = _index(self._table, np.flatnonzero(other).astype(np.int64, copy=False))
+        python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64, copy=False)
         self._python = _index(self._table, python)
         spans = self._cutting_spans()
         self._bounds = self._boundaries(spans)

@@ -237,16 +237,16 @@ class Union:
             segs.append(self.seg[same])
             lo.append(self.end[same])
             hi.append(self.start[same + 1])
-            prev_piece.append(same.astype(np.int64))
-            next_piece.append((same + 1).astype(np.int64))
+            prev_piece.append(same.astype(np.int64, copy=False))
+            next_piece.append((same + 1).astype(np.int64, copy=False))
         # Trailing gap: last piece to the window end.
         last = first + counts - 1
         tail = np.flatnonzero(has)
         tail = tail[self.end[last[tail]] < win_end[tail]]
-        segs.append(tail.astype(np.int64))
+        segs.append(tail.astype(np.int64, copy=False))
         lo.append(self.end[last[tail]])
-        hi.append(win_end[tail].astype(np.int64))
-        prev_piece.append(last[tail].astype(np.int64))
+        hi.append(win_end[tail].astype(np.int64, copy=False))
+        prev_piece.append(last[tail].astype(np.int64, copy=False))
         next_piece.append(np.full(len(tail), -1, dtype=np.int64))
         return Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
 
