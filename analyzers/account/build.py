@@ -182,11 +182,15 @@ class _Records:
             bucket.append(column if every else column[keep])
 
     def arrays(self) -> tuple[IntArray, ...]:
+        """The columns, each one array; the pieces are let go (the records of a whole-trace
+        window are ~5M rows, and two copies of them would raise the account's peak)."""
         empty = np.empty(0, dtype=np.int64)
-        return tuple(
-            np.concatenate(b) if b else empty
-            for b in (self.seg, self.code, self.dur, self.start, self.thread, self.unit)
-        )
+        out = []
+        for bucket in (self.seg, self.code, self.dur, self.start, self.thread, self.unit):
+            column = np.concatenate(bucket) if len(bucket) > 1 else bucket[0] if bucket else empty
+            bucket[:] = [column]
+            out.append(column)
+        return tuple(out)
 
 
 class _Context:
