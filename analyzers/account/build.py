@@ -32,6 +32,7 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from analyzers.report import (
 from analyzers.timeline import (
     Clipped,
     GpuTimeline,
+    GroupClip,
     TimelineWindow,
     clip_to_windows,
     window_timelines,
@@ -135,17 +137,6 @@ class _Lines:
             found = self._codes[line] = len(self.lines)
             self.lines.append(line)
         return found
-
-    def codes(self, keys: IntArray, line_of: Callable[[int], Line]) -> IntArray:
-        """Global codes for per-record local ``keys``: records with equal keys share a line, made
-        once per distinct key by ``line_of(i)`` from one record ``i`` holding it."""
-        if len(keys) == 0:
-            return np.empty(0, dtype=np.int64)
-        local, n = _dense(keys)
-        holder = np.empty(n, dtype=np.int64)
-        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
-        table = np.array([self.code(line_of(i)) for i in holder.tolist()], dtype=np.int64)
-        return table[local]
 
 
 @dataclass(slots=True)
@@ -327,14 +318,32 @@ def _owned(
 
 
 class _GroupPass:
-    """The records of one window group (its windows may not overlap each other's activities
-    twice: a group's windows are disjoint steps, or one whole-trace window per rank). Its rows
-    are in (window, start) order, the clipped table's, so the sweeps skip checking it."""
+    """The records of one or more window groups' windows (a group's windows may not overlap
+    each other's activities twice: they are disjoint steps, or one whole-trace window per
+    rank; every computation here is per window). Its rows are in (window, start) order, the
+    clipped table's, so the sweeps skip checking it.
 
-    def __init__(self, ctx: _Context, windows: Sequence[TimelineWindow], clipped: Clipped) -> None:
+    Line codes: each ``_codes`` call hands out provisional codes; ``run`` ends by interning the
+    lines in the order one pass per group would have met them (by group ``group_of``, then
+    call, then key), so the codes, and with them every tie order, do not depend on how the
+    groups were batched into passes."""
+
+    def __init__(
+        self,
+        ctx: _Context,
+        windows: Sequence[TimelineWindow],
+        clipped: Clipped,
+        group_of: IntArray | None = None,
+    ) -> None:
         self.ctx = ctx
         self.windows = windows
         self.records = _Records()
+        self.group_of = (
+            np.zeros(len(windows), dtype=np.int64) if group_of is None else group_of
+        )  # per window: its group's position in the pass
+        self._several = bool(len(windows)) and int(self.group_of.max()) > 0
+        self._pending: list[Line] = []
+        self._pending_group: list[IntArray] = []
         # Ties at one instant go to the activity launched first (the sweeps are stable);
         # tied rows share their window and start, so only ends and rows move.
         self.seg, self.start = clipped.seg, clipped.start
@@ -356,7 +365,38 @@ class _GroupPass:
         self._communication(nccl, comp_union)
         self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
         self._idle()
+        self._finish()
         return self.records
+
+    def _codes(self, keys: IntArray, seg: IntArray, line_of: Callable[[int], Line]) -> IntArray:
+        """Provisional line codes for per-record ``keys`` (records in windows ``seg``): records
+        with equal keys share a line, made once per distinct key by ``line_of(i)`` from one
+        record ``i`` holding it; numbered in key order after the earlier calls' codes."""
+        if len(keys) == 0:
+            return np.empty(0, dtype=np.int64)
+        local, n = _dense(keys)
+        holder = np.empty(n, dtype=np.int64)
+        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
+        first = np.zeros(n, dtype=np.int64)  # the first group holding each key
+        if self._several:
+            first[:] = np.iinfo(np.int64).max
+            np.minimum.at(first, local, self.group_of[seg])
+        base = len(self._pending)
+        self._pending += [line_of(i) for i in holder.tolist()]
+        self._pending_group.append(first)
+        return local + base
+
+    def _finish(self) -> None:
+        """Intern the pending lines by (first group, provisional code) and renumber the
+        records' codes."""
+        if not self._pending:
+            return
+        group = np.concatenate(self._pending_group)
+        order = np.argsort(group, kind="stable")  # provisional codes ascend within a group
+        table = np.empty(len(self._pending), dtype=np.int64)
+        table[order] = [self.ctx.lines.code(self._pending[i]) for i in order.tolist()]
+        self.records.code[:] = [table[c] for c in self.records.code]
+        self._pending, self._pending_group = [], []
 
     def _union(self, mask: BoolArray) -> Union:
         return Union.of(self.seg[mask], self.start[mask], self.end[mask], in_order=True)
@@ -367,12 +407,10 @@ class _GroupPass:
         """Records of activities ``r`` (rows of the activity table) in windows ``seg``."""
         self.records.add(seg, code, dur, start, self.ctx.l_tcode[r], r)
 
-    def _helper_codes(self, part: AccountPartKind, r: IntArray) -> IntArray:
+    def _helper_codes(self, part: AccountPartKind, seg: IntArray, r: IntArray) -> IntArray:
         helper = self.ctx.att.helper[r].astype(np.int64)
         # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
-        return self.ctx.lines.codes(
-            helper + 1, lambda i: self.ctx.helper_line(part, int(helper[i]))
-        )
+        return self._codes(helper + 1, seg, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
     def _compute(self, mask: BoolArray) -> Union:
         """Computation by helper; returns the computation union the other parts subtract."""
@@ -380,7 +418,7 @@ class _GroupPass:
         seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
         mine = owned(seg, start, end, in_order=True)
         r = self.row[rows]
-        code = self._helper_codes(AccountPartKind.COMPUTE, r)
+        code = self._helper_codes(AccountPartKind.COMPUTE, seg, r)
         self._add(seg, r, code, mine.length, mine.piece_start)
         return Union.of(seg, start, end, mine)
 
@@ -404,7 +442,7 @@ class _GroupPass:
             h, name = lines[int(keys[i])]
             return Line(AccountPartKind.EXPOSED_COMMUNICATION, name, category(h))
 
-        self._add(seg, r, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
+        self._add(seg, r, self._codes(keys, seg, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
 
         def peer(i: int) -> Line:
@@ -414,7 +452,7 @@ class _GroupPass:
             return Line(AccountPartKind.IDLE_PEER, name, category(h), late)
 
         peer_keys = keys * 1024 + (peer_rank + 1)
-        self._add(seg, r, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
+        self._add(seg, r, self._codes(peer_keys, seg, peer), waiting, lo)
 
     def _memcpy(self, mask: BoolArray, busy: Union) -> None:
         rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
@@ -432,7 +470,7 @@ class _GroupPass:
             kind = strings[int(name[i])]
             return self.ctx.helper_line(AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), kind)
 
-        self._add(seg, r, self.ctx.lines.codes(keys, make), exposed, lo)
+        self._add(seg, r, self._codes(keys, seg, make), exposed, lo)
 
     def _idle(self) -> None:
         ctx = self.ctx
@@ -461,7 +499,9 @@ class _GroupPass:
         why = other_reason[other]
         self.records.add(
             gaps.seg[other],
-            ctx.lines.codes(why, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
+            self._codes(
+                why, gaps.seg[other], lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])
+            ),
             (gaps.end - gaps.start)[other],
             gaps.start[other],
             code[other],
@@ -478,7 +518,7 @@ class _GroupPass:
             return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
 
         self.records.add(
-            gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, code[gap], unit[gap]
+            gaps.seg[gap], self._codes(keys, gaps.seg[gap], make), hi - lo, lo, code[gap], unit[gap]
         )
 
     def _host_line(self, label_type: int, value: int, detail: int) -> Line:
@@ -536,11 +576,11 @@ def _summaries(
     windows: Sequence[TimelineWindow],
     n_codes: int,
     per_window: bool,
-    largest: int,
+    largest: IntArray,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
     with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``largest`` longest pieces.
+    main thread and its ``largest[bucket]`` longest pieces.
 
     ``per_window``: the buckets are the windows, where an activity has at most one record per
     line (its share of one part in one window), so only gap pieces need distinct counting."""
@@ -576,8 +616,9 @@ def _summaries(
     ).reshape(n_keys, n_threads)
     main_thread = [names[t] for t in per_thread.argmax(axis=1).tolist()]
     # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
-    top = _largest(d, heads, order, largest)
-    have = top >= 0
+    first = order[heads]
+    top = _largest(d, heads, order, int(largest.max()))
+    have = (top >= 0) & (np.arange(len(top))[:, None] < largest[bucket[first]][None, :])
     rows = top[have]
     w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
     starts = start[rows]
@@ -602,7 +643,6 @@ def _summaries(
     per_key: list[list[PartDict]] = [[] for _ in range(n_keys)]
     for key, gap in zip(np.nonzero(have)[1].tolist(), gaps, strict=True):
         per_key[key].append(gap)  # rows of ``top`` are ranks 0, 1, 2: longest first
-    first = order[heads]
     out: dict[int, list[PartDict]] = {}
     lines = ctx.lines.lines
     for b, c, t, u, largest, th in zip(
@@ -711,38 +751,106 @@ def _accounts(
 ) -> Accounts:
     ctx = _Context(trace, att, ranges, catalog, windows, gpu)
     result = Accounts(notes=list(ctx.peers.notes), context=ctx)
-    for group, clip in gpu.groups.items():
-        tw = clip.windows
-        group_pass = _GroupPass(ctx, tw, clip.clipped)
-        records = group_pass.run().arrays()
-        drawn = [i for i, g in enumerate(clip.ids) if g in keep]
-        if drawn:
-            result.kept.append(_keep(group_pass, records, np.asarray(clip.ids), drawn))
-        seg, dur = records[0], records[2]
-        spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
-        # float64 sums of integer ns are exact below 2**53 ns (104 days)
-        totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
-        bad = np.flatnonzero(totals != spans)
-        if len(bad):
-            w = tw[int(bad[0])]
-            raise RuntimeError(
-                f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
-                f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
-            )
-        n_codes = max(len(ctx.lines.lines), 1)
-        rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
-        ranks = sorted(set(rank_of.tolist()))
-        one_per_rank = len(ranks) == len(tw)  # the whole trace: step and group lines are one
-        per_window = _summaries(
-            ctx,
-            seg,
-            records,
-            tw,
-            n_codes,
-            per_window=True,
-            largest=LARGEST if one_per_rank else LARGEST_PER_STEP,
+    for batch in _batches(list(gpu.groups.items())):
+        _account_batch(ctx, result, batch, steps, keep)
+    return result
+
+
+BATCH_ROWS = 1 << 20
+"""Consecutive window groups share one pass while their clipped rows add up to at most this
+many (a pass costs ~200 numpy calls whatever its size; a bigger group goes alone, with no
+copy of its rows)."""
+
+
+def _batches(groups: list[tuple[str, GroupClip]]) -> list[list[tuple[str, GroupClip]]]:
+    out: list[list[tuple[str, GroupClip]]] = []
+    rows = 0
+    for item in groups:
+        n = len(item[1].clipped.seg)
+        if out and rows + n <= BATCH_ROWS:
+            out[-1].append(item)
+            rows += n
+        else:
+            out.append([item])
+            rows = n
+    return out
+
+
+def _account_batch(
+    ctx: _Context,
+    result: Accounts,
+    batch: list[tuple[str, GroupClip]],
+    steps: Mapping[tuple[int, str], int],
+    keep: set[int],
+) -> None:
+    """The step and group accounts of the groups of ``batch``, from one pass over all their
+    windows (each group's windows numbered after the previous group's)."""
+    tw = [w for _, clip in batch for w in clip.windows]
+    ids = np.array([i for _, clip in batch for i in clip.ids], dtype=np.int64)
+    sizes = [len(clip.windows) for _, clip in batch]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    group_of = np.repeat(np.arange(len(batch), dtype=np.int64), sizes)
+    if len(batch) == 1:
+        clipped = batch[0][1].clipped
+    else:
+        clips = [clip.clipped for _, clip in batch]
+        clipped = Clipped(
+            np.concatenate([c.seg + o for c, o in zip(clips, offsets.tolist(), strict=False)]),
+            np.concatenate([c.start for c in clips]),
+            np.concatenate([c.end for c in clips]),
+            np.concatenate([c.row for c in clips]),
         )
-        for i, w in enumerate(tw):
+    group_pass = _GroupPass(ctx, tw, clipped, group_of)
+    records = group_pass.run().arrays()
+    drawn = [i for i, g in enumerate(ids.tolist()) if g in keep]
+    if drawn:
+        result.kept.append(_keep(group_pass, records, ids, drawn))
+    seg, dur = records[0], records[2]
+    spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
+    # float64 sums of integer ns are exact below 2**53 ns (104 days)
+    totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
+    bad = np.flatnonzero(totals != spans)
+    if len(bad):
+        w = tw[int(bad[0])]
+        raise RuntimeError(
+            f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
+            f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
+        )
+    n_codes = max(len(ctx.lines.lines), 1)
+    rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
+    # per group: its ranks, and whether it has one window per rank (the whole trace: its
+    # step and group lines are the same)
+    ranks = [sorted(set(rank_of[a:b].tolist())) for a, b in itertools.pairwise(offsets.tolist())]
+    one_per_rank = [len(r) == n for r, n in zip(ranks, sizes, strict=True)]
+    largest = np.array(
+        [LARGEST if one else LARGEST_PER_STEP for one in one_per_rank], dtype=np.int64
+    )[group_of]
+    per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True, largest=largest)
+    # rank buckets of the groups with several windows per rank, numbered group by group
+    bucket_of = np.full(len(tw), -1, dtype=np.int64)
+    rank_bucket: list[dict[int, int]] = []
+    n_buckets = 0
+    for g, (a, b) in enumerate(itertools.pairwise(offsets.tolist())):
+        mine = {} if one_per_rank[g] else {r: n_buckets + i for i, r in enumerate(ranks[g])}
+        n_buckets += len(mine)
+        rank_bucket.append(mine)
+        for i in range(a, b):
+            if mine:
+                bucket_of[i] = mine[int(rank_of[i])]
+    per_rank: dict[int, list[PartDict]] = {}
+    if n_buckets:
+        bucket = bucket_of[seg]
+        if bool((bucket < 0).any()):
+            inside = bucket >= 0
+            records = tuple(column[inside] for column in records)
+            bucket = bucket[inside]
+        group_largest = np.full(n_buckets, LARGEST, dtype=np.int64)
+        per_rank = _summaries(
+            ctx, bucket, records, tw, n_codes, per_window=False, largest=group_largest
+        )
+    for g, (group, clip) in enumerate(batch):
+        a = int(offsets[g])
+        for i, w in enumerate(clip.windows):
             result.steps.append(
                 StepAccount.model_validate(
                     {
@@ -754,32 +862,29 @@ def _accounts(
                         "start_ns": w.start_ns,
                         "end_ns": w.end_ns,
                         "span_ns": w.end_ns - w.start_ns,
-                        "parts": per_window.get(i, []),
+                        "parts": per_window.get(a + i, []),
                     }
                 )
             )
-        if one_per_rank:
-            per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
-        else:
-            bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            per_rank = _summaries(
-                ctx, bucket, records, tw, n_codes, per_window=False, largest=LARGEST
-            )
-        for b, rank in enumerate(ranks):
-            mine = [w for w in tw if w.window.rank == rank]
+        for rank in ranks[g]:
+            mine_windows = [w for w in clip.windows if w.window.rank == rank]
+            if one_per_rank[g]:
+                (i,) = [i for i, w in enumerate(clip.windows) if w.window.rank == rank]
+                parts = per_window.get(a + i, [])
+            else:
+                parts = per_rank.get(rank_bucket[g][rank], [])
             result.groups.append(
                 GroupAccount.model_validate(
                     {
                         "rank": rank,
                         "window": group,
-                        "steps": steps.get((rank, group), len(mine)),
-                        "windows": len(mine),
-                        "span_ns": sum(w.end_ns - w.start_ns for w in mine),
-                        "parts": per_rank.get(b, []),
+                        "steps": steps.get((rank, group), len(mine_windows)),
+                        "windows": len(mine_windows),
+                        "span_ns": sum(w.end_ns - w.start_ns for w in mine_windows),
+                        "parts": parts,
                     }
                 )
             )
-    return result
 
 
 @dataclass(frozen=True, slots=True)
