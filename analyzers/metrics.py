@@ -560,15 +560,24 @@ def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Ti
             dropped += len(rows) - limit
             longest = np.argsort(acts["end"][rows] - acts["start"][rows], kind="stable")[-limit:]
             rows = np.sort(rows[longest])
-        for r in rows.tolist():
-            h = int(att.helper[r])
+        # columns as Python ints once, not a numpy scalar per field and row (up to 2000 events
+        # per rank and step group)
+        columns = zip(
+            acts["stream"][rows].astype(np.int64).tolist(),
+            (acts["start"][rows].astype(np.int64) - origin).tolist(),
+            (acts["end"][rows].astype(np.int64) - origin).tolist(),
+            acts["name"][rows].tolist(),
+            att.helper[rows].tolist(),
+            strict=True,
+        )
+        for stream, start, end, name, h in columns:
             events.append(
                 TimelineEvent(
                     rank=rank,
-                    stream=int(acts["stream"][r]),
-                    start_ns=int(acts["start"][r]) - origin,
-                    end_ns=int(acts["end"][r]) - origin,
-                    name=trace.strings[int(acts["name"][r])],
+                    stream=stream,
+                    start_ns=start,
+                    end_ns=end,
+                    name=trace.strings[name],
                     helper=att.name_of(h),
                     category=att.category_of(h),
                 )
