@@ -92,7 +92,9 @@ class Metrics:
 
 class PointsByRank:
     """Points (rank, instant) split by rank once, for placing them in several window groups:
-    each group would otherwise scan all points once per rank."""
+    each group would otherwise scan all points once per rank. Each rank's points are kept in
+    time order: binary searches of sorted queries walk the windows cache-friendly, several
+    times faster than the same searches in row order on millions of points."""
 
     __slots__ = ("_rank", "_split", "_time")
 
@@ -104,10 +106,14 @@ class PointsByRank:
         return len(self._time)
 
     def of(self, rank: int) -> tuple[IntArray, IntArray]:
-        """Row indices of the rank's points and their instants."""
+        """Row indices of the rank's points and their instants, in time order."""
         if rank not in self._split:
             here = np.flatnonzero(self._rank == rank)
-            self._split[rank] = (here, self._time[here])
+            times = self._time[here]
+            if len(times) > 1 and not bool(np.all(times[1:] >= times[:-1])):
+                order = np.argsort(times, kind="stable")
+                here, times = here[order], times[order]
+            self._split[rank] = (here, times)
         return self._split[rank]
 
 
