@@ -285,7 +285,7 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
 
 # -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
 _OFF = {"fused_merge": False, "in_place": False, "remote_rows": False, "dq_rows": False,
-        "joint_bwd": False}
+        "joint_bwd": False, "dq_fp32": False}
 _DAY1 = {**_OFF, "fused_merge": True, "in_place": True, "remote_rows": True}
 FLOOR_ARMS = {
     "before": _OFF,
@@ -299,12 +299,15 @@ FLOOR_ARMS = {
     "day 1 + joint bwd": {**_DAY1, "joint_bwd": True},
     "after": {**_DAY1, "dq_rows": True},
     "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True},
+    # Day 3: float32 dQ from cuDNN (no dQ conversion kernel), the steps' dQ summed once.
+    "after + dq fp32": {**_DAY1, "dq_rows": True, "dq_fp32": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend). Day 1's run 2 had
 #: "after, cudnn autotune" with heuristics modes A + FALLBACK: no gain, 1 plan per shape; the
 #: autotune backend now also asks mode B.
 FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
-                     "after, cudnn autotune": ("after", "cudnn_autotune")}
+                     "after, cudnn autotune": ("after", "cudnn_autotune"),
+                     "after + dq fp32, cudnn autotune": ("after + dq fp32", "cudnn_autotune")}
 
 
 def _call_pairs(call) -> int:
@@ -494,21 +497,19 @@ def run_floor(args: argparse.Namespace) -> None:
             "families": p["families"],
         })
     _print_floor(rows, args)
-    for key in (("after", 2, 0), ("after", 2, 1), ("day-1 after", 2, 1), ("after", 1, 0)):
+    top = [(arm, cp, rank) for arm in ("after", "after + dq fp32", "after, cudnn autotune",
+                                       "after + dq fp32, cudnn autotune")
+           for cp, rank in ((2, 0), (2, 1))] + [("after", 1, 0)]
+    for key in top:
         if key in prof:
             print(f"top kernels, arm {key[0]!r} cp={key[1]} rank={key[2]} (launches, ms/iter):")
             for name, (count, us) in prof[key]["kernels"].items():
                 print(f"  {count:4d} {us / 1e3:7.3f}  {name}")
     if device.type == "cuda":
-        from cp_attention.local_attention import get_backend
-
-        here = torch.device("cuda", torch.cuda.current_device())  # the key kernels use
-        tuned = getattr(get_backend(here, "cudnn_autotune"), "primary", None)
-        for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
-            print(f"autotune {key[0]} b={key[2]} max_q={key[9]} max_k={key[10]} causal="
-                  f"{key[11]}: {count} plans, kept {best}, ms {[round(x, 3) for x in ms]}")
-    if device.type == "cuda":
+        _print_autotune()
         _per_call_table(args, device, dtype)
+    if device.type == "cuda" and args.options:
+        _options_table(args, device, dtype)
     print(f"fallbacks: {fallback_counts() or 'none'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows,
@@ -619,6 +620,114 @@ def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
                               f"{fl / (ms * 1e-3) / 1e12:.0f} |")
 
 
+def _print_autotune() -> None:
+    """What ``cudnn_autotune`` chose per graph: plans timed, the default (plan 0) and the
+    kept plan with their names and times, and the knob space of the top plan's engine."""
+    from cp_attention.local_attention import get_backend
+
+    here = torch.device("cuda", torch.cuda.current_device())  # the key kernels use
+    tuned = getattr(get_backend(here, "cudnn_autotune"), "primary", None)
+    for key, (count, best, ms) in getattr(tuned, "tuned", {}).items():
+        names = tuned.plan_names.get(key, [])
+
+        def name(i: int, names: list[str] = names) -> str:
+            return names[i] if i < len(names) else "?"
+
+        tokens = f" tokens={key[3][0]}" if key[0] == "bwd" else ""
+        dq = f" dq={key[15]}" if key[0] == "bwd" else ""
+        gain = (1 - ms[best] / ms[0]) * 100 if ms and ms[0] > 0 else float("nan")
+        print(f"autotune {key[0]} b={key[2]}{tokens} max_q={key[9]} max_k={key[10]} "
+              f"causal={key[11]}{dq}: {count} plans; plan 0 {name(0)!r} {ms[0]:.3f} ms, kept "
+              f"{best} {name(best)!r} {ms[best]:.3f} ms ({gain:+.1f}% faster)")
+        ranked = sorted((t, i) for i, t in enumerate(ms) if t != float("inf"))[:6]
+        print("    fastest: " + ", ".join(f"{i}:{name(i)} {t:.3f}" for t, i in ranked))
+        space = tuned.knob_space.get(key)
+        if space:
+            print("    knob space (type, min, max, stride): " + ", ".join(map(str, space)))
+
+
+def _step_call_fns(kernel, dq_dtype, call, tensors, scale: float, step: int):
+    """``(fwd, bwd, layout)`` of one planned step call as the floor runs it (in place when
+    the call gathers rows; a remote step's dK/dV and partial dQ not zeroed outside)."""
+    q, k, v, dout = tensors
+    in_place = call.in_place and call.gathers
+    packed = (call.q_rows.take(q), call.k_rows.take(k), call.k_rows.take(v),
+              call.q_rows.take(dout))
+    a = (call.cu_q, call.cu_k, call.max_q, call.max_k, call.causal, scale, call.square)
+
+    def fwd():
+        if in_place:
+            res = kernel.fwd_in_place(q, k, v, call, scale)
+            if res is None:
+                raise RuntimeError("in-place call declined")
+            return res
+        return kernel.fwd(*packed[:3], *a, cache=call.cache)
+
+    out, lse = fwd()
+
+    def bwd():
+        if in_place:
+            return kernel.bwd_in_place(dout, q, k, v, out, lse, call, scale, step == 0, False,
+                                       dq_dtype)
+        return kernel.bwd(packed[3], *packed[:3], out, lse, *a, cache=call.cache,
+                          dq_dtype=dq_dtype)
+
+    return fwd, bwd, "in place" if in_place else "packed"
+
+
+def _options_table(args: argparse.Namespace, device, dtype) -> None:
+    """Each cp=2 step call (and the one-GPU call) alone, forward and backward timed apart,
+    under cuDNN graph options: the default graphs, a float32 dQ, the SDPA forward
+    implementation forced (UNIFIED / COMPOSITE), and the autotuned plans (knob sweep); plus
+    the backward's kernels with a 16-bit and a float32 dQ."""
+    from cp_attention.cudnn_graph import CudnnGraphAttention
+    from cp_attention.local_attention import get_backend
+
+    base = get_backend(device, "cudnn").primary
+    variants = {"default": (base, None),
+                "dq fp32": (base, torch.float32),
+                "fwd UNIFIED": (CudnnGraphAttention(fwd_implementation="UNIFIED"), None),
+                "fwd COMPOSITE": (CudnnGraphAttention(fwd_implementation="COMPOSITE"), None),
+                "autotune": (get_backend(device, "cudnn_autotune").primary, None),
+                "autotune, dq fp32": (get_backend(device, "cudnn_autotune").primary,
+                                      torch.float32)}
+    print("| cp | rank | step | q rows x k rows | causal | layout | variant | fwd ms | bwd ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    scale = args.dim ** -0.5
+    kernels_seen: list[str] = []
+    for cp in (1, 2):
+        meta, layers = _floor_inputs(args, cp, device, dtype)
+        local = layers[0][0]
+        for rank in range(cp):
+            for step, call in enumerate(meta.calls_for("p2p", True, rank)):
+                if call is None:
+                    continue
+                owner = (rank - step) % cp
+                tensors = (local["q"][rank], local["k"][owner], local["v"][owner],
+                           local["dout"][rank])
+                for variant, (kernel, dq_dtype) in variants.items():
+                    try:
+                        fwd, bwd, layout = _step_call_fns(kernel, dq_dtype, call, tensors,
+                                                          scale, step)
+                        f_ms, b_ms = _time_ms(fwd, device), _time_ms(bwd, device)
+                    except Exception as exc:
+                        print(f"| {cp} | {rank} | {step} | - | - | - | {variant} | "
+                              f"{type(exc).__name__}: {str(exc)[:120]} | - |")
+                        continue
+                    print(f"| {cp} | {rank} | {step} | {call.q_rows.count} x "
+                          f"{call.k_rows.count} | {call.causal} | {layout} | {variant} | "
+                          f"{f_ms:.3f} | {b_ms:.3f} |")
+                    if variant in ("default", "dq fp32"):
+                        p = _profile_kernels(bwd, device)
+                        kernels_seen.append(f"cp={cp} rank={rank} step={step} {variant} bwd: " +
+                                            "; ".join(f"{n[:60]} {us:.1f}us"
+                                                      for n, (c, us) in p["kernels"].items()))
+    print("backward kernels per call (name, GPU time):")
+    for line in kernels_seen:
+        print("  " + line)
+    _print_autotune()
+
+
 def _print_floor(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"floor: seqlens={args.seqlens} heads={args.heads} dim={args.dim} "
           f"layers={args.layers} iters={args.iters}; kernel time = GPU activity of the median "
@@ -664,7 +773,14 @@ def main() -> None:
                         help="floor arms to run, ';'-separated (names hold commas; default: all)")
     parser.add_argument("--profile-reps", type=int, default=3,
                         help="floor: profiled iterations per arm; kernel time is their median")
+    parser.add_argument("--options", action="store_true",
+                        help="floor: also time each step call under cuDNN graph options")
+    parser.add_argument("--options-only", action="store_true",
+                        help="only the cuDNN graph options table (one GPU)")
     args = parser.parse_args()
+    if args.options_only:
+        _options_table(args, torch.device("cuda"), torch.bfloat16)
+        return
     if args.cpu and args.seqlens == [8192, 4096, 2048, 2048]:
         args.seqlens, args.heads, args.dim = [64, 32, 16, 16], 2, 8
     if args.floor:

@@ -22,7 +22,14 @@ import torch.distributed as dist
 from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
 from cp_attention.local_attention import LocalAttention, get_backend
-from cp_attention.merge import OutputMerger, accum_dtype, add_block_rows, add_rows, gather_rows
+from cp_attention.merge import (
+    OutputMerger,
+    accum_dtype,
+    add_block_rows,
+    add_rows,
+    gather_rows,
+    sum_parts,
+)
 from cp_attention.metadata import PackedBatch
 from cp_attention.plan import COMMS, AttnCall, JointBwd, Rows
 from cp_attention.ranges import phase
@@ -53,6 +60,12 @@ class Tuning:
       packing costs more than the adds it saves); cp=4 rank 3 4.24 vs 4.41 ms. Off because it
       loses at cp=2 and because the dK/dV of remote blocks are then ready only after the whole
       call, so on the network their return no longer overlaps the local step (unmeasured).
+    * ``dq_fp32`` (off): (saved-KV backward) every step's backward is asked for a float32 dQ
+      (cuDNN: no ``convert_dq_to_16bits`` kernel per call) and the steps' dQ are summed, each
+      at its rows, in one pass that rounds once to the input dtype (instead of a 16-bit add
+      per extra step). cuDNN 9.19 does not honour a float32 dQ (the backend checks once and
+      returns 16-bit dQ), so on H200 it only merges the adds into one pass: cp=2 rank 0 5.91
+      vs 5.85 ms, rank 1 6.16 vs 6.15; cp=4 ranks 1-3 0.03-0.05 ms less (run 8).
     """
 
     fused_merge: bool = True
@@ -60,6 +73,7 @@ class Tuning:
     remote_rows: bool = True
     dq_rows: bool = True
     joint_bwd: bool = False
+    dq_fp32: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,22 +137,26 @@ class _Step:
             return out, lse, False
 
     def bwd(self, call: AttnCall, dout, q, k, v, out, lse, zero_k_outside: bool = True,
-            zero_q_outside: bool = True):
+            zero_q_outside: bool = True, dq_dtype: torch.dtype | None = None):
         """``(dq, dk, dv, in_place)``: in place, whole buffers, zero outside the call's rows
         (dK/dV rows outside undefined when ``zero_k_outside`` is False, dQ rows when
-        ``zero_q_outside`` is False)."""
+        ``zero_q_outside`` is False). ``dq_dtype``: ask the kernel for dQ in that dtype (a
+        kernel that cannot returns the input dtype)."""
+        extra = ({"dq_dtype": dq_dtype}
+                 if dq_dtype is not None and getattr(self.kernel, "accepts_dq_dtype", False)
+                 else {})
         with phase("attn_bwd_step"):
             run = self._in_place(call, "bwd")
             if run is not None:
                 res = run(dout, q, k, v, out, lse, call, self.scale, zero_k_outside,
-                          zero_q_outside)
+                          zero_q_outside, **extra)
                 if res is not None:
                     return (*res, True)
             rows = call.q_rows
             return (*self.kernel.bwd(
                 rows.take(dout), rows.take(q), call.k_rows.take(k), call.k_rows.take(v),
                 rows.take(out), rows.take(lse), call.cu_q, call.cu_k, call.max_q, call.max_k,
-                call.causal, self.scale, call.square, cache=call.cache,
+                call.causal, self.scale, call.square, cache=call.cache, **extra,
             ), False)
 
     @property
@@ -196,6 +214,10 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
     dq: torch.Tensor | None = None
     # dQ of in-place steps valid only at their rows (dq_rows), summed after the loop.
     partial_dq: list[tuple[torch.Tensor, Rows]] = []
+    # dq_fp32: every step's float32 dQ with its valid rows, summed once after the loop.
+    dq_parts: list[tuple[torch.Tensor, Rows | None, dict | None]] = []
+    fp32 = s.tuning.dq_fp32
+    dq_dtype = accum_dtype(q.dtype) if fp32 else None
     sends: list[tuple[list[torch.Tensor], int]] = []
     for index in range(len(s.calls) - 1, -1, -1):
         if index == 0 and ring is not None and ring.size > 1:
@@ -207,10 +229,13 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         # A remote block's dK/dV may keep garbage outside the rows the step read: its owner
         # adds only those rows (peer_rows), so no zero-fill is needed for them.
         zero = index == 0 or not s.tuning.remote_rows
-        grads = (s.bwd(call, dout, q, bk, bv, out, lse, zero, not s.tuning.dq_rows)
+        zero_q = not (s.tuning.dq_rows or fp32)
+        grads = (s.bwd(call, dout, q, bk, bv, out, lse, zero, zero_q, dq_dtype)
                  if call is not None else None)
         with phase("grad_reduce"):
-            if grads is not None and grads[3] and s.tuning.dq_rows \
+            if grads is not None and fp32:
+                dq_parts.append(_dq_part(grads[0], call, s.calls[index], q, grads[3]))
+            elif grads is not None and grads[3] and s.tuning.dq_rows \
                     and not call.q_rows.covers(q.shape[0]):
                 partial_dq.append((grads[0], call.q_rows))
             elif grads is not None:
@@ -232,10 +257,26 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
                     block[0] += received[2 * j]
                     block[1] += received[2 * j + 1]
     with phase("grad_reduce"):
+        if fp32:
+            dq = sum_parts(dq_parts, q, s.fused)
         dq = dq if dq is not None else torch.zeros_like(q)
         for part, rows in partial_dq:
             add_block_rows(dq, part, rows, s.fused)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
+
+
+def _dq_part(dq: torch.Tensor, call: AttnCall, planned: AttnCall | None, q: torch.Tensor,
+             in_place: bool) -> tuple[torch.Tensor, Rows | None, dict | None]:
+    """A step's dQ as a :func:`~cp_attention.merge.sum_parts` part: a whole-buffer tensor and
+    the rows where it is valid (None: every row)."""
+    rows = call.q_rows
+    cache = planned.cache if planned is not None else call.cache
+    if rows.covers(q.shape[0]):
+        return dq, None, None
+    if in_place:  # whole buffer, valid at the call's rows (the rest never written)
+        return dq, rows, cache
+    # A packed partial result (not in place): scattered into a zero buffer once.
+    return add_rows(None, rows, dq, q, dq.dtype), None, None
 
 
 def _joint_backward(s: _Step, j: JointBwd, dout, q, blocks, out, lse, ring: Ring | None):

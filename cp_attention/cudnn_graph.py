@@ -21,6 +21,20 @@ the bound offsets: the cuDNN library does; cudnn-frontend's own Python (FROST) T
 not in the versions of its issue #737, so a graph served by a Python engine is not used in place
 (:meth:`CudnnGraphAttention.serves_in_place`).
 
+dQ in float32 (``dq_dtype=torch.float32`` on ``bwd``/``bwd_in_place``): the backward graph's dQ
+output is declared FLOAT. cuDNN accumulates dQ in a float32 buffer either way; with a 16-bit dQ
+it runs one more kernel per call (``convert_dq_to_16bits``) that reads that buffer and writes the
+16-bit copy, which a caller summing several calls' dQ (a CP rank's ring steps) would read again.
+cuDNN 9.19 accepts such a graph but still runs its 16-bit conversion into the float32 buffer
+(wrong values, no error), so a float32 dQ is used only after a one-time check on the device
+shows the library honours it (:meth:`CudnnGraphAttention.float_dq_honoured`); otherwise, and
+for shapes the library declines, the 16-bit graph serves the call (logged).
+
+Autotune (``cudnn_autotune``): besides the heuristics' plans (modes A, B, FALLBACK), every knob
+value of the engine that serves the top plan is tried one knob at a time
+(``get_knobs_for_engine`` / ``create_execution_plan``), at most :data:`KNOB_CANDIDATES` per
+graph; all plans that build are timed on the first call's buffers and the fastest is kept.
+
 Graphs, handles and cached plans are released at interpreter exit (:func:`release_all`), before
 the frontend's own exit hooks run, so nanobind reports no leaked instances.
 """
@@ -31,6 +45,7 @@ import atexit
 import gc
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -49,6 +64,13 @@ class GraphUnsupported(RuntimeError):
     """cuDNN declined to build a graph for this shape (the caller may fall back)."""
 
 
+#: Knob variants tried per graph by the autotuner (one knob changed at a time), and the
+#: seconds spent building plans, per graph and per backend object.
+KNOB_CANDIDATES = 48
+KNOB_BUILD_SECONDS = 12.0
+KNOB_BUILD_SECONDS_TOTAL = 240.0
+
+
 def _round64(n: int) -> int:
     return (n + 63) // 64 * 64
 
@@ -63,18 +85,37 @@ class CudnnGraphAttention:
     """The ``cudnn`` local-attention backend (see module docstring)."""
 
     name = "cudnn"
+    #: ``bwd``/``bwd_in_place`` take ``dq_dtype`` (float32: no dQ conversion kernel).
+    accepts_dq_dtype = True
 
-    def __init__(self, autotune: bool = False) -> None:
-        """:param autotune: build every plan the heuristics offer for a shape and keep the
-            fastest one, timed on the first call's real buffers (backend ``cudnn_autotune``).
+    def __init__(self, autotune: bool = False, fwd_implementation: str | None = None) -> None:
+        """:param autotune: build every plan the heuristics offer for a shape (and the knob
+            variants of the top plan's engine) and keep the fastest one, timed on the first
+            call's real buffers (backend ``cudnn_autotune``).
+        :param fwd_implementation: the frontend's SDPA forward implementation, ``"UNIFIED"``
+            or ``"COMPOSITE"`` (default: the frontend's AUTO choice); for measurements.
         """
         import cudnn
 
         self.autotune = autotune
+        self.fwd_implementation = fwd_implementation
         if autotune:
             self.name = "cudnn_autotune"
         #: Autotuned graph key -> (plans offered, plan kept, median ms of each plan).
         self.tuned: dict[tuple, tuple[int, int, list[float]]] = {}
+        #: Autotuned graph key -> plan names (index order) and the knob space swept.
+        self.plan_names: dict[tuple, list[str]] = {}
+        #: (The last entry: ``("built", plans built, plans listed, seconds spent)``.)
+        self.knob_space: dict[tuple, list[tuple[str, int, int, float]]] = {}
+        #: Backward graph shapes whose float32-dQ graph the library declined.
+        self.dq_float_declined: set[tuple] = set()
+        self._pending_space: list[tuple[str, int, int, float]] | None = None
+        self._sweep_left = KNOB_BUILD_SECONDS_TOTAL
+        #: Device index -> whether a float32 dQ output comes back right (probed once).
+        self._float_dq_ok: dict[int, bool] = {}
+        self._pending_built: list[int] = []
+        #: Autotuned graph key -> indices of the plans that built (the ones timed).
+        self.built_plans: dict[tuple, list[int]] = {}
 
         self._cudnn = cudnn
         self._graphs: dict[tuple, tuple[Any, int, list[int]]] = {}
@@ -135,9 +176,14 @@ class CudnnGraphAttention:
                     try:
                         hit = build()
                     except Exception as exc:
+                        self._pending_space = None
                         raise GraphUnsupported(f"{type(exc).__name__}: {exc}") from exc
                     self._graphs[key] = hit
                     self.engines[key] = self.engine_name(hit[0])
+                    if self._pending_space:
+                        self.knob_space[key] = self._pending_space
+                        self.built_plans[key] = self._pending_built
+                    self._pending_space = None
         return hit
 
     @staticmethod
@@ -234,7 +280,27 @@ class CudnnGraphAttention:
         if not self.autotune:
             g.build_plans()
             return g, g.get_workspace_size(), uids
-        g.build_plans(cudnn.build_plan_policy.ALL)
+        start = time.perf_counter()
+        space = self._add_knob_plans(g)
+        built = []
+        for i in range(g.get_execution_plan_count()):
+            # Knob variants may each compile a kernel: bounded per graph and per process.
+            spent = time.perf_counter() - start
+            if built and (spent > KNOB_BUILD_SECONDS or self._sweep_left - spent <= 0):
+                break
+            try:
+                g.build_plan_at_index(i)
+                built.append(i)
+            except Exception as exc:  # a declined or failing variant is not timed
+                _LOG.debug("plan %d not built: %s", i, exc)
+        if not built:
+            raise GraphUnsupported("no plan of the graph could be built")
+        g.build_plan_at_index(built[0])  # the heuristics' choice until the first call tunes
+        spent = time.perf_counter() - start
+        self._sweep_left -= spent
+        space = [*space, ("built", len(built), g.get_execution_plan_count(), round(spent, 1))]
+        self._pending_space = space
+        self._pending_built = built
         sizes = []
         for i in range(g.get_execution_plan_count()):
             try:
@@ -244,14 +310,49 @@ class CudnnGraphAttention:
         # Workspace for any plan, so the choice made at the first call fits.
         return g, max(max(sizes), g.get_workspace_size(), 0), uids
 
+    def _add_knob_plans(self, g: Any) -> list[tuple[str, int, int, float]]:
+        """Append plans for the top plan's engine with one knob changed at a time.
+
+        :returns: the knob space of that engine (type, min, max, stride), for the record.
+        """
+        try:
+            engine, base = g.get_engine_and_knobs_at_index(0)
+            knobs = list(g.get_knobs_for_engine(engine))
+        except Exception as exc:  # older frontends, or a plan without an explicit engine
+            _LOG.info("knob sweep skipped: %s", exc)
+            return []
+        space = [(str(k.type), int(k.min_value), int(k.max_value), int(k.stride))
+                 for k in knobs]
+        base = dict(base)
+        seen = {_knob_signature(base)}
+        added = 0
+        for knob in knobs:
+            step = max(int(knob.stride), 1)
+            for value in range(int(knob.min_value), int(knob.max_value) + 1, step):
+                choice = {**base, knob.type: value}
+                sig = _knob_signature(choice)
+                if sig in seen or added >= KNOB_CANDIDATES:
+                    continue
+                seen.add(sig)
+                try:
+                    g.create_execution_plan(engine, choice)
+                    added += 1
+                except Exception as exc:
+                    _LOG.debug("knob plan %s declined: %s", choice, exc)
+        return space
+
     def _tune(self, key: tuple, g: Any, pack: list, workspace: torch.Tensor, handle: Any,
               uids: list[int], device: torch.device) -> None:
         """Time every built plan on this call's buffers and select the fastest (once per key)."""
         if not self.autotune or key in self.tuned:
             return
         count = g.get_execution_plan_count()
+        built = set(self.built_plans.get(key, range(count)))
         times: list[float] = []
         for i in range(count):
+            if i not in built:
+                times.append(float("inf"))
+                continue
             try:
                 for _ in range(2):
                     g.execute_plan_at_index(pack, workspace, i, handle, tensor_uids=tuple(uids))
@@ -268,8 +369,15 @@ class CudnnGraphAttention:
                 _LOG.debug("plan %d of %s not timed: %s", i, key[0], exc)
                 times.append(float("inf"))
         best = min(range(count), key=lambda i: times[i])
-        g.select_plan(best)
+        names = []
+        for i in range(count):
+            try:
+                names.append(str(g.get_plan_name_at_index(i)))
+            except Exception:
+                names.append("?")
+        g.build_plan_at_index(best)  # builds (already built) and selects it
         self.tuned[key] = (count, best, times)
+        self.plan_names[key] = names
 
     def _build_fwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle):
         g, io = self._new_graph(q.dtype, handle)
@@ -284,9 +392,12 @@ class CudnnGraphAttention:
         kt.set_ragged_offset(self._offset(g, "rk", b, R_K))
         vt.set_ragged_offset(self._offset(g, "rv", b, R_V))
         len_q, len_k = self._lengths(g, b)
+        impl = ({"implementation": getattr(self._cudnn.attention_implementation,
+                                           self.fwd_implementation)}
+                if self.fwd_implementation else {})
         ot, st = g.sdpa(name="sdpa", q=qt, k=kt, v=vt, generate_stats=True, attn_scale=scale,
                         use_padding_mask=True, seq_len_q=len_q, seq_len_kv=len_k,
-                        **self._mask(causal, square))
+                        **self._mask(causal, square), **impl)
         ot.set_uid(OUT).set_output(True).set_dim([b, hq, s_q, v.shape[2]]).set_stride(
             [s_q * hq * d, d, hq * d, 1]).set_data_type(io)
         ot.set_ragged_offset(self._offset(g, "ro", b, R_O))
@@ -295,7 +406,8 @@ class CudnnGraphAttention:
         st.set_ragged_offset(self._offset(g, "rs", b, R_STATS))
         return self._finish(g, [Q, K, V, OUT, STATS, LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_STATS])
 
-    def _build_bwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle, ragged_stats):
+    def _build_bwd(self, q, k, v, b, s_q, s_k, causal, square, scale, handle, ragged_stats,
+                   dq_float=False):
         g, io = self._new_graph(q.dtype, handle)
         hq, hk, hv, d, dv = q.shape[1], k.shape[1], v.shape[1], q.shape[2], v.shape[2]
         qt = g.tensor(name="q", dim=[b, hq, s_q, d], stride=_desc_stride(q, s_q), data_type=io,
@@ -328,8 +440,9 @@ class CudnnGraphAttention:
             (dqt, DQ, [b, hq, s_q, d], "rdq", R_DQ), (dkt, DK, [b, hk, s_k, d], "rdk", R_DK),
             (dvt, DV, [b, hv, s_k, dv], "rdv", R_DV),
         ):
+            dtype = self._cudnn.data_type.FLOAT if dq_float and uid == DQ else io
             t.set_uid(uid).set_output(True).set_dim(dims).set_stride(
-                [dims[2] * dims[1] * dims[3], dims[3], dims[1] * dims[3], 1]).set_data_type(io)
+                [dims[2] * dims[1] * dims[3], dims[3], dims[1] * dims[3], 1]).set_data_type(dtype)
             t.set_ragged_offset(self._offset(g, r_name, b, r_uid))
         uids = [Q, K, V, OUT, DO, STATS, DQ, DK, DV, LEN_Q, LEN_K, R_Q, R_K, R_V, R_O, R_DQ, R_DK,
                 R_DV] + ([R_STATS] if ragged_stats else [])
@@ -341,31 +454,101 @@ class CudnnGraphAttention:
         return (_FWD, q.dtype, b, q.shape[1:], k.shape[1:], v.shape[1:], q.stride(), k.stride(),
                 v.stride(), max_q, max_k, causal, square, scale, q.device)
 
-    def bwd_key(self, q, k, v, b, max_q, max_k, causal, square, scale) -> tuple:
+    def bwd_key(self, q, k, v, b, max_q, max_k, causal, square, scale,
+                dq_dtype: torch.dtype | None = None) -> tuple:
         """The cache key of a backward graph (token counts size its workspace)."""
         return (_BWD, q.dtype, b, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
-                max_q, max_k, causal, square, scale, q.device)
+                max_q, max_k, causal, square, scale, q.device, dq_dtype or q.dtype)
 
     def _fwd_graph(self, q, k, v, b, max_q, max_k, causal, square, scale, handle):
         key = self.fwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
         return key, self._graph(key, lambda: self._build_fwd(q, k, v, b, max_q, max_k, causal,
                                                             square, scale, handle))
 
-    def _bwd_graph(self, q, k, v, b, max_q, max_k, causal, square, scale, handle):
-        key = self.bwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
+    def _dq_dtype(self, q, k, v, b, max_q, max_k, causal, square, scale,
+                  dq_dtype: torch.dtype | None) -> torch.dtype:
+        """``dq_dtype`` if the library serves it for this shape, else ``q``'s dtype."""
+        if dq_dtype is None or dq_dtype == q.dtype:
+            return q.dtype
+        if dq_dtype != torch.float32:
+            raise ValueError(f"dq_dtype must be float32 or the input dtype, got {dq_dtype}")
+        shape = self.bwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
+        if shape in self.dq_float_declined or not self.float_dq_honoured(q.device):
+            return q.dtype
+        return dq_dtype
+
+    def float_dq_honoured(self, device: torch.device) -> bool:
+        """Whether the library writes a correct float32 dQ (checked once per device).
+
+        cuDNN 9.19 accepts a FLOAT dQ output but still runs its 16-bit conversion kernel
+        (``convert_dq_to_16bits_ragged``) into that buffer, so every value comes back wrong
+        with no error (measured: ``benchmarks/RESULTS.md``, run 8). The check runs one small
+        backward both ways and compares; it reads the result back (one sync, on the first
+        float32-dQ request only). When it fails, every backward gets a 16-bit dQ.
+        """
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        ok = self._float_dq_ok.get(index)
+        if ok is None:
+            ok = self._float_dq_ok[index] = self._probe_float_dq(torch.device("cuda", index))
+            if not ok:
+                _LOG.warning("cp_attention: cuDNN %s returns a wrong float32 dQ (its 16-bit "
+                             "dQ conversion still runs); float32 dQ is off, every backward "
+                             "returns a 16-bit dQ", self._cudnn.backend_version_string())
+        return ok
+
+    def _probe_float_dq(self, device: torch.device) -> bool:
+        gen = torch.Generator(device=device).manual_seed(0)
+        t, h, d = 192, 2, 128
+        q, k, v, dout = (torch.randn(t, h, d, device=device, generator=gen).bfloat16()
+                         for _ in range(4))
+        cu = torch.tensor([0, 100, t], dtype=torch.int32, device=device)
+        args = (cu, cu, 100, 100, True, d ** -0.5, True)
+        try:
+            out, lse = self.fwd(q, k, v, *args)
+            ref = self._bwd(dout, q, k, v, out, lse, *args, None, q.dtype)[0]
+            got = self._bwd(dout, q, k, v, out, lse, *args, None, torch.float32)[0]
+        except GraphUnsupported as exc:
+            _LOG.info("float32 dQ check declined: %s", exc)
+            return False
+        if got.dtype != torch.float32:
+            return False
+        err = (got - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)
+        return bool(err < 2e-2)
+
+    def _bwd_graph(self, q, k, v, b, max_q, max_k, causal, square, scale, handle,
+                   dq_dtype: torch.dtype | None = None):
+        """``(key, graph, ragged stats, dq dtype)``; a declined float32 dQ falls back to 16 bits.
+        ``dq_dtype`` is already resolved (:meth:`_dq_dtype`)."""
+        dq_dtype = dq_dtype or q.dtype
+        if dq_dtype != q.dtype:
+            try:
+                return (*self._bwd_graph_of(q, k, v, b, max_q, max_k, causal, square, scale,
+                                            handle, dq_dtype), dq_dtype)
+            except GraphUnsupported as exc:
+                shape = self.bwd_key(q, k, v, b, max_q, max_k, causal, square, scale)
+                self.dq_float_declined.add(shape)
+                _LOG.info("float32 dQ declined (%s); 16-bit dQ for this shape", exc)
+                dq_dtype = q.dtype
+        return (*self._bwd_graph_of(q, k, v, b, max_q, max_k, causal, square, scale, handle,
+                                    dq_dtype), dq_dtype)
+
+    def _bwd_graph_of(self, q, k, v, b, max_q, max_k, causal, square, scale, handle,
+                      dq_dtype: torch.dtype):
+        key = self.bwd_key(q, k, v, b, max_q, max_k, causal, square, scale, dq_dtype)
+        dq_float = dq_dtype == torch.float32 and q.dtype != torch.float32
         if self._ragged_stats_bwd is None:
             major = torch.cuda.get_device_capability(q.device)[0]
             self._ragged_stats_bwd = major in (9, 10)
         if self._ragged_stats_bwd:
             try:
                 hit = self._graph((*key, True), lambda: self._build_bwd(
-                    q, k, v, b, max_q, max_k, causal, square, scale, handle, True))
+                    q, k, v, b, max_q, max_k, causal, square, scale, handle, True, dq_float))
                 return (*key, True), hit, True
             except GraphUnsupported as exc:
                 _LOG.info("ragged-stats backward declined (%s); padded stats for this shape", exc)
         ragged = False
         hit = self._graph((*key, ragged), lambda: self._build_bwd(
-            q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged))
+            q, k, v, b, max_q, max_k, causal, square, scale, handle, ragged, dq_float))
         return (*key, ragged), hit, ragged
 
     def _execute(self, key, g, ws, uids, handle, pack: dict, device) -> None:
@@ -399,15 +582,25 @@ class CudnnGraphAttention:
         return out, stats
 
     def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
-            cache=None):
+            cache=None, dq_dtype: torch.dtype | None = None):
+        """Gradients; dQ in ``dq_dtype`` (float32 or ``q``'s dtype) when the library serves it
+        correctly (:meth:`float_dq_honoured`), else in ``q``'s dtype."""
+        b = cu_q.numel() - 1
+        dq_dtype = self._dq_dtype(q, k, v, b, max_q, max_k, causal, square, scale, dq_dtype)
+        return self._bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                         square, cache, dq_dtype)
+
+    def _bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
+             cache, dq_dtype: torch.dtype):
         b = cu_q.numel() - 1
         handle = self._handle(q.device)
-        key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, max_q, max_k, causal, square,
-                                                     scale, handle)
+        key, (g, ws, uids), ragged, dq_dtype = self._bwd_graph(
+            q, k, v, b, max_q, max_k, causal, square, scale, handle, dq_dtype)
         r = self._ragged(cache, cu_q, cu_k, self._strides(q, k, v))
         dout, out = dout.contiguous(), out.contiguous()
         stats = lse.contiguous() if ragged else _padded_stats(lse, cu_q, max_q, cache)
-        grads = (torch.empty_like(q), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+        grads = (torch.empty(q.shape, dtype=dq_dtype, device=q.device),
+                 torch.empty(k.shape, dtype=k.dtype, device=k.device),
                  torch.empty(v.shape, dtype=v.dtype, device=v.device))
         self._execute_bwd(key, g, ws, uids, handle, dout, q, k, v, out, stats, grads, r)
         return grads
@@ -429,27 +622,35 @@ class CudnnGraphAttention:
         return out, stats
 
     def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True,
-                     zero_q_outside=True):
+                     zero_q_outside=True, dq_dtype: torch.dtype | None = None):
         """Backward of ``call`` on whole buffers: ``(dq, dk, dv)`` shaped like ``q``/``k``/``v``,
         the call's rows written, every other row zero (dK/dV rows outside left unwritten when
         ``zero_k_outside`` is False, dQ rows when ``zero_q_outside`` is False). None as for
         :meth:`fwd_in_place`."""
         b = call.cu_q.numel() - 1
         handle = self._handle(q.device)
-        key, (g, ws, uids), ragged = self._bwd_graph(q, k, v, b, call.max_q, call.max_k,
-                                                     call.causal, call.square, scale, handle)
+        dq_dtype = self._dq_dtype(q, k, v, b, call.max_q, call.max_k, call.causal, call.square,
+                                  scale, dq_dtype)
+        key, (g, ws, uids), ragged, dq_dtype = self._bwd_graph(
+            q, k, v, b, call.max_q, call.max_k, call.causal, call.square, scale, handle, dq_dtype)
         if not ragged or not self.serves_in_place(key):
             return None
         r = self._ragged_in_place(call.cache, call, self._strides(q, k, v))
         # Rows outside the call must read as zero gradient (a memset, no kernel of ours).
         q_all, k_all = call.q_rows.covers(q.shape[0]), call.k_rows.covers(k.shape[0])
-        dq = torch.empty_like(q) if q_all or not zero_q_outside else torch.zeros_like(q)
+        alloc_q = torch.empty if q_all or not zero_q_outside else torch.zeros
+        dq = alloc_q(q.shape, dtype=dq_dtype, device=q.device)
         alloc_k = torch.empty if k_all or not zero_k_outside else torch.zeros
         dk = alloc_k(k.shape, dtype=k.dtype, device=k.device)
         dv = alloc_k(v.shape, dtype=v.dtype, device=v.device)
         self._execute_bwd(key, g, ws, uids, handle, dout.contiguous(), q, k, v, out.contiguous(),
                           lse.contiguous(), (dq, dk, dv), r)
         return dq, dk, dv
+
+
+def _knob_signature(knobs: dict) -> tuple:
+    """A hashable, order-free form of a ``{knob_type: value}`` choice."""
+    return tuple(sorted((str(k), int(v)) for k, v in knobs.items()))
 
 
 def known_bad(kind: str, q: torch.Tensor, k: torch.Tensor, causal: bool,

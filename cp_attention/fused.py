@@ -184,3 +184,81 @@ def gather_rows_(out: torch.Tensor, out_index: torch.Tensor | None, src: torch.T
         other.stride(0) if other is not None else 0, WIDTH=width, BLOCK=block,
         HAS_OUT_IDX=out_index is not None, HAS_OTHER=other is not None, num_warps=4,
     )
+
+
+#: Sources one :func:`sum_parts_` launch reads; more are pre-summed in float32.
+SUM_SOURCES = 4
+
+
+@functools.cache
+def _sum_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _term(acc, ptr, stride, lo, hi, mask_ptr, row, col, ok, KIND: tl.constexpr):
+        # KIND 0: no source; 1: every row; 2: rows [lo, hi); 3: rows where mask_ptr[row] != 0.
+        if KIND == 1:
+            acc += tl.load(ptr + row * stride + col, mask=ok, other=0.0).to(tl.float32)
+        elif KIND == 2:
+            use = (row >= lo) & (row < hi)
+            acc += tl.load(ptr + row * stride + col, mask=ok & use, other=0.0).to(tl.float32)
+        elif KIND == 3:
+            use = tl.load(mask_ptr + row) != 0
+            acc += tl.load(ptr + row * stride + col, mask=ok & use, other=0.0).to(tl.float32)
+        return acc
+
+    @triton.jit
+    def sum_parts(out_ptr, s_out,
+                  p0, s0, lo0, hi0, m0, p1, s1, lo1, hi1, m1,
+                  p2, s2, lo2, hi2, m2, p3, s3, lo3, hi3, m3,
+                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, K0: tl.constexpr,
+                  K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = col < WIDTH
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        acc = _term(acc, p0, s0, lo0, hi0, m0, row, col, ok, K0)
+        acc = _term(acc, p1, s1, lo1, hi1, m1, row, col, ok, K1)
+        acc = _term(acc, p2, s2, lo2, hi2, m2, row, col, ok, K2)
+        acc = _term(acc, p3, s3, lo3, hi3, m3, row, col, ok, K3)
+        tl.store(out_ptr + row * s_out + col, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+    return sum_parts
+
+
+def sum_parts_(out: torch.Tensor, parts: list[tuple[torch.Tensor, tuple]]) -> None:
+    """``out = sum of parts`` in float32, rounded once to ``out``'s dtype; one pass per
+    :data:`SUM_SOURCES` parts.
+
+    Each part is ``(tensor, rows)`` with ``tensor`` shaped like ``out`` (any float dtype,
+    contiguous) and ``rows`` one of ``("all",)``, ``("range", lo, hi)`` or ``("mask", m)``
+    (``m`` an int8 ``[T]`` tensor, nonzero where the part is valid); a part's rows outside its
+    selection are never read. Rows no part selects come out zero.
+    """
+    import triton
+
+    if not out.is_contiguous() or any(not t.is_contiguous() or t.shape != out.shape
+                                      for t, _ in parts):
+        raise ValueError("sum_parts_ needs contiguous parts shaped like the output")
+    if len(parts) > SUM_SOURCES:
+        head = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        sum_parts_(head, parts[:SUM_SOURCES])
+        parts = [(head, ("all",)), *parts[SUM_SOURCES:]]
+    width = out[0].numel()
+    block = min(4096, triton.next_power_of_2(width))
+    args: list = []
+    kinds: list[int] = []
+    for i in range(SUM_SOURCES):
+        if i >= len(parts):
+            args += [out, 0, 0, 0, out]
+            kinds.append(0)
+            continue
+        tensor, rows = parts[i]
+        kind = {"all": 1, "range": 2, "mask": 3}[rows[0]]
+        lo, hi = (rows[1], rows[2]) if kind == 2 else (0, 0)
+        args += [tensor, tensor.stride(0), lo, hi, rows[1] if kind == 3 else out]
+        kinds.append(kind)
+    grid = (out.shape[0], triton.cdiv(width, block))
+    _sum_kernel()[grid](out, out.stride(0), *args, WIDTH=width, BLOCK=block, K0=kinds[0],
+                        K1=kinds[1], K2=kinds[2], K3=kinds[3], num_warps=4)

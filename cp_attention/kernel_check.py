@@ -193,9 +193,23 @@ def _lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1.0))
 
 
+#: Layouts of a kernel whose backward takes ``dq_dtype``: dQ asked for in float32.
+FP32_DQ_LAYOUTS = ("packed, fp32 dQ", "in place, fp32 dQ")
+
+
+def layouts_for(kernel) -> tuple[str, ...]:
+    """Every layout ``kernel`` offers (fp32-dQ ones when its backward takes ``dq_dtype``)."""
+    extra = FP32_DQ_LAYOUTS if getattr(kernel, "accepts_dq_dtype", False) else ()
+    return ("packed", "in place", *extra)
+
+
 def run_case(case: KernelCase, kernel, device: torch.device, dtype: torch.dtype,
              layouts: tuple[str, ...] = ("packed", "in place")) -> list[CaseResult]:
-    """Run ``case`` with ``kernel`` (a local-attention object) and compare with float64 math."""
+    """Run ``case`` with ``kernel`` (a local-attention object) and compare with float64 math.
+
+    ``"..., fp32 dQ"`` layouts ask the backward for a float32 dQ and fail the row when a dQ of
+    another dtype comes back without a fallback having served the call.
+    """
     call = case.call.to(device)
     gen = torch.Generator().manual_seed(1000 + case.seed)
 
@@ -217,10 +231,12 @@ def run_case(case: KernelCase, kernel, device: torch.device, dtype: torch.dtype,
     for layout in layouts:
         res = CaseResult(case.name, case.group, kernel.name, layout)
         before = Counter(FALLBACKS)
+        fp32_dq = layout.endswith("fp32 dQ")
+        extra = {"dq_dtype": torch.float32} if fp32_dq else {}
         try:
-            if layout == "packed":
+            if layout.startswith("packed"):
                 out, lse = kernel.fwd(qp, kp, vp, *args, cache=call.cache)
-                grads = kernel.bwd(dop, qp, kp, vp, out, lse, *args, cache=call.cache)
+                grads = kernel.bwd(dop, qp, kp, vp, out, lse, *args, cache=call.cache, **extra)
                 outside = [None, None, None]
             else:
                 if not (call.in_place and hasattr(kernel, "fwd_in_place")):
@@ -232,7 +248,8 @@ def run_case(case: KernelCase, kernel, device: torch.device, dtype: torch.dtype,
                     continue
                 out_full, lse_full = fwd
                 out, lse = call.q_rows.take(out_full), call.q_rows.take(lse_full)
-                full = kernel.bwd_in_place(dout, q, k, v, out_full, lse_full, call, scale)
+                full = kernel.bwd_in_place(dout, q, k, v, out_full, lse_full, call, scale,
+                                           **extra)
                 if full is None:
                     res.skipped = "in-place backward declined, packed call used"
                     results.append(res)
@@ -247,10 +264,23 @@ def run_case(case: KernelCase, kernel, device: torch.device, dtype: torch.dtype,
                           "dq": _rel(grads[0], ref_grads[0]), "dk": _rel(grads[1], ref_grads[1]),
                           "dv": _rel(grads[2], ref_grads[2])}
             res.zero_outside = all(o is None or bool((o == 0).all()) for o in outside)
+            dq_dtype = grads[0].dtype
         except Exception as exc:  # reported as a failing row, with the reason
             res.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            dq_dtype = None
         used = Counter(FALLBACKS) - before
         res.fallback = "; ".join(sorted(used))
+        if fp32_dq and dq_dtype not in (None, torch.float32) and not used:
+            # The library declined a float32 dQ for this shape (the 16-bit graph served it:
+            # slower, numbers checked all the same); any other reason is a bug.
+            primary = getattr(kernel, "primary", kernel)
+            declined = bool(getattr(primary, "dq_float_declined", ())) or not (
+                primary.float_dq_honoured(device) if hasattr(primary, "float_dq_honoured")
+                else True)
+            if declined:
+                res.fallback = "float32 dQ declined, 16-bit dQ"
+            else:
+                res.error = res.error or f"dQ came back {dq_dtype}, float32 asked"
         results.append(res)
     return results
 
@@ -359,7 +389,7 @@ def main() -> None:
     for name in args.kernels.split(","):
         kernel = get_backend(device, name)
         for case in all_cases:
-            results.extend(run_case(case, kernel, device, torch.bfloat16))
+            results.extend(run_case(case, kernel, device, torch.bfloat16, layouts_for(kernel)))
     elapsed = time.perf_counter() - start
     for key, value in versions().items():
         print(f"{key}: {value}")

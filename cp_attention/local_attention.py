@@ -237,6 +237,9 @@ class GuardedAttention:
     def __init__(self, primary, fallback, known_bad=None) -> None:
         self.primary, self.fallback = primary, fallback
         self.name = primary.name
+        #: Whether ``bwd``/``bwd_in_place`` take ``dq_dtype`` (the primary's; a fallback
+        #: call ignores it and returns dQ in the input dtype).
+        self.accepts_dq_dtype = bool(getattr(primary, "accepts_dq_dtype", False))
         self._known_bad = known_bad
         self._bad: dict[tuple, str] = {}
 
@@ -276,15 +279,16 @@ class GuardedAttention:
         return self.fallback.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, square, cache)
 
     def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, square,
-            cache=None):
+            cache=None, dq_dtype=None):
         sig = self._signature("bwd", q, k, cu_q.numel() - 1, max_q, max_k, causal, square)
         reason = self._reason(sig, q, k, causal, square)
         if reason is None:
             from cp_attention.cudnn_graph import GraphUnsupported
 
+            extra = {"dq_dtype": dq_dtype} if dq_dtype is not None else {}
             try:
                 return self.primary.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                                        causal, scale, square, cache)
+                                        causal, scale, square, cache, **extra)
             except GraphUnsupported as exc:
                 reason = self._bad[sig] = f"graph unsupported ({exc})"
         self._fall_back(sig, reason)
@@ -308,9 +312,10 @@ class GuardedAttention:
                               lambda: self.primary.fwd_in_place(q, k, v, call, scale))
 
     def bwd_in_place(self, dout, q, k, v, out, lse, call, scale, zero_k_outside=True,
-                     zero_q_outside=True):
+                     zero_q_outside=True, dq_dtype=None):
+        extra = {"dq_dtype": dq_dtype} if dq_dtype is not None else {}
         return self._in_place("bwd", q, k, call, lambda: self.primary.bwd_in_place(
-            dout, q, k, v, out, lse, call, scale, zero_k_outside, zero_q_outside))
+            dout, q, k, v, out, lse, call, scale, zero_k_outside, zero_q_outside, **extra))
 
 
 def fallback_counts() -> dict[str, int]:

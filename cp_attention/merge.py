@@ -133,6 +133,55 @@ def add_block_rows(dest: torch.Tensor, src: torch.Tensor, rows: Rows | None,
         dest.index_add_(0, rows.index, src.index_select(0, rows.index))
 
 
+def sum_parts(parts: list[tuple[torch.Tensor, Rows | None, dict | None]], like: torch.Tensor,
+              fused: bool = False) -> torch.Tensor:
+    """Sum of partial gradients shaped like ``like``, each valid at its rows, in the
+    accumulator dtype, rounded once to ``like``'s dtype; rows no part covers are zero.
+
+    A part is ``(tensor, rows, cache)``: ``tensor`` shaped like ``like`` (any float dtype),
+    ``rows`` None when every row is valid, else the valid rows (the others are never read);
+    ``cache`` (a planned call's cache, or None) keeps the device row mask of an index
+    selection. One Triton kernel for up to four parts when ``fused`` (CUDA, float32
+    accumulation), else eager ops with the same arithmetic.
+    """
+    acc = accum_dtype(like.dtype)
+    if not parts:
+        return torch.zeros_like(like)
+    if fused and like.is_cuda and acc == torch.float32:
+        from cp_attention.fused import sum_parts_
+
+        out = torch.empty_like(like)
+        if out.shape[0]:
+            sum_parts_(out, [(t.contiguous(), _row_spec(rows, cache, like))
+                             for t, rows, cache in parts])
+        return out
+    total = torch.zeros(like.shape, dtype=acc, device=like.device)
+    for tensor, rows, _ in parts:
+        if rows is None:
+            total += tensor
+        elif rows.index is None:
+            total[rows.start : rows.stop] += tensor[rows.start : rows.stop]
+        else:
+            total.index_add_(0, rows.index, tensor.index_select(0, rows.index).to(acc))
+    return total.to(like.dtype)
+
+
+def _row_spec(rows: Rows | None, cache: dict | None, like: torch.Tensor) -> tuple:
+    """The fused kernel's form of a row selection (an index becomes a cached int8 mask)."""
+    if rows is None or rows.covers(like.shape[0]):
+        return ("all",)
+    if rows.index is None:
+        return ("range", rows.start, rows.stop)
+    key = ("row_mask", like.shape[0])
+    mask = cache.get(key) if cache is not None else None
+    if mask is None:
+        mask = torch.zeros(like.shape[0], dtype=torch.int8, device=like.device)
+        mask.index_fill_(0, rows.index, 1)
+        if cache is not None:
+            cache[key] = mask
+    return ("mask", mask)
+
+
 def gather_rows(out: torch.Tensor, out_index: torch.Tensor | None, src: torch.Tensor,
                 src_index: torch.Tensor, other: torch.Tensor | None = None,
                 fused: bool = False) -> None:

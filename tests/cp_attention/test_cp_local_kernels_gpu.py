@@ -51,8 +51,11 @@ def test_local_kernel_matches_float64(group: str, kernel_name: str) -> None:
     device = torch.device("cuda")
     kernel = get_backend(device, kernel_name)
     rows = []
+    # cudnn also with a float32 dQ (packed and in place); the autotuner only as before.
+    layouts = (kernel_check.layouts_for(kernel) if kernel_name == "cudnn"
+               else ("packed", "in place"))
     for case in (c for c in CASES if c.group == group):
-        rows.extend(kernel_check.run_case(case, kernel, device, torch.bfloat16))
+        rows.extend(kernel_check.run_case(case, kernel, device, torch.bfloat16, layouts))
     _ROWS.extend(rows)
     _write_table()
     failed = [f"{r.case} [{r.layout}]: {r.errors} {r.error}" for r in rows if not r.ok]
@@ -137,17 +140,53 @@ def test_fused_gather_rows_matches_eager(indexed: bool, add: bool) -> None:
     assert torch.equal(got[0], got[1])
 
 
+@pytest.mark.parametrize("count", [1, 2, 4, 6])
+def test_fused_sum_parts_matches_eager(count: int) -> None:
+    """The one-kernel dQ sum (whole, ranged and indexed parts, float32 and bf16, more parts
+    than one launch takes) equals the eager sum: same float32 arithmetic, one rounding."""
+    from cp_attention import fused
+    from cp_attention.merge import sum_parts
+    from cp_attention.plan import Rows
+
+    if not fused.available():
+        pytest.skip("triton does not import")
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(11)
+    like = torch.empty(900, 16, 128, device=device, dtype=torch.bfloat16)
+    index = torch.randperm(900, device=device, generator=gen)[:300].sort().values
+    selections = [None, Rows(100, 700), Rows(0, 300, index), None, Rows(450, 900),
+                  Rows(0, 300, index)]
+    parts = []
+    for i in range(count):
+        t = torch.randn(like.shape, device=device, generator=gen,
+                        dtype=torch.float32 if i % 3 != 1 else torch.bfloat16)
+        rows = selections[i]
+        if rows is not None:  # garbage outside the selection must never be read
+            keep = torch.zeros(900, dtype=torch.bool, device=device)
+            if rows.index is None:
+                keep[rows.start : rows.stop] = True
+            else:
+                keep[rows.index] = True
+            t[~keep] = float("nan")
+        parts.append((t, rows, {}))
+    eager = sum_parts(parts, like, fused=False)
+    got = sum_parts(parts, like, fused=True)
+    assert got.dtype == torch.bfloat16 and not bool(got.isnan().any())
+    # Same float32 sum up to the summation order (pre-summed groups of four): one bf16 ulp.
+    torch.testing.assert_close(got.float(), eager.float(), rtol=8e-3, atol=1e-5)
+
+
 @pytest.mark.skipif(not cudnn_available(), reason="nvidia-cudnn-frontend does not import")
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("variant", ["default", "day1", "joint"])
+@pytest.mark.parametrize("variant", ["default", "day1", "joint", "dq_fp32"])
 def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: str,
                                                             causal: bool, variant: str) -> None:
     """All ranks' local work (in place, fused merge, remote dK/dV added by rows, dQ added by
     rows; ``day1``: without dQ by rows; ``joint``: with DualChunkSwap rank cp-1's one-call
-    backward) on one GPU, reassembled, against the float64 reference; padding rows exactly
-    zero."""
+    backward; ``dq_fp32``: float32 dQ from cuDNN, summed once) on one GPU, reassembled,
+    against the float64 reference; padding rows exactly zero."""
     from cp_loopback import run_all_ranks
     from cp_reference import reference_attention
 
@@ -161,7 +200,7 @@ def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: s
     full = {n: torch.randn(cup[-1], h, 128, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", 8), ("k", 4), ("v", 4), ("dout", 8))}
     tuning = {"default": Tuning(), "day1": Tuning(dq_rows=False),
-              "joint": Tuning(joint_bwd=True)}[variant]
+              "joint": Tuning(joint_bwd=True), "dq_fp32": Tuning(dq_fp32=True)}[variant]
     got = run_all_ranks(meta, full, causal, tuning, backend="cudnn")
     want = reference_attention(*(full[n].cpu() for n in ("q", "k", "v", "dout")), cu,
                                tuple(cup), causal)

@@ -15,8 +15,8 @@ from cp_reference import reference_attention
 
 from cp_attention import PackedBatch, pad_sequences_to_multiple
 from cp_attention.attention import Tuning
-from cp_attention.merge import gather_rows
-from cp_attention.plan import AttnCall
+from cp_attention.merge import gather_rows, sum_parts
+from cp_attention.plan import AttnCall, Rows
 from cp_attention.ring import LoopbackRing
 
 CU = (0, 13, 18, 40, 41)  # real lengths 13, 5, 22, 1
@@ -27,6 +27,8 @@ TUNINGS = {
     "day-1 switches only": Tuning(dq_rows=False, joint_bwd=False),
     "joint bwd": Tuning(joint_bwd=True),
     "joint, whole blocks": Tuning(remote_rows=False, dq_rows=False, joint_bwd=True),
+    "dq fp32": Tuning(dq_fp32=True),
+    "dq fp32, not in place": Tuning(dq_fp32=True, in_place=False),
 }
 
 
@@ -99,3 +101,21 @@ def test_gather_rows_reads_negative_rows_as_zero() -> None:
     out = torch.zeros(4, 3)
     gather_rows(out, torch.tensor([3, 1]), src, torch.tensor([0, -1]))
     assert out.tolist() == [[0.0] * 3, [0.0] * 3, [0.0] * 3, [0.0, 1.0, 2.0]]
+
+
+def test_sum_parts_adds_each_part_only_at_its_rows() -> None:
+    """Rows outside a part's selection are never read (NaN there changes nothing); rows no part
+    covers are zero; the sum is rounded once to the output dtype."""
+    like = torch.zeros(6, 2, dtype=torch.float16)
+    whole = torch.full((6, 2), 0.5, dtype=torch.float32)
+    ranged = torch.full((6, 2), float("nan"))
+    ranged[1:3] = 2.0
+    indexed = torch.full((6, 2), float("nan"), dtype=torch.float64)
+    indexed[[0, 4]] = 3.0
+    got = sum_parts([(whole, None, None), (ranged, Rows(1, 3), None),
+                     (indexed, Rows(0, 2, torch.tensor([0, 4])), {})], like)
+    assert got.dtype == torch.float16
+    assert got[:, 0].tolist() == [3.5, 2.5, 2.5, 0.5, 3.5, 0.5]
+    only = sum_parts([(ranged, Rows(1, 3), None)], like)
+    assert only[:, 1].tolist() == [0.0, 2.0, 2.0, 0.0, 0.0, 0.0]
+    assert torch.equal(sum_parts([], like), like)
