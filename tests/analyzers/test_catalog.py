@@ -162,7 +162,7 @@ def _builtin_patterns() -> list[str]:
         for kind in ("ranges", "python", "kernels")
         for p in getattr(h, kind)
     ]
-    return patterns + [*CATALOG.host_sync_apis, *CATALOG.host_sync_ops, *CATALOG.host_sync_memcpy]
+    return [*patterns, *CATALOG.host_sync_apis, *CATALOG.host_sync_ops, *CATALOG.host_sync_memcpy]
 
 
 def test_star_globs_match_exactly_like_fnmatch() -> None:
