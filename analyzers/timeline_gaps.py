@@ -17,7 +17,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from analyzers.account.build import Pieces, account_pieces, collector_paused
+from analyzers.account.build import Pieces, account_pieces
 from analyzers.attribution import Attribution, RangeHelpers
 from analyzers.catalog import Catalog
 from analyzers.model import Trace
@@ -41,19 +41,6 @@ def timeline_gaps(
     middle steps of different groups are); windows that overlap go one group at a time."""
     if not len(trace.activities):
         return list(timelines)
-    with collector_paused():  # thousands of acyclic gap models (see ``collector_paused``)
-        return _timeline_gaps(trace, att, ranges, catalog, windows, timelines, pieces_of)
-
-
-def _timeline_gaps(
-    trace: Trace,
-    att: Attribution,
-    ranges: RangeHelpers,
-    catalog: Catalog,
-    windows: Sequence[Window],
-    timelines: Sequence[Timeline],
-    pieces_of: Callable[[Sequence[int]], Pieces] | None,
-) -> list[Timeline]:
     wanted = [_drawn(t, windows) for t in timelines]
     everything = [i for sel in wanted for i in sel]
     if _disjoint([windows[i] for i in everything]):

@@ -31,10 +31,8 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 
 from __future__ import annotations
 
-import gc
 import itertools
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -717,26 +715,7 @@ def compute_accounts(
 
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
-    with collector_paused():
-        return _accounts(trace, att, ranges, catalog, windows, steps, gpu, set(keep))
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector for the build, restoring its previous state.
-
-    Why: the evidence is ~100,000 small acyclic objects (dicts, then the pydantic models) on a
-    multi-million-kernel trace; as they accumulate the generational collector runs full
-    collections over the whole heap, none of which can free anything (nothing here makes a
-    cycle). Measured at 2M kernels: 1.2-1.7 s of a 6.5 s account. Reference counting still
-    frees every temporary as usual. ``timeline_gaps`` (thousands of drawn gap models) too."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    return _accounts(trace, att, ranges, catalog, windows, steps, gpu, set(keep))
 
 
 def _accounts(
@@ -1001,4 +980,4 @@ def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
     )
 
 
-__all__ = ["Accounts", "Pieces", "account_pieces", "collector_paused", "compute_accounts"]
+__all__ = ["Accounts", "Pieces", "account_pieces", "compute_accounts"]
