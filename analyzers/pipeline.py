@@ -48,7 +48,7 @@ from analyzers.report import (
     SourceInfo,
 )
 from analyzers.stats import iteration_stats
-from analyzers.timeline_gaps import timeline_gaps
+from analyzers.timeline_gaps import drawn_windows, timeline_gaps
 from analyzers.windows import WHOLE_TRACE, find_windows
 
 if TYPE_CHECKING:
@@ -387,7 +387,17 @@ def _analyze_trace(
     iterations = _iterations(manifest, metrics)
     if metrics.gpu is None:  # compute_metrics always sets it
         raise RuntimeError("metrics without a GPU timeline")
-    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps, metrics.gpu)
+    drawn_timelines = ([metrics.timeline] if metrics.timeline else []) + metrics.other_timelines
+    accounts = compute_accounts(
+        trace,
+        att,
+        ranges,
+        catalog,
+        windows,
+        metrics.steps,
+        metrics.gpu,
+        keep=drawn_windows(windows, drawn_timelines),  # the pieces timeline_gaps asks for
+    )
     hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
         evaluate(metrics, manifest, catalog=catalog, iterations=iterations, host_time=hosted),
