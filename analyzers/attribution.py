@@ -315,7 +315,7 @@ def _query_order(thread: IntArray, time: IntArray) -> IntArray:
     return np.lexsort((time, codes))
 
 
-def _symbol_table(
+def symbol_table(
     names: npt.NDArray[np.int32], size: int, match: Callable[[int], int]
 ) -> npt.NDArray[np.int32]:
     """Per-symbol lookup array: catalog match for every symbol id that occurs in ``names``."""
@@ -347,7 +347,7 @@ def match_ranges(trace: Trace, catalog: Catalog) -> RangeHelpers:
     """Resolve every range name once and index the catalogued ranges per thread."""
     size = len(trace.strings)
     names = trace.ranges["name"]
-    by_symbol = _symbol_table(names, size, lambda s: catalog.match_range(trace.strings[s])[0])
+    by_symbol = symbol_table(names, size, lambda s: catalog.match_range(trace.strings[s])[0])
     python_symbol = np.zeros(size, dtype=bool)
     for sym in np.flatnonzero(by_symbol >= 0):
         python_symbol[sym] = catalog.match_range(trace.strings[int(sym)])[1]
@@ -405,7 +405,7 @@ def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None
 
     range_helper = np.append(ranges.helper, np.int32(-1))  # index -1 -> -1
     container_helper = range_helper[container]
-    kernel_by_symbol = _symbol_table(
+    kernel_by_symbol = symbol_table(
         acts["name"], len(trace.strings), lambda s: catalog.match_kernel(trace.strings[s])
     )
     kernel_helper = kernel_by_symbol[acts["name"]] if n else np.empty(0, dtype=np.int32)
@@ -414,7 +414,7 @@ def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None
     # TE/CP helper is only claimed where the trace shows TE/CP around the launch.
     outside = ~_within_mask(catalog, kernel_helper, container_helper)
     if outside.any():
-        anywhere = _symbol_table(
+        anywhere = symbol_table(
             acts["name"][outside],
             len(trace.strings),
             lambda s: catalog.match_kernel_anywhere(trace.strings[s]),
@@ -459,4 +459,5 @@ __all__ = [
     "factorize",
     "link_launches",
     "match_ranges",
+    "symbol_table",
 ]

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from analyzers.attribution import RangeHelpers, RangeIndex
 from analyzers.catalog import Catalog
-from analyzers.metrics import assign_windows
+from analyzers.metrics import PointsByRank, assign_windows
 from analyzers.model import RangeKind, Trace
 from analyzers.report import HOST_TIME_BASIS, HelperHostTime, HostTimeReport, Window
 from analyzers.windows import group_names
@@ -84,9 +84,10 @@ def host_time(
         steps = counted
     calls = np.flatnonzero(is_call)
     n_helpers = len(catalog.helpers)
+    call_points = PointsByRank(rank[calls], start[calls])  # split by rank once for all groups
     for group in group_names(windows):
         mine = [w for w in windows if (w.group or w.name) == group]
-        where = assign_windows(rank[calls], start[calls], mine)
+        where = assign_windows(rank[calls], start[calls], mine, split=call_points)
         inside = calls[where >= 0]
         if not len(inside):
             continue

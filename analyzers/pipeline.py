@@ -7,8 +7,9 @@ progress, so the service worker, the CLI and the benchmarks run exactly the same
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +48,7 @@ from analyzers.report import (
     SourceInfo,
 )
 from analyzers.stats import iteration_stats
-from analyzers.timeline_gaps import timeline_gaps
+from analyzers.timeline_gaps import drawn_windows, timeline_gaps
 from analyzers.windows import WHOLE_TRACE, find_windows
 
 if TYPE_CHECKING:
@@ -310,6 +311,32 @@ def _notes(
     return notes
 
 
+@contextmanager
+def _cycle_collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one analysis, then restore it as it was.
+
+    Why: an analysis builds 10^5-10^6 container objects that all stay alive until the report
+    is built (model rows, per-window tables); every collection of the oldest generation walks
+    all of them, and the imported modules, and finds nearly nothing (a few hundred unreachable
+    objects after a whole analysis of the real nsys export). Measured with ``gc.callbacks``
+    (CPU seconds inside the collector): about 0.05 s of a 0.45 s analysis of the real nsys
+    export, 0.36 s of the Kineto pair x10, 0.8 s at 2M kernels. Reference counting still
+    frees everything that is not in a cycle, so memory does not grow. On the way out the
+    young generation is collected here (the collection the next allocation would trigger, as
+    the objects allocated meanwhile are all counted as young): its cost stays inside the
+    analysis. Process-wide: callers run one analysis per process (the CLI, the service's
+    isolated worker) or in one thread.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+            gc.collect(0)
+
+
 def analyze_trace(
     trace: Trace,
     *,
@@ -320,6 +347,26 @@ def analyze_trace(
     progress: Progress | None = None,
 ) -> Analysis:
     """Analyze an already-read trace (the stages after the readers)."""
+    with _cycle_collector_paused():
+        return _analyze_trace(
+            trace,
+            manifest=manifest,
+            step_pattern=step_pattern,
+            catalog=catalog,
+            sources=sources,
+            progress=progress,
+        )
+
+
+def _analyze_trace(
+    trace: Trace,
+    *,
+    manifest: RunManifest | None,
+    step_pattern: str | None,
+    catalog: Catalog | None,
+    sources: Sequence[SourceInfo],
+    progress: Progress | None,
+) -> Analysis:
     catalog = catalog or load_catalog()
     if progress:
         progress("attributing", 0.6)
@@ -340,7 +387,17 @@ def analyze_trace(
     iterations = _iterations(manifest, metrics)
     if metrics.gpu is None:  # compute_metrics always sets it
         raise RuntimeError("metrics without a GPU timeline")
-    accounts = compute_accounts(trace, att, ranges, catalog, windows, metrics.steps, metrics.gpu)
+    drawn_timelines = ([metrics.timeline] if metrics.timeline else []) + metrics.other_timelines
+    accounts = compute_accounts(
+        trace,
+        att,
+        ranges,
+        catalog,
+        windows,
+        metrics.steps,
+        metrics.gpu,
+        keep=drawn_windows(windows, drawn_timelines),  # the pieces timeline_gaps asks for
+    )
     hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(
         evaluate(metrics, manifest, catalog=catalog, iterations=iterations, host_time=hosted),
@@ -401,18 +458,19 @@ def run_analysis(
 ) -> Analysis:
     """Like :func:`analyze` but returns the intermediate arrays too."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
-    catalog = catalog or load_catalog()
-    with ExitStack() as stack:
-        files, manifest_obj = _expand(items, manifest, stack)
-        trace, sources = _read(files, progress, rank)
-    return analyze_trace(
-        trace,
-        manifest=manifest_obj,
-        step_pattern=step_pattern,
-        catalog=catalog,
-        sources=sources,
-        progress=progress,
-    )
+    with _cycle_collector_paused():
+        catalog = catalog or load_catalog()
+        with ExitStack() as stack:
+            files, manifest_obj = _expand(items, manifest, stack)
+            trace, sources = _read(files, progress, rank)
+        return analyze_trace(
+            trace,
+            manifest=manifest_obj,
+            step_pattern=step_pattern,
+            catalog=catalog,
+            sources=sources,
+            progress=progress,
+        )
 
 
 def analyze(

@@ -1,8 +1,9 @@
 """The idle gaps of the windows the dashboard timeline draws, from the step account.
 
-Why: the run page reads stored reports only, and a stored account keeps the three largest
-pieces per part; to draw every idle gap on the timeline, labelled with its cause and helper
-("idle: host-bound: get_cu_seqlens_on_cp_rank 1.2 ms"), the report carries the idle pieces of
+Why: the run page reads stored reports only, and a stored account keeps only the largest
+pieces per part (one per step, three per group); to draw every idle gap on the timeline,
+labelled with its cause and helper ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.2 ms"), the
+report carries the idle pieces of
 the drawn windows (one step per rank, ``Timeline.steps``) on the timeline's own clock. The
 pieces are the account's (``analyzers.account.account_pieces``): the idle gap pieces and the
 exposed NCCL time spent waiting for a later peer, so the drawn gaps add up to the account's idle
@@ -54,6 +55,12 @@ def timeline_gaps(
     ]
 
 
+def drawn_windows(windows: Sequence[Window], timelines: Sequence[Timeline]) -> list[int]:
+    """Indices of the windows ``timeline_gaps`` will ask the pieces of (every timeline's drawn
+    steps): ``compute_accounts(keep=...)`` keeps them from its own passes."""
+    return sorted({i for t in timelines for i in _drawn(t, windows)})
+
+
 def _drawn(timeline: Timeline, windows: Sequence[Window]) -> list[int]:
     """Indices of the windows a timeline draws (one per rank)."""
     drawn = {(s.rank, s.window, s.index) for s in timeline.steps}
@@ -101,35 +108,53 @@ def _with_gaps(
     peer = [i for i, line in enumerate(pieces.lines) if line.part == AccountPartKind.IDLE_PEER]
     idle = np.flatnonzero((pieces.unit >= pieces.activities) | np.isin(pieces.line, peer))
     idle = idle[np.lexsort((pieces.start[idle], pieces.seg[idle]))]
-    merged: list[TimelineGap] = []
-    for i in idle.tolist():
-        w = pieces.windows[int(pieces.seg[i])].window
-        if (w.rank, w.name, w.index, w.group) not in mine:
-            continue  # another timeline's window (one pass covered them all)
-        line = pieces.lines[int(pieces.line[i])]
-        start = int(pieces.start[i]) - origin[(w.rank, w.name, w.index)]
-        end = start + int(pieces.duration[i])
-        last = merged[-1] if merged else None
-        if (
-            last is not None
-            and last.rank == w.rank
-            and last.end_ns == start
-            and (last.part, last.label) == (line.part, line.label)
-        ):
-            last.end_ns = end
-            continue
-        merged.append(
-            TimelineGap(rank=w.rank, start_ns=start, end_ns=end, part=line.part, label=line.label)
-        )
+    # pieces of this timeline's windows, on its clock
+    of_window = [pieces.windows[j].window for j in range(len(pieces.windows))]
+    drawn = [(w.rank, w.name, w.index, w.group) in mine for w in of_window]
+    idle = idle[np.array([*drawn, False])[pieces.seg[idle]]]
+    shift = np.array(
+        [
+            origin[(w.rank, w.name, w.index)] if d else 0
+            for w, d in zip(of_window, drawn, strict=True)
+        ]
+        + [0],
+        dtype=np.int64,
+    )
+    rank_of = np.array([w.rank for w in of_window] + [0], dtype=np.int64)
+    seg = pieces.seg[idle]
+    rank = rank_of[seg]
+    start = pieces.start[idle] - shift[seg]
+    end = start + pieces.duration[idle]
+    kinds: dict[tuple[AccountPartKind, str], int] = {}
+    kind_of = np.array(
+        [kinds.setdefault((line.part, line.label), len(kinds)) for line in pieces.lines],
+        dtype=np.int64,
+    )
+    kind = kind_of[pieces.line[idle]]
+    # touching pieces of one rank and (part, label), consecutive in (window, start) order, are
+    # drawn as one gap: from its first piece's start to its last piece's end
+    new = np.ones(len(idle), dtype=bool)
+    new[1:] = ~((rank[1:] == rank[:-1]) & (end[:-1] == start[1:]) & (kind[1:] == kind[:-1]))
+    heads = np.flatnonzero(new)
+    tails = heads[1:] - 1 if len(heads) else heads
+    tails = np.append(tails, len(idle) - 1) if len(heads) else tails
+    g_rank, g_start, g_end, g_kind = rank[heads], start[heads], end[tails], kind[heads]
+    named = list(kinds)
     kept: list[TimelineGap] = []
     dropped = 0
-    for rank in sorted({g.rank for g in merged}):
-        gaps = sorted(
-            (g for g in merged if g.rank == rank), key=lambda g: g.end_ns - g.start_ns, reverse=True
-        )
-        kept += sorted(gaps[: timeline.limit], key=lambda g: g.start_ns)
-        dropped += max(len(gaps) - timeline.limit, 0)
+    for r in sorted(set(g_rank.tolist())):
+        mine_rows = np.flatnonzero(g_rank == r)
+        # the ``limit`` longest (ties: first drawn first), then in time order
+        longest = mine_rows[np.argsort(g_start[mine_rows] - g_end[mine_rows], kind="stable")]
+        chosen = longest[: timeline.limit]
+        chosen = chosen[np.argsort(g_start[chosen], kind="stable")]
+        for a, b, k in zip(
+            g_start[chosen].tolist(), g_end[chosen].tolist(), g_kind[chosen].tolist(), strict=True
+        ):
+            part, label = named[k]
+            kept.append(TimelineGap(rank=r, start_ns=a, end_ns=b, part=part, label=label))
+        dropped += max(len(mine_rows) - timeline.limit, 0)
     return timeline.model_copy(update={"gaps": kept, "gaps_dropped": dropped})
 
 
-__all__ = ["timeline_gaps"]
+__all__ = ["drawn_windows", "timeline_gaps"]

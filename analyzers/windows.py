@@ -52,10 +52,13 @@ def _range_ranks(trace: Trace) -> npt.NDArray[np.int64]:
 
 def _cpu_rows(trace: Trace, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Drop ranges on threads that launch nothing when the same name exists on a launching one."""
-    calls = trace.launches[launch_calls(trace.launches)]
-    if len(rows) == 0 or len(calls) == 0:
+    if len(rows) == 0:
         return rows
-    launching = np.isin(trace.ranges["thread"][rows], np.unique(calls["thread"]))
+    # the thread column of the launch calls only: copying whole launch rows cost more than the rest
+    threads = trace.launches["thread"][launch_calls(trace.launches)]
+    if len(threads) == 0:
+        return rows
+    launching = np.isin(trace.ranges["thread"][rows], np.unique(threads))
     names = trace.ranges["name"][rows]
     keep = launching | ~np.isin(names, names[launching])
     return rows[keep]
@@ -74,15 +77,30 @@ def _step_symbols(trace: Trace, step_pattern: str | None) -> set[int]:
     return {s for s in present if regex.search(trace.strings[s])}
 
 
-def _whole_trace(trace: Trace, rank: int) -> Window:
-    starts, ends = [], []
+def _rank_extents(trace: Trace) -> dict[int, tuple[int, int]]:
+    """Per rank: earliest start and latest end over activities, launches and ranges (one pass
+    per table and column for all ranks, not a mask per rank)."""
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
     for table in (trace.activities, trace.launches, trace.ranges):
-        if len(table):
-            rows = table["rank"] == rank
-            if rows.any():
-                starts.append(int(table["start"][rows].min()))
-                ends.append(int(table["end"][rows].max()))
-    start, end = (min(starts), max(ends)) if starts else trace.span
+        if len(table) == 0:
+            continue
+        rank = table["rank"].astype(np.int64)
+        low = int(rank.min())
+        code = rank - low
+        n = int(code.max()) + 1
+        first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(first, code, table["start"].astype(np.int64))
+        np.maximum.at(last, code, table["end"].astype(np.int64))
+        for k in np.flatnonzero(np.bincount(code, minlength=n)).tolist():
+            starts.setdefault(k + low, []).append(int(first[k]))
+            ends.setdefault(k + low, []).append(int(last[k]))
+    return {r: (min(starts[r]), max(ends[r])) for r in starts}
+
+
+def _whole_trace(trace: Trace, rank: int, extents: dict[int, tuple[int, int]]) -> Window:
+    start, end = extents.get(rank, trace.span)
     return Window(
         rank=rank,
         name=WHOLE_TRACE,
@@ -154,8 +172,9 @@ def find_windows(
         )
         if not holds_steps:
             windows.append(v.model_copy(update={"group": v.name}))
-    rank_list = sorted({int(r) for r in ranks} | set(trace.rank_list()))
-    windows.extend(_whole_trace(trace, rank) for rank in rank_list)
+    rank_list = sorted(set(np.unique(ranks).tolist()) | set(trace.rank_list()))
+    extents = _rank_extents(trace)
+    windows.extend(_whole_trace(trace, rank, extents) for rank in rank_list)
     return _numbered(windows)
 
 

@@ -31,7 +31,8 @@ it. All in integer ns; the build checks ``sum(parts) == span`` for every window.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,7 @@ from analyzers.report import (
 from analyzers.timeline import (
     Clipped,
     GpuTimeline,
+    GroupClip,
     TimelineWindow,
     clip_to_windows,
     window_timelines,
@@ -63,7 +65,13 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LARGEST = 3
-"""How many of the largest pieces each part keeps as evidence."""
+"""How many of the largest pieces each line of a group account keeps as evidence (and each
+line of a step account whose group has one window per rank, e.g. the whole trace)."""
+LARGEST_PER_STEP = 1
+"""The same for the step accounts of a group with several windows on a rank: the largest piece
+of each line in each step (the group account keeps ``LARGEST`` over all its steps). Why one:
+at 2M kernels the 776 step accounts held 69,000 evidence pieces, the largest cost of the
+account's output; every view reads the first one only."""
 QUEUED = "queued before the gap (stream dependency)"
 NO_LAUNCH = "no launch row for the next activity"
 NO_WORK = "no GPU work in the window"
@@ -79,13 +87,29 @@ class Accounts:
     notes: list[str] = field(default_factory=list)
     context: _Context | None = field(default=None, repr=False)
     """What the account was computed from, so ``pieces`` reuses it."""
+    kept: list[_Kept] = field(default_factory=list, repr=False)
+    """The pieces of the windows ``compute_accounts`` was asked to keep, per window group."""
 
     def pieces(self, selected: Sequence[int]) -> Pieces:
         """``account_pieces`` of these windows (indices into the windows given to
-        ``compute_accounts``), reusing the account's per-trace state instead of rebuilding it."""
+        ``compute_accounts``): the kept pieces when it kept them all (the same pieces, cut
+        from the group's own pass), else a pass reusing the account's per-trace state."""
         if self.context is None:
             raise RuntimeError("an account without its context has no pieces")
+        kept = {i for k in self.kept for i in k.ids.tolist()}
+        if selected and all(i in kept for i in selected):
+            return _kept_pieces(self.context, self.kept, selected)
         return _pieces(self.context, selected)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A group pass's records and clipped rows of some of its windows; ``seg`` columns hold
+    indices into the windows given to ``compute_accounts`` (``ids``)."""
+
+    ids: IntArray
+    records: tuple[IntArray, ...]  # seg, line, duration, start, thread code, unit
+    clipped: tuple[IntArray, IntArray, IntArray, IntArray]  # seg, row, start, end
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,17 +135,6 @@ class _Lines:
             found = self._codes[line] = len(self.lines)
             self.lines.append(line)
         return found
-
-    def codes(self, keys: IntArray, line_of: Callable[[int], Line]) -> IntArray:
-        """Global codes for per-record local ``keys``: records with equal keys share a line, made
-        once per distinct key by ``line_of(i)`` from one record ``i`` holding it."""
-        if len(keys) == 0:
-            return np.empty(0, dtype=np.int64)
-        local, n = _dense(keys)
-        holder = np.empty(n, dtype=np.int64)
-        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
-        table = np.array([self.code(line_of(i)) for i in holder.tolist()], dtype=np.int64)
-        return table[local]
 
 
 @dataclass(slots=True)
@@ -158,11 +171,15 @@ class _Records:
             bucket.append(column if every else column[keep])
 
     def arrays(self) -> tuple[IntArray, ...]:
+        """The columns, each one array; the pieces are let go (the records of a whole-trace
+        window are ~5M rows, and two copies of them would raise the account's peak)."""
         empty = np.empty(0, dtype=np.int64)
-        return tuple(
-            np.concatenate(b) if b else empty
-            for b in (self.seg, self.code, self.dur, self.start, self.thread, self.unit)
-        )
+        out = []
+        for bucket in (self.seg, self.code, self.dur, self.start, self.thread, self.unit):
+            column = np.concatenate(bucket) if len(bucket) > 1 else bucket[0] if bucket else empty
+            bucket[:] = [column]
+            out.append(column)
+        return tuple(out)
 
 
 class _Context:
@@ -182,17 +199,25 @@ class _Context:
         self.rank = gpu.acts.rank
         self.lines = _Lines()
         launches = trace.launches
-        has = att.launch >= 0
-        self.l_thread = np.full(len(att.launch), -1, dtype=np.int64)
+        has = np.flatnonzero(att.launch >= 0)
+        # Per activity row, plus a trailing -1 that makes "no launch row" and "no owner"
+        # (index -1) ordinary indices: the launching thread, its code and the launch end.
+        self.l_thread = np.full(len(att.launch) + 1, -1, dtype=np.int64)
+        self.l_end = np.full(len(att.launch) + 1, -1, dtype=np.int64)
+        launch = att.launch[has]
+        # contiguous copies first: gathers from a structured table's strided field cost twice
+        self.l_thread[has] = np.ascontiguousarray(launches["thread"])[launch]
+        self.l_end[has] = np.ascontiguousarray(launches["end"])[launch]
         self.l_start = gpu.acts.launched
-        self.l_end = np.full(len(att.launch), -1, dtype=np.int64)
-        self.l_thread[has] = launches["thread"][att.launch[has]]
-        self.l_end[has] = launches["end"][att.launch[has]]
+        # Records carry dense thread codes (in thread id order), named once here.
+        (self.l_tcode,) = factorize(self.l_thread)
+        self.thread_ids = np.zeros(int(self.l_tcode.max()) + 1, dtype=np.int64)
+        self.thread_ids[self.l_tcode] = self.l_thread
         self.peers = arrivals(trace, self.rank, self.acts.communication)
         self.comm_key, self.comm_lines = self._communication_lines()
         names = {w.name for w in windows}
         self.host = HostStates(trace, catalog, att, ranges, names)
-        self._thread_names: dict[int, str] = {}
+        self.thread_labels = [self._thread_name(t) for t in self.thread_ids.tolist()]
 
     def helper_line(self, part: AccountPartKind, helper: int, detail: str | None = None) -> Line:
         return Line(part, self.att.name_of(helper), self.att.category_of(helper), detail)
@@ -257,57 +282,75 @@ class _Context:
             labels[int(k)] = (int(h), name)
         return key, labels
 
-    def thread_name(self, thread: int) -> str | None:
+    def _thread_name(self, thread: int) -> str | None:
         if thread < 0:
             return None
-        found = self._thread_names.get(thread)
-        if found is None:
-            found = self._thread_names[thread] = (
-                self.trace.thread_names.get(thread) or f"thread {thread}"
-            )
-        return found
+        return self.trace.thread_names.get(thread) or f"thread {thread}"
 
 
-def _launch_order(clipped: Clipped, launched: IntArray) -> IntArray:
-    """Permutation of the clipped table (already in (window, start) order) that puts the rows
-    tied at one (window, start) in launch order, ties kept in table order: the same order as
-    ``np.lexsort((launched[row], start, seg))``, without sorting the untied rows again."""
+def _launch_order(clipped: Clipped, launched: IntArray) -> tuple[IntArray, IntArray] | None:
+    """The clipped table (already in (window, start) order) with the rows tied at one
+    (window, start) put in launch order, ties kept in table order (the same order as
+    ``np.lexsort((launched[row], start, seg))``, without sorting the untied rows again), as
+    (positions, the row each takes its place from); None when nothing is tied."""
     seg, start = clipped.seg, clipped.start
     n = len(seg)
-    order = np.arange(n, dtype=np.int64)
     same = (seg[1:] == seg[:-1]) & (start[1:] == start[:-1])
     if not same.any():
-        return order
+        return None
     tied = np.zeros(n, dtype=bool)
     tied[1:] |= same
     tied[:-1] |= same
     run = np.cumsum(np.concatenate(([True], ~same)))  # one id per (window, start) value
     pos = np.flatnonzero(tied)
-    order[pos] = pos[np.lexsort((launched[clipped.row[pos]], run[pos]))]
-    return order
+    return pos, pos[np.lexsort((launched[clipped.row[pos]], run[pos]))]
 
 
 def _owned(
     seg: IntArray, start: IntArray, end: IntArray, mask: BoolArray
-) -> tuple[IntArray, Owned]:
+) -> tuple[IntArray, IntArray, Owned]:
+    """The rows of ``mask``, their windows and their owned pieces."""
     rows = np.flatnonzero(mask)
-    return rows, owned(seg[rows], start[rows], end[rows])
+    mine = seg[rows]
+    return rows, mine, owned(mine, start[rows], end[rows], in_order=True)
 
 
 class _GroupPass:
-    """The records of one window group (its windows may not overlap each other's activities
-    twice: a group's windows are disjoint steps, or one whole-trace window per rank)."""
+    """The records of one or more window groups' windows (a group's windows may not overlap
+    each other's activities twice: they are disjoint steps, or one whole-trace window per
+    rank; every computation here is per window). Its rows are in (window, start) order, the
+    clipped table's, so the sweeps skip checking it.
+
+    Line codes: each ``_codes`` call hands out provisional codes; ``run`` ends by interning the
+    lines in the order one pass per group would have met them (by group ``group_of``, then
+    call, then key), so the codes, and with them every tie order, do not depend on how the
+    groups were batched into passes."""
 
     def __init__(
-        self, ctx: _Context, windows: Sequence[TimelineWindow], clipped: Clipped
+        self,
+        ctx: _Context,
+        windows: Sequence[TimelineWindow],
+        clipped: Clipped,
+        group_of: IntArray | None = None,
     ) -> None:
         self.ctx = ctx
         self.windows = windows
         self.records = _Records()
-        # Ties at one instant go to the activity launched first (the sweeps are stable).
-        order = _launch_order(clipped, ctx.l_start)
-        self.seg, self.start = clipped.seg[order], clipped.start[order]
-        self.end, self.row = clipped.end[order], clipped.row[order]
+        self.group_of = (
+            np.zeros(len(windows), dtype=np.int64) if group_of is None else group_of
+        )  # per window: its group's position in the pass
+        self._several = bool(len(windows)) and int(self.group_of.max()) > 0
+        self._pending: list[Line] = []
+        self._pending_group: list[IntArray] = []
+        # Ties at one instant go to the activity launched first (the sweeps are stable);
+        # tied rows share their window and start, so only ends and rows move.
+        self.seg, self.start = clipped.seg, clipped.start
+        self.end, self.row = clipped.end, clipped.row
+        tied = _launch_order(clipped, ctx.l_start)
+        if tied is not None:
+            pos, source = tied
+            self.end, self.row = self.end.copy(), self.row.copy()
+            self.end[pos], self.row[pos] = clipped.end[source], clipped.row[source]
         self.win_start = np.array([w.start_ns for w in windows], dtype=np.int64)
         self.win_end = np.array([w.end_ns for w in windows], dtype=np.int64)
 
@@ -320,36 +363,75 @@ class _GroupPass:
         self._communication(nccl, comp_union)
         self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
         self._idle()
+        self._finish()
         return self.records
 
+    def _codes(self, keys: IntArray, seg: IntArray, line_of: Callable[[int], Line]) -> IntArray:
+        """Provisional line codes for per-record ``keys`` (records in windows ``seg``): records
+        with equal keys share a line, made once per distinct key by ``line_of(i)`` from one
+        record ``i`` holding it; numbered in key order after the earlier calls' codes."""
+        if len(keys) == 0:
+            return np.empty(0, dtype=np.int64)
+        local, n = _dense(keys)
+        holder = np.empty(n, dtype=np.int64)
+        holder[local] = np.arange(len(keys), dtype=np.int64)  # any record of each key
+        first = np.zeros(n, dtype=np.int64)  # the first group holding each key
+        if self._several:
+            first[:] = np.iinfo(np.int64).max
+            np.minimum.at(first, local, self.group_of[seg])
+        base = len(self._pending)
+        self._pending += [line_of(i) for i in holder.tolist()]
+        self._pending_group.append(first)
+        return local + base
+
+    def _finish(self) -> None:
+        """Intern the pending lines by (first group, provisional code) and renumber the
+        records' codes."""
+        if not self._pending:
+            return
+        group = np.concatenate(self._pending_group)
+        order = np.argsort(group, kind="stable")  # provisional codes ascend within a group
+        table = np.empty(len(self._pending), dtype=np.int64)
+        table[order] = [self.ctx.lines.code(self._pending[i]) for i in order.tolist()]
+        self.records.code[:] = [table[c] for c in self.records.code]
+        self._pending, self._pending_group = [], []
+
     def _union(self, mask: BoolArray) -> Union:
-        return Union.of(self.seg[mask], self.start[mask], self.end[mask])
+        return Union.of(self.seg[mask], self.start[mask], self.end[mask], in_order=True)
 
-    def _add(self, rows: IntArray, code: IntArray, dur: IntArray, start: IntArray) -> None:
-        r = self.row[rows]
-        self.records.add(self.seg[rows], code, dur, start, self.ctx.l_thread[r], r)
+    def _add(
+        self, seg: IntArray, r: IntArray, code: IntArray, dur: IntArray, start: IntArray
+    ) -> None:
+        """Records of activities ``r`` (rows of the activity table) in windows ``seg``."""
+        self.records.add(seg, code, dur, start, self.ctx.l_tcode[r], r)
 
-    def _helper_codes(self, part: AccountPartKind, rows: IntArray) -> IntArray:
-        helper = self.ctx.att.helper[self.row[rows]].astype(np.int64)
-        return self.ctx.lines.codes(helper, lambda i: self.ctx.helper_line(part, int(helper[i])))
+    def _helper_codes(self, part: AccountPartKind, seg: IntArray, r: IntArray) -> IntArray:
+        helper = self.ctx.att.helper[r].astype(np.int64)
+        # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
+        return self._codes(helper + 1, seg, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
     def _compute(self, mask: BoolArray) -> Union:
         """Computation by helper; returns the computation union the other parts subtract."""
-        rows, mine = _owned(self.seg, self.start, self.end, mask)
-        code = self._helper_codes(AccountPartKind.COMPUTE, rows)
-        self._add(rows, code, mine.length, mine.piece_start)
-        return Union.of(self.seg[rows], self.start[rows], self.end[rows], mine)
+        rows = np.flatnonzero(mask)
+        seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
+        mine = owned(seg, start, end, in_order=True)
+        r = self.row[rows]
+        code = self._helper_codes(AccountPartKind.COMPUTE, seg, r)
+        self._add(seg, r, code, mine.length, mine.piece_start)
+        return Union.of(seg, start, end, mine)
 
     def _communication(self, mask: BoolArray, comp: Union) -> None:
-        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         if len(rows) == 0:
             return
-        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
-        exposed = (hi - lo) - comp.covered(seg, lo, hi)
+        lo, hi = mine.piece_start, mine.piece_end
         r = self.row[rows]
         last = self.ctx.peers.last_start[r]
         wait_end = np.where(last >= 0, np.clip(last, lo, hi), lo)
-        waiting = (wait_end - lo) - comp.covered(seg, lo, wait_end)
+        # computation covering [lo, hi) and [lo, wait_end) (lo <= wait_end <= hi)
+        before_lo = comp.before(seg, lo)
+        exposed = (hi - lo) - (comp.before(seg, hi) - before_lo)
+        waiting = (wait_end - lo) - (comp.before(seg, wait_end) - before_lo)
         keys = self.ctx.comm_key[r]
         lines = self.ctx.comm_lines
         category = self.ctx.att.category_of
@@ -358,7 +440,7 @@ class _GroupPass:
             h, name = lines[int(keys[i])]
             return Line(AccountPartKind.EXPOSED_COMMUNICATION, name, category(h))
 
-        self._add(rows, self.ctx.lines.codes(keys, comm), exposed - waiting, lo)
+        self._add(seg, r, self._codes(keys, seg, comm), exposed - waiting, lo)
         peer_rank = self.ctx.peers.last_rank[r]
 
         def peer(i: int) -> Line:
@@ -368,13 +450,13 @@ class _GroupPass:
             return Line(AccountPartKind.IDLE_PEER, name, category(h), late)
 
         peer_keys = keys * 1024 + (peer_rank + 1)
-        self._add(rows, self.ctx.lines.codes(peer_keys, peer), waiting, lo)
+        self._add(seg, r, self._codes(peer_keys, seg, peer), waiting, lo)
 
     def _memcpy(self, mask: BoolArray, busy: Union) -> None:
-        rows, mine = _owned(self.seg, self.start, self.end, mask)
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         if len(rows) == 0:
             return
-        seg, lo, hi = self.seg[rows], mine.piece_start, mine.piece_end
+        lo, hi = mine.piece_start, mine.piece_end
         exposed = (hi - lo) - busy.covered(seg, lo, hi)
         r = self.row[rows]
         helper = self.ctx.att.helper[r].astype(np.int64)
@@ -386,11 +468,11 @@ class _GroupPass:
             kind = strings[int(name[i])]
             return self.ctx.helper_line(AccountPartKind.EXPOSED_MEMCPY, int(helper[i]), kind)
 
-        self._add(rows, self.ctx.lines.codes(keys, make), exposed, lo)
+        self._add(seg, r, self._codes(keys, seg, make), exposed, lo)
 
     def _idle(self) -> None:
         ctx = self.ctx
-        union = Union.of(self.seg, self.start, self.end)
+        union = Union.of(self.seg, self.start, self.end, with_rows=True, in_order=True)
         gaps = union.gaps(self.win_start, self.win_end)
         n = len(gaps.start)
         if n == 0:
@@ -403,9 +485,7 @@ class _GroupPass:
         # The activity that ends the gap launched it; a trailing gap goes to the previous one's
         # launching thread.
         owner = np.where(has_next, nxt, prv)
-        # A trailing -1 makes "no owner" an ordinary index (a trace may have no GPU activity).
-        thread = np.append(ctx.l_thread, -1)[owner]
-        l_end = np.append(ctx.l_end, -1)[owner]
+        thread, l_end, code = ctx.l_thread[owner], ctx.l_end[owner], ctx.l_tcode[owner]
         host = (thread >= 0) & (~has_next | (l_end > gaps.start))
         cut = np.where(has_next, np.minimum(l_end, gaps.end), gaps.end)
         unit = np.arange(n, dtype=np.int64) + len(ctx.att.helper)  # gaps: never an activity row
@@ -417,16 +497,18 @@ class _GroupPass:
         why = other_reason[other]
         self.records.add(
             gaps.seg[other],
-            ctx.lines.codes(why, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
+            self._codes(
+                why, gaps.seg[other], lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])
+            ),
             (gaps.end - gaps.start)[other],
             gaps.start[other],
-            thread[other],
+            code[other],
             unit[other],
         )
         q = np.flatnonzero(host)
-        which, lo, hi = ctx.host.split(thread[q], gaps.start[q], cut[q], gaps.end[q])
+        which, lo, hi, interval = ctx.host.split(thread[q], gaps.start[q], cut[q], gaps.end[q])
         gap = q[which]
-        labels = ctx.host.labels(thread[gap], lo)
+        labels = ctx.host.labels(thread[gap], lo, interval)
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
         keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
 
@@ -434,7 +516,7 @@ class _GroupPass:
             return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
 
         self.records.add(
-            gaps.seg[gap], ctx.lines.codes(keys, make), hi - lo, lo, thread[gap], unit[gap]
+            gaps.seg[gap], self._codes(keys, gaps.seg[gap], make), hi - lo, lo, code[gap], unit[gap]
         )
 
     def _host_line(self, label_type: int, value: int, detail: int) -> Line:
@@ -476,7 +558,7 @@ def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
     present = np.bincount(values) > 0
     table = np.cumsum(present) - 1
-    return table[values].astype(np.int64), int(present.sum())
+    return table[values].astype(np.int64, copy=False), int(present.sum())
 
 
 PartDict = dict[str, object]
@@ -492,10 +574,11 @@ def _summaries(
     windows: Sequence[TimelineWindow],
     n_codes: int,
     per_window: bool,
+    largest: IntArray,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
     with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``LARGEST`` longest pieces.
+    main thread and its ``largest[bucket]`` longest pieces.
 
     ``per_window``: the buckets are the windows, where an activity has at most one record per
     line (its share of one part in one window), so only gap pieces need distinct counting."""
@@ -514,22 +597,26 @@ def _summaries(
         idle = unit >= len(ctx.att.helper)  # gap units are numbered after the activity rows
         units = np.bincount(key_code[~idle], minlength=n_keys)
         if idle.any():
-            pieces = _sorted_distinct(key_code[idle] * span + unit[idle]) // span
-            units += np.bincount(pieces, minlength=n_keys)
+            # The pieces of one gap are consecutive records, so in the stable key order its
+            # pieces of one line are adjacent: count the runs of (line, gap).
+            u = unit[order]
+            run = u >= len(ctx.att.helper)
+            run[1:] &= (k[1:] != k[:-1]) | (u[1:] != u[:-1])
+            units += np.bincount(k[run], minlength=n_keys)
     else:
         units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
-    (thread_code,) = factorize(thread)
-    n_threads = int(thread_code.max()) + 1
+    # ``thread`` holds thread codes (``_Context.l_tcode``, in thread id order): the argmax
+    # picks the thread with most time, ties the lowest id
+    names = ctx.thread_labels
+    n_threads = len(names)
     per_thread = np.bincount(
-        key_code * n_threads + thread_code, weights=dur, minlength=n_keys * n_threads
+        key_code * n_threads + thread, weights=dur, minlength=n_keys * n_threads
     ).reshape(n_keys, n_threads)
-    threads = np.zeros(n_threads, dtype=np.int64)
-    threads[thread_code] = thread
-    names = {t: ctx.thread_name(t) for t in threads.tolist()}
-    main_thread = [names[t] for t in threads[per_thread.argmax(axis=1)].tolist()]
+    main_thread = [names[t] for t in per_thread.argmax(axis=1).tolist()]
     # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
-    top = _largest(d, heads, order)
-    have = top >= 0
+    first = order[heads]
+    top = _largest(d, heads, order, int(largest.max()))
+    have = (top >= 0) & (np.arange(len(top))[:, None] < largest[bucket[first]][None, :])
     rows = top[have]
     w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
     starts = start[rows]
@@ -554,7 +641,6 @@ def _summaries(
     per_key: list[list[PartDict]] = [[] for _ in range(n_keys)]
     for key, gap in zip(np.nonzero(have)[1].tolist(), gaps, strict=True):
         per_key[key].append(gap)  # rows of ``top`` are ranks 0, 1, 2: longest first
-    first = order[heads]
     out: dict[int, list[PartDict]] = {}
     lines = ctx.lines.lines
     for b, c, t, u, largest, th in zip(
@@ -584,8 +670,8 @@ def _summaries(
     return out
 
 
-def _largest(d: IntArray, heads: IntArray, order: IntArray) -> IntArray:
-    """Record indices of the ``LARGEST`` longest records of each key segment, one row per
+def _largest(d: IntArray, heads: IntArray, order: IntArray, count: int) -> IntArray:
+    """Record indices of the ``count`` longest records of each key segment, one row per
     rank (longest first), -1 where a segment has fewer.
 
     Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
@@ -593,17 +679,17 @@ def _largest(d: IntArray, heads: IntArray, order: IntArray) -> IntArray:
     """
     n = len(d)
     if n == 0:
-        return np.empty((LARGEST, 0), dtype=np.int64)
+        return np.empty((count, 0), dtype=np.int64)
     cols = []
     if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
         by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
         ends = np.append(heads[1:], n)
-        for j in range(LARGEST):
+        for j in range(count):
             pos = heads + j
             cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1))
         return np.stack(cols)
     enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
-    for _ in range(LARGEST):
+    for _ in range(count):
         best = np.maximum.reduceat(enc, heads)
         hit = best >= 0
         pos = n - 1 - (best % n)
@@ -620,31 +706,130 @@ def compute_accounts(
     windows: Sequence[Window],
     steps: Mapping[tuple[int, str], int],
     gpu: GpuTimeline,
+    keep: Collection[int] = (),
 ) -> Accounts:
     """The account of every window of ``windows`` and of every (rank, window group), over the
-    windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``).
+    windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``). ``keep``:
+    windows (indices into ``windows``) whose pieces ``Accounts.pieces`` will be asked for (the
+    run page's drawn steps), kept from the group passes instead of computed again.
 
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
+    return _accounts(trace, att, ranges, catalog, windows, steps, gpu, set(keep))
+
+
+def _accounts(
+    trace: Trace,
+    att: Attribution,
+    ranges: RangeHelpers,
+    catalog: Catalog,
+    windows: Sequence[Window],
+    steps: Mapping[tuple[int, str], int],
+    gpu: GpuTimeline,
+    keep: set[int],
+) -> Accounts:
     ctx = _Context(trace, att, ranges, catalog, windows, gpu)
     result = Accounts(notes=list(ctx.peers.notes), context=ctx)
-    for group, clip in gpu.groups.items():
-        tw = clip.windows
-        records = _GroupPass(ctx, tw, clip.clipped).run().arrays()
-        seg, dur = records[0], records[2]
-        spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
-        # float64 sums of integer ns are exact below 2**53 ns (104 days)
-        totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
-        bad = np.flatnonzero(totals != spans)
-        if len(bad):
-            w = tw[int(bad[0])]
-            raise RuntimeError(
-                f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
-                f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
-            )
-        n_codes = max(len(ctx.lines.lines), 1)
-        per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True)
-        for i, w in enumerate(tw):
+    for batch in _batches(list(gpu.groups.items())):
+        _account_batch(ctx, result, batch, steps, keep)
+    return result
+
+
+BATCH_ROWS = 1 << 20
+"""Consecutive window groups share one pass while their clipped rows add up to at most this
+many (a pass costs ~200 numpy calls whatever its size; a bigger group goes alone, with no
+copy of its rows)."""
+
+
+def _batches(groups: list[tuple[str, GroupClip]]) -> list[list[tuple[str, GroupClip]]]:
+    out: list[list[tuple[str, GroupClip]]] = []
+    rows = 0
+    for item in groups:
+        n = len(item[1].clipped.seg)
+        if out and rows + n <= BATCH_ROWS:
+            out[-1].append(item)
+            rows += n
+        else:
+            out.append([item])
+            rows = n
+    return out
+
+
+def _account_batch(
+    ctx: _Context,
+    result: Accounts,
+    batch: list[tuple[str, GroupClip]],
+    steps: Mapping[tuple[int, str], int],
+    keep: set[int],
+) -> None:
+    """The step and group accounts of the groups of ``batch``, from one pass over all their
+    windows (each group's windows numbered after the previous group's)."""
+    tw = [w for _, clip in batch for w in clip.windows]
+    ids = np.array([i for _, clip in batch for i in clip.ids], dtype=np.int64)
+    sizes = [len(clip.windows) for _, clip in batch]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    group_of = np.repeat(np.arange(len(batch), dtype=np.int64), sizes)
+    if len(batch) == 1:
+        clipped = batch[0][1].clipped
+    else:
+        clips = [clip.clipped for _, clip in batch]
+        clipped = Clipped(
+            np.concatenate([c.seg + o for c, o in zip(clips, offsets.tolist(), strict=False)]),
+            np.concatenate([c.start for c in clips]),
+            np.concatenate([c.end for c in clips]),
+            np.concatenate([c.row for c in clips]),
+        )
+    group_pass = _GroupPass(ctx, tw, clipped, group_of)
+    records = group_pass.run().arrays()
+    drawn = [i for i, g in enumerate(ids.tolist()) if g in keep]
+    if drawn:
+        result.kept.append(_keep(group_pass, records, ids, drawn))
+    seg, dur = records[0], records[2]
+    spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
+    # float64 sums of integer ns are exact below 2**53 ns (104 days)
+    totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
+    bad = np.flatnonzero(totals != spans)
+    if len(bad):
+        w = tw[int(bad[0])]
+        raise RuntimeError(
+            f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
+            f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
+        )
+    n_codes = max(len(ctx.lines.lines), 1)
+    rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
+    # per group: its ranks, and whether it has one window per rank (the whole trace: its
+    # step and group lines are the same)
+    ranks = [sorted(set(rank_of[a:b].tolist())) for a, b in itertools.pairwise(offsets.tolist())]
+    one_per_rank = [len(r) == n for r, n in zip(ranks, sizes, strict=True)]
+    largest = np.array(
+        [LARGEST if one else LARGEST_PER_STEP for one in one_per_rank], dtype=np.int64
+    )[group_of]
+    per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True, largest=largest)
+    # rank buckets of the groups with several windows per rank, numbered group by group
+    bucket_of = np.full(len(tw), -1, dtype=np.int64)
+    rank_bucket: list[dict[int, int]] = []
+    n_buckets = 0
+    for g, (a, b) in enumerate(itertools.pairwise(offsets.tolist())):
+        mine = {} if one_per_rank[g] else {r: n_buckets + i for i, r in enumerate(ranks[g])}
+        n_buckets += len(mine)
+        rank_bucket.append(mine)
+        for i in range(a, b):
+            if mine:
+                bucket_of[i] = mine[int(rank_of[i])]
+    per_rank: dict[int, list[PartDict]] = {}
+    if n_buckets:
+        bucket = bucket_of[seg]
+        if bool((bucket < 0).any()):
+            inside = bucket >= 0
+            records = tuple(column[inside] for column in records)
+            bucket = bucket[inside]
+        group_largest = np.full(n_buckets, LARGEST, dtype=np.int64)
+        per_rank = _summaries(
+            ctx, bucket, records, tw, n_codes, per_window=False, largest=group_largest
+        )
+    for g, (group, clip) in enumerate(batch):
+        a = int(offsets[g])
+        for i, w in enumerate(clip.windows):
             result.steps.append(
                 StepAccount.model_validate(
                     {
@@ -656,32 +841,29 @@ def compute_accounts(
                         "start_ns": w.start_ns,
                         "end_ns": w.end_ns,
                         "span_ns": w.end_ns - w.start_ns,
-                        "parts": per_window.get(i, []),
+                        "parts": per_window.get(a + i, []),
                     }
                 )
             )
-        rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
-        ranks = sorted(set(rank_of.tolist()))
-        if len(ranks) == len(tw):  # one window per rank (the whole trace): the same lines
-            per_rank = {ranks.index(w.window.rank): per_window.get(i, []) for i, w in enumerate(tw)}
-        else:
-            bucket = np.searchsorted(np.array(ranks, dtype=np.int64), rank_of[seg])
-            per_rank = _summaries(ctx, bucket, records, tw, n_codes, per_window=False)
-        for b, rank in enumerate(ranks):
-            mine = [w for w in tw if w.window.rank == rank]
+        for rank in ranks[g]:
+            mine_windows = [w for w in clip.windows if w.window.rank == rank]
+            if one_per_rank[g]:
+                (i,) = [i for i, w in enumerate(clip.windows) if w.window.rank == rank]
+                parts = per_window.get(a + i, [])
+            else:
+                parts = per_rank.get(rank_bucket[g][rank], [])
             result.groups.append(
                 GroupAccount.model_validate(
                     {
                         "rank": rank,
                         "window": group,
-                        "steps": steps.get((rank, group), len(mine)),
-                        "windows": len(mine),
-                        "span_ns": sum(w.end_ns - w.start_ns for w in mine),
-                        "parts": per_rank.get(b, []),
+                        "steps": steps.get((rank, group), len(mine_windows)),
+                        "windows": len(mine_windows),
+                        "span_ns": sum(w.end_ns - w.start_ns for w in mine_windows),
+                        "parts": parts,
                     }
                 )
             )
-    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,6 +905,60 @@ def account_pieces(
     return _pieces(_Context(trace, att, ranges, catalog, windows, gpu), selected)
 
 
+def _keep(
+    group_pass: _GroupPass, records: tuple[IntArray, ...], ids: IntArray, mine: list[int]
+) -> _Kept:
+    """The records and clipped rows of the group's windows ``mine`` (positions in the group;
+    ``ids`` maps them to window indices)."""
+    want = np.zeros(len(ids), dtype=bool)
+    want[mine] = True
+    at = want[records[0]]
+    kept = tuple(column[at] for column in records)
+    rows = want[group_pass.seg]
+    clipped = (
+        ids[group_pass.seg[rows]],
+        group_pass.row[rows],
+        group_pass.start[rows],
+        group_pass.end[rows],
+    )
+    return _Kept(ids[mine], (ids[kept[0]], *kept[1:]), clipped)
+
+
+def _kept_pieces(ctx: _Context, kept: Sequence[_Kept], selected: Sequence[int]) -> Pieces:
+    """``Pieces`` of ``selected`` from the kept records: the same pieces a pass over those
+    windows gives (every window's account depends on its own rows only; a group's rows are in
+    (window, start) order either way), in group order."""
+    position = {w: i for i, w in enumerate(selected)}
+    where = np.full(len(ctx.gpu.windows), -1, dtype=np.int64)
+    where[list(position)] = list(position.values())
+    columns: list[list[IntArray]] = [[] for _ in range(6)]
+    clipped: list[list[IntArray]] = [[] for _ in range(4)]
+    for k in kept:
+        at = where[k.records[0]] >= 0
+        for bucket, column in zip(columns, k.records, strict=True):
+            bucket.append(column[at])
+        rows = where[k.clipped[0]] >= 0
+        for bucket, column in zip(clipped, k.clipped, strict=True):
+            bucket.append(column[rows])
+    seg, code, dur, start, thread, unit = (np.concatenate(c) for c in columns)
+    c_seg, c_row, c_start, c_end = (np.concatenate(c) for c in clipped)
+    return Pieces(
+        windows=[ctx.gpu.windows[i] for i in selected],
+        lines=list(ctx.lines.lines),
+        activities=len(ctx.att.helper),
+        seg=where[seg],
+        line=code,
+        start=start,
+        duration=dur,
+        thread=ctx.thread_ids[thread],
+        unit=unit,
+        clipped_row=c_row,
+        clipped_start=c_start,
+        clipped_end=c_end,
+        clipped_seg=where[c_seg],
+    )
+
+
 def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
     tw = [ctx.gpu.windows[i] for i in selected]
     group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, ctx.acts))
@@ -735,7 +971,7 @@ def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
         line=code,
         start=start,
         duration=dur,
-        thread=thread,
+        thread=ctx.thread_ids[thread],
         unit=unit,
         clipped_row=group_pass.row,
         clipped_start=group_pass.start,

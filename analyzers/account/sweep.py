@@ -30,8 +30,9 @@ class Owned:
 
     piece_start: IntArray
     piece_end: IntArray
-    order: IntArray
-    """The input rows sorted by (segment, start): the pieces' order along each segment."""
+    order: IntArray | None
+    """The input rows sorted by (segment, start): the pieces' order along each segment; None
+    when the input was in that order already."""
 
     @property
     def length(self) -> IntArray:
@@ -47,7 +48,11 @@ def _running_max(seg: IntArray, values: IntArray) -> IntArray:
     width = int(shifted.max()) + 1
     if (int(seg.max()) + 1) * width < (1 << 62):
         offset = seg * width
-        return np.maximum.accumulate(shifted + offset) - offset + base
+        shifted += offset
+        np.maximum.accumulate(shifted, out=shifted)
+        shifted -= offset
+        shifted += base
+        return shifted
     out = np.empty_like(values)
     for sid in np.unique(seg):
         rows = np.flatnonzero(seg == sid)
@@ -55,15 +60,17 @@ def _running_max(seg: IntArray, values: IntArray) -> IntArray:
     return out
 
 
-def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
-    """First-come exclusive pieces of ``[start, end)`` intervals within each segment."""
+def owned(seg: IntArray, start: IntArray, end: IntArray, in_order: bool | None = None) -> Owned:
+    """First-come exclusive pieces of ``[start, end)`` intervals within each segment.
+    ``in_order``: whether the rows are ordered by (segment, start) already (checked if None)."""
     n = len(start)
     if n == 0:
-        return Owned(_EMPTY, _EMPTY, _EMPTY)
+        return Owned(_EMPTY, _EMPTY, None)
     end = np.maximum(end, start)
-    in_order = _sorted(seg, start)  # the usual input: clipped activities in window, time order
+    if in_order is None:  # the usual input: clipped activities in window, time order
+        in_order = _sorted(seg, start)
     if in_order:
-        order = np.arange(n, dtype=np.int64)
+        order = None
         s, e, g = start, end, seg
     else:
         order = np.lexsort((start, seg))
@@ -72,13 +79,12 @@ def owned(seg: IntArray, start: IntArray, end: IntArray) -> Owned:
     before = np.empty(n, dtype=np.int64)
     before[0] = s[0]
     before[1:] = reach[:-1]
-    first = np.ones(n, dtype=bool)
-    first[1:] = g[1:] != g[:-1]
+    first = np.flatnonzero(g[1:] != g[:-1]) + 1
     before[first] = s[first]
     lo = np.maximum(s, before)
     hi = np.maximum(e, lo)
-    if in_order:
-        return Owned(lo, hi, order)
+    if order is None:
+        return Owned(lo, hi, None)
     piece_start = np.empty(n, dtype=np.int64)
     piece_end = np.empty(n, dtype=np.int64)
     piece_start[order] = lo
@@ -94,32 +100,62 @@ def _sorted(seg: IntArray, start: IntArray) -> bool:
     return bool(np.all((step > 0) | ((step == 0) & (start[1:] >= start[:-1]))))
 
 
-@dataclass(frozen=True, slots=True)
 class Union:
     """The disjoint pieces of a union per segment, sorted by (segment, start)."""
 
-    seg: IntArray
-    start: IntArray
-    end: IntArray
-    first_row: IntArray
-    """Input row of the interval that opens each piece (the earliest-starting one)."""
-    last_row: IntArray
-    """Input row of the interval whose end closes each piece."""
+    __slots__ = ("_search", "end", "first_row", "last_row", "seg", "start")
+
+    def __init__(
+        self,
+        seg: IntArray,
+        start: IntArray,
+        end: IntArray,
+        first_row: IntArray = _EMPTY,
+        last_row: IntArray = _EMPTY,
+    ) -> None:
+        self.seg, self.start, self.end = seg, start, end
+        self.first_row = first_row
+        """Input row of the interval that opens each piece (the earliest-starting one); only
+        when built ``with_rows``."""
+        self.last_row = last_row
+        """Input row of the interval whose end closes each piece; only ``with_rows``."""
+        self._search: tuple[IntArray, IntArray, int, int] | None = None
 
     @classmethod
-    def of(cls, seg: IntArray, start: IntArray, end: IntArray, mine: Owned | None = None) -> Union:
-        """The union of the intervals (``mine``: their ``owned`` pieces, when already known)."""
-        mine = mine if mine is not None else owned(seg, start, end)
+    def of(
+        cls,
+        seg: IntArray,
+        start: IntArray,
+        end: IntArray,
+        mine: Owned | None = None,
+        with_rows: bool = False,
+        in_order: bool | None = None,
+    ) -> Union:
+        """The union of the intervals (``mine``: their ``owned`` pieces, when already known);
+        ``with_rows``: also the input rows opening and closing each piece; ``in_order`` as in
+        ``owned``."""
+        mine = mine if mine is not None else owned(seg, start, end, in_order)
         # Along the (segment, start) order the owned pieces are disjoint and sorted too.
-        order = mine.order[mine.length[mine.order] > 0]
-        if len(order) == 0:
-            return cls(_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
-        ps, pe, pg = mine.piece_start[order], mine.piece_end[order], seg[order]
+        if mine.order is None:
+            keep = mine.piece_end > mine.piece_start
+            ps, pe, pg = mine.piece_start[keep], mine.piece_end[keep], seg[keep]
+            order = np.flatnonzero(keep) if with_rows else _EMPTY
+        else:
+            order = mine.order[mine.length[mine.order] > 0]
+            ps, pe, pg = mine.piece_start[order], mine.piece_end[order], seg[order]
+        if len(ps) == 0:
+            return cls(_EMPTY, _EMPTY, _EMPTY)
         # Owned pieces of one segment are disjoint and sorted; touching ones form one piece.
-        opens = np.ones(len(order), dtype=bool)
-        opens[1:] = (pg[1:] != pg[:-1]) | (ps[1:] > pe[:-1])
+        opens = np.empty(len(ps), dtype=bool)
+        opens[0] = True
+        np.not_equal(pg[1:], pg[:-1], out=opens[1:])
+        opens[1:] |= ps[1:] > pe[:-1]
         heads = np.flatnonzero(opens)
-        tails = np.append(heads[1:], len(order)) - 1
+        tails = np.empty_like(heads)
+        tails[:-1] = heads[1:] - 1
+        tails[-1] = len(ps) - 1
+        if not with_rows:
+            return cls(pg[heads], ps[heads], pe[tails])
         return cls(pg[heads], ps[heads], pe[tails], order[heads], order[tails])
 
     def covered(self, seg: IntArray, lo: IntArray, hi: IntArray) -> IntArray:
@@ -127,26 +163,39 @@ class Union:
         if len(lo) == 0 or len(self.start) == 0:
             return np.zeros(len(lo), dtype=np.int64)
         hi = np.maximum(hi, lo)
-        return self._before(seg, hi) - self._before(seg, lo)
+        return self.before(seg, hi) - self.before(seg, lo)
 
-    def _before(self, seg: IntArray, t: IntArray) -> IntArray:
-        """Union length in segment ``seg`` before time ``t``.
+    def before(self, seg: IntArray, t: IntArray) -> IntArray:
+        """Union length in segment ``seg`` before time ``t`` (per query).
 
         One binary search over composite keys ``segment * width + (time - base)`` (the pieces
-        are sorted by them) for every query at once; per segment when the keys would overflow.
+        are sorted by them; queries clamped to the union's time range, which changes no
+        answer) for every query at once; per segment when the keys would overflow.
         """
+        if len(t) == 0 or len(self.start) == 0:
+            return np.zeros(len(t), dtype=np.int64)
         lengths = self.end - self.start
-        cum = np.concatenate(([0], np.cumsum(lengths)))
-        base = min(int(self.start.min()), int(t.min()))
-        width = max(int(self.end.max()), int(t.max())) - base + 1
+        if self._search is None:
+            cum = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=cum[1:])
+            base = int(self.start.min())
+            width = int(self.end.max()) - base + 1
+            segs = int(self.seg.max()) + 2
+            # index of each segment's first piece, and the cumulative length before it
+            first = np.searchsorted(self.seg, np.arange(segs, dtype=np.int64), side="left")
+            self._search = (cum, cum[first], base, width)
+        cum, cum_first, base, width = self._search
         if (max(int(self.seg.max()), int(seg.max())) + 1) * width < (1 << 62):
             keys = self.seg * width + (self.start - base)
-            k = np.searchsorted(keys, seg * width + (t - base), side="right") - 1
+            q = np.clip(t, base, base + width - 1)
+            q -= base
+            q += seg * width
+            k = np.searchsorted(keys, q, side="right") - 1
             kk = np.maximum(k, 0)
             inside = (k >= 0) & (self.seg[kk] == seg)
-            seg_first = np.searchsorted(self.seg, seg, side="left")
             partial = np.minimum(np.maximum(t - self.start[kk], 0), lengths[kk])
-            return np.where(inside, cum[kk] - cum[seg_first] + partial, 0)
+            at = np.minimum(seg, len(cum_first) - 1)
+            return np.where(inside, cum[kk] - cum_first[at] + partial, 0)
         out = np.zeros(len(t), dtype=np.int64)
         for sid in np.unique(seg):
             q = np.flatnonzero(seg == sid)
@@ -188,16 +237,16 @@ class Union:
             segs.append(self.seg[same])
             lo.append(self.end[same])
             hi.append(self.start[same + 1])
-            prev_piece.append(same.astype(np.int64))
-            next_piece.append((same + 1).astype(np.int64))
+            prev_piece.append(same.astype(np.int64, copy=False))
+            next_piece.append((same + 1).astype(np.int64, copy=False))
         # Trailing gap: last piece to the window end.
         last = first + counts - 1
         tail = np.flatnonzero(has)
         tail = tail[self.end[last[tail]] < win_end[tail]]
-        segs.append(tail.astype(np.int64))
+        segs.append(tail.astype(np.int64, copy=False))
         lo.append(self.end[last[tail]])
-        hi.append(win_end[tail].astype(np.int64))
-        prev_piece.append(last[tail].astype(np.int64))
+        hi.append(win_end[tail].astype(np.int64, copy=False))
+        prev_piece.append(last[tail].astype(np.int64, copy=False))
         next_piece.append(np.full(len(tail), -1, dtype=np.int64))
         return Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 from analyzers.report import Category
 
@@ -66,11 +67,48 @@ class Helper:
     source: str = BUILTIN_CATALOG
 
 
+class _Pattern(Protocol):
+    """What matching needs of a compiled pattern: ``match(name)`` is truthy on a match."""
+
+    def match(self, name: str) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _StarGlob:
+    """A glob whose only wildcard is ``*`` (every built-in pattern), matched with string
+    methods: the same answers as ``fnmatch.translate``'s regex, without compiling one (about
+    200 regex compilations were most of the catalog's load time, paid by every ``analyze``).
+
+    ``parts`` is the pattern split at ``*``: the name must start with the first part, end with
+    the last, and hold the middle ones in order in between (leftmost occurrence of each is
+    enough: any later choice leaves less room for the rest).
+    """
+
+    parts: tuple[str, ...]
+
+    def match(self, name: str) -> bool:
+        parts = self.parts
+        if len(parts) == 1:
+            return name == parts[0]
+        head, tail = parts[0], parts[-1]
+        limit = len(name) - len(tail)
+        if limit < len(head) or not name.startswith(head) or not name.endswith(tail):
+            return False
+        at = len(head)
+        for part in parts[1:-1]:
+            if part:
+                found = name.find(part, at, limit)
+                if found < 0:
+                    return False
+                at = found + len(part)
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Matcher:
     """Compiled patterns of one kind (ranges, python or kernels) over all helpers."""
 
-    regexes: tuple[tuple[int, re.Pattern[str]], ...]
+    regexes: tuple[tuple[int, _Pattern], ...]
 
     def first(self, name: str) -> int:
         for helper_index, regex in self.regexes:
@@ -79,11 +117,17 @@ class _Matcher:
         return -1
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
-    """Compile a glob (whole-name match) or a ``re:`` regex (searched anywhere) for ``.match``."""
+def _compile(pattern: str) -> _Pattern:
+    """Compile a glob (whole-name match) or a ``re:`` regex (searched anywhere) for ``.match``.
+
+    Globs with ``?`` or ``[...]`` become regexes (``fnmatch.translate``); ``*``-only globs are
+    matched without one (``_StarGlob``, same answers).
+    """
     if pattern.startswith("re:"):
         return re.compile(f".*?(?:{pattern[3:]})", re.DOTALL)
-    return re.compile(fnmatch.translate(pattern))
+    if "?" in pattern or "[" in pattern:
+        return re.compile(fnmatch.translate(pattern))
+    return _StarGlob(tuple(pattern.split("*")))
 
 
 def _matcher(helpers: Sequence[Helper], kind: str, *, unrestricted: bool = False) -> _Matcher:
@@ -111,7 +155,7 @@ class Catalog:
     _python: _Matcher = field(init=False, repr=False, compare=False)
     _kernels: _Matcher = field(init=False, repr=False, compare=False)
     _kernels_anywhere: _Matcher = field(init=False, repr=False, compare=False)
-    _sync: dict[str, tuple[re.Pattern[str], ...]] = field(init=False, repr=False, compare=False)
+    _sync: dict[str, tuple[_Pattern, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_ranges", _matcher(self.helpers, "ranges"))

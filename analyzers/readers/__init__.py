@@ -16,13 +16,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analyzers.errors import MissingRankError, RankConflictError, TraceError, UnsupportedTraceError
 from analyzers.model import Trace, merge_traces
-from analyzers.readers._check import check_json_trace, sqlite_tables_ok
 from analyzers.readers._files import (
     FORMAT_OF_KIND,
     GZIP_MAGIC,
@@ -36,8 +37,28 @@ from analyzers.readers._files import (
     sniff,
 )
 from analyzers.readers._ranks import resolve_ranks
-from analyzers.readers.kineto import read_kineto, read_kineto_files
-from analyzers.readers.nsys import read_nsys
+
+if TYPE_CHECKING:
+    from analyzers.readers.kineto import read_kineto, read_kineto_files
+    from analyzers.readers.nsys import read_nsys
+
+# The format readers load on first use (``__getattr__``): an analysis reads one or two formats,
+# and in an environment that writes no bytecode every module imported is compiled from source
+# on each run; the Kineto side, the nsys side and the upload check are each tens of ms of that.
+_LAZY = {
+    "read_kineto": "analyzers.readers.kineto",
+    "read_kineto_files": "analyzers.readers.kineto",
+    "read_nsys": "analyzers.readers.nsys",
+}
+
+
+def __getattr__(name: str) -> Callable[..., object]:
+    """``read_kineto``, ``read_kineto_files``, ``read_nsys``: imported on first access."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found: Callable[..., object] = getattr(import_module(_LAZY[name]), name)
+    globals()[name] = found
+    return found
 
 __all__ = [
     "FORMAT_OF_KIND",
@@ -50,6 +71,7 @@ __all__ = [
     "is_gzip",
     "max_decompressed_bytes",
     "read_kineto",
+    "read_kineto_files",
     "read_nsys",
     "read_trace",
     "read_trace_files",
@@ -94,6 +116,8 @@ def check_trace(
         HostileTraceError: triggers, views, virtual tables or generated columns.
         TraceTooLargeError: the check's prefix or the decompression cap is exceeded.
     """
+    from analyzers.readers._check import check_json_trace, sqlite_tables_ok
+
     source = Path(path)
     name = label or str(source)
     cap = max_decompressed_bytes() if max_bytes is None else max_bytes
@@ -139,12 +163,16 @@ def read_trace(path: str | Path, *, rank: int | None = None) -> Trace:
 def _read_one(source: Path) -> Trace:
     kind = sniff(source)
     if kind == "json":
+        from analyzers.readers.kineto import read_kineto
+
         return read_kineto(source)
     if kind == "report":
         raise UnsupportedTraceError(
             f"{source}: is a saved cptrace report, not a trace (analyze and compare accept it "
             "as is)"
         )
+    from analyzers.readers.nsys import read_nsys
+
     return read_nsys(source)
 
 
@@ -160,6 +188,8 @@ def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) ->
     if len(kineto) < 2:
         traces = [_read_one(p) for p in items]
     else:
+        from analyzers.readers.kineto import read_kineto_files
+
         parsed = iter(read_kineto_files(kineto))
         traces = [
             next(parsed) if kind == "json" else _read_one(p)

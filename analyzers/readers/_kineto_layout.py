@@ -395,9 +395,15 @@ def _chunk(text: bytes, sink: RowSink) -> tuple[int, int]:
     first = opens + 4  # the line after "  {\n"
     fast_kind = np.full(len(opens), -1, dtype=np.int64)
     cat_len = np.zeros(len(opens), dtype=np.int64)
-    is_x = data.has(first, X_PREFIX)
+    x_rows = np.flatnonzero(data.has(first, X_PREFIX))
+    cat_at = first[x_rows] + len(X_PREFIX)
+    # The category's first 8 bytes, read once: each category is then tested in full only where
+    # they match (a position matches at most one category: the quote after it ends the name).
+    head = data.word[cat_at]
     for cat, kind in [*FAST_CATS.items(), *((c, LAUNCH) for c in LAUNCH_CATS)]:
-        hit = is_x & data.has(first + len(X_PREFIX), cat + NAME_KEY)
+        pattern = cat + NAME_KEY  # at least 8 bytes: NAME_KEY alone is 12
+        same = np.flatnonzero(head == np.uint64(int.from_bytes(pattern[:8], "little")))
+        hit = x_rows[same[data.has(cat_at[same] + 8, pattern[8:])]]
         fast_kind[hit] = kind
         cat_len[hit] = len(cat)
     # Flows ("s"/"f"), instants ("i") and the like: not rows, and not metadata.

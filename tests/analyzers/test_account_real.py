@@ -299,6 +299,38 @@ def test_kineto_parts_add_up_exactly_for_every_rank_and_window(kineto_3arms: Ana
 
 
 @pytest.mark.parametrize("fixture", ["nsys_3arms", "kineto_3arms"])
+def test_evidence_keeps_the_longest_piece_per_step_and_three_per_group(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """A step line of a group with several windows per rank keeps its step's longest piece, a
+    group line the three longest over its steps (docs/analyzers.md, evidence per part); the
+    longest piece of a group line is the longest of its steps' longest pieces."""
+    report = request.getfixturevalue(fixture).report
+    steps: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    windows: dict[tuple[int, str], int] = defaultdict(int)
+    for step in report.step_accounts:
+        windows[(step.rank, step.window)] += 1
+    multi = 0
+    for step in report.step_accounts:
+        several = windows[(step.rank, step.window)] > 1
+        for p in step.parts:
+            assert 1 <= len(p.largest) <= (1 if several else 3)
+            assert all(g.window == step.name and g.index == step.index for g in p.largest)
+            steps[(step.rank, step.window, p.part, p.label, p.detail)].append(
+                p.largest[0].duration_ns
+            )
+            multi += several
+    # the Kineto arm groups have 3 steps per rank; the nsys export one window per arm and rank
+    assert (multi > 0) == (fixture == "kineto_3arms")
+    for group in report.accounts:
+        for p in group.parts:
+            durations = [g.duration_ns for g in p.largest]
+            assert 1 <= len(durations) <= 3 and durations == sorted(durations, reverse=True)
+            key = (group.rank, group.window, p.part, p.label, p.detail)
+            assert durations[0] == max(steps[key])
+
+
+@pytest.mark.parametrize("fixture", ["nsys_3arms", "kineto_3arms"])
 def test_padded_arm_helper_idle_exceeds_the_fast_arms(
     fixture: str, request: pytest.FixtureRequest
 ) -> None:

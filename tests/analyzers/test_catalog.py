@@ -153,3 +153,40 @@ def test_bad_catalog_names_file_and_field(tmp_path: Path, text: str, message: st
 def test_missing_catalog_file(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read catalog"):
         load_catalog([tmp_path / "nope.toml"], use_env=False)
+
+
+def _builtin_patterns() -> list[str]:
+    patterns = [
+        p
+        for h in CATALOG.helpers
+        for kind in ("ranges", "python", "kernels")
+        for p in getattr(h, kind)
+    ]
+    return [*patterns, *CATALOG.host_sync_apis, *CATALOG.host_sync_ops, *CATALOG.host_sync_memcpy]
+
+
+def test_star_globs_match_exactly_like_fnmatch() -> None:
+    """The ``*``-only globs are matched without regexes (catalog load time); they must answer
+    exactly as ``fnmatch.translate``'s regex: every built-in pattern against the real names
+    above and every pattern's own text, and random short patterns against random names."""
+    import fnmatch
+    import random
+    import re
+
+    from analyzers.catalog import _compile
+
+    builtin = _builtin_patterns()
+    names = [n for n, *_ in RANGE_CASES] + [n for n, _ in KERNEL_CASES]
+    names += [p.replace("*", "") for p in builtin] + builtin + ["", "*", "a\nb"]
+    rng = random.Random(10)
+    random_patterns = [
+        "".join(rng.choice("ab*.\\") for _ in range(rng.randint(0, 6))) for _ in range(400)
+    ]
+    random_names = [
+        "".join(rng.choice("ab.\n\\*") for _ in range(rng.randint(0, 8))) for _ in range(400)
+    ]
+    for patterns, against in ((builtin, names), (random_patterns, random_names)):
+        for pattern in patterns:
+            fast, regex = _compile(pattern), re.compile(fnmatch.translate(pattern))
+            for name in against:
+                assert bool(fast.match(name)) == bool(regex.match(name)), (pattern, name)
