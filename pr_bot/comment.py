@@ -280,8 +280,9 @@ def comparison_lines(
         lines.append("")
     else:
         lines += ["No helper changed its launch count or GPU time.", ""]
-    lines += _kernel_section(report, heading, kernel_limit)
-    lines += _account_section(report, heading, kernel_limit)
+    if report.gpu_observed:  # else kernels and the account would read 0 and "idle: other"
+        lines += _kernel_section(report, heading, kernel_limit)
+        lines += _account_section(report, heading, kernel_limit)
     if report.notes:
         lines += [
             f"> :warning: Comparability: {md_text('; '.join(report.notes))}",

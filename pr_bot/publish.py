@@ -6,12 +6,14 @@ same comment. Rendering is :mod:`pr_bot.comment` (pure); HTTP is :mod:`pr_bot.gi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from analyzers.report import ComparisonReport
 from pr_bot.comment import CommentContext, render_comment, suite_marker
+from pr_bot.deltas import HostTimeRow
 from pr_bot.github import (
     CommentResult,
     GitHubClient,
@@ -51,12 +53,16 @@ def publish(
     config: GitHubConfig,
     head_sha: str | None = None,
     transport: httpx.BaseTransport | None = None,
+    host_rows: Sequence[HostTimeRow] | None = None,
 ) -> Published:
     """Create or update the suite's comment; set a commit status on ``head_sha`` when given.
 
+    ``host_rows`` (``pr_bot.deltas.host_rows_for``) is the per-helper host-time table of a
+    comparison with a side without GPU activity, as :func:`render_comment` takes it.
+
     :raises GitHubError: GitHub refused a request, or the inputs are unusable.
     """
-    body = render_comment(report, context)
+    body = render_comment(report, context, host_rows=host_rows)
     marker = suite_marker(context.suite)
     with GitHubClient(config, transport=transport) as client:
         comment = upsert_comment(client, repo, pr, marker, body)

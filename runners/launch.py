@@ -119,8 +119,15 @@ def _free_port() -> int:
 
 
 def _child_env(launcher: str) -> dict[str, str]:
+    """The ranks' environment. They run cptrace's own code only (``-m runners.workload``), so
+    cptrace's modules must win: the tree goes first on ``PYTHONPATH``, and ``PYTHONSAFEPATH``
+    keeps ``-m`` from putting the working directory before it (a user's project with its own
+    ``runners`` or ``contracts`` package, where ``cptrace run`` is started, would shadow ours).
+    ``cptrace profile`` is the opposite case: its children run the user's code, and the user's
+    modules win there (``runners/profile/bootstrap/sitecustomize.py``)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONSAFEPATH"] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     if launcher == "srun":  # torchrun sets these itself
         env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))

@@ -28,7 +28,7 @@ from analyzers.report import (
     Timeline,
 )
 from pr_bot.comment import CommentContext, render_comment
-from pr_bot.deltas import MetricRow, metric_rows
+from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
 from pr_bot.labels import compare_url, run_label
 from service.core.errors import BadRequest
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
@@ -386,6 +386,13 @@ def comparison_timeline_figures(report: ComparisonReport) -> dict[str, Figure]:
 # ------------------------------------------------------------------------------ comparison page
 
 
+class ComparisonHostTime(BaseModel):
+    """What a comparison with a side without GPU activity shows instead of the GPU tables."""
+
+    sides_without_gpu: list[str]  # "base", "head" or both
+    rows: list[HostTimeRow]  # ``pr_bot.deltas.host_rows_for``: the PR comment's rows too
+
+
 class ComparePage(BaseModel):
     base: RunSummary
     head: RunSummary
@@ -397,6 +404,26 @@ class ComparePage(BaseModel):
     unchanged_helpers: int
     markdown: str  # the PR comment this comparison would post
     figures: dict[str, Figure]
+    host: ComparisonHostTime | None = None
+    """Per-helper host time when a side has no GPU activity (None: the GPU tables apply)."""
+
+
+def comparison_host_time(
+    store: WebStore, base_id: int, head_id: int, report: ComparisonReport
+) -> ComparisonHostTime | None:
+    """The host-time rows of a comparison, for the page and the PR-comment endpoint alike.
+
+    ``pr_bot.deltas.host_rows_for`` decides; the two reports are read only when the comparison
+    says a side has no GPU activity (a GPU comparison never pays for reading them again).
+    """
+    if report.gpu_observed:
+        return None
+    base = store.get_run(base_id).report
+    head = base if head_id == base_id else store.get_run(head_id).report
+    rows = host_rows_for(base, head, report)
+    if rows is None or base is None or head is None:
+        return None
+    return ComparisonHostTime(sides_without_gpu=sides_without_gpu(base, head), rows=rows)
 
 
 def compare_page(
@@ -431,6 +458,7 @@ def compare_page(
         head_name=run_label(head.id, head.name, head.commit, head_window),
         comparison_url=page_url,
     )
+    host = comparison_host_time(store, base_id, head_id, report)
     return ComparePage(
         base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
         head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
@@ -440,8 +468,9 @@ def compare_page(
         metrics=metric_rows(report),
         changed_helpers=changed,
         unchanged_helpers=len(report.helpers) - len(changed),
-        markdown=render_comment(report, context),
+        markdown=render_comment(report, context, host_rows=host.rows if host else None),
         figures=figs,
+        host=host,
     )
 
 

@@ -20,6 +20,7 @@ from pr_bot.publish import publish
 from service.api.deps import ReadAccess, TokenRole, require_role
 from service.auth import Role
 from service.core.errors import ApiError, BadRequest, Conflict
+from web.data import comparison_host_time
 from web.store import RunId, StoreDep
 
 router = APIRouter(prefix="/api/v1/comparisons", tags=["github"])
@@ -95,9 +96,13 @@ def pr_comment(
         head_name=run_label(head.id, head.name, head.commit, body.head_window),
         comparison_url=str(request.base_url).rstrip("/") + path,
     )
+    host = comparison_host_time(store, base_id, head_id, report)
+    host_rows = host.rows if host else None
     try:
         if not body.post:
-            return PrCommentResponse(body=render_comment(report, context), posted=False)
+            return PrCommentResponse(
+                body=render_comment(report, context, host_rows=host_rows), posted=False
+            )
         require_role(Role.RUNNER, role, action="posting to GitHub")
         if not body.repo or body.pr is None:
             raise BadRequest("posting needs both repo (OWNER/NAME) and pr")
@@ -112,6 +117,7 @@ def pr_comment(
             pr=body.pr,
             config=config,
             head_sha=head.commit if body.status else None,
+            host_rows=host_rows,
         )
     except (CommentError, GitHubInputError) as exc:
         raise BadRequest(str(exc)) from exc

@@ -174,9 +174,13 @@ def compare(
 ) -> None:
     """Compare base and head: per-helper launch and time deltas, iteration statistics, findings.
 
+    When a side has no GPU activity (a CPU run), per-helper host time from the ranges instead
+    (``--json``: the ComparisonReport plus ``host_rows``, null when both sides ran on a GPU).
+
     Example: cptrace compare --base run.json --base-window arm:auto_clone --head-window arm:fast
     """
     from analyzers import compare_reports
+    from pr_bot.deltas import host_rows_for
 
     try:
         base_report = _load_side(base, base_manifest or manifest, step_pattern, catalog)
@@ -190,10 +194,16 @@ def compare(
         )
     except _library_errors() as exc:
         raise _fail(exc) from exc
+    host_rows = host_rows_for(base_report, head_report, result)  # the PR comment's rows too
     if as_json:
-        typer.echo(result.model_dump_json(indent=2))
+        # the report's own serialisation (non-finite floats as null), plus the host rows
+        payload = json.loads(result.model_dump_json())
+        payload["host_rows"] = (
+            None if host_rows is None else [r.model_dump(mode="json") for r in host_rows]
+        )
+        typer.echo(json.dumps(payload, indent=2))
         return
-    render_comparison(result)
+    render_comparison(result, host_rows)
 
 
 def catalog(
@@ -573,9 +583,10 @@ def _opt_ms(ns: float | None) -> str:
     return "-" if ns is None else _ms(ns)
 
 
-def render_comparison(result: Any) -> None:
+def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     """Warnings, helper and kernel deltas, Total GPU, per-rank rows, iteration statistics,
-    base and head findings, and the one-line summary."""
+    base and head findings, and the one-line summary. ``host_rows``
+    (``pr_bot.deltas.host_rows_for``) replace the GPU tables when a side has no GPU activity."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -584,7 +595,7 @@ def render_comparison(result: Any) -> None:
         console.print(escape(f"warning: {note}"), style="yellow", highlight=False)
     basis = result.basis
     if not result.gpu_observed:
-        _render_without_gpu(console, result)
+        _render_without_gpu(console, result, host_rows or [])
         return
     table = Table(
         title=f"{result.base_label} -> {result.head_label}: helpers, {basis}",
@@ -645,21 +656,61 @@ def render_comparison(result: Any) -> None:
     _render_iterations_and_findings(console, result, method=True)
 
 
-def _render_without_gpu(console: Any, result: Any) -> None:
-    """A comparison with a side without GPU activity: span, iterations and findings only; the
-    GPU figures would all read 0."""
+def _render_without_gpu(console: Any, result: Any, host_rows: list[Any]) -> None:
+    """A comparison with a side without GPU activity: host time per helper, span, iterations
+    and findings; the GPU figures would all read 0."""
 
     console.print(
         "helpers, kernels, Total GPU, GPU busy and where the step went: not observed: no GPU "
         "activity in this trace",
         highlight=False,
     )
+    _render_host_deltas(console, result, host_rows)
     console.print(
         f"mean over ranks: span delta {result.span_delta_ns / 1e6:+.3f} ms "
         f"({result.basis.split(',')[0]})",
         highlight=False,
     )
     _render_iterations_and_findings(console, result, method=False)
+
+
+def _render_host_deltas(console: Any, result: Any, rows: list[Any]) -> None:
+    """Per-helper host time base -> head (``pr_bot.deltas.HostTimeRow``): what a trace without
+    GPU activity has to compare, the comparison page's table."""
+    from rich.table import Table
+
+    if not rows:
+        console.print("host time per helper: no helper has host ranges on either side")
+        return
+    table = Table(
+        title=f"{result.base_label} -> {result.head_label}: host time per helper from the "
+        f"ranges, {result.basis}",
+        title_justify="left",
+    )
+    for col in (
+        "helper", "base calls", "head calls", "Δ calls", "base incl ms", "head incl ms",
+        "Δ incl ms", "base self ms", "head self ms", "Δ self ms", "base first ms",
+        "head first ms", "status",
+    ):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("helper", "status") else "right")
+
+    def first(ms: float) -> str:
+        return f"{ms:.3f}" if ms else "-"
+
+    for r in rows:
+        table.add_row(
+            r.helper, f"{r.base_calls:g}", f"{r.head_calls:g}", f"{r.delta_calls:+g}",
+            f"{r.base_inclusive_ms:.3f}", f"{r.head_inclusive_ms:.3f}",
+            f"{r.delta_inclusive_ms:+.3f}", f"{r.base_ms:.3f}", f"{r.head_ms:.3f}",
+            f"{r.delta_ms:+.3f}", first(r.base_first_call_ms), first(r.head_first_call_ms),
+            r.status,
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "[dim]calls and ms per step (whole trace: totals), summed over ranks; incl and self "
+        "include the first call (compilation, warm-up), shown apart as first ms (each rank's "
+        "first call, summed); self = less the catalogued helpers nested in the calls[/]"
+    )
 
 
 def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) -> None:

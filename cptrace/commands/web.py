@@ -70,6 +70,7 @@ def pr_comment(
     """
     from analyzers.report import ComparisonReport
     from pr_bot.comment import CommentContext, CommentError, render_comment
+    from pr_bot.deltas import HostTimeRow
     from pr_bot.github import GitHubConfig, GitHubError
     from pr_bot.labels import compare_url
     from pr_bot.publish import publish
@@ -78,6 +79,10 @@ def pr_comment(
         raise typer.BadParameter("--post needs --repo OWNER/NAME and --pr N")
     page = _fetch_comparison(server, base, head, base_window, head_window)
     report = ComparisonReport.model_validate(page["report"])
+    # A side without GPU activity: the page's host-time rows (``pr_bot.deltas.host_rows_for``,
+    # computed by the server from both reports), as the service's PR loop passes them.
+    host = page.get("host")
+    host_rows = None if not host else [HostTimeRow.model_validate(r) for r in host["rows"]]
     link_root = (public_url or server).rstrip("/")
     context = CommentContext(
         suite=suite,
@@ -87,14 +92,14 @@ def pr_comment(
     )
     try:
         if not post:
-            typer.echo(render_comment(report, context), nl=False)
+            typer.echo(render_comment(report, context, host_rows=host_rows), nl=False)
             return
         head_sha = page["head"].get("commit") if status else None
         if status and not head_sha:
             raise CommandError(f"run {head} has no commit sha to set a status on")
         published = publish(
             report, context, repo=repo or "", pr=pr or 0, config=GitHubConfig.from_env(),
-            head_sha=head_sha,
+            head_sha=head_sha, host_rows=host_rows,
         )  # fmt: skip
     except (CommentError, GitHubError) as exc:
         raise CommandError(str(exc)) from exc

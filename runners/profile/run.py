@@ -40,7 +40,6 @@ from runners.profile.rankstatus import STATUS_ENV
 from runners.profile.supervise import Supervised, failure_record, supervise
 from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 PROBE_ENV = "CPTRACE_PROBE"
 _NSYS_REPORT = re.compile(r"^nsys_rank(?P<rank>\d*)_pid(?P<pid>\d+)$")
@@ -109,7 +108,9 @@ def nsys_available(nsys_cmd: tuple[str, ...] = ("nsys",)) -> bool:
 def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
     """The job's environment: ours, plus the bootstrap and where each hook writes."""
     env = dict(os.environ if opts.env is None else opts.env)
-    paths = [str(BOOTSTRAP_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]
+    # Only the bootstrap: it appends cptrace's tree at the end of sys.path itself, so the job's
+    # own modules (script directory, its PYTHONPATH, site-packages) always win over ours.
+    paths = [str(BOOTSTRAP_DIR), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[STATUS_ENV] = str(scratch / "status")

@@ -245,7 +245,7 @@ def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
     page = client.get(f"/compare/{run}/{run}", params=params)
     assert page.status_code == 200, page.text
     text = page.text
-    assert "not observed: no GPU activity in this trace" in text
+    assert "not observed: no GPU activity in the base and the head trace" in text
     for section in (
         'id="total-gpu"',
         'id="helper-deltas"',
