@@ -50,6 +50,4 @@ def test_every_file_outside_python_packages_is_package_data() -> None:
 def test_profile_bootstrap_is_shipped() -> None:
     """The failure this test exists for: the child's sitecustomize must be in the wheel."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert _shipped_by_glob(
-        "runners", "profile/bootstrap/sitecustomize.py", config["package-data"]
-    )
+    assert _shipped_by_glob("runners", "profile/bootstrap/sitecustomize.py", config["package-data"])
