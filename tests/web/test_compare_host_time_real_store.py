@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from stored_runs import assert_analysed, drain_worker, upload_bundles
 from web_server import serve
 
 from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
-from service.worker import AnalysisWorker
 
 pytestmark = pytest.mark.slow
 
@@ -73,23 +73,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     app = create_app(settings)
     token = app.state.db.write_tx(lambda c: create_token(c, role=Role.RUNNER))
     with TestClient(app) as client:
-        ids = {}
-        for key, bundle in bundles.items():
-            resp = client.post(
-                "/api/v1/uploads/bundles",
-                files={"bundle": (bundle.name, bundle.read_bytes())},
-                headers={"Authorization": f"Bearer {token}"},
-            )
-            assert resp.status_code == 201, resp.text
-            ids[key] = resp.json()["run_id"]
-        worker = AnalysisWorker(settings)
-        try:
-            while worker.run_once():
-                pass
-        finally:
-            worker.close()
-        for run_id in ids.values():
-            assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "analysed"
+        ids = upload_bundles(client, token, bundles)
+        drain_worker(settings)
+        assert_analysed(client, ids)
         yield Runs(client, app, ids, bundles)
 
 
@@ -195,7 +181,9 @@ def test_page_shows_the_host_table_and_why_the_gpu_tables_are_empty(runs: Runs) 
     deltas = re.search(r'<table class="deltas" id="deltas-table">.*?</table>', page, re.S)
     assert deltas is not None  # no launch, GPU-time or busy row of zeros
     assert re.findall(r'<tr data-metric="([^"]+)">', deltas.group(0)) == [
-        "iteration time, median", "iteration time, p90", "span per step"
+        "iteration time, median",
+        "iteration time, p90",
+        "span per step",
     ]
     table = re.search(r'<table class="host-time-deltas sortable".*?</table>', page, re.S)
     assert table is not None

@@ -20,11 +20,11 @@ from typing import Any
 import plotly.graph_objects as go
 import pytest
 from fastapi.testclient import TestClient
+from stored_runs import assert_analysed, drain_worker, upload_bundles
 
 from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
-from service.worker import AnalysisWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 NSYS_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
@@ -45,23 +45,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient
     app = create_app(settings)
     token = app.state.db.write_tx(lambda c: create_token(c, role=Role.RUNNER))
     with TestClient(app) as client:
-        ids = {}
-        for key, bundle in (("nsys", NSYS_BUNDLE), ("cpu", CPU_BUNDLE)):
-            resp = client.post(
-                "/api/v1/uploads/bundles",
-                files={"bundle": (bundle.name, bundle.read_bytes())},
-                headers={"Authorization": f"Bearer {token}"},
-            )
-            assert resp.status_code == 201, resp.text
-            ids[key] = resp.json()["run_id"]
-        worker = AnalysisWorker(settings)
-        try:
-            while worker.run_once():
-                pass
-        finally:
-            worker.close()
-        for run_id in ids.values():
-            assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "analysed"
+        ids = upload_bundles(client, token, {"nsys": NSYS_BUNDLE, "cpu": CPU_BUNDLE})
+        drain_worker(settings)
+        assert_analysed(client, ids)
         yield client, ids
 
 
@@ -87,9 +73,7 @@ def test_timeline_draws_the_labelled_idle_gaps_of_the_drawn_step(
         _check_timeline(_figure(page, name), timeline, report)
 
 
-def _check_timeline(
-    fig: dict[str, Any], timeline: dict[str, Any], report: dict[str, Any]
-) -> None:
+def _check_timeline(fig: dict[str, Any], timeline: dict[str, Any], report: dict[str, Any]) -> None:
     go.Figure(fig)  # a valid plotly figure
     gaps = [t for t in fig["data"] if t.get("legendgroup") == "idle gaps"]
     assert gaps and {t["name"] for t in gaps} <= IDLE_PARTS

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from stored_runs import drain_worker
 from typer.testing import CliRunner
 from web_browser import browser_page, charts, open_page, require_chromium
 from web_server import serve
@@ -24,18 +25,12 @@ def live(tmp_path_factory):
     from cptrace.app import create_app
     from service.bootstrap import default_demo_dir, seed_demo
     from service.core.config import Settings
-    from service.worker import AnalysisWorker
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("live"))
     app = create_app(settings)
     seeded = seed_demo(app.state.db, settings, default_demo_dir())
     assert seeded and all(r.error is None for r in seeded), seeded
-    worker = AnalysisWorker(settings)
-    try:
-        while worker.run_once():
-            pass
-    finally:
-        worker.close()
+    drain_worker(settings)
     from service.store import list_runs
 
     failed = [(r.name, r.error) for r in list_runs(app.state.db) if r.status != "analysed"]

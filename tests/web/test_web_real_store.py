@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from stored_runs import drain_worker
 
 import analyzers.bundle
 import analyzers.manifest
 from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
-from service.worker import AnalysisWorker
 
 BUNDLE = Path(__file__).resolve().parents[2] / "demo" / "bundles"
 SMALL = BUNDLE / "allgather-bundled-dcs-vs-nlb-h200x2.tar.gz"
@@ -55,12 +55,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         )
         assert resp.status_code == 201, resp.text
         after_upload = dict(counts)
-        worker = AnalysisWorker(settings)
-        try:
-            while worker.run_once():
-                pass
-        finally:
-            worker.close()
+        drain_worker(settings)
         after_analysis = dict(counts)
         run_id = resp.json()["run_id"]
         yield {
