@@ -116,6 +116,16 @@ def _expected(runs: Runs, base: str = "stored", head: str = "fresh") -> dict[str
     return rows
 
 
+def _assert_row_is(row: dict[str, Any], want: dict[str, Any]) -> None:
+    """One host-time row (the JSON twin's or ``cptrace compare --json``'s) against ``_expected``."""
+    for side in ("base", "head"):
+        assert row[f"{side}_calls"] == want[side]["calls"]
+        assert row[f"{side}_inclusive_ms"] == pytest.approx(want[side]["inclusive"], abs=1e-9)
+        assert row[f"{side}_ms"] == pytest.approx(want[side]["self"], abs=1e-9)
+        assert row[f"{side}_first_call_ms"] == pytest.approx(want[side]["first"], abs=1e-9)
+    assert row["status"] == want["status"]
+
+
 def _compare_path(runs: Runs, base: str = "stored", head: str = "fresh") -> str:
     return f"/compare/{runs.ids[base]}/{runs.ids[head]}"
 
@@ -143,12 +153,7 @@ def test_json_twin_rows_equal_the_reports(runs: Runs) -> None:
     assert {r["helper"] for r in host["rows"]} == set(expected)
     for row in host["rows"]:
         want = expected[row["helper"]]
-        for side in ("base", "head"):
-            assert row[f"{side}_calls"] == want[side]["calls"]
-            assert row[f"{side}_inclusive_ms"] == pytest.approx(want[side]["inclusive"], abs=1e-9)
-            assert row[f"{side}_ms"] == pytest.approx(want[side]["self"], abs=1e-9)
-            assert row[f"{side}_first_call_ms"] == pytest.approx(want[side]["first"], abs=1e-9)
-        assert row["status"] == want["status"]
+        _assert_row_is(row, want)
         assert row["delta_ms"] == pytest.approx(want["head"]["self"] - want["base"]["self"])
     deltas = [r["delta_ms"] for r in host["rows"]]
     assert deltas == sorted(deltas, reverse=True)  # largest self-time growth first
@@ -261,13 +266,7 @@ def test_cli_compare_prints_and_dumps_the_same_rows(runs: Runs) -> None:
     assert payload["gpu_observed"] is False and payload["base_label"] == BASE_WINDOW
     assert {r["helper"] for r in payload["host_rows"]} == set(expected)
     for row in payload["host_rows"]:
-        want = expected[row["helper"]]
-        for side in ("base", "head"):
-            assert row[f"{side}_calls"] == want[side]["calls"]
-            assert row[f"{side}_inclusive_ms"] == pytest.approx(want[side]["inclusive"], abs=1e-9)
-            assert row[f"{side}_ms"] == pytest.approx(want[side]["self"], abs=1e-9)
-            assert row[f"{side}_first_call_ms"] == pytest.approx(want[side]["first"], abs=1e-9)
-        assert row["status"] == want["status"]
+        _assert_row_is(row, expected[row["helper"]])
     printed = _cli("compare", *args)
     assert printed.returncode == 0, printed.stderr
     text = printed.stdout
