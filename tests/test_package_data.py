@@ -12,12 +12,17 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Files inside the packages that only a source checkout uses, never an installed cptrace.
 CHECKOUT_ONLY = {
     "runners/gpu_capture.sh": "captures the demo bundles from the repository root on a GPU host",
 }
+
+
+def _setuptools_config() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
 def _shipped_by_glob(package: str, relative: str, globs: dict[str, list[str]]) -> bool:
@@ -28,7 +33,7 @@ def _shipped_by_glob(package: str, relative: str, globs: dict[str, list[str]]) -
 
 
 def test_every_file_outside_python_packages_is_package_data() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = _setuptools_config()
     tops = [p.rstrip("*") for p in config["packages"]["find"]["include"]]
     globs: dict[str, list[str]] = config["package-data"]
     missing = []
@@ -49,5 +54,5 @@ def test_every_file_outside_python_packages_is_package_data() -> None:
 
 def test_profile_bootstrap_is_shipped() -> None:
     """The failure this test exists for: the child's sitecustomize must be in the wheel."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = _setuptools_config()
     assert _shipped_by_glob("runners", "profile/bootstrap/sitecustomize.py", config["package-data"])
