@@ -40,7 +40,6 @@ import numpy.typing as npt
 
 from analyzers.account.host import UNANNOTATED, HostStates, LabelType
 from analyzers.account.peers import arrivals
-from analyzers.account.sweep import Owned, Union, owned
 from analyzers.attribution import Attribution, RangeHelpers, factorize
 from analyzers.catalog import Catalog
 from analyzers.metrics import gpu_activities
@@ -52,12 +51,15 @@ from analyzers.report import (
     StepAccount,
     Window,
 )
+from analyzers.sweep import Owned, Union, owned
 from analyzers.timeline import (
     Clipped,
     GpuTimeline,
     GroupClip,
+    GroupUnions,
     TimelineWindow,
     clip_to_windows,
+    group_unions,
     window_timelines,
 )
 
@@ -331,10 +333,12 @@ class _GroupPass:
         ctx: _Context,
         windows: Sequence[TimelineWindow],
         clipped: Clipped,
+        unions: GroupUnions,
         group_of: IntArray | None = None,
     ) -> None:
         self.ctx = ctx
         self.windows = windows
+        self.unions = unions  # the timeline's unions of ``clipped``: subtracted, never rebuilt
         self.records = _Records()
         self.group_of = (
             np.zeros(len(windows), dtype=np.int64) if group_of is None else group_of
@@ -359,9 +363,9 @@ class _GroupPass:
         kind = acts.kind[row]
         nccl = acts.communication[row]
         computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
-        comp_union = self._compute(computation)
-        self._communication(nccl, comp_union)
-        self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
+        self._compute(computation)
+        self._communication(nccl, self.unions.computation)
+        self._memcpy(kind == ActivityKind.MEMCPY, self.unions.with_nccl)
         self._idle()
         self._finish()
         return self.records
@@ -396,9 +400,6 @@ class _GroupPass:
         self.records.code[:] = [table[c] for c in self.records.code]
         self._pending, self._pending_group = [], []
 
-    def _union(self, mask: BoolArray) -> Union:
-        return Union.of(self.seg[mask], self.start[mask], self.end[mask], in_order=True)
-
     def _add(
         self, seg: IntArray, r: IntArray, code: IntArray, dur: IntArray, start: IntArray
     ) -> None:
@@ -410,15 +411,12 @@ class _GroupPass:
         # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
         return self._codes(helper + 1, seg, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
-    def _compute(self, mask: BoolArray) -> Union:
-        """Computation by helper; returns the computation union the other parts subtract."""
-        rows = np.flatnonzero(mask)
-        seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
-        mine = owned(seg, start, end, in_order=True)
+    def _compute(self, mask: BoolArray) -> None:
+        """Computation by helper: each activity's first-come share of the union."""
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         r = self.row[rows]
         code = self._helper_codes(AccountPartKind.COMPUTE, seg, r)
         self._add(seg, r, code, mine.length, mine.piece_start)
-        return Union.of(seg, start, end, mine)
 
     def _communication(self, mask: BoolArray, comp: Union) -> None:
         rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
@@ -773,6 +771,12 @@ def _account_batch(
     sizes = [len(clip.windows) for _, clip in batch]
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     group_of = np.repeat(np.arange(len(batch), dtype=np.int64), sizes)
+    unions = GroupUnions(
+        *(
+            Union.concat([getattr(clip.unions, f) for _, clip in batch], offsets[:-1].tolist())
+            for f in ("computation", "with_nccl")
+        )
+    )
     if len(batch) == 1:
         clipped = batch[0][1].clipped
     else:
@@ -783,7 +787,7 @@ def _account_batch(
             np.concatenate([c.end for c in clips]),
             np.concatenate([c.row for c in clips]),
         )
-    group_pass = _GroupPass(ctx, tw, clipped, group_of)
+    group_pass = _GroupPass(ctx, tw, clipped, unions, group_of)
     records = group_pass.run().arrays()
     drawn = [i for i, g in enumerate(ids.tolist()) if g in keep]
     if drawn:
@@ -968,7 +972,8 @@ def _kept_pieces(ctx: _Context, kept: Sequence[_Kept], selected: Sequence[int]) 
 
 def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
     tw = [ctx.gpu.windows[i] for i in selected]
-    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, ctx.acts))
+    clipped = clip_to_windows(tw, ctx.acts)
+    group_pass = _GroupPass(ctx, tw, clipped, group_unions(ctx.acts, clipped)[0])
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,

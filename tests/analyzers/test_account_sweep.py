@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzers.account.sweep import Union, owned
 from analyzers.intervals import interval_union
+from analyzers.sweep import Union, owned
 
 
 def _random(seed: int, n: int, segments: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
