@@ -66,6 +66,7 @@ from analyzers.model import (
     RangeKind,
     SymbolTable,
     Trace,
+    adopt_dtypes,
     launch_calls,
 )
 from analyzers.readers._cuda_api import is_kept_api, sync_column
@@ -228,7 +229,7 @@ def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
     import multiprocessing  # only here: most reads are one file
 
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.map(read_kineto, items, chunksize=1)
+        return [adopt_dtypes(t) for t in pool.map(read_kineto, items, chunksize=1)]
 
 
 def _workers(files: int) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from analyzers.errors import CorruptTraceError, HostileTraceError
-from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.model import ACTIVITY_DTYPE, LAUNCH_DTYPE, ActivityKind, RangeKind, Trace
 from analyzers.readers import (
     _json_stream,
     _kineto_layout,
@@ -366,6 +366,13 @@ def test_parallel_reads_equal_one_by_one(
         pytest.skip("this process cannot fork readers (threads running or no fork)")
     for parallel, alone in zip(read_kineto_files(ARMS), arms, strict=True):
         _assert_same(parallel, alone)
+        # the model's own dtype objects, so numpy's fast ufunc.at loops apply to its columns
+        for table, dtype in (
+            (parallel.activities, ACTIVITY_DTYPE),
+            (parallel.launches, LAUNCH_DTYPE),
+        ):
+            assert table.dtype is dtype
+            assert (table["end"] - table["start"]).dtype is np.dtype(np.int64)
     bad = tmp_path / "kineto_rank1.json"
     with gzip.open(SYNTH[1], "rb") as fh:
         bad.write_bytes(fh.read()[:4000])
