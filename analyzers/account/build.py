@@ -588,6 +588,10 @@ def _summaries(
     seg, code, dur, start, thread, unit = records
     if len(dur) == 0:
         return {}
+    # numpy's fast ``ufunc.at`` loops want the int64 dtype instance itself; arrays computed
+    # from an unpickled trace (``read_kineto_files``' workers) carry an equal copy of it,
+    # which takes the generic loop, ~25x slower: a view with the canonical one (no copy)
+    dur = np.asarray(dur, dtype=np.int64)
     names = ctx.thread_labels
     n_threads = len(names)
     key = bucket * n_codes + code
@@ -617,15 +621,18 @@ def _summaries(
     totals = per_thread.sum(axis=1)
     main_thread = [names[t] for t in per_thread.argmax(axis=1).tolist()]
     units_of = units[lines_at].tolist()
-    # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
-    top = top[:, lines_at]
-    have = (top >= 0) & (np.arange(len(top))[:, None] < largest[key_bucket][None, :])
+    # the largest pieces of every line, line by line, longest first (-1: the line has fewer)
+    top = top[:, lines_at].T
+    have = (top >= 0) & (np.arange(top.shape[1]) < largest[key_bucket][:, None])
     rows = top[have]
+    taken = have.sum(axis=1)
+    end = np.cumsum(taken)
+    first, last = (end - taken).tolist(), end.tolist()  # each line's evidence
     w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
     w_name = [w.window.name for w in windows]
     w_index = [w.window.index for w in windows]
     starts = start[rows]
-    gaps = [
+    evidence: list[PartDict] = [
         {
             "start_ns": a,
             "offset_ns": o,
@@ -643,9 +650,6 @@ def _summaries(
             strict=True,
         )
     ]
-    per_key: list[list[PartDict]] = [[] for _ in range(n_keys)]
-    for k, gap in zip(np.nonzero(have)[1].tolist(), gaps, strict=True):
-        per_key[k].append(gap)  # rows of ``top`` are ranks 0, 1, 2: longest first
     # each bucket's lines by (part, longest first, label), ties in key order: one stable
     # lexsort of the keys instead of a Python sort per bucket
     lines = ctx.lines.lines
@@ -665,7 +669,7 @@ def _summaries(
                 "category": line.category,
                 "time_ns": time_ns[i],
                 "gaps": units_of[i],
-                "largest": per_key[i],
+                "largest": evidence[first[i] : last[i]],
                 "thread": main_thread[i],
                 "detail": line.detail,
             }
@@ -696,8 +700,8 @@ def _units(
     maybe = [later, later[np.diff(later, prepend=-2) != 1] - 1]  # and the first of each run
     if across_windows:
         act = np.flatnonzero(unit < activities)
-        records_of = np.bincount(unit[act])
-        maybe.append(act[records_of[unit[act]] > 1])
+        row = unit[act]
+        maybe.append(act[np.bincount(row)[row] > 1])
     at = np.concatenate(maybe)
     # stable (timsort): the pairs come in runs of ascending units, which it merges fast
     pairs = np.sort(unit[at] * n_keys + key[at], kind="stable")
