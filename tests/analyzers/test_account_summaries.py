@@ -196,7 +196,9 @@ def _random(ctx: _Context, n_gaps: int, seed: int) -> list[tuple[int, int, int, 
 
 
 def _check(ctx: _Context, windows: list[TimelineWindow], records: Records) -> None:
-    """Both bucketings ``_account_batch`` uses: per window, and per rank of the windows."""
+    """Both bucketings ``_account_batch`` uses: per window, and per rank of the windows; and
+    rank buckets numbered far apart, where the keys are recoded densely (few keys over a
+    range too wide for tables indexed by the keys themselves)."""
     n_codes = len(ctx.lines.lines)
     seg = records[0]
     per_window = np.array([1, LARGEST, 1, 1, LARGEST], dtype=np.int64)
@@ -206,6 +208,10 @@ def _check(ctx: _Context, windows: list[TimelineWindow], records: Records) -> No
     per_rank = np.full(2, LARGEST, dtype=np.int64)
     got = _summaries(ctx, rank, records, windows, n_codes, per_window=False, largest=per_rank)
     assert got == _reference(ctx, rank, records, windows, per_rank)
+    far = rank * 5000
+    per_far = np.full(5001, LARGEST, dtype=np.int64)
+    got = _summaries(ctx, far, records, windows, n_codes, per_window=False, largest=per_far)
+    assert got == _reference(ctx, far, records, windows, per_far)
 
 
 def test_hand_made_records_match_the_plain_grouping(
