@@ -582,7 +582,7 @@ def _summaries(
 
     No sort of the records (at 2M kernels they are ~5M, and a sort plus the gathers in its
     order cost more than everything else here): every figure is a scatter (``np.add.at``,
-    ``np.maximum.at``) or a count over the dense keys, in record order.
+    ``np.maximum.at``) or a count over the (bucket, line) keys, in record order.
 
     ``per_window``: the buckets are the windows, where an activity has at most one record per
     line (its share of one part in one window); else an activity clipped at a step boundary
@@ -617,7 +617,6 @@ def _summaries(
     top = _largest(dur, key, n_keys, int(largest.max()))
     # from here on, only the keys that have records: the account lines
     lines_at = np.flatnonzero(records_of)
-    n_keys = len(lines_at)
     key_bucket, key_code = np.divmod(values[lines_at], n_codes)
     per_thread = per_thread.reshape(-1, n_threads)[lines_at]
     totals = per_thread.sum(axis=1)
