@@ -233,18 +233,49 @@ class Union:
         """Length of ``[lo, hi)`` (per query, in segment ``seg``) that the union covers."""
         if len(lo) == 0 or len(self.start) == 0:
             return np.zeros(len(lo), dtype=np.int64)
-        hi = np.maximum(hi, lo)
-        return self.before(seg, hi) - self.before(seg, lo)
+        b_lo, b_hi = self.before_each(seg, lo, np.maximum(hi, lo))
+        return b_hi - b_lo
 
     def before(self, seg: IntArray, t: IntArray) -> IntArray:
-        """Union length in segment ``seg`` before time ``t`` (per query).
+        """Union length in segment ``seg`` before time ``t`` (per query)."""
+        return self.before_each(seg, t)[0]
 
-        One binary search over composite keys ``segment * width + (time - base)`` (the pieces
-        are sorted by them; queries clamped to the union's time range, which changes no
-        answer) for every query at once; per segment when the keys would overflow.
+    def before_each(self, seg: IntArray, first: IntArray, *later: IntArray) -> list[IntArray]:
+        """``before(seg, t)`` for ``t`` = ``first`` and each of ``later`` (times of the same
+        queries, each at least ``first``: the end of an activity's piece, say).
+
+        ``first`` takes one binary search over composite keys ``segment * width + (time -
+        base)`` (the pieces are sorted by them; queries clamped to the union's time range,
+        which changes no answer); the later times step on from where it landed: few pieces
+        lie between two times of one activity, so a step or two, in memory the search has
+        just read, replaces a search that misses the cache at most of its ~20 levels. Per
+        segment when the keys would overflow.
         """
-        if len(t) == 0 or len(self.start) == 0:
-            return np.zeros(len(t), dtype=np.int64)
+        times = (first, *later)
+        if len(first) == 0 or len(self.start) == 0:
+            return [np.zeros(len(first), dtype=np.int64) for _ in times]
+        _, _, base, width, keys, _ = self._tables()
+        if not len(keys) or (int(seg.max()) + 1) * width >= (1 << 62):
+            return [self._before_per_segment(seg, t) for t in times]
+        lift = seg * width
+        lift -= base
+        landed = _EMPTY  # where ``first`` landed: the later times step on from there
+        out = []
+        for t in times:
+            q = np.clip(t, base, base + width - 1)
+            q += lift
+            if len(landed):
+                k = _step(keys, landed, q)
+            else:
+                k = landed = np.searchsorted(keys, q, side="right") - 1
+            out.append(self._before_at(k, q, lift))
+        return out
+
+    def _tables(self) -> tuple[IntArray, IntArray, int, int, IntArray, IntArray]:
+        """Built once (the account asks each union up to three times): cumulative lengths,
+        base, width, the pieces' composite keys and end keys (both empty when they would
+        overflow), and per piece the union length of its segment before it minus its key
+        (``_before_at`` then needs three gathers per query)."""
         if self._search is None:
             lengths = self.end - self.start
             cum = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -252,24 +283,31 @@ class Union:
             base = int(self.start.min())
             width = int(self.end.max()) - base + 1
             segs = int(self.seg.max()) + 2
-            # index of each segment's first piece, and the cumulative length before it
-            first = np.searchsorted(self.seg, np.arange(segs, dtype=np.int64), side="left")
-            # the pieces' composite keys, kept for the next query (the account asks each union
-            # up to three times); empty when they would overflow
-            fits = (segs + 1) * width < (1 << 62)
-            keys = self.seg * width + (self.start - base) if fits else _EMPTY
-            self._search = (cum, cum[first], base, width, keys, lengths)
-        cum, cum_first, base, width, keys, lengths = self._search
-        if len(keys) and (int(seg.max()) + 1) * width < (1 << 62):
-            q = np.clip(t, base, base + width - 1)
-            q -= base
-            q += seg * width
-            k = np.searchsorted(keys, q, side="right") - 1
-            kk = np.maximum(k, 0)
-            inside = (k >= 0) & (self.seg[kk] == seg)
-            partial = np.minimum(np.maximum(t - self.start[kk], 0), lengths[kk])
-            at = np.minimum(seg, len(cum_first) - 1)
-            return np.where(inside, cum[kk] - cum_first[at] + partial, 0)
+            keys = end_keys = below = _EMPTY
+            if (segs + 1) * width < (1 << 62):
+                keys = self.seg * width
+                keys += self.start - base
+                end_keys = keys + lengths
+                # cumulative length at each segment's first piece, subtracted per piece
+                first = np.searchsorted(self.seg, np.arange(segs, dtype=np.int64), side="left")
+                below = cum[:-1] - np.repeat(cum[first[:-1]], np.diff(first))  # seg is sorted
+                below -= keys
+            self._search = (cum, below, base, width, keys, end_keys)
+        return self._search
+
+    def _before_at(self, k: IntArray, q: IntArray, lift: IntArray) -> IntArray:
+        """``before`` given the composite query keys ``q`` and ``k``, the last piece whose key
+        is at most each: a piece of the query's own segment (its key is at least the
+        segment's ``lift + base``) covers up to ``min(q, end key)``."""
+        _, below, base, _, keys, end_keys = self._tables()
+        kk = np.maximum(k, 0)
+        key = keys[kk]
+        inside = (k >= 0) & (key >= lift + base)
+        return np.where(inside, below[kk] + np.minimum(q, end_keys[kk]), 0)
+
+    def _before_per_segment(self, seg: IntArray, t: IntArray) -> IntArray:
+        cum = self._tables()[0]
+        lengths = self.end - self.start
         out = np.zeros(len(t), dtype=np.int64)
         for sid in np.unique(seg):
             q = np.flatnonzero(seg == sid)
@@ -320,6 +358,27 @@ class Union:
         out.seg[b:], out.start[b:], out.end[b:] = tail, self.end[last[tail]], win_end[tail]
         out.prev[b:], out.next[b:] = last[tail], -1
         return out
+
+
+_STEPS = 4
+"""Steps ``_step`` takes one piece at a time before it searches for the queries still moving."""
+
+
+def _step(keys: IntArray, k: IntArray, q: IntArray) -> IntArray:
+    """The last index whose key is at most ``q``, per query, given ``k``: one at most ``q``
+    already (or -1). Steps forward a piece at a time, then searches for the few left."""
+    k = k.copy()
+    last = len(keys) - 1
+    todo = np.flatnonzero(k < last)
+    for _ in range(_STEPS):
+        if len(todo) == 0:
+            return k
+        todo = todo[keys[k[todo] + 1] <= q[todo]]
+        k[todo] += 1
+        todo = todo[k[todo] < last]
+    if len(todo):
+        k[todo] = np.searchsorted(keys, q[todo], side="right") - 1
+    return k
 
 
 @dataclass(frozen=True, slots=True)

@@ -427,9 +427,9 @@ class _GroupPass:
         last = self.ctx.peers.last_start[r]
         wait_end = np.where(last >= 0, np.clip(last, lo, hi), lo)
         # computation covering [lo, hi) and [lo, wait_end) (lo <= wait_end <= hi)
-        before_lo = comp.before(seg, lo)
-        exposed = (hi - lo) - (comp.before(seg, hi) - before_lo)
-        waiting = (wait_end - lo) - (comp.before(seg, wait_end) - before_lo)
+        before_lo, before_hi, before_wait = comp.before_each(seg, lo, hi, wait_end)
+        exposed = (hi - lo) - (before_hi - before_lo)
+        waiting = (wait_end - lo) - (before_wait - before_lo)
         keys = self.ctx.comm_key[r]
         lines = self.ctx.comm_lines
         category = self.ctx.att.category_of

@@ -73,3 +73,26 @@ def test_empty_and_all_zero_length() -> None:
     assert len(Union.of(none, none, none, with_rows=True).start) == 0
     flat = np.array([3, 4], dtype=np.int64)
     assert len(Union.of(np.zeros(2, dtype=np.int64), flat, flat, with_rows=True).start) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_before_each_steps_to_the_same_answer_as_a_search(seed: int) -> None:
+    """Later times step on from where the first landed; any distance (past ``_STEPS``
+    pieces, past the last piece, into another segment's range) gives the searched answer."""
+    seg, start, end = _random(seed + 100, n=200, segments=3)
+    union = Union.of(seg, start, end)
+    rng = np.random.default_rng(seed)
+    q_seg = np.sort(rng.integers(0, 4, 300)).astype(np.int64)  # segment 3 has no pieces
+    lo = rng.integers(-20, 240, 300).astype(np.int64)
+    mid = lo + rng.integers(0, 3, 300)
+    hi = lo + rng.integers(0, 260, 300)
+    got = union.before_each(q_seg, lo, hi, mid)
+    searched = [union.before_each(q_seg, t)[0] for t in (lo, hi, mid)]
+    for a, b in zip(got, searched, strict=True):
+        assert a.tolist() == b.tolist()
+    # and against a plain sum over the pieces
+    pieces = list(zip(union.seg.tolist(), union.start.tolist(), union.end.tolist(), strict=True))
+    for i in range(0, 300, 7):
+        expect = sum(max(0, min(e, int(hi[i])) - s) for g, s, e in pieces if g == q_seg[i])
+        assert got[1][i] == expect
+    assert union.covered(q_seg, lo, hi).tolist() == (got[1] - got[0]).tolist()
