@@ -537,14 +537,6 @@ class _GroupPass:
         return Line(AccountPartKind.IDLE_HOST, UNANNOTATED)
 
 
-def _sorted_distinct(values: IntArray) -> IntArray:
-    """Distinct values by sorting (numpy's hash-based ``unique`` is slow on wide int keys)."""
-    v = np.sort(values)
-    keep = np.ones(len(v), dtype=bool)
-    keep[1:] = v[1:] != v[:-1]
-    return v[keep]
-
-
 def _dense(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes 0..n-1 of any int64 values (in value order) and n: by counting when the
     values are small non-negative ints, else by ``factorize`` (a few O(n) passes when there
@@ -558,9 +550,15 @@ def _dense(values: IntArray) -> tuple[IntArray, int]:
 
 def _dense_small(values: IntArray) -> tuple[IntArray, int]:
     """Dense codes of small non-negative ints (window x line keys), by counting, no sort."""
+    codes, distinct = _dense_distinct(values)
+    return codes, len(distinct)
+
+
+def _dense_distinct(values: IntArray) -> tuple[IntArray, IntArray]:
+    """``_dense_small``'s codes and the distinct values they stand for (ascending)."""
     present = np.bincount(values) > 0
     table = np.cumsum(present) - 1
-    return table[values].astype(np.int64, copy=False), int(present.sum())
+    return table[values].astype(np.int64, copy=False), np.flatnonzero(present)
 
 
 PartDict = dict[str, object]
@@ -579,56 +577,69 @@ def _summaries(
     largest: IntArray,
 ) -> dict[int, list[PartDict]]:
     """Per bucket (a window, or a rank), its account lines: records grouped by (bucket, line)
-    with plain int64 keys (two sorts, no structured sort), each line's total, distinct units,
-    main thread and its ``largest[bucket]`` longest pieces.
+    key, each line's total, distinct units, main thread and its ``largest[bucket]`` longest
+    pieces.
+
+    No sort of the records (at 2M kernels they are ~5M, and a sort plus the gathers in its
+    order cost more than everything else here): every figure is a scatter (``np.add.at``,
+    ``np.maximum.at``) or a count over the (bucket, line) keys, in record order.
 
     ``per_window``: the buckets are the windows, where an activity has at most one record per
-    line (its share of one part in one window), so only gap pieces need distinct counting."""
+    line (its share of one part in one window); else an activity clipped at a step boundary
+    can have a record of one line in two windows of a rank, counted once."""
     seg, code, dur, start, thread, unit = records
     if len(dur) == 0:
         return {}
-    key_code, n_keys = _dense_small(bucket * n_codes + code)
-    small = key_code.astype(np.int16) if n_keys < (1 << 15) else key_code
-    order = np.argsort(small, kind="stable")  # radix sort on small keys
-    k = key_code[order]
-    heads = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
-    d = dur[order]
-    totals = np.add.reduceat(d, heads).tolist()
-    span = int(unit.max()) + 1
-    if per_window:
-        idle = unit >= len(ctx.att.helper)  # gap units are numbered after the activity rows
-        units = np.bincount(key_code[~idle], minlength=n_keys)
-        if idle.any():
-            # The pieces of one gap are consecutive records, so in the stable key order its
-            # pieces of one line are adjacent: count the runs of (line, gap).
-            u = unit[order]
-            run = u >= len(ctx.att.helper)
-            run[1:] &= (k[1:] != k[:-1]) | (u[1:] != u[:-1])
-            units += np.bincount(k[run], minlength=n_keys)
-    else:
-        units = np.bincount(_sorted_distinct(key_code * span + unit) // span, minlength=n_keys)
-    # ``thread`` holds thread codes (``_Context.l_tcode``, in thread id order): the argmax
-    # picks the thread with most time, ties the lowest id
+    # numpy's fast ``ufunc.at`` loops want the int64 dtype instance itself; arrays computed
+    # from an unpickled trace (``read_kineto_files``' workers) carry an equal copy of it,
+    # which takes the generic loop, ~25x slower: a view with the canonical one (no copy)
+    dur = np.asarray(dur, dtype=np.int64)
     names = ctx.thread_labels
     n_threads = len(names)
-    per_thread = np.bincount(
-        key_code * n_threads + thread, weights=dur, minlength=n_keys * n_threads
-    ).reshape(n_keys, n_threads)
+    key = bucket * n_codes + code
+    records_of = np.bincount(key)
+    if n_threads * len(records_of) > 4 * len(key) + 1024:
+        # few keys over a wide range: dense codes keep the tables per key small
+        key, values = _dense_distinct(key)
+        records_of = records_of[values]
+    else:  # the keys themselves index the tables (no pass to recode the records)
+        values = np.arange(len(records_of), dtype=np.int64)
+    n_keys = len(values)
+    # ``thread`` holds thread codes (``_Context.l_tcode``, in thread id order): the argmax
+    # picks the thread with most time, ties the lowest id. An integer scatter-add is exact
+    # and faster than a float ``bincount``; the totals are its row sums.
+    flat = key * n_threads
+    flat += thread
+    per_thread = np.zeros(n_keys * n_threads, dtype=np.int64)
+    np.add.at(per_thread, flat, dur)
+    del flat
+    units = _units(key, unit, records_of, len(ctx.att.helper), across_windows=not per_window)
+    top = _largest(dur, key, n_keys, int(largest.max()))
+    # from here on, only the keys that have records: the account lines
+    lines_at = np.flatnonzero(records_of)
+    key_bucket, key_code = np.divmod(values[lines_at], n_codes)
+    per_thread = per_thread.reshape(-1, n_threads)[lines_at]
+    totals = per_thread.sum(axis=1)
     main_thread = [names[t] for t in per_thread.argmax(axis=1).tolist()]
-    # the largest pieces of every line, gathered column-wise (-1: the line has fewer)
-    first = order[heads]
-    top = _largest(d, heads, order, int(largest.max()))
-    have = (top >= 0) & (np.arange(len(top))[:, None] < largest[bucket[first]][None, :])
+    units_of = units[lines_at].tolist()
+    # the largest pieces of every line, line by line, longest first (-1: the line has fewer)
+    top = top[:, lines_at].T
+    have = (top >= 0) & (np.arange(top.shape[1]) < largest[key_bucket][:, None])
     rows = top[have]
+    taken = have.sum(axis=1)
+    end = np.cumsum(taken)
+    first, last = (end - taken).tolist(), end.tolist()  # each line's evidence
     w_start = np.array([w.start_ns for w in windows], dtype=np.int64)
+    w_name = [w.window.name for w in windows]
+    w_index = [w.window.index for w in windows]
     starts = start[rows]
-    gaps = [
+    evidence: list[PartDict] = [
         {
             "start_ns": a,
             "offset_ns": o,
             "duration_ns": du,
-            "window": windows[g].window.name,
-            "index": windows[g].window.index,
+            "window": w_name[g],
+            "index": w_index[g],
             "thread": names[t],
         }
         for a, o, du, g, t in zip(
@@ -640,64 +651,111 @@ def _summaries(
             strict=True,
         )
     ]
-    per_key: list[list[PartDict]] = [[] for _ in range(n_keys)]
-    for key, gap in zip(np.nonzero(have)[1].tolist(), gaps, strict=True):
-        per_key[key].append(gap)  # rows of ``top`` are ranks 0, 1, 2: longest first
-    out: dict[int, list[PartDict]] = {}
+    # each bucket's lines by (part, longest first, label), ties in key order: one stable
+    # lexsort of the keys instead of a Python sort per bucket
     lines = ctx.lines.lines
-    for b, c, t, u, largest, th in zip(
-        bucket[first].tolist(),
-        code[first].tolist(),
-        totals,
-        units.tolist(),
-        per_key,
-        main_thread,
-        strict=True,
-    ):
-        line = lines[c]
-        out.setdefault(b, []).append(
+    labels = sorted({line.label for line in lines})
+    label_rank = {label: i for i, label in enumerate(labels)}
+    code_part = np.array([_PART_RANK[line.part] for line in lines], dtype=np.int64)
+    code_label = np.array([label_rank[line.label] for line in lines], dtype=np.int64)
+    order = np.lexsort((code_label[key_code], -totals, code_part[key_code], key_bucket))
+    out: dict[int, list[PartDict]] = {}
+    time_ns, buckets, codes = totals.tolist(), key_bucket.tolist(), key_code.tolist()
+    for i in order.tolist():
+        line = lines[codes[i]]
+        out.setdefault(buckets[i], []).append(
             {
                 "part": line.part,
                 "label": line.label,
                 "category": line.category,
-                "time_ns": t,
-                "gaps": u,
-                "largest": largest,
-                "thread": th,
+                "time_ns": time_ns[i],
+                "gaps": units_of[i],
+                "largest": evidence[first[i] : last[i]],
+                "thread": main_thread[i],
                 "detail": line.detail,
             }
         )
-    for parts in out.values():
-        parts.sort(key=lambda p: (_PART_RANK[p["part"]], -p["time_ns"], p["label"]))  # type: ignore[index, operator]
     return out
 
 
-def _largest(d: IntArray, heads: IntArray, order: IntArray, count: int) -> IntArray:
-    """Record indices of the ``count`` longest records of each key segment, one row per
-    rank (longest first), -1 where a segment has fewer.
+def _units(
+    key: IntArray,
+    unit: IntArray,
+    records_of: IntArray,
+    activities: int,
+    across_windows: bool,
+) -> IntArray:
+    """Per key, its distinct units (``unit < activities``: an activity row, else a gap): its
+    records (``records_of``) less the repeats of a (key, unit) pair, counted by sorting only
+    the records that can repeat one.
 
-    Repeated segment maxima of ``duration * n + (n - 1 - position)``: the position rides in
-    the low digits, so the maximum names its record (ties: the earliest); no sort by duration.
+    Those are the pieces of gaps cut into several (a gap's pieces are consecutive records:
+    ``_GroupPass._idle`` adds them together; a gap can go A, B, A, so not only neighbours
+    repeat) and, ``across_windows``, the activities with several records (one record per
+    line in a window, but an activity clipped at a step boundary has one in each window of
+    its rank). At 2M kernels that is 15% of the records, not all of them."""
+    n_keys = len(records_of)
+    counts = records_of.copy()
+    later = np.flatnonzero(unit[1:] == unit[:-1]) + 1  # a piece after another of its unit
+    later = later[unit[later] >= activities]
+    maybe = [later, later[np.diff(later, prepend=-2) != 1] - 1]  # and the first of each run
+    if across_windows:
+        act = np.flatnonzero(unit < activities)
+        row = unit[act]
+        maybe.append(act[np.bincount(row)[row] > 1])
+    at = np.concatenate(maybe)
+    # stable (timsort): the pairs come in runs of ascending units, which it merges fast
+    pairs = np.sort(unit[at] * n_keys + key[at], kind="stable")
+    counts -= np.bincount(pairs[1:][pairs[1:] == pairs[:-1]] % n_keys, minlength=n_keys)
+    return counts
+
+
+LARGEST_SAMPLE = 32
+"""``_largest`` first ranks every 32nd record: its pick bounds the full one from below."""
+
+
+def _largest(d: IntArray, key: IntArray, n_keys: int, count: int) -> IntArray:
+    """Record indices of the ``count`` longest records of each key, one row per rank
+    (longest first), -1 where a key has fewer; ties: the earliest record.
+
+    Repeated per-key maxima (``np.maximum.at``) of ``duration * n - position``: the position
+    rides in the low digits, so the maximum names its record (ties: the earliest); no sort.
+    Each round is a pass over all records, so on many records only the candidates take part:
+    the records at least as long as the ``count``-th longest of the key's records in a
+    sample of every ``LARGEST_SAMPLE``-th record (the sample's ``count`` are as long).
     """
     n = len(d)
-    if n == 0:
-        return np.empty((count, 0), dtype=np.int64)
-    cols = []
+    out = np.full((count, n_keys), -1, dtype=np.int64)
+    if n == 0 or count == 0:
+        return out
+    if n > 64 * LARGEST_SAMPLE:
+        sample_d = np.ascontiguousarray(d[::LARGEST_SAMPLE])
+        kth = _largest(sample_d, np.ascontiguousarray(key[::LARGEST_SAMPLE]), n_keys, count)[-1]
+        bound = np.where(kth >= 0, sample_d[kth], np.iinfo(np.int64).min)
+        candidates = np.flatnonzero(d >= bound[key])
+        if len(candidates) < n // 2:
+            picked = _largest(d[candidates], key[candidates], n_keys, count)
+            return np.where(picked >= 0, candidates[picked], -1)
     if int(d.max()) * n >= (1 << 62):  # too wide to encode: sort instead
-        by = np.lexsort((-d, np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))))
-        ends = np.append(heads[1:], n)
+        by = np.lexsort((-d, key))  # stable: ties in record order
+        k = key[by]
+        head = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+        ends = np.append(head[1:], n)
         for j in range(count):
-            pos = heads + j
-            cols.append(np.where(pos < ends, order[by[np.minimum(pos, n - 1)]], -1))
-        return np.stack(cols)
-    enc = d * n + (n - 1 - np.arange(n, dtype=np.int64))
-    for _ in range(count):
-        best = np.maximum.reduceat(enc, heads)
-        hit = best >= 0
-        pos = n - 1 - (best % n)
-        cols.append(np.where(hit, order[np.where(hit, pos, 0)], -1))
-        enc[pos[hit]] = -1
-    return np.stack(cols)
+            pos = head + j
+            out[j, k[head]] = np.where(pos < ends, by[np.minimum(pos, n - 1)], -1)
+        return out
+    enc = d * n
+    enc -= np.arange(n, dtype=np.int64)
+    gone = np.iinfo(np.int64).min
+    for j in range(count):
+        best = np.full(n_keys, gone, dtype=np.int64)
+        np.maximum.at(best, key, enc)
+        hit = np.flatnonzero(best > gone)
+        pos = -best[hit] % n
+        out[j, hit] = pos
+        enc[pos] = gone
+    return out
 
 
 def compute_accounts(
