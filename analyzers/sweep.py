@@ -131,50 +131,19 @@ class Union:
         seg: IntArray,
         start: IntArray,
         end: IntArray,
-        mine: Owned | None = None,
         with_rows: bool = False,
         in_order: bool | None = None,
     ) -> Union:
-        """The union of the intervals (``mine``: their ``owned`` pieces, when already known);
-        ``with_rows``: also the input rows opening and closing each piece; ``in_order`` as in
-        ``owned``."""
-        if mine is None:
-            return cls._of_intervals(seg, start, end, with_rows, in_order)
-        # Along the (segment, start) order the owned pieces are disjoint and sorted too.
-        if mine.order is None:
-            keep = mine.piece_end > mine.piece_start
-            ps, pe, pg = mine.piece_start[keep], mine.piece_end[keep], seg[keep]
-            order = np.flatnonzero(keep) if with_rows else _EMPTY
-        else:
-            order = mine.order[mine.length[mine.order] > 0]
-            ps, pe, pg = mine.piece_start[order], mine.piece_end[order], seg[order]
-        if len(ps) == 0:
-            return cls(_EMPTY, _EMPTY, _EMPTY)
-        # Owned pieces of one segment are disjoint and sorted; touching ones form one piece.
-        opens = np.empty(len(ps), dtype=bool)
-        opens[0] = True
-        np.not_equal(pg[1:], pg[:-1], out=opens[1:])
-        opens[1:] |= ps[1:] > pe[:-1]
-        heads = np.flatnonzero(opens)
-        tails = np.empty_like(heads)
-        tails[:-1] = heads[1:] - 1
-        tails[-1] = len(ps) - 1
-        if not with_rows:
-            return cls(pg[heads], ps[heads], pe[tails])
-        return cls(pg[heads], ps[heads], pe[tails], order[heads], order[tails])
-
-    @classmethod
-    def _of_intervals(
-        cls, seg: IntArray, start: IntArray, end: IntArray, with_rows: bool, in_order: bool | None
-    ) -> Union:
-        """``of`` without owned pieces: the same union from one running maximum of the ends.
+        """The union of the intervals; ``with_rows``: also the input rows opening and closing
+        each piece; ``in_order`` as in ``owned``.
 
         Along (segment, start) order a row opens a piece when it starts after every earlier
         row of its segment has ended; the piece ends at the running maximum before the next
         opening row. Rows of zero length own nothing and are left out (one at the end of a
         piece must not join it to a piece starting there). The row closing a piece, the last
-        whose owned piece is not empty, is the last row of the piece that raised the running
-        maximum. About half the passes of ``owned`` followed by merging its pieces."""
+        whose ``owned`` piece is not empty, is the last row of the piece that raised the
+        running maximum. The same pieces as merging the touching ``owned`` pieces (the tests
+        check it), in about half the passes."""
         order: IntArray | None = None
         if not (in_order if in_order is not None else _sorted(seg, start)):
             order = np.lexsort((start, seg))
