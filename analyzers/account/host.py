@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, symbol_table
+from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, factorize, symbol_table
 from analyzers.catalog import Catalog
 from analyzers.model import ActivityKind, RangeKind, Trace
 
@@ -67,7 +67,20 @@ def _columns(trace: Trace) -> _Columns:
 
 
 def _index(columns: _Columns, rows: IntArray) -> RangeIndex:
-    return RangeIndex(columns["thread"][rows], columns["start"][rows], columns["end"][rows], rows)
+    """``RangeIndex`` of the range table's ``rows``, handed over grouped by thread.
+
+    The index is the same in any input order (a stable sort by thread, start, longest first:
+    only ties keep the input order, and grouping by thread keeps the rows of one thread in
+    table order), but a trace's table lists the ranges of a thread in time order: grouped,
+    the index's sort finds them sorted and costs about half as much (measured at 2M kernels).
+    """
+    thread = columns["thread"][rows]
+    if len(thread) > 1 and not bool(np.all(thread[1:] >= thread[:-1])):
+        (code,) = factorize(thread)
+        small = code.astype(np.int16) if int(code.max()) < 2**15 else code
+        order = np.argsort(small, kind="stable")  # a radix sort on small ints
+        rows, thread = rows[order], thread[order]
+    return RangeIndex(thread, columns["start"][rows], columns["end"][rows], rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +97,7 @@ class _SyncCalls:
 def _sync_calls(trace: Trace, catalog: Catalog, att: Attribution) -> _SyncCalls:
     """Sync API launch rows and D2H copy launches as host intervals, with their labels."""
     launches, acts = trace.launches, trace.activities
-    api = launches["api"]
+    api = np.ascontiguousarray(launches["api"])  # counted and gathered from: one strided pass
     api_rows = np.flatnonzero(_symbols(trace, api, lambda n: catalog.is_sync("apis", n))[api])
     rows = api_rows.astype(np.int64)
     extended = np.empty(0, dtype=np.int64)  # launch rows of blocking device-to-host copies
@@ -131,8 +144,9 @@ class HostStates:
         self._trace = trace
         self._ranges = ranges
         table = trace.ranges
-        kind = table["kind"]
-        names = table["name"]
+        # contiguous copies of the fields read several times (a strided read costs more)
+        kind = np.ascontiguousarray(table["kind"])
+        names = np.ascontiguousarray(table["name"])
         sync_op = _symbols(trace, names, lambda n: catalog.is_sync("ops", n))[names]
         sync_op_rows = np.flatnonzero(sync_op & (kind == RangeKind.CPU_OP))
         window = np.zeros(len(trace.strings) + 1, dtype=bool)
@@ -149,7 +163,8 @@ class HostStates:
         self._any = _index(self._table, np.flatnonzero(other).astype(np.int64, copy=False))
         python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64, copy=False)
         self._python = _index(self._table, python)
-        names_of = np.append(names.astype(np.int64), -1)
+        names_of = np.empty(len(names) + 1, dtype=np.int64)
+        names_of[:-1], names_of[-1] = names, -1
         helper_of = np.append(ranges.helper.astype(np.int64), -1)
         # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order; the
         # rest label what is left open.
