@@ -38,9 +38,10 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.intervals import interval_union, union_order
+from analyzers.intervals import union_order
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import GroupTimeline, Window, WindowBasis, WindowTimeline
+from analyzers.sweep import Union
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -164,24 +165,46 @@ def clip_to_windows(windows: Sequence[TimelineWindow], acts: GpuActivities) -> C
     return Clipped(seg[order], start[order], end[order], row[order])
 
 
+@dataclass(frozen=True, slots=True)
+class GroupUnions:
+    """Per window of a group (segment ``i`` is window ``i``): the union of its computation,
+    and of its computation and NCCL kernels, as the decomposition measured them; the account
+    subtracts them from NCCL and memcpy time instead of building them again."""
+
+    computation: Union
+    with_nccl: Union
+
+
+def group_unions(acts: GpuActivities, clipped: Clipped) -> tuple[GroupUnions, Union]:
+    """The unions of a group's clipped activities: ``GroupUnions``, and the union of all of
+    them (the busy time; the account builds its own, with the rows that open each piece)."""
+    seg, start, end, row = clipped.seg, clipped.start, clipped.end, clipped.row
+    kind = acts.kind[row]
+    nccl = acts.communication[row]
+    computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
+
+    def union(mask: BoolArray) -> Union:
+        # a subset of rows in (window, start) order, taken with a mask, stays in that order
+        return Union.of(seg[mask], start[mask], end[mask], in_order=True)
+
+    unions = GroupUnions(union(computation), union(computation | nccl))
+    return unions, Union.of(seg, start, end, in_order=True)
+
+
 def decompose(
     windows: Sequence[TimelineWindow], acts: GpuActivities, clipped: Clipped | None = None
 ) -> list[WindowTimeline]:
     """The timeline parts of each window (same order as ``windows``); ``clipped`` is
     ``clip_to_windows(windows, acts)`` when the caller already has it."""
-    n = len(windows)
     c = clipped if clipped is not None else clip_to_windows(windows, acts)
-    seg, start, end, row = c.seg, c.start, c.end, c.row
-    kind = acts.kind[row]
-    nccl = acts.communication[row]
-    computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
-    with_nccl = computation | nccl
+    return _decomposed(windows, *group_unions(acts, c))
 
-    def union(mask: BoolArray) -> IntArray:
-        return interval_union(seg[mask], start[mask], end[mask], n, presorted=True)[0]
 
-    comp, comp_nccl = union(computation), union(with_nccl)
-    busy = interval_union(seg, start, end, n, presorted=True)[0]
+def _decomposed(
+    windows: Sequence[TimelineWindow], unions: GroupUnions, every: Union
+) -> list[WindowTimeline]:
+    n = len(windows)
+    comp, comp_nccl, busy = (u.lengths(n) for u in (unions.computation, unions.with_nccl, every))
     out = []
     for i, w in enumerate(windows):
         total = w.end_ns - w.start_ns
@@ -316,6 +339,8 @@ class GroupClip:
     windows: list[TimelineWindow]
     clipped: Clipped
     """``clip_to_windows(windows, acts)``: ``seg`` indexes ``windows``."""
+    unions: GroupUnions
+    """``group_unions`` of ``clipped``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,8 +373,9 @@ def window_timelines(trace: Trace, windows: Sequence[Window], acts: GpuActivitie
     for group, ids in ids_of.items():
         mine = [measured[i] for i in ids]
         clipped = clip_to_windows(mine, acts)
-        groups[group] = GroupClip(ids, mine, clipped)
-        for i, parts in zip(ids, decompose(mine, acts, clipped), strict=True):
+        unions, every = group_unions(acts, clipped)
+        groups[group] = GroupClip(ids, mine, clipped, unions)
+        for i, parts in zip(ids, _decomposed(mine, unions, every), strict=True):
             result[i] = parts
     timelines = [r for r in result if r is not None]
     return GpuTimeline(measured, acts, groups, timelines, notes)

@@ -40,7 +40,6 @@ import numpy.typing as npt
 
 from analyzers.account.host import UNANNOTATED, HostStates, LabelType
 from analyzers.account.peers import arrivals
-from analyzers.account.sweep import Owned, Union, owned
 from analyzers.attribution import Attribution, RangeHelpers, factorize
 from analyzers.catalog import Catalog
 from analyzers.metrics import gpu_activities
@@ -52,12 +51,15 @@ from analyzers.report import (
     StepAccount,
     Window,
 )
+from analyzers.sweep import Owned, Union, owned
 from analyzers.timeline import (
     Clipped,
     GpuTimeline,
     GroupClip,
+    GroupUnions,
     TimelineWindow,
     clip_to_windows,
+    group_unions,
     window_timelines,
 )
 
@@ -331,10 +333,12 @@ class _GroupPass:
         ctx: _Context,
         windows: Sequence[TimelineWindow],
         clipped: Clipped,
+        unions: GroupUnions,
         group_of: IntArray | None = None,
     ) -> None:
         self.ctx = ctx
         self.windows = windows
+        self.unions = unions  # the timeline's unions of ``clipped``: subtracted, never rebuilt
         self.records = _Records()
         self.group_of = (
             np.zeros(len(windows), dtype=np.int64) if group_of is None else group_of
@@ -359,9 +363,9 @@ class _GroupPass:
         kind = acts.kind[row]
         nccl = acts.communication[row]
         computation = ((kind == ActivityKind.KERNEL) & ~nccl) | (kind == ActivityKind.MEMSET)
-        comp_union = self._compute(computation)
-        self._communication(nccl, comp_union)
-        self._memcpy(kind == ActivityKind.MEMCPY, self._union(computation | nccl))
+        self._compute(computation)
+        self._communication(nccl, self.unions.computation)
+        self._memcpy(kind == ActivityKind.MEMCPY, self.unions.with_nccl)
         self._idle()
         self._finish()
         return self.records
@@ -396,9 +400,6 @@ class _GroupPass:
         self.records.code[:] = [table[c] for c in self.records.code]
         self._pending, self._pending_group = [], []
 
-    def _union(self, mask: BoolArray) -> Union:
-        return Union.of(self.seg[mask], self.start[mask], self.end[mask], in_order=True)
-
     def _add(
         self, seg: IntArray, r: IntArray, code: IntArray, dur: IntArray, start: IntArray
     ) -> None:
@@ -410,15 +411,12 @@ class _GroupPass:
         # keys helper + 1: small non-negative ints, coded by counting (-1 is "unattributed")
         return self._codes(helper + 1, seg, lambda i: self.ctx.helper_line(part, int(helper[i])))
 
-    def _compute(self, mask: BoolArray) -> Union:
-        """Computation by helper; returns the computation union the other parts subtract."""
-        rows = np.flatnonzero(mask)
-        seg, start, end = self.seg[rows], self.start[rows], self.end[rows]
-        mine = owned(seg, start, end, in_order=True)
+    def _compute(self, mask: BoolArray) -> None:
+        """Computation by helper: each activity's first-come share of the union."""
+        rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
         r = self.row[rows]
         code = self._helper_codes(AccountPartKind.COMPUTE, seg, r)
         self._add(seg, r, code, mine.length, mine.piece_start)
-        return Union.of(seg, start, end, mine)
 
     def _communication(self, mask: BoolArray, comp: Union) -> None:
         rows, seg, mine = _owned(self.seg, self.start, self.end, mask)
@@ -477,38 +475,42 @@ class _GroupPass:
         n = len(gaps.start)
         if n == 0:
             return
-        nxt = np.full(n, -1, dtype=np.int64)
-        prv = np.full(n, -1, dtype=np.int64)
-        has_next, has_prev = gaps.next >= 0, gaps.prev >= 0
-        nxt[has_next] = self.row[union.first_row[gaps.next[has_next]]]
-        prv[has_prev] = self.row[union.last_row[gaps.prev[has_prev]]]
-        # The activity that ends the gap launched it; a trailing gap goes to the previous one's
-        # launching thread.
-        owner = np.where(has_next, nxt, prv)
-        thread, l_end, code = ctx.l_thread[owner], ctx.l_end[owner], ctx.l_tcode[owner]
+        # The activity that ends the gap launched it; a trailing gap (no next piece: at most
+        # one per window, so fixed up on its own) goes to the previous one's launching thread.
+        owner = np.full(n, -1, dtype=np.int64)
+        has_next = gaps.next >= 0
+        if len(union.start):
+            owner = self.row[union.first_row[np.maximum(gaps.next, 0)]]
+            trailing = np.flatnonzero(~has_next)
+            before = gaps.prev[trailing]
+            owner[trailing] = np.where(
+                before >= 0, self.row[union.last_row[np.maximum(before, 0)]], -1
+            )
+        code = ctx.l_tcode[owner]
+        thread = ctx.thread_ids[code]  # a table of the few threads: no second large gather
+        l_end = ctx.l_end[owner]
         host = (thread >= 0) & (~has_next | (l_end > gaps.start))
-        cut = np.where(has_next, np.minimum(l_end, gaps.end), gaps.end)
-        unit = np.arange(n, dtype=np.int64) + len(ctx.att.helper)  # gaps: never an activity row
-        other_reason = np.where(
-            owner < 0, 0, np.where(thread < 0, 1, 2)
-        )  # 0: no work, 1: no launch row, 2: queued
+        other = np.flatnonzero(~host)
+        gap_unit = len(ctx.att.helper)  # gaps are units numbered after the activity rows
+        # 0: no work, 1: no launch row, 2: queued
+        why = np.where(owner[other] < 0, 0, np.where(thread[other] < 0, 1, 2))
         reasons = (NO_WORK, NO_LAUNCH, QUEUED)
-        other = ~host
-        why = other_reason[other]
+        o_seg, o_start = gaps.seg[other], gaps.start[other]
         self.records.add(
-            gaps.seg[other],
-            self._codes(
-                why, gaps.seg[other], lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])
-            ),
-            (gaps.end - gaps.start)[other],
-            gaps.start[other],
+            o_seg,
+            self._codes(why, o_seg, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
+            gaps.end[other] - o_start,
+            o_start,
             code[other],
-            unit[other],
+            other + gap_unit,
         )
         q = np.flatnonzero(host)
-        which, lo, hi, interval = ctx.host.split(thread[q], gaps.start[q], cut[q], gaps.end[q])
+        q_end = gaps.end[q]
+        cut = np.where(has_next[q], np.minimum(l_end[q], q_end), q_end)
+        which, lo, hi, interval = ctx.host.split(thread[q], gaps.start[q], cut, q_end)
         gap = q[which]
         labels = ctx.host.labels(thread[gap], lo, interval)
+        g_seg = gaps.seg[gap]
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
         keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
 
@@ -516,7 +518,7 @@ class _GroupPass:
             return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
 
         self.records.add(
-            gaps.seg[gap], self._codes(keys, gaps.seg[gap], make), hi - lo, lo, code[gap], unit[gap]
+            g_seg, self._codes(keys, g_seg, make), hi - lo, lo, code[gap], gap + gap_unit
         )
 
     def _host_line(self, label_type: int, value: int, detail: int) -> Line:
@@ -769,6 +771,12 @@ def _account_batch(
     sizes = [len(clip.windows) for _, clip in batch]
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     group_of = np.repeat(np.arange(len(batch), dtype=np.int64), sizes)
+    unions = GroupUnions(
+        *(
+            Union.concat([getattr(clip.unions, f) for _, clip in batch], offsets[:-1].tolist())
+            for f in ("computation", "with_nccl")
+        )
+    )
     if len(batch) == 1:
         clipped = batch[0][1].clipped
     else:
@@ -779,22 +787,12 @@ def _account_batch(
             np.concatenate([c.end for c in clips]),
             np.concatenate([c.row for c in clips]),
         )
-    group_pass = _GroupPass(ctx, tw, clipped, group_of)
+    group_pass = _GroupPass(ctx, tw, clipped, unions, group_of)
     records = group_pass.run().arrays()
     drawn = [i for i, g in enumerate(ids.tolist()) if g in keep]
     if drawn:
         result.kept.append(_keep(group_pass, records, ids, drawn))
-    seg, dur = records[0], records[2]
-    spans = np.array([w.end_ns - w.start_ns for w in tw], dtype=np.int64)
-    # float64 sums of integer ns are exact below 2**53 ns (104 days)
-    totals = np.bincount(seg, weights=dur, minlength=len(tw)).astype(np.int64)
-    bad = np.flatnonzero(totals != spans)
-    if len(bad):
-        w = tw[int(bad[0])]
-        raise RuntimeError(
-            f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
-            f"{int(totals[bad[0]])} ns, span is {int(spans[bad[0]])} ns"
-        )
+    seg = records[0]
     n_codes = max(len(ctx.lines.lines), 1)
     rank_of = np.array([w.window.rank for w in tw], dtype=np.int64)
     # per group: its ranks, and whether it has one window per rank (the whole trace: its
@@ -805,6 +803,7 @@ def _account_batch(
         [LARGEST if one else LARGEST_PER_STEP for one in one_per_rank], dtype=np.int64
     )[group_of]
     per_window = _summaries(ctx, seg, records, tw, n_codes, per_window=True, largest=largest)
+    _check_spans(tw, per_window)
     # rank buckets of the groups with several windows per rank, numbered group by group
     bucket_of = np.full(len(tw), -1, dtype=np.int64)
     rank_bucket: list[dict[int, int]] = []
@@ -863,6 +862,18 @@ def _account_batch(
                         "parts": parts,
                     }
                 )
+            )
+
+
+def _check_spans(windows: Sequence[TimelineWindow], parts: Mapping[int, list[PartDict]]) -> None:
+    """Every window's account lines add up to its span (on the lines as published: they are
+    the records' totals per line)."""
+    for i, w in enumerate(windows):
+        total = sum(int(p["time_ns"]) for p in parts.get(i, []))  # type: ignore[call-overload]
+        if total != w.end_ns - w.start_ns:
+            raise RuntimeError(
+                f"account of {w.window.name!r} rank {w.window.rank}: parts add up to "
+                f"{total} ns, span is {w.end_ns - w.start_ns} ns"
             )
 
 
@@ -961,7 +972,8 @@ def _kept_pieces(ctx: _Context, kept: Sequence[_Kept], selected: Sequence[int]) 
 
 def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
     tw = [ctx.gpu.windows[i] for i in selected]
-    group_pass = _GroupPass(ctx, tw, clip_to_windows(tw, ctx.acts))
+    clipped = clip_to_windows(tw, ctx.acts)
+    group_pass = _GroupPass(ctx, tw, clipped, group_unions(ctx.acts, clipped)[0])
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,

@@ -39,9 +39,9 @@ def _stream_ordinal(rank: IntArray, stream: IntArray, start: IntArray) -> IntArr
     for r in np.unique(rank).tolist():
         rows = np.flatnonzero(rank == r)
         order = rows[np.argsort(start[rows], kind="stable")]
-        _, first = np.unique(stream[order], return_index=True)
-        ordinal = {int(stream[order][i]): n for n, i in enumerate(np.sort(first))}
-        out[rows] = [ordinal[int(s)] for s in stream[rows]]
+        streams, first = np.unique(stream[order], return_index=True)
+        ordinal = np.argsort(np.argsort(first))  # per distinct stream: its rank of first use
+        out[rows] = ordinal[np.searchsorted(streams, stream[rows])]
     return out
 
 

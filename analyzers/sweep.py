@@ -9,11 +9,14 @@ before it in its segment; those pieces are disjoint and their lengths add up to 
 exactly (the tests check it against ``interval_union``).
 
 All functions work on many segments (windows) at once with composite keys
-``segment * width + (t - base)``; no Python loop over intervals.
+``segment * width + (t - base)``; no Python loop over intervals. The GPU timeline
+(``analyzers.timeline``) builds its window unions here and keeps them for the account, so the
+decomposition's figures and the account's parts come from the same pieces.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,14 +47,15 @@ def _running_max(seg: IntArray, values: IntArray) -> IntArray:
     if len(values) == 0:
         return _EMPTY
     base = int(values.min())
-    shifted = values - base
-    width = int(shifted.max()) + 1
+    width = int(values.max()) - base + 1
     if (int(seg.max()) + 1) * width < (1 << 62):
+        # segment s is lifted by s * width (minus the base): segments never mix, two passes
+        # fewer than shifting by the base and lifting apart
         offset = seg * width
-        shifted += offset
+        offset -= base
+        shifted = values + offset
         np.maximum.accumulate(shifted, out=shifted)
         shifted -= offset
-        shifted += base
         return shifted
     out = np.empty_like(values)
     for sid in np.unique(seg):
@@ -119,7 +123,7 @@ class Union:
         when built ``with_rows``."""
         self.last_row = last_row
         """Input row of the interval whose end closes each piece; only ``with_rows``."""
-        self._search: tuple[IntArray, IntArray, int, int] | None = None
+        self._search: tuple[IntArray, IntArray, int, int, IntArray, IntArray] | None = None
 
     @classmethod
     def of(
@@ -134,7 +138,8 @@ class Union:
         """The union of the intervals (``mine``: their ``owned`` pieces, when already known);
         ``with_rows``: also the input rows opening and closing each piece; ``in_order`` as in
         ``owned``."""
-        mine = mine if mine is not None else owned(seg, start, end, in_order)
+        if mine is None:
+            return cls._of_intervals(seg, start, end, with_rows, in_order)
         # Along the (segment, start) order the owned pieces are disjoint and sorted too.
         if mine.order is None:
             keep = mine.piece_end > mine.piece_start
@@ -158,6 +163,72 @@ class Union:
             return cls(pg[heads], ps[heads], pe[tails])
         return cls(pg[heads], ps[heads], pe[tails], order[heads], order[tails])
 
+    @classmethod
+    def _of_intervals(
+        cls, seg: IntArray, start: IntArray, end: IntArray, with_rows: bool, in_order: bool | None
+    ) -> Union:
+        """``of`` without owned pieces: the same union from one running maximum of the ends.
+
+        Along (segment, start) order a row opens a piece when it starts after every earlier
+        row of its segment has ended; the piece ends at the running maximum before the next
+        opening row. Rows of zero length own nothing and are left out (one at the end of a
+        piece must not join it to a piece starting there). The row closing a piece, the last
+        whose owned piece is not empty, is the last row of the piece that raised the running
+        maximum. About half the passes of ``owned`` followed by merging its pieces."""
+        order: IntArray | None = None
+        if not (in_order if in_order is not None else _sorted(seg, start)):
+            order = np.lexsort((start, seg))
+            seg, start, end = seg[order], start[order], end[order]
+        rows: IntArray | None = None
+        nonempty = end > start
+        if not bool(nonempty.all()):
+            rows = np.flatnonzero(nonempty)
+            seg, start, end = seg[rows], start[rows], end[rows]
+        n = len(start)
+        if n == 0:
+            return cls(_EMPTY, _EMPTY, _EMPTY)
+        reach = _running_max(seg, end)
+        opens = np.empty(n, dtype=bool)
+        opens[0] = True
+        np.not_equal(seg[1:], seg[:-1], out=opens[1:])
+        opens[1:] |= start[1:] > reach[:-1]
+        heads = np.flatnonzero(opens)
+        tails = np.empty_like(heads)
+        tails[:-1] = heads[1:] - 1
+        tails[-1] = n - 1
+        if not with_rows:
+            return cls(seg[heads], start[heads], reach[tails])
+        # rows that raise the running maximum: the opening ones, and those ending past it
+        # (every piece has one: its opening row), counted up to each piece's last row
+        raises = opens
+        raises[1:] |= end[1:] > reach[:-1]
+        raised = np.flatnonzero(raises)
+        last = raised[np.cumsum(raises)[tails] - 1]
+        first = heads
+        for mapping in (rows, order):  # back to input rows: undo the filter, then the sort
+            if mapping is not None:
+                first, last = mapping[first], mapping[last]
+        return cls(seg[heads], start[heads], reach[tails], first, last)
+
+    def lengths(self, n: int) -> IntArray:
+        """Union length per segment ``0..n-1``."""
+        # float64 sums of integer ns are exact below 2**53 ns (104 days)
+        total = np.bincount(self.seg, weights=self.end - self.start, minlength=n)
+        return total.astype(np.int64)
+
+    @classmethod
+    def concat(cls, unions: Sequence[Union], offsets: Sequence[int]) -> Union:
+        """The unions of consecutive segment ranges as one: union ``i``'s segments are
+        numbered from ``offsets[i]`` (increasing), so the pieces stay in (segment, start)
+        order."""
+        if len(unions) == 1 and offsets[0] == 0:
+            return unions[0]
+        return cls(
+            np.concatenate([u.seg + o for u, o in zip(unions, offsets, strict=True)]),
+            np.concatenate([u.start for u in unions]),
+            np.concatenate([u.end for u in unions]),
+        )
+
     def covered(self, seg: IntArray, lo: IntArray, hi: IntArray) -> IntArray:
         """Length of ``[lo, hi)`` (per query, in segment ``seg``) that the union covers."""
         if len(lo) == 0 or len(self.start) == 0:
@@ -174,8 +245,8 @@ class Union:
         """
         if len(t) == 0 or len(self.start) == 0:
             return np.zeros(len(t), dtype=np.int64)
-        lengths = self.end - self.start
         if self._search is None:
+            lengths = self.end - self.start
             cum = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=cum[1:])
             base = int(self.start.min())
@@ -183,10 +254,13 @@ class Union:
             segs = int(self.seg.max()) + 2
             # index of each segment's first piece, and the cumulative length before it
             first = np.searchsorted(self.seg, np.arange(segs, dtype=np.int64), side="left")
-            self._search = (cum, cum[first], base, width)
-        cum, cum_first, base, width = self._search
-        if (max(int(self.seg.max()), int(seg.max())) + 1) * width < (1 << 62):
-            keys = self.seg * width + (self.start - base)
+            # the pieces' composite keys, kept for the next query (the account asks each union
+            # up to three times); empty when they would overflow
+            fits = (segs + 1) * width < (1 << 62)
+            keys = self.seg * width + (self.start - base) if fits else _EMPTY
+            self._search = (cum, cum[first], base, width, keys, lengths)
+        cum, cum_first, base, width, keys, lengths = self._search
+        if len(keys) and (int(seg.max()) + 1) * width < (1 << 62):
             q = np.clip(t, base, base + width - 1)
             q -= base
             q += seg * width
@@ -221,34 +295,31 @@ class Union:
             return Gaps(*(x[keep] for x in (whole.seg, whole.start, whole.end, none, none)))
         counts = np.bincount(self.seg, minlength=n)
         first = np.concatenate(([0], np.cumsum(counts)))[:-1]
-        segs, lo, hi, prev_piece, next_piece = [], [], [], [], []
         # Leading gap of each window: window start to its first piece (or the window end).
         has = counts > 0
         head = np.where(has, self.start[np.minimum(first, len(self.start) - 1)], win_end)
-        lead = win_start < head  # empty ones dropped here (gaps between pieces never are)
-        segs.append(np.flatnonzero(lead).astype(np.int64))
-        lo.append(win_start[lead].astype(np.int64))
-        hi.append(head[lead].astype(np.int64))
-        prev_piece.append(np.full(int(lead.sum()), -1, dtype=np.int64))
-        next_piece.append(np.where(has, first, -1)[lead].astype(np.int64))
+        lead = np.flatnonzero(win_start < head)  # empty ones dropped (gaps between never are)
         # Between consecutive pieces of one segment: never empty (touching pieces are one).
-        if len(self.seg) > 1:
-            same = np.flatnonzero(self.seg[1:] == self.seg[:-1])
-            segs.append(self.seg[same])
-            lo.append(self.end[same])
-            hi.append(self.start[same + 1])
-            prev_piece.append(same.astype(np.int64, copy=False))
-            next_piece.append((same + 1).astype(np.int64, copy=False))
+        same = np.flatnonzero(self.seg[1:] == self.seg[:-1])
         # Trailing gap: last piece to the window end.
         last = first + counts - 1
         tail = np.flatnonzero(has)
         tail = tail[self.end[last[tail]] < win_end[tail]]
-        segs.append(tail.astype(np.int64, copy=False))
-        lo.append(self.end[last[tail]])
-        hi.append(win_end[tail].astype(np.int64, copy=False))
-        prev_piece.append(last[tail].astype(np.int64, copy=False))
-        next_piece.append(np.full(len(tail), -1, dtype=np.int64))
-        return Gaps(*(np.concatenate(x) for x in (segs, lo, hi, prev_piece, next_piece)))
+        # Written in place, in this order (leading, between, trailing): the between part holds
+        # nearly every gap, and gathering it straight into the result saves a copy of each
+        # column.
+        a, b = len(lead), len(lead) + len(same)
+        out = Gaps(*(np.empty(b + len(tail), dtype=np.int64) for _ in range(5)))
+        out.seg[:a], out.start[:a], out.end[:a] = lead, win_start[lead], head[lead]
+        out.prev[:a], out.next[:a] = -1, np.where(has[lead], first[lead], -1)
+        np.take(self.seg, same, out=out.seg[a:b])
+        np.take(self.end, same, out=out.start[a:b])
+        out.prev[a:b] = same
+        np.add(same, 1, out=out.next[a:b])
+        np.take(self.start, out.next[a:b], out=out.end[a:b])
+        out.seg[b:], out.start[b:], out.end[b:] = tail, self.end[last[tail]], win_end[tail]
+        out.prev[b:], out.next[b:] = last[tail], -1
+        return out
 
 
 @dataclass(frozen=True, slots=True)
