@@ -75,10 +75,15 @@ def _index(columns: _Columns, rows: IntArray) -> RangeIndex:
     the index's sort finds them sorted and costs about half as much (measured at 2M kernels).
     """
     thread = columns["thread"][rows]
-    if len(thread) > 1 and not bool(np.all(thread[1:] >= thread[:-1])):
-        (code,) = factorize(thread)
-        small = code.astype(np.int16) if int(code.max()) < 2**15 else code
-        order = np.argsort(small, kind="stable")  # a radix sort on small ints
+    changes = int(np.count_nonzero(thread[1:] != thread[:-1]))
+    if changes and not bool(np.all(thread[1:] >= thread[:-1])):
+        if changes < len(thread) // 64:  # a few long runs: the stable sort merges them
+            order = np.argsort(thread, kind="stable")
+        else:  # threads taking turns: a radix sort of small codes
+            (code,) = factorize(thread)
+            order = np.argsort(
+                code.astype(np.int16) if int(code.max()) < 2**15 else code, kind="stable"
+            )
         rows, thread = rows[order], thread[order]
     return RangeIndex(thread, columns["start"][rows], columns["end"][rows], rows)
 
@@ -204,40 +209,51 @@ class HostStates:
         iv = self._intervals
         n = len(lo)
         lo = lo.astype(np.int64, copy=False)
-        interval = np.full(n, iv.dummy, dtype=np.int64)
+        # (fresh full-size arrays cost page faults about as much as the work done in them:
+        # few are made here, and the ones made are reused in place)
+        interval = np.empty(n, dtype=np.int64)
         count = np.zeros(n, dtype=np.int64)  # boundaries strictly inside (lo, cut)
+        seen = 0
         for t, b in self._bounds.items():
             q = np.flatnonzero(thread == t)
             if len(q) == 0:
                 continue
+            seen += len(q)
             a = np.searchsorted(b, lo[q], side="right")
             a += iv.offset[t]
             interval[q] = a
             # ``first[a + 1]`` is the first boundary after ``lo`` (or, past the thread's last
             # one, the next thread's "-infinity"): most queries have none before ``cut``, so
             # only the others are searched.
-            maybe = np.flatnonzero(iv.first[a + 1] < cut[q])
+            a += 1
+            maybe = np.flatnonzero(iv.first[a] < cut[q])
             if len(maybe):
                 qm = q[maybe]
-                z = np.searchsorted(b, cut[qm], side="left") + iv.offset[t]
+                z = np.searchsorted(b, cut[qm], side="left") + (iv.offset[t] + 1)
                 count[qm] = np.maximum(z - a[maybe], 0)
+        if seen < n:  # on a thread without boundaries: the interval standing for all its time
+            interval[~np.isin(thread, np.array(list(self._bounds), dtype=np.int64))] = iv.dummy
         extra = int(count.sum())
         if extra == 0:
             query, starts, ends, where = np.arange(n, dtype=np.int64), lo, hi, interval
         else:
             # Pieces in (query, piece) order: piece j of a query starts at its ``lo`` (j = 0)
-            # or at the first instant of the query's elementary interval + j.
-            pieces = count + 1
-            last = np.cumsum(pieces) - 1  # each query's last piece
-            head = last - count
+            # or at the first instant of elementary interval ``interval + j``.
+            pieces = count
+            pieces += 1
             query = np.repeat(np.arange(n, dtype=np.int64), pieces)
-            where = np.repeat(interval - head, pieces)
-            where += np.arange(n + extra, dtype=np.int64)
+            head = np.cumsum(pieces)
+            head -= pieces  # each query's first piece
+            interval -= head  # piece at position p: interval ``interval[query] + p``
+            where = interval[query]
+            ends = np.arange(n + extra, dtype=np.int64)  # positions now, ends below
+            where += ends
             starts = iv.first[where]
             starts[head] = lo
-            ends = np.empty_like(starts)
             ends[:-1] = starts[1:]
-            ends[last] = hi
+            head += pieces
+            head -= 1  # each query's last piece
+            ends[head] = hi
         keep = ends > starts
         if bool(keep.all()):
             return query, starts, ends, where

@@ -166,21 +166,26 @@ def test_one_family_of_overlapping_ranges_matches_range_index_lookup(seed: int) 
         np.testing.assert_array_equal(b[unstable - 1], degenerate_starts)
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_index_of_rows_grouped_by_thread_is_the_index_of_rows_in_table_order(seed: int) -> None:
+@pytest.mark.parametrize("table", ["threads taking turns", "time order", "blocks of threads"])
+@pytest.mark.parametrize("seed", range(4))
+def test_index_of_rows_grouped_by_thread_is_the_index_of_rows_in_table_order(
+    seed: int, table: str
+) -> None:
     """``_index`` hands ``RangeIndex`` the rows grouped by thread: the same index (ties, equal
-    ranges of one thread, keep their table order), also for a table not in time order."""
+    ranges of one thread, keep their table order), whatever the table's order."""
     rng = np.random.default_rng(seed)
-    n = 300
+    n = 600
     spans = _random_ranges(rng, n, 200)
     columns = {
         "thread": rng.choice(np.array([7, 3, 11], dtype=np.int64), n),
         "start": np.array([s for s, _ in spans], dtype=np.int64),
         "end": np.array([e for _, e in spans], dtype=np.int64),
     }
-    if seed % 2:  # a table in time order per thread, as the readers write it
+    if table == "time order":  # per thread, as the readers write it
         order = np.lexsort((-columns["end"], columns["start"], columns["thread"]))
         columns = {k: v[order] for k, v in columns.items()}
+    elif table == "blocks of threads":  # a few long runs, not in thread order
+        columns["thread"] = np.repeat(np.array([7, 3, 11, 3], dtype=np.int64), n // 4)
     rows = np.flatnonzero(rng.integers(0, 3, n) > 0).astype(np.int64)
     grouped = _index(columns, rows)
     plain = RangeIndex(columns["thread"][rows], columns["start"][rows], columns["end"][rows], rows)
