@@ -235,7 +235,12 @@ class HostStates:
             interval[~np.isin(thread, np.array(list(self._bounds), dtype=np.int64))] = iv.dummy
         extra = int(count.sum())
         if extra == 0:
-            query, starts, ends, where = np.arange(n, dtype=np.int64), lo, hi, interval
+            query, starts, ends, where = (
+                np.arange(n, dtype=np.int64),
+                lo,
+                hi.astype(np.int64, copy=False),
+                interval,
+            )
         else:
             # Pieces in (query, piece) order: piece j of a query starts at its ``lo`` (j = 0)
             # or at the first instant of elementary interval ``interval + j``.
@@ -407,7 +412,7 @@ def _interval_states(bounds: dict[int, IntArray], spans: list[_Span], ranks: _Ra
         lo = start_at + 1
         flat = span.end <= span.start
         hi = np.where(flat, lo, end_at) if flat.any() else end_at
-        values = np.append(span.values[span.index.rows], -1)  # per position of the index
+        values = span.values[span.index.rows]  # per position of the index
         for t, g0, g1 in span.threads():
             at, size = offset[t], len(bounds[t]) + 1
             here = slice(at, at + size)
