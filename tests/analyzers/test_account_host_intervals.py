@@ -19,7 +19,6 @@ from analyzers.account.host import (
     HostStates,
     LabelType,
     _boundaries,
-    _index,
     _interval_states,
     _Span,
 )
@@ -164,33 +163,3 @@ def test_one_family_of_overlapping_ranges_matches_range_index_lookup(seed: int) 
         degenerate_starts = np.unique(start[(thread == t) & (end <= start)])
         unstable = np.flatnonzero(iv.unstable[at : at + len(b) + 1])
         np.testing.assert_array_equal(b[unstable - 1], degenerate_starts)
-
-
-@pytest.mark.parametrize("table", ["threads taking turns", "time order", "blocks of threads"])
-@pytest.mark.parametrize("seed", range(4))
-def test_index_of_rows_grouped_by_thread_is_the_index_of_rows_in_table_order(
-    seed: int, table: str
-) -> None:
-    """``_index`` hands ``RangeIndex`` the rows grouped by thread: the same index (ties, equal
-    ranges of one thread, keep their table order), whatever the table's order."""
-    rng = np.random.default_rng(seed)
-    n = 600
-    spans = _random_ranges(rng, n, 200)
-    columns = {
-        "thread": rng.choice(np.array([7, 3, 11], dtype=np.int64), n),
-        "start": np.array([s for s, _ in spans], dtype=np.int64),
-        "end": np.array([e for _, e in spans], dtype=np.int64),
-    }
-    if table == "time order":  # per thread, as the readers write it
-        order = np.lexsort((-columns["end"], columns["start"], columns["thread"]))
-        columns = {k: v[order] for k, v in columns.items()}
-    elif table == "blocks of threads":  # a few long runs, not in thread order
-        columns["thread"] = np.repeat(np.array([7, 3, 11, 3], dtype=np.int64), n // 4)
-    rows = np.flatnonzero(rng.integers(0, 3, n) > 0).astype(np.int64)
-    grouped = _index(columns, rows)
-    plain = RangeIndex(columns["thread"][rows], columns["start"][rows], columns["end"][rows], rows)
-    for field in ("threads", "rows", "key_start", "key_end", "thread_idx", "parent"):
-        np.testing.assert_array_equal(getattr(grouped, field), getattr(plain, field))
-    thread = rng.choice(np.array([3, 7, 11, 5], dtype=np.int64), 500)
-    time = rng.integers(-5, 210, 500).astype(np.int64)
-    np.testing.assert_array_equal(grouped.lookup(thread, time), plain.lookup(thread, time))
