@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, factorize, symbol_table
+from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, symbol_table
 from analyzers.catalog import Catalog
 from analyzers.model import ActivityKind, RangeKind, Trace
 
@@ -84,7 +84,7 @@ class _SyncCalls:
 def _sync_calls(trace: Trace, catalog: Catalog, att: Attribution) -> _SyncCalls:
     """Sync API launch rows and D2H copy launches as host intervals, with their labels."""
     launches, acts = trace.launches, trace.activities
-    api = launches["api"]
+    api = np.ascontiguousarray(launches["api"])  # counted and gathered from: one strided pass
     api_rows = np.flatnonzero(_symbols(trace, api, lambda n: catalog.is_sync("apis", n))[api])
     rows = api_rows.astype(np.int64)
     extended = np.empty(0, dtype=np.int64)  # launch rows of blocking device-to-host copies
@@ -131,8 +131,9 @@ class HostStates:
         self._trace = trace
         self._ranges = ranges
         table = trace.ranges
-        kind = table["kind"]
-        names = table["name"]
+        # contiguous copies of the fields read several times (a strided read costs more)
+        kind = np.ascontiguousarray(table["kind"])
+        names = np.ascontiguousarray(table["name"])
         sync_op = _symbols(trace, names, lambda n: catalog.is_sync("ops", n))[names]
         sync_op_rows = np.flatnonzero(sync_op & (kind == RangeKind.CPU_OP))
         window = np.zeros(len(trace.strings) + 1, dtype=bool)
@@ -149,15 +150,8 @@ class HostStates:
         self._any = _index(self._table, np.flatnonzero(other).astype(np.int64, copy=False))
         python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64, copy=False)
         self._python = _index(self._table, python)
-        spans = self._cutting_spans()
-        self._bounds = self._boundaries(spans)
-        sizes = [len(b) for b in self._bounds.values()]
-        self._flat_bounds = (
-            np.concatenate(list(self._bounds.values())) if sizes else np.empty(0, dtype=np.int64)
-        )
-        starts = np.concatenate(([0], np.cumsum(sizes))).tolist()
-        self._bound_offset = {t: int(o) for t, o in zip(self._bounds, starts, strict=False)}
-        names_of = np.append(names.astype(np.int64), -1)
+        names_of = np.empty(len(names) + 1, dtype=np.int64)
+        names_of[:-1], names_of[-1] = names, -1
         helper_of = np.append(ranges.helper.astype(np.int64), -1)
         # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order; the
         # rest label what is left open.
@@ -172,133 +166,81 @@ class HostStates:
             (self._python, LabelType.RANGE, names_of),
         ]
         self._names_of = names_of
-        self._intervals = self._interval_states(spans)
+        spans = self._cutting_spans()
+        self._bounds, ranks = _boundaries(spans)
+        self._intervals = _interval_states(self._bounds, spans, ranks)
 
-    def _cutting_spans(self) -> list[tuple[IntArray, IntArray, IntArray]]:
-        """(thread, start, end) of the ranges that cut idle pieces: sync ops, sync calls and
-        copies, specific and container helper ranges (the ``_cutting`` lookups' ranges)."""
-        table = self._table
-        spans = [(self._calls.thread, self._calls.start, self._calls.end)]
-        for index in (self._sync_ops, self._ranges.specific, self._ranges.container):
+    def _cutting_spans(self) -> list[_Span]:
+        """The cutting lookups' ranges (sync ops, sync calls and copies, specific and container
+        helper ranges), each in its index's order, in ``_cutting`` order."""
+        table, calls = self._table, self._calls
+        out = []
+        for index, label_type, values in self._cutting:
             rows = index.rows
-            spans.append((table["thread"][rows], table["start"][rows], table["end"][rows]))
-        return spans
-
-    def _boundaries(self, spans: list[tuple[IntArray, IntArray, IntArray]]) -> dict[int, IntArray]:
-        """Per thread (ascending ids), the sorted distinct instants where its state can change:
-        the starts and ends of ``spans``. Only helper and sync ranges cut: a stretch outside
-        every helper is labelled by the innermost other range (or Python frame) open at its
-        start."""
-        thread = np.concatenate([t for t, _, _ in spans]).astype(np.int64, copy=False)
-        if len(thread) == 0:
-            return {}
-        start = np.concatenate([s for _, s, _ in spans]).astype(np.int64, copy=False)
-        end = np.concatenate([e for _, _, e in spans]).astype(np.int64, copy=False)
-        (code,) = factorize(thread)  # few threads: codes in id order
-        ids = np.zeros(int(code.max()) + 1, dtype=np.int64)
-        ids[code] = thread
-        out: dict[int, IntArray] = {}
-        for j, thread_id in enumerate(ids.tolist()):
-            mine = code == j
-            times = np.concatenate((start[mine], end[mine]))
-            times.sort()  # a sort: numpy's unique hashes
-            keep = np.empty(len(times), dtype=bool)
-            keep[0] = True
-            np.not_equal(times[1:], times[:-1], out=keep[1:])
-            out[thread_id] = times[keep]
+            calls_index = index is calls.index
+            start, end = (calls.start, calls.end) if calls_index else (table["start"], table["end"])
+            out.append(_Span(index, label_type, values, start[rows], end[rows]))
         return out
-
-    def _interval_states(self, spans: list[tuple[IntArray, IntArray, IntArray]]) -> _Intervals:
-        """The cutting lookups' answer on every elementary interval of every thread.
-
-        Thread ``t`` with boundaries ``b`` (``_boundaries``) has intervals ``k = 0..len(b)``,
-        ``[b[k-1], b[k])``: no sync or helper range opens or closes strictly inside one, so the
-        cutting lookups (``_cutting``) answer the same for every instant of it, except in an
-        interval starting where a degenerate range (``end <= start``, which ``RangeIndex``
-        treats as ``[start, start + 1)``) starts: there only its first instant is known.
-        Interval 0 lies before every cutting range. The answers are looked up on first use
-        (``_resolve``: about half the intervals hold an idle piece), keys in sorted order,
-        instead of once per idle piece of every window group."""
-        bounds = list(self._bounds.values())
-        sizes = [len(b) + 1 for b in bounds]
-        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-        offset = {t: int(o) for t, o in zip(self._bounds, offsets.tolist(), strict=False)}
-        total = max(int(offsets[-1]), 1)  # never empty: ``labels`` gathers index 0 as a dummy
-        kind = np.full(total, _OPEN, dtype=np.int64)
-        value = np.full(total, -1, dtype=np.int64)
-        unstable = np.zeros(total, dtype=bool)
-        if not bounds:
-            every = np.ones(total, dtype=bool)
-            return _Intervals(offset, kind, value, value.copy(), unstable, value.copy(), every)
-        # interval k >= 1 of a thread starts at its boundary k - 1; interval 0 at "-infinity"
-        lowest = np.array([np.iinfo(np.int64).min], dtype=np.int64)
-        first = np.concatenate([x for b in bounds for x in (lowest, b)])
-        owner = np.repeat(np.array(list(self._bounds), dtype=np.int64), sizes)
-        done = np.zeros(total, dtype=bool)
-        done[offsets[:-1]] = True  # interval 0: before every cutting range
-        d_thread = np.concatenate([t[e <= s] for t, s, e in spans]).astype(np.int64)
-        d_start = np.concatenate([s[e <= s] for _, s, e in spans]).astype(np.int64)
-        for thread_id, b in self._bounds.items():
-            mine = d_start[d_thread == thread_id]
-            if len(mine):
-                unstable[offset[thread_id] + np.searchsorted(b, mine, side="right")] = True
-        return _Intervals(offset, kind, value, first, unstable, owner, done)
-
-    def _resolve(self, interval: IntArray) -> None:
-        """Look up the cutting state of the intervals ``interval`` asks about that are not
-        known yet (one chain over them, in (thread, time) order: sorted keys)."""
-        iv = self._intervals
-        need = np.zeros(len(iv.done), dtype=bool)
-        need[interval[interval >= 0]] = True
-        need &= ~iv.done
-        todo = np.flatnonzero(need)
-        if len(todo) == 0:
-            return
-        kind, value = self._chain(iv.owner[todo], iv.first[todo], self._cutting)
-        iv.kind[todo], iv.value[todo] = kind, value
-        iv.done[todo] = True
 
     def split(
         self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
     ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
         """Sub-pieces of ``[lo, hi)`` per query, cut where the thread's state changes strictly
         inside ``(lo, cut)``: (query index, start, end, elementary interval of the start for
-        ``labels``; -1 on a thread without boundaries), zero-length pieces dropped."""
+        ``labels``), zero-length pieces dropped."""
+        iv = self._intervals
         n = len(lo)
-        first = np.zeros(n, dtype=np.int64)  # in ``_flat_bounds``: the first boundary > lo
+        lo = lo.astype(np.int64, copy=False)
+        # (fresh full-size arrays cost page faults about as much as the work done in them:
+        # few are made here, and the ones made are reused in place)
+        interval = np.empty(n, dtype=np.int64)
         count = np.zeros(n, dtype=np.int64)  # boundaries strictly inside (lo, cut)
-        interval = np.full(n, -1, dtype=np.int64)
+        seen = 0
         for t, b in self._bounds.items():
             q = np.flatnonzero(thread == t)
             if len(q) == 0:
                 continue
+            seen += len(q)
             a = np.searchsorted(b, lo[q], side="right")
-            z = np.searchsorted(b, cut[q], side="left")
-            first[q] = a + self._bound_offset[t]
-            count[q] = np.maximum(z - a, 0)
-            interval[q] = a + self._intervals.offset[t]
-        # Pieces in (query, piece) order: each query's first piece at ``head``, then one piece
-        # per inner boundary (``count``), filled only for the queries that have any.
-        before = np.cumsum(count) - count
-        head = np.arange(n, dtype=np.int64) + before
-        total = n + int(before[-1] + count[-1]) if n else 0
-        query = np.empty(total, dtype=np.int64)
-        starts = np.empty(total, dtype=np.int64)
-        where = np.empty(total, dtype=np.int64)
-        query[head] = np.arange(n, dtype=np.int64)
-        starts[head] = lo
-        where[head] = interval
-        multi = np.flatnonzero(count)
-        if len(multi):
-            c = count[multi]
-            step = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c) + 1
-            at = np.repeat(head[multi], c) + step
-            query[at] = np.repeat(multi, c)
-            starts[at] = self._flat_bounds[np.repeat(first[multi], c) + step - 1]
-            where[at] = np.repeat(interval[multi], c) + step
-        ends = np.empty_like(starts)
-        ends[:-1] = starts[1:]
-        ends[head + count] = hi
+            a += iv.offset[t]
+            interval[q] = a
+            # ``first[a + 1]`` is the first boundary after ``lo`` (or, past the thread's last
+            # one, the next thread's "-infinity"): most queries have none before ``cut``, so
+            # only the others are searched.
+            a += 1
+            maybe = np.flatnonzero(iv.first[a] < cut[q])
+            if len(maybe):
+                qm = q[maybe]
+                z = np.searchsorted(b, cut[qm], side="left") + (iv.offset[t] + 1)
+                count[qm] = np.maximum(z - a[maybe], 0)
+        if seen < n:  # on a thread without boundaries: the interval standing for all its time
+            interval[~np.isin(thread, np.array(list(self._bounds), dtype=np.int64))] = iv.dummy
+        extra = int(count.sum())
+        if extra == 0:
+            query, starts, ends, where = (
+                np.arange(n, dtype=np.int64),
+                lo,
+                hi.astype(np.int64, copy=False),
+                interval,
+            )
+        else:
+            # Pieces in (query, piece) order: piece j of a query starts at its ``lo`` (j = 0)
+            # or at the first instant of elementary interval ``interval + j``.
+            pieces = count
+            pieces += 1
+            query = np.repeat(np.arange(n, dtype=np.int64), pieces)
+            head = np.cumsum(pieces)
+            head -= pieces  # each query's first piece
+            interval -= head  # piece at position p: interval ``interval[query] + p``
+            where = interval[query]
+            ends = np.arange(n + extra, dtype=np.int64)  # positions now, ends below
+            where += ends
+            starts = iv.first[where]
+            starts[head] = lo
+            ends[:-1] = starts[1:]
+            head += pieces
+            head -= 1  # each query's last piece
+            ends[head] = hi
         keep = ends > starts
         if bool(keep.all()):
             return query, starts, ends, where
@@ -342,16 +284,14 @@ class HostStates:
         if interval is None:
             kind, value = self._chain(thread, time, self._cutting + self._rest)
         else:
-            self._resolve(interval)
             iv = self._intervals
-            known = interval >= 0
-            at = np.where(known, interval, 0)
-            unsure = known & iv.unstable[at] & (time != iv.first[at])
-            kind = np.where(known, iv.kind[at], _OPEN)
-            value = np.where(known, iv.value[at], -1)
-            redo = np.flatnonzero(unsure)
-            kind[redo], value[redo] = _OPEN, -1
-            self._chain(thread, time, self._cutting, kind, value, redo)
+            if len(interval) and int(interval.min()) < 0:
+                interval = np.where(interval >= 0, interval, iv.dummy)
+            kind, value = iv.kind[interval], iv.value[interval]
+            if iv.degenerate:
+                redo = np.flatnonzero(iv.unstable[interval] & (time != iv.first[interval]))
+                kind[redo], value[redo] = _OPEN, -1
+                self._chain(thread, time, self._cutting, kind, value, redo)
             self._chain(thread, time, self._rest, kind, value, np.flatnonzero(kind == _OPEN))
         kind[kind == _OPEN] = LabelType.UNANNOTATED
         detail = np.full(n, -1, dtype=np.int64)
@@ -361,21 +301,154 @@ class HostStates:
         return HostLabels(kind, value, detail)
 
 
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """A cutting lookup's ranges in its index's order (``RangeIndex.rows``), with their times."""
+
+    index: RangeIndex
+    label_type: int
+    values: IntArray  # the label value per row of ``index`` (plus a trailing -1)
+    start: IntArray
+    end: IntArray  # as recorded: ``end <= start`` for a degenerate range
+
+    def threads(self) -> list[tuple[int, int, int]]:
+        """(thread id, first, last + 1 position) of each thread's run in index order."""
+        index = self.index
+        edges = np.searchsorted(index.thread_idx, np.arange(len(index.threads) + 1)).tolist()
+        return [
+            (t, g0, g1)
+            for t, g0, g1 in zip(index.threads.tolist(), edges[:-1], edges[1:], strict=True)
+            if g1 > g0
+        ]
+
+
 _OPEN = -1
 """A query no lookup has labelled yet (``LabelType.UNANNOTATED`` in the end)."""
+
+_Ranks = list[tuple[IntArray, IntArray]]
+"""Per span of ``_cutting_spans``: where each range's start and end lie in its thread's
+boundaries (index into ``_boundaries``' array of that thread), in the span's order."""
+
+
+def _boundaries(spans: list[_Span]) -> tuple[dict[int, IntArray], _Ranks]:
+    """Per thread (ascending ids), the sorted distinct instants where its state can change:
+    the starts and ends of ``spans``, and where each of them lies among them. Only helper and
+    sync ranges cut: a stretch outside every helper is labelled by the innermost other range
+    (or Python frame) open at its start."""
+    runs: dict[int, list[tuple[int, int, int]]] = {}  # thread -> (span, first, last + 1)
+    for i, span in enumerate(spans):
+        for t, g0, g1 in span.threads():
+            runs.setdefault(t, []).append((i, g0, g1))
+    ranks = [(np.empty(len(s.start), np.int64), np.empty(len(s.start), np.int64)) for s in spans]
+    out: dict[int, IntArray] = {}
+    for t in sorted(runs):
+        parts = [x for i, g0, g1 in runs[t] for x in (spans[i].start[g0:g1], spans[i].end[g0:g1])]
+        times = np.concatenate(parts).astype(np.int64, copy=False)
+        # a few sorted runs (each index's starts, nearly its ends): the stable sort merges them,
+        # and its order tells where each start and end went (no search afterwards)
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        new = np.empty(len(times), dtype=bool)
+        new[0] = True
+        np.not_equal(times[1:], times[:-1], out=new[1:])
+        out[t] = times[new]
+        rank = np.empty(len(times), dtype=np.int64)
+        rank[order] = np.cumsum(new) - 1
+        at = 0
+        for i, g0, g1 in runs[t]:
+            n = g1 - g0
+            ranks[i][0][g0:g1] = rank[at : at + n]
+            ranks[i][1][g0:g1] = rank[at + n : at + 2 * n]
+            at += 2 * n
+    return out, ranks
+
+
+def _interval_states(bounds: dict[int, IntArray], spans: list[_Span], ranks: _Ranks) -> _Intervals:
+    """The cutting lookups' answer on every elementary interval of every thread.
+
+    Thread ``t`` with boundaries ``b`` (``_boundaries``) has intervals ``k = 0..len(b)``,
+    ``[b[k-1], b[k])``: no sync or helper range opens or closes strictly inside one, so the
+    cutting lookups (``_cutting``) answer the same for every instant of it, except in an
+    interval starting where a degenerate range (``end <= start``, which ``RangeIndex`` treats
+    as ``[start, start + 1)``) starts: there only its first instant is known. Interval 0 lies
+    before every cutting range; one more interval at the end stands for every instant of a
+    thread without boundaries. Each lookup is answered at every interval's first instant by
+    ``_first_instant_lookup``, in ``labels`` order: an interval a lookup labels is not asked
+    of the next ones."""
+    sizes = [len(b) + 1 for b in bounds.values()]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64).tolist()
+    offset = dict(zip(bounds, offsets, strict=False))
+    total = offsets[-1] + 1
+    kind = np.full(total, _OPEN, dtype=np.int64)
+    value = np.full(total, -1, dtype=np.int64)
+    unstable = np.zeros(total, dtype=bool)
+    # interval k >= 1 of a thread starts at its boundary k - 1; interval 0 at "-infinity"
+    lowest = np.array([np.iinfo(np.int64).min], dtype=np.int64)
+    first = np.concatenate([*(x for b in bounds.values() for x in (lowest, b)), lowest])
+    degenerate = False
+    for span, (start_at, end_at) in zip(spans, ranks, strict=True):
+        if len(span.start) == 0:
+            continue
+        # per range: the intervals whose first instant it holds, from the one its start opens
+        # to the one before its end (a degenerate range: only the first)
+        lo = start_at + 1
+        flat = span.end <= span.start
+        hi = np.where(flat, lo, end_at) if flat.any() else end_at
+        values = span.values[span.index.rows]  # per position of the index
+        for t, g0, g1 in span.threads():
+            at, size = offset[t], len(bounds[t]) + 1
+            here = slice(at, at + size)
+            k, pos = _first_instant_lookup(lo, hi, span.index.parent, g0, g1, kind[here] == _OPEN)
+            kind[here][k] = span.label_type
+            value[here][k] = values[pos]
+            if hi is not end_at:
+                degenerate = True
+                unstable[here][lo[g0:g1][flat[g0:g1]]] = True
+    return _Intervals(offset, kind, value, first, unstable, offsets[-1], degenerate)
+
+
+def _first_instant_lookup(
+    lo: IntArray, hi: IntArray, parent: IntArray, g0: int, g1: int, asked: BoolArray
+) -> tuple[IntArray, IntArray]:
+    """``RangeIndex.lookup`` of one thread's ranges at the first instant of each elementary
+    interval ``k`` of that thread that ``asked`` marks (as in ``_interval_states``): the
+    intervals where it finds a range, and that range's position in the index's order. Per
+    position of the index: ``lo..hi``, the intervals whose first instant the range holds,
+    and its ``parent``; the thread's ranges are positions ``g0..g1 - 1``.
+
+    The lookup takes the last range (in index order: by start, then longest first) starting
+    at or before the instant and walks up its parents until one holds the instant. The same
+    walk here, nested ranges or not, but the last range with ``lo <= k`` is a running count,
+    not a search, and an interval that no range holds (as many ranges end before it as start
+    by it) needs no walk."""
+    size = len(asked)
+    started = np.cumsum(np.bincount(lo[g0:g1], minlength=size + 1)[:size])  # lo <= k
+    ended = np.cumsum(np.bincount(hi[g0:g1] + 1, minlength=size + 1)[:size])  # hi < k
+    held = started > ended
+    held &= asked
+    k = np.flatnonzero(held)
+    pos = started[k]
+    pos += g0 - 1
+    walk = np.flatnonzero(hi[pos] < k)
+    while len(walk):
+        pos[walk] = parent[pos[walk]]
+        walk = walk[pos[walk] >= 0]
+        walk = walk[hi[pos[walk]] < k[walk]]
+    hit = pos >= 0
+    return k[hit], pos[hit]
 
 
 @dataclass(frozen=True, slots=True)
 class _Intervals:
-    """Per elementary interval of every thread (``HostStates._interval_states``), flat."""
+    """Per elementary interval of every thread (``_interval_states``), flat."""
 
     offset: dict[int, int]  # thread -> index of its interval 0
     kind: IntArray  # the cutting lookups' label type, ``_OPEN`` where none finds a range
     value: IntArray
     first: IntArray  # the interval's first instant (interval 0: the int64 minimum)
     unstable: BoolArray  # a degenerate range starts there (only ``first`` is known)
-    owner: IntArray  # the interval's thread
-    done: BoolArray  # ``kind`` and ``value`` known (``HostStates._resolve``)
+    dummy: int  # the interval of every instant of a thread without boundaries (the last)
+    degenerate: bool  # any interval is unstable
 
 
 __all__ = ["UNANNOTATED", "HostLabels", "HostStates", "LabelType"]
