@@ -28,7 +28,7 @@ from analyzers.attribution import (
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
 from analyzers.kernels import KernelTables, device_figures
-from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
+from analyzers.model import ActivityKind, Trace, launch_calls
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
@@ -46,6 +46,7 @@ from analyzers.report import (
     Window,
     WindowTimeline,
 )
+from analyzers.syncs import HostSyncs, host_syncs
 from analyzers.timeline import GpuActivities, GpuTimeline, group_timelines, window_timelines
 from analyzers.windows import WHOLE_TRACE, group_names
 
@@ -78,6 +79,8 @@ class Metrics:
     gpu: GpuTimeline | None = None
     """The measured windows and clipped activities behind ``window_timelines`` (the account
     reuses them)."""
+    syncs: HostSyncs | None = None
+    """The trace's blocking calls and sync operator ranges (the account reuses them)."""
     notes: list[str] = field(default_factory=list)
     """What the metrics could not do as intended (a GPU annotation that could not be paired)."""
 
@@ -470,33 +473,6 @@ def imbalance_of(summaries: Sequence[RankSummary]) -> list[Imbalance]:
     return out
 
 
-def _sync_launch_rows(trace: Trace, catalog: Catalog, att: Attribution) -> IntArray:
-    """Launch rows that block the host: synchronising APIs (when the reader keeps them) and the
-    launches of device-to-host copies (a D2H copy into pageable memory waits for the GPU)."""
-    launches, acts = trace.launches, trace.activities
-    apis = [s for s in np.unique(launches["api"]) if catalog.is_sync("apis", trace.strings[int(s)])]
-    rows = np.flatnonzero(np.isin(launches["api"], apis))
-    copies = acts["kind"] == ActivityKind.MEMCPY
-    if copies.any():
-        names = [
-            s
-            for s in np.unique(acts["name"][copies])
-            if catalog.is_sync("memcpy", trace.strings[int(s)])
-        ]
-        d2h = copies & np.isin(acts["name"], names) & (att.launch >= 0)
-        rows = np.union1d(rows, att.launch[d2h])
-    return rows.astype(np.int64)
-
-
-def _sync_op_index(trace: Trace, catalog: Catalog) -> RangeIndex:
-    """CPU operator ranges that name a host sync (``aten::_local_scalar_dense`` for ``.item()``)."""
-    names = trace.ranges["name"]
-    symbols = [s for s in np.unique(names).tolist() if catalog.is_sync("ops", trace.strings[s])]
-    rows = np.flatnonzero(np.isin(names, symbols) & (trace.ranges["kind"] == RangeKind.CPU_OP))
-    r = trace.ranges[rows]
-    return RangeIndex(r["thread"], r["start"], r["end"], rows.astype(np.int64))
-
-
 def _host_syncs(
     trace: Trace,
     catalog: Catalog,
@@ -509,7 +485,7 @@ def _host_syncs(
 ) -> list[HostSyncStat]:
     """Blocking calls per (rank, enclosing helper); each is labelled by the sync operator around
     it (``aten::_local_scalar_dense``) when the trace has one, else by its API name. ``rows``:
-    ``_sync_launch_rows`` (the same for every group)."""
+    ``HostSyncs.calls`` (the same for every group)."""
     launches = trace.launches
     if len(rows) == 0:
         return []
@@ -588,9 +564,7 @@ def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Ti
                     category=att.category_of(h),
                 )
             )
-    return Timeline(
-        window=placed.group, limit=limit, dropped=dropped, events=events, steps=steps
-    )
+    return Timeline(window=placed.group, limit=limit, dropped=dropped, events=events, steps=steps)
 
 
 def compute_metrics(
@@ -620,7 +594,7 @@ def compute_metrics(
             [(w.end_ns - w.start_ns) / 1e6 / k] * k
         )
     metrics.steps = dict(steps)
-    sync_ops = _sync_op_index(trace, catalog)
+    metrics.syncs = syncs = host_syncs(trace, catalog, att)
     rank, time = activity_points(trace, att)
     metrics.gpu = window_timelines(trace, windows, gpu_activities(trace, att, (rank, time)))
     metrics.window_timelines, metrics.notes = metrics.gpu.timelines, list(metrics.gpu.notes)
@@ -631,7 +605,6 @@ def compute_metrics(
     launch_points = _launch_points(trace)
     launch_split = PointsByRank(*launch_points)
     activity_split = PointsByRank(rank, time)
-    sync_rows = _sync_launch_rows(trace, catalog, att)
     cols = _columns(trace, rank)
     outermost_calls = _outermost_calls(trace, ranges, range_rank)
     for group in groups:
@@ -648,7 +621,7 @@ def compute_metrics(
         metrics.rank_summaries += summaries
         metrics.imbalance += imbalance_of(summaries)
         metrics.host_syncs += _host_syncs(
-            trace, catalog, att, ranges, placed, metrics.steps, sync_ops, sync_rows
+            trace, catalog, att, ranges, placed, metrics.steps, syncs.op_ranges, syncs.calls
         )
         if group != WHOLE_TRACE or len(groups) == 1:
             drawn = _timeline(trace, att, placed, timeline_limit)

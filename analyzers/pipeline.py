@@ -397,6 +397,7 @@ def _analyze_trace(
         metrics.steps,
         metrics.gpu,
         keep=drawn_windows(windows, drawn_timelines),  # the pieces timeline_gaps asks for
+        syncs=metrics.syncs,
     )
     hosted = host_time(trace, ranges, catalog, windows, metrics.steps)
     findings = idle_statement(

@@ -52,6 +52,7 @@ from analyzers.report import (
     Window,
 )
 from analyzers.sweep import Owned, Union, owned
+from analyzers.syncs import HostSyncs, host_syncs
 from analyzers.timeline import (
     Clipped,
     GpuTimeline,
@@ -195,6 +196,7 @@ class _Context:
         catalog: Catalog,
         windows: Sequence[Window],
         gpu: GpuTimeline,
+        syncs: HostSyncs,
     ) -> None:
         self.trace, self.att, self.ranges, self.gpu = trace, att, ranges, gpu
         self.acts = gpu.acts
@@ -218,7 +220,7 @@ class _Context:
         self.peers = arrivals(trace, self.rank, self.acts.communication)
         self.comm_key, self.comm_lines = self._communication_lines()
         names = {w.name for w in windows}
-        self.host = HostStates(trace, catalog, att, ranges, names)
+        self.host = HostStates(trace, ranges, names, syncs)
         self.thread_labels = [self._thread_name(t) for t in self.thread_ids.tolist()]
 
     def helper_line(self, part: AccountPartKind, helper: int, detail: str | None = None) -> Line:
@@ -386,7 +388,8 @@ class _GroupPass:
         base = len(self._pending)
         self._pending += [line_of(i) for i in holder.tolist()]
         self._pending_group.append(first)
-        return local + base
+        local += base  # a fresh array of ``_dense``'s
+        return local
 
     def _finish(self) -> None:
         """Intern the pending lines by (first group, provisional code) and renumber the
@@ -469,6 +472,9 @@ class _GroupPass:
         self._add(seg, r, self._codes(keys, seg, make), exposed, lo)
 
     def _idle(self) -> None:
+        """Idle gaps by cause. At 2M kernels the gaps and their pieces are ~2M rows each and a
+        fresh array costs about as much in page faults as the work on it, so the columns are
+        computed in place wherever the input is not needed again."""
         ctx = self.ctx
         union = Union.of(self.seg, self.start, self.end, with_rows=True, in_order=True)
         gaps = union.gaps(self.win_start, self.win_end)
@@ -477,49 +483,76 @@ class _GroupPass:
             return
         # The activity that ends the gap launched it; a trailing gap (no next piece: at most
         # one per window, so fixed up on its own) goes to the previous one's launching thread.
-        owner = np.full(n, -1, dtype=np.int64)
         has_next = gaps.next >= 0
+        trailing = np.flatnonzero(~has_next)
         if len(union.start):
-            owner = self.row[union.first_row[np.maximum(gaps.next, 0)]]
-            trailing = np.flatnonzero(~has_next)
+            owner = np.maximum(gaps.next, 0)
+            np.take(union.first_row, owner, out=owner)
+            np.take(self.row, owner, out=owner)
             before = gaps.prev[trailing]
             owner[trailing] = np.where(
                 before >= 0, self.row[union.last_row[np.maximum(before, 0)]], -1
             )
+        else:
+            owner = np.full(n, -1, dtype=np.int64)
         code = ctx.l_tcode[owner]
         thread = ctx.thread_ids[code]  # a table of the few threads: no second large gather
         l_end = ctx.l_end[owner]
-        host = (thread >= 0) & (~has_next | (l_end > gaps.start))
+        # host-bound: the launching thread is known and had not returned from the launch when
+        # the gap began (or the gap is a trailing one)
+        host = l_end > gaps.start
+        host[trailing] = True
+        host &= thread >= 0
         other = np.flatnonzero(~host)
         gap_unit = len(ctx.att.helper)  # gaps are units numbered after the activity rows
         # 0: no work, 1: no launch row, 2: queued
         why = np.where(owner[other] < 0, 0, np.where(thread[other] < 0, 1, 2))
+        del owner
         reasons = (NO_WORK, NO_LAUNCH, QUEUED)
         o_seg, o_start = gaps.seg[other], gaps.start[other]
-        self.records.add(
-            o_seg,
-            self._codes(why, o_seg, lambda i: Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])),
-            gaps.end[other] - o_start,
-            o_start,
-            code[other],
-            other + gap_unit,
-        )
+        o_dur = gaps.end[other]
+        o_dur -= o_start
+
+        def reason(i: int) -> Line:
+            return Line(AccountPartKind.IDLE_OTHER, reasons[why[i]])
+
+        o_code = self._codes(why, o_seg, reason)
+        o_thread = code[other]
+        other += gap_unit
+        self.records.add(o_seg, o_code, o_dur, o_start, o_thread, other)
         q = np.flatnonzero(host)
+        del host
         q_end = gaps.end[q]
-        cut = np.where(has_next[q], np.minimum(l_end[q], q_end), q_end)
+        cut = l_end[q]  # the launch's return, or the gap end if that comes first
+        del l_end
+        np.minimum(cut, q_end, out=cut)
+        q_trailing = np.flatnonzero(~has_next[q])
+        cut[q_trailing] = q_end[q_trailing]
         which, lo, hi, interval = ctx.host.split(thread[q], gaps.start[q], cut, q_end)
+        del cut, q_end
         gap = q[which]
+        del q, which
         labels = ctx.host.labels(thread[gap], lo, interval)
+        del interval, thread
         g_seg = gaps.seg[gap]
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
-        keys = (labels.type * width + labels.value + 1) * (width + 1) + labels.detail + 1
+        # (type * width + value + 1) * (width + 1) + detail + 1, one array
+        keys = labels.type * width
+        keys += labels.value
+        keys += 1
+        keys *= width + 1
+        keys += labels.detail
+        keys += 1
 
         def make(i: int) -> Line:
             return self._host_line(int(labels.type[i]), int(labels.value[i]), int(labels.detail[i]))
 
-        self.records.add(
-            g_seg, self._codes(keys, g_seg, make), hi - lo, lo, code[gap], gap + gap_unit
-        )
+        g_code = self._codes(keys, g_seg, make)
+        del keys
+        np.subtract(hi, lo, out=hi)
+        g_thread = code[gap]
+        gap += gap_unit
+        self.records.add(g_seg, g_code, hi, lo, g_thread, gap)
 
     def _host_line(self, label_type: int, value: int, detail: int) -> Line:
         strings = self.ctx.trace.strings
@@ -767,31 +800,22 @@ def compute_accounts(
     steps: Mapping[tuple[int, str], int],
     gpu: GpuTimeline,
     keep: Collection[int] = (),
+    syncs: HostSyncs | None = None,
 ) -> Accounts:
     """The account of every window of ``windows`` and of every (rank, window group), over the
     windows and clipped activities of their GPU timeline ``gpu`` (``Metrics.gpu``). ``keep``:
     windows (indices into ``windows``) whose pieces ``Accounts.pieces`` will be asked for (the
-    run page's drawn steps), kept from the group passes instead of computed again.
+    run page's drawn steps), kept from the group passes instead of computed again. ``syncs``:
+    the trace's blocking calls (``Metrics.syncs``), found here when not given.
 
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
-    return _accounts(trace, att, ranges, catalog, windows, steps, gpu, set(keep))
-
-
-def _accounts(
-    trace: Trace,
-    att: Attribution,
-    ranges: RangeHelpers,
-    catalog: Catalog,
-    windows: Sequence[Window],
-    steps: Mapping[tuple[int, str], int],
-    gpu: GpuTimeline,
-    keep: set[int],
-) -> Accounts:
-    ctx = _Context(trace, att, ranges, catalog, windows, gpu)
+    found = syncs if syncs is not None else host_syncs(trace, catalog, att)
+    ctx = _Context(trace, att, ranges, catalog, windows, gpu, found)
     result = Accounts(notes=list(ctx.peers.notes), context=ctx)
+    wanted = set(keep)
     for batch in _batches(list(gpu.groups.items())):
-        _account_batch(ctx, result, batch, steps, keep)
+        _account_batch(ctx, result, batch, steps, wanted)
     return result
 
 
@@ -971,7 +995,8 @@ def account_pieces(
 ) -> Pieces:
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
     gpu = window_timelines(trace, windows, gpu_activities(trace, att))
-    return _pieces(_Context(trace, att, ranges, catalog, windows, gpu), selected)
+    syncs = host_syncs(trace, catalog, att)
+    return _pieces(_Context(trace, att, ranges, catalog, windows, gpu, syncs), selected)
 
 
 def _keep(

@@ -23,15 +23,14 @@ names no helper).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import Attribution, RangeHelpers, RangeIndex, symbol_table
-from analyzers.catalog import Catalog
-from analyzers.model import ActivityKind, RangeKind, Trace
+from analyzers.attribution import RangeHelpers, RangeIndex
+from analyzers.model import RangeKind, Trace
+from analyzers.syncs import HostSyncs
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -81,40 +80,13 @@ class _SyncCalls:
     end: IntArray
 
 
-def _sync_calls(trace: Trace, catalog: Catalog, att: Attribution) -> _SyncCalls:
-    """Sync API launch rows and D2H copy launches as host intervals, with their labels."""
-    launches, acts = trace.launches, trace.activities
-    api = np.ascontiguousarray(launches["api"])  # counted and gathered from: one strided pass
-    api_rows = np.flatnonzero(_symbols(trace, api, lambda n: catalog.is_sync("apis", n))[api])
-    rows = api_rows.astype(np.int64)
-    extended = np.empty(0, dtype=np.int64)  # launch rows of blocking device-to-host copies
-    copy_name = copy_end = extended
-    copies = np.flatnonzero(acts["kind"] == ActivityKind.MEMCPY)
-    if len(copies):
-        names = acts["name"][copies]
-        sync = _symbols(trace, names, lambda n: catalog.is_sync("memcpy", n))
-        d2h = copies[sync[names] & (att.launch[copies] >= 0)]
-        extended = att.launch[d2h].astype(np.int64)
-        copy_name = acts["name"][d2h].astype(np.int64)
-        copy_end = acts["end"][d2h].astype(np.int64)
-        rows = np.union1d(rows, extended)
-    # the copy names the call (after the API), a blocking copy's call lasts until it ends
-    label = np.empty(len(rows), dtype=np.int64)
-    label[np.searchsorted(rows, api_rows)] = api[api_rows]
-    label[np.searchsorted(rows, extended)] = copy_name
-    ends = launches["end"][rows].astype(np.int64)
-    np.maximum.at(ends, np.searchsorted(rows, extended), copy_end)
-    thread = launches["thread"][rows].astype(np.int64)
-    start = launches["start"][rows].astype(np.int64)
-    index = RangeIndex(thread, start, ends, np.arange(len(rows), dtype=np.int64))
-    return _SyncCalls(index, label, thread, start, ends)
-
-
-def _symbols(trace: Trace, column: npt.NDArray[np.int32], keep: Callable[[str], bool]) -> BoolArray:
-    """Per symbol id (plus a trailing False): whether the name passes ``keep``, asked once
-    for each symbol that occurs in ``column``."""
-    table = symbol_table(column, len(trace.strings), lambda s: int(keep(trace.strings[s])))
-    return np.append(table > 0, False)
+def _sync_calls(trace: Trace, syncs: HostSyncs) -> _SyncCalls:
+    """The blocking calls (``analyzers.syncs``) as host intervals of their threads."""
+    launches = trace.launches
+    thread = launches["thread"][syncs.calls].astype(np.int64)
+    start = launches["start"][syncs.calls].astype(np.int64)
+    index = RangeIndex(thread, start, syncs.end, np.arange(len(syncs.calls), dtype=np.int64))
+    return _SyncCalls(index, syncs.label, thread, start, syncs.end)
 
 
 class HostStates:
@@ -123,10 +95,9 @@ class HostStates:
     def __init__(
         self,
         trace: Trace,
-        catalog: Catalog,
-        att: Attribution,
         ranges: RangeHelpers,
         window_names: set[str],
+        syncs: HostSyncs,
     ) -> None:
         self._trace = trace
         self._ranges = ranges
@@ -134,8 +105,6 @@ class HostStates:
         # contiguous copies of the fields read several times (a strided read costs more)
         kind = np.ascontiguousarray(table["kind"])
         names = np.ascontiguousarray(table["name"])
-        sync_op = _symbols(trace, names, lambda n: catalog.is_sync("ops", n))[names]
-        sync_op_rows = np.flatnonzero(sync_op & (kind == RangeKind.CPU_OP))
         window = np.zeros(len(trace.strings) + 1, dtype=bool)
         window[[s for n in window_names if (s := trace.strings.lookup(n)) is not None]] = True
         window = window[names]
@@ -145,8 +114,8 @@ class HostStates:
         other[ranges.specific.rows] = False
         other[ranges.container.rows] = False
         self._table = _columns(trace)
-        self._sync_ops = _index(self._table, sync_op_rows.astype(np.int64, copy=False))
-        self._calls = _sync_calls(trace, catalog, att)
+        self._sync_ops = syncs.op_ranges
+        self._calls = _sync_calls(trace, syncs)
         self._any = _index(self._table, np.flatnonzero(other).astype(np.int64, copy=False))
         python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64, copy=False)
         self._python = _index(self._table, python)

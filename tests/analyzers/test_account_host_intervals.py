@@ -25,6 +25,7 @@ from analyzers.account.host import (
 from analyzers.attribution import RangeIndex, attribute, match_ranges
 from analyzers.catalog import load_catalog
 from analyzers.model import ActivityKind, RangeKind
+from analyzers.syncs import host_syncs
 from tests.analyzers.factories import TraceBuilder
 
 SPECIFIC = ("cp_attention.partition", "cp_attention.metadata")
@@ -80,7 +81,8 @@ def _trace(seed: int) -> HostStates:
     trace = b.build()
     catalog = load_catalog(use_env=False)
     ranges = match_ranges(trace, catalog)
-    return HostStates(trace, catalog, attribute(trace, catalog, ranges), ranges, set())
+    syncs = host_syncs(trace, catalog, attribute(trace, catalog, ranges))
+    return HostStates(trace, ranges, set(), syncs)
 
 
 @pytest.mark.parametrize("seed", range(12))
