@@ -205,13 +205,10 @@ class Union:
         b_lo, b_hi = self.before_each(seg, lo, np.maximum(hi, lo))
         return b_hi - b_lo
 
-    def before(self, seg: IntArray, t: IntArray) -> IntArray:
-        """Union length in segment ``seg`` before time ``t`` (per query)."""
-        return self.before_each(seg, t)[0]
-
     def before_each(self, seg: IntArray, first: IntArray, *later: IntArray) -> list[IntArray]:
-        """``before(seg, t)`` for ``t`` = ``first`` and each of ``later`` (times of the same
-        queries, each at least ``first``: the end of an activity's piece, say).
+        """Union length in segment ``seg`` (per query) before ``first`` and before each of
+        ``later`` (times of the same queries, each at least ``first``: the end of an
+        activity's piece, say).
 
         ``first`` takes one binary search over composite keys ``segment * width + (time -
         base)`` (the pieces are sorted by them; queries clamped to the union's time range,
@@ -265,8 +262,8 @@ class Union:
         return self._search
 
     def _before_at(self, k: IntArray, q: IntArray, lift: IntArray) -> IntArray:
-        """``before`` given the composite query keys ``q`` and ``k``, the last piece whose key
-        is at most each: a piece of the query's own segment (its key is at least the
+        """The union length before each composite query key ``q``, given ``k``, the last piece
+        whose key is at most it: a piece of the query's own segment (its key is at least the
         segment's ``lift + base``) covers up to ``min(q, end key)``."""
         _, below, base, _, keys, end_keys = self._tables()
         kk = np.maximum(k, 0)

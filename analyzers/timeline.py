@@ -175,9 +175,8 @@ class GroupUnions:
     with_nccl: Union
 
 
-def group_unions(acts: GpuActivities, clipped: Clipped) -> tuple[GroupUnions, Union]:
-    """The unions of a group's clipped activities: ``GroupUnions``, and the union of all of
-    them (the busy time; the account builds its own, with the rows that open each piece)."""
+def group_unions(acts: GpuActivities, clipped: Clipped) -> GroupUnions:
+    """The unions of a group's clipped computation, and of its computation and NCCL."""
     seg, start, end, row = clipped.seg, clipped.start, clipped.end, clipped.row
     kind = acts.kind[row]
     nccl = acts.communication[row]
@@ -187,8 +186,7 @@ def group_unions(acts: GpuActivities, clipped: Clipped) -> tuple[GroupUnions, Un
         # a subset of rows in (window, start) order, taken with a mask, stays in that order
         return Union.of(seg[mask], start[mask], end[mask], in_order=True)
 
-    unions = GroupUnions(union(computation), union(computation | nccl))
-    return unions, Union.of(seg, start, end, in_order=True)
+    return GroupUnions(union(computation), union(computation | nccl))
 
 
 def decompose(
@@ -197,13 +195,16 @@ def decompose(
     """The timeline parts of each window (same order as ``windows``); ``clipped`` is
     ``clip_to_windows(windows, acts)`` when the caller already has it."""
     c = clipped if clipped is not None else clip_to_windows(windows, acts)
-    return _decomposed(windows, *group_unions(acts, c))
+    return _decomposed(windows, c, group_unions(acts, c))
 
 
 def _decomposed(
-    windows: Sequence[TimelineWindow], unions: GroupUnions, every: Union
+    windows: Sequence[TimelineWindow], clipped: Clipped, unions: GroupUnions
 ) -> list[WindowTimeline]:
     n = len(windows)
+    # busy: the union of all of them (the account builds its own, with the rows opening and
+    # closing each piece, in launch order at tied starts)
+    every = Union.of(clipped.seg, clipped.start, clipped.end, in_order=True)
     comp, comp_nccl, busy = (u.lengths(n) for u in (unions.computation, unions.with_nccl, every))
     out = []
     for i, w in enumerate(windows):
@@ -373,9 +374,9 @@ def window_timelines(trace: Trace, windows: Sequence[Window], acts: GpuActivitie
     for group, ids in ids_of.items():
         mine = [measured[i] for i in ids]
         clipped = clip_to_windows(mine, acts)
-        unions, every = group_unions(acts, clipped)
+        unions = group_unions(acts, clipped)
         groups[group] = GroupClip(ids, mine, clipped, unions)
-        for i, parts in zip(ids, _decomposed(mine, unions, every), strict=True):
+        for i, parts in zip(ids, _decomposed(mine, clipped, unions), strict=True):
             result[i] = parts
     timelines = [r for r in result if r is not None]
     return GpuTimeline(measured, acts, groups, timelines, notes)

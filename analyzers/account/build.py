@@ -193,7 +193,6 @@ class _Context:
         trace: Trace,
         att: Attribution,
         ranges: RangeHelpers,
-        catalog: Catalog,
         windows: Sequence[Window],
         gpu: GpuTimeline,
         syncs: HostSyncs,
@@ -811,7 +810,7 @@ def compute_accounts(
     :raises RuntimeError: when a window's parts do not add up to its span (a bug, never input).
     """
     found = syncs if syncs is not None else host_syncs(trace, catalog, att)
-    ctx = _Context(trace, att, ranges, catalog, windows, gpu, found)
+    ctx = _Context(trace, att, ranges, windows, gpu, found)
     result = Accounts(notes=list(ctx.peers.notes), context=ctx)
     wanted = set(keep)
     for batch in _batches(list(gpu.groups.items())):
@@ -996,7 +995,7 @@ def account_pieces(
     """The pieces of the windows ``selected`` (indices into ``windows``, of one group)."""
     gpu = window_timelines(trace, windows, gpu_activities(trace, att))
     syncs = host_syncs(trace, catalog, att)
-    return _pieces(_Context(trace, att, ranges, catalog, windows, gpu, syncs), selected)
+    return _pieces(_Context(trace, att, ranges, windows, gpu, syncs), selected)
 
 
 def _keep(
@@ -1056,7 +1055,7 @@ def _kept_pieces(ctx: _Context, kept: Sequence[_Kept], selected: Sequence[int]) 
 def _pieces(ctx: _Context, selected: Sequence[int]) -> Pieces:
     tw = [ctx.gpu.windows[i] for i in selected]
     clipped = clip_to_windows(tw, ctx.acts)
-    group_pass = _GroupPass(ctx, tw, clipped, group_unions(ctx.acts, clipped)[0])
+    group_pass = _GroupPass(ctx, tw, clipped, group_unions(ctx.acts, clipped))
     seg, code, dur, start, thread, unit = group_pass.run().arrays()
     return Pieces(
         windows=tw,
