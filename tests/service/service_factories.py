@@ -11,6 +11,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from service.core.config import Settings
+from service.worker import AnalysisWorker
+
 DATA = Path(__file__).resolve().parent.parent / "data"
 KINETO_RANK0 = DATA / "synthetic-h200x2" / "kineto_rank0.json.gz"
 KINETO_RANK1 = DATA / "synthetic-h200x2" / "kineto_rank1.json.gz"
@@ -175,3 +178,14 @@ def te_3arms_bundle(
             variant["iteration_ms"] = {rank: iteration_ms for rank in (0, 1)}
     members = [("manifest.json", json.dumps(manifest).encode())]
     return tar_gz(members + [(p, d) for p, d, _, _ in traces])
+
+
+def drain_worker(settings: Settings, **options: Any) -> None:
+    """Let one analysis worker (``options``: its keyword arguments) take every queued run,
+    then close it."""
+    worker = AnalysisWorker(settings, **options)
+    try:
+        while worker.run_once():
+            pass
+    finally:
+        worker.close()

@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from fault_support import record
-from service_factories import kineto_bundle
+from service_factories import drain_worker, kineto_bundle
 
 from analyzers.report import AnalysisReport
 from service.analysis_exec import AnalysisFailed, validate_report
-from service.worker import AnalysisWorker
 
 
 def _analyse(
@@ -25,12 +24,7 @@ def _analyse(
     )
     assert resp.status_code == 201, resp.text
     settings = app_env["app"].state.settings.model_copy(update=limits)
-    worker = AnalysisWorker(settings)
-    try:
-        while worker.run_once():
-            pass
-    finally:
-        worker.close()
+    drain_worker(settings)
     return client.get(f"/api/v1/runs/{resp.json()['run_id']}").json()  # type: ignore[no-any-return]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import make_settings
 from fastapi.testclient import TestClient
-from service_factories import auth, kineto_bundle, te_3arms_bundle
+from service_factories import auth, drain_worker, kineto_bundle, te_3arms_bundle
 
 from service.api.deps import TokenCache, token_cache
 from service.api.schemas import RunPage
@@ -24,7 +24,6 @@ from service.auth import Role, create_token, hash_token
 from service.main import create_app
 from service.storage.database import Database
 from service.store import RunDetail, RunFilters, count_runs, get_run, list_runs
-from service.worker import AnalysisWorker
 
 
 def _canonical(value: Any) -> str:
@@ -47,10 +46,7 @@ def runs(client: TestClient, runner: dict[str, str], app_env: dict[str, Any]) ->
     analysed = _upload(
         client, runner, te_3arms_bundle(name="fast-te", iteration_ms=[17.25, 17.5, 18.0])
     )
-    worker = AnalysisWorker(app_env["app"].state.settings)
-    while worker.run_once():
-        pass
-    worker.close()
+    drain_worker(app_env["app"].state.settings)
     queued = _upload(client, runner, kineto_bundle(name="fast-queued", salt="q", branch="dev"))
     made = client.post(
         "/api/v1/runs",

@@ -89,10 +89,9 @@ COMPARISON_OPERATIONS = [
 @pytest.fixture(scope="module")
 def analysed_runs() -> tuple[list[int], list[str]]:
     from fastapi.testclient import TestClient
-    from service_factories import te_3arms_bundle
+    from service_factories import drain_worker, te_3arms_bundle
 
     from service.bootstrap import seed_demo
-    from service.worker import AnalysisWorker
 
     client = TestClient(APP)
     # seeded like the demo runs (the API's upload limit here is 1 MiB, the bundle 4.7 MB)
@@ -101,12 +100,7 @@ def analysed_runs() -> tuple[list[int], list[str]]:
     (seeded,) = seed_demo(APP.state.db, APP.state.settings, _DATA_DIR / "seed")
     assert seeded.run_id is not None, seeded.error
     run_id = seeded.run_id
-    worker = AnalysisWorker(APP.state.settings)
-    try:
-        while worker.run_once():
-            pass
-    finally:
-        worker.close()
+    drain_worker(APP.state.settings)
     run = client.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "analysed", run
     return [run_id], list(run["window_groups"])

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_factories import kineto_bundle, te_3arms_bundle
+from service_factories import drain_worker, kineto_bundle, te_3arms_bundle
 
 from analyzers.report import AnalysisReport
 from service import analysis
 from service.storage.database import connect
-from service.worker import AnalysisWorker
 
 
 def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
@@ -24,12 +23,8 @@ def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
     return resp.json()["run_id"]
 
 
-def _drain(app_env: dict[str, Any], **kw: Any) -> AnalysisWorker:
-    worker = AnalysisWorker(app_env["app"].state.settings, **kw)
-    while worker.run_once():
-        pass
-    worker.close()
-    return worker
+def _drain(app_env: dict[str, Any], **kw: Any) -> None:
+    drain_worker(app_env["app"].state.settings, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from service.core.config import Settings
-from service.worker import AnalysisWorker
+from tests.service.service_factories import drain_worker  # the one drain loop of the tests
 
 
 def upload_bundles(client: TestClient, token: str, bundles: Mapping[str, Path]) -> dict[str, int]:
@@ -29,16 +28,9 @@ def upload_bundles(client: TestClient, token: str, bundles: Mapping[str, Path]) 
     return ids
 
 
-def drain_worker(settings: Settings) -> None:
-    """Let one analysis worker take every queued run, then close it."""
-    worker = AnalysisWorker(settings)
-    try:
-        while worker.run_once():
-            pass
-    finally:
-        worker.close()
-
-
 def assert_analysed(client: TestClient, ids: Mapping[str, int]) -> None:
     for run_id in ids.values():
         assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "analysed"
+
+
+__all__ = ["assert_analysed", "drain_worker", "upload_bundles"]
