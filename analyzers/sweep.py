@@ -9,14 +9,13 @@ before it in its segment; those pieces are disjoint and their lengths add up to 
 exactly (the tests check it against ``interval_union``).
 
 All functions work on many segments (windows) at once with composite keys
-``segment * width + (t - base)``; no Python loop over intervals. The GPU timeline
-(``analyzers.timeline``) builds its window unions here and keeps them for the account, so the
-decomposition's figures and the account's parts come from the same pieces.
+``segment * width + (t - base)``; no Python loop over intervals. The GPU timeline's
+decomposition (``analyzers.timeline``) takes its window unions here too, so its figures and
+the account's parts come from the same definition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,19 +183,6 @@ class Union:
         # float64 sums of integer ns are exact below 2**53 ns (104 days)
         total = np.bincount(self.seg, weights=self.end - self.start, minlength=n)
         return total.astype(np.int64)
-
-    @classmethod
-    def concat(cls, unions: Sequence[Union], offsets: Sequence[int]) -> Union:
-        """The unions of consecutive segment ranges as one: union ``i``'s segments are
-        numbered from ``offsets[i]`` (increasing), so the pieces stay in (segment, start)
-        order."""
-        if len(unions) == 1 and offsets[0] == 0:
-            return unions[0]
-        return cls(
-            np.concatenate([u.seg + o for u, o in zip(unions, offsets, strict=True)]),
-            np.concatenate([u.start for u in unions]),
-            np.concatenate([u.end for u in unions]),
-        )
 
     def covered(self, seg: IntArray, lo: IntArray, hi: IntArray) -> IntArray:
         """Length of ``[lo, hi)`` (per query, in segment ``seg``) that the union covers."""

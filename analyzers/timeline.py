@@ -168,8 +168,10 @@ def clip_to_windows(windows: Sequence[TimelineWindow], acts: GpuActivities) -> C
 @dataclass(frozen=True, slots=True)
 class GroupUnions:
     """Per window of a group (segment ``i`` is window ``i``): the union of its computation,
-    and of its computation and NCCL kernels, as the decomposition measured them; the account
-    subtracts them from NCCL and memcpy time instead of building them again."""
+    and of its computation and NCCL kernels. The decomposition measures them, and the account
+    subtracts them from NCCL and memcpy time: one definition of both sets. (Not kept between
+    the two: held from the metrics to the account, ~100 MB at 2M kernels made the stages in
+    between fault in fresh memory for as long as rebuilding them takes.)"""
 
     computation: Union
     with_nccl: Union
@@ -195,16 +197,9 @@ def decompose(
     """The timeline parts of each window (same order as ``windows``); ``clipped`` is
     ``clip_to_windows(windows, acts)`` when the caller already has it."""
     c = clipped if clipped is not None else clip_to_windows(windows, acts)
-    return _decomposed(windows, c, group_unions(acts, c))
-
-
-def _decomposed(
-    windows: Sequence[TimelineWindow], clipped: Clipped, unions: GroupUnions
-) -> list[WindowTimeline]:
     n = len(windows)
-    # busy: the union of all of them (the account builds its own, with the rows opening and
-    # closing each piece, in launch order at tied starts)
-    every = Union.of(clipped.seg, clipped.start, clipped.end, in_order=True)
+    unions = group_unions(acts, c)
+    every = Union.of(c.seg, c.start, c.end, in_order=True)  # busy: the union of all of them
     comp, comp_nccl, busy = (u.lengths(n) for u in (unions.computation, unions.with_nccl, every))
     out = []
     for i, w in enumerate(windows):
@@ -340,8 +335,6 @@ class GroupClip:
     windows: list[TimelineWindow]
     clipped: Clipped
     """``clip_to_windows(windows, acts)``: ``seg`` indexes ``windows``."""
-    unions: GroupUnions
-    """``group_unions`` of ``clipped``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,9 +367,8 @@ def window_timelines(trace: Trace, windows: Sequence[Window], acts: GpuActivitie
     for group, ids in ids_of.items():
         mine = [measured[i] for i in ids]
         clipped = clip_to_windows(mine, acts)
-        unions = group_unions(acts, clipped)
-        groups[group] = GroupClip(ids, mine, clipped, unions)
-        for i, parts in zip(ids, _decomposed(mine, clipped, unions), strict=True):
+        groups[group] = GroupClip(ids, mine, clipped)
+        for i, parts in zip(ids, decompose(mine, acts, clipped), strict=True):
             result[i] = parts
     timelines = [r for r in result if r is not None]
     return GpuTimeline(measured, acts, groups, timelines, notes)

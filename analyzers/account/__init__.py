@@ -3,7 +3,7 @@
 ``build`` splits each window into compute, exposed communication, exposed memcpy and idle time
 by cause, exactly; ``host`` says what a CPU thread was doing at an instant; ``peers`` aligns
 collectives across ranks. The exclusive-share interval arithmetic is ``analyzers.sweep`` (the
-GPU timeline's decomposition takes its unions there too, and hands them to the account).
+GPU timeline's decomposition takes its unions there too, from ``timeline.group_unions``).
 """
 
 from __future__ import annotations

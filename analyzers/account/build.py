@@ -339,7 +339,7 @@ class _GroupPass:
     ) -> None:
         self.ctx = ctx
         self.windows = windows
-        self.unions = unions  # the timeline's unions of ``clipped``: subtracted, never rebuilt
+        self.unions = unions  # ``group_unions`` of ``clipped``: the timeline's definition
         self.records = _Records()
         self.group_of = (
             np.zeros(len(windows), dtype=np.int64) if group_of is None else group_of
@@ -852,12 +852,6 @@ def _account_batch(
     sizes = [len(clip.windows) for _, clip in batch]
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     group_of = np.repeat(np.arange(len(batch), dtype=np.int64), sizes)
-    unions = GroupUnions(
-        *(
-            Union.concat([getattr(clip.unions, f) for _, clip in batch], offsets[:-1].tolist())
-            for f in ("computation", "with_nccl")
-        )
-    )
     if len(batch) == 1:
         clipped = batch[0][1].clipped
     else:
@@ -868,7 +862,7 @@ def _account_batch(
             np.concatenate([c.end for c in clips]),
             np.concatenate([c.row for c in clips]),
         )
-    group_pass = _GroupPass(ctx, tw, clipped, unions, group_of)
+    group_pass = _GroupPass(ctx, tw, clipped, group_unions(ctx.acts, clipped), group_of)
     records = group_pass.run().arrays()
     drawn = [i for i, g in enumerate(ids.tolist()) if g in keep]
     if drawn:
