@@ -107,6 +107,11 @@ class FailureRecord(_Model):
     stopped_by_watchdog: bool = False
     watchdog_s: float | None = None
     timed_out: bool = False
+    stacks: dict[str, str] = Field(default_factory=dict)
+    """rank -> the Python stack of every thread of that rank (``faulthandler`` text), dumped by
+    the watchdog before it stopped a hung job: where each rank was waiting."""
+    log_tail: list[str] = Field(default_factory=list)
+    """The last lines of the job's combined output (already redacted of secrets)."""
 
 
 class MetadataFacts(_Model):
