@@ -574,6 +574,34 @@ class IterationComparison(_Model):
     verdict: str  # "faster" | "slower" | "no significant change"
 
 
+class ComparabilityAspect(StrEnum):
+    """What two runs must share before their times can be compared."""
+
+    WORKLOAD = "workload"
+    IMPLEMENTATION = "implementation"
+    WORLD_SIZE = "world_size"
+    RANK_SET = "rank_set"
+    GPU_MODEL = "gpu_model"
+    VERSIONS = "versions"
+    STEP_DEFINITION = "step_definition"
+    PROFILER = "profiler"
+    TRACE_SLICE = "trace_slice"
+
+
+class ComparabilityIssue(_Model):
+    """One way base and head differ that makes their comparison questionable.
+
+    ``refuses_time_verdict``: the difference is large enough (another workload, say) that no
+    time verdict may be drawn: the gate answers "inconclusive" and says why.
+    """
+
+    aspect: ComparabilityAspect
+    base: str
+    head: str
+    message: str
+    refuses_time_verdict: bool = False
+
+
 class ComparisonReport(_Model):
     """Base vs head: what changed, whether it is significant, and why."""
 
@@ -601,6 +629,8 @@ class ComparisonReport(_Model):
     and account figures are not observed (the CLI and the page say so instead of zeros)."""
     notes: list[str] = Field(default_factory=list)
     """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
+    comparability: list[ComparabilityIssue] = Field(default_factory=list)
+    """The typed comparability check (each issue is also one line of ``notes``)."""
     timeline_base: list[GroupTimeline] = Field(default_factory=list)
     """The base window group's clipped GPU timeline per rank (sums; divide by ``steps``)."""
     timeline_head: list[GroupTimeline] = Field(default_factory=list)
