@@ -40,8 +40,8 @@ from contracts.redaction import redact_secrets
 from runners.command_job import is_command_job, parse_command_entry, run_command_entry
 from runners.http import ApiError, RetryPolicy, ServiceClient, with_retries
 from runners.launch import LaunchError, LaunchOptions
-from runners.spec import RunSpec, SpecError, parse_spec
 from runners.sandbox import Sandbox, check_sandbox
+from runners.spec import RunSpec, SpecError, parse_spec
 from runners.upload import UploadResult
 from runners.workspace import SECRET_ENV, Checkout, CheckoutError, prepare_workspace
 
