@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -121,7 +122,9 @@ class Agent:
 
     def check_sandbox(self) -> None:
         """Start the sandbox once; :raises SandboxError: it cannot start (fail closed)."""
-        check_sandbox(self.sandbox, self.config.work_dir / ".sandbox-check")
+        self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".sandbox-check-", dir=self.config.work_dir) as d:
+            check_sandbox(self.sandbox, Path(d))
 
     def serve(self) -> int:
         """Claim and run jobs until stopped; returns the number of jobs handled.

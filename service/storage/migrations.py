@@ -173,6 +173,12 @@ def m020_github_loop(db: sqlite_utils.Database) -> None:
     db.table("jobs").create_index(["batch_id"])
 
 
+@migrations()
+def m030_token_scopes(db: sqlite_utils.Database) -> None:
+    """CI tokens are scoped to one repository: the only one they may queue batches for."""
+    db.execute("ALTER TABLE tokens ADD COLUMN repo TEXT")
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)
