@@ -67,7 +67,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         if status >= 500 and not isinstance(exc, ApiError):
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if isinstance(exc, ApiError) and exc.headers:
+            headers = {**headers, **exc.headers}
         return JSONResponse(
             error_body(status, message, errors), status_code=status, headers=headers
         )

@@ -34,11 +34,11 @@ from service.core.errors import (
     BadRequest,
     Forbidden,
     NotFound,
-    PayloadTooLarge,
     Unauthorized,
     UnprocessableEntity,
 )
 from service.github_loop import planner, webhook
+from service.github_loop.body import gate_for, read_signed_body
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopConfigError, LoopSettings
 from service.github_loop.publisher import pending_description
@@ -117,16 +117,6 @@ class BatchSubmit(BaseModel):
     pr: int | None = Field(default=None, ge=1, le=2**31 - 1)
     base_sha: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
     base_ref: str | None = Field(default=None, max_length=255)
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"webhook body larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _queue(
@@ -220,10 +210,18 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
         raise WebhookNotConfigured(
             "no webhook secret is configured (CPTRACE_GITHUB_WEBHOOK_SECRET)"
         )
-    body = await _body(request, loop.max_payload_bytes)
-    signature = request.headers.get("x-hub-signature-256")
-    if not webhook.signature_ok(loop.webhook_secret.get_secret_value(), body, signature):
-        raise Unauthorized("X-Hub-Signature-256 is missing or does not match the body")
+    gate = gate_for(
+        request, max_bodies=loop.webhook_max_bodies, max_bytes=loop.webhook_max_inflight_bytes
+    )
+    spool = await read_signed_body(
+        request,
+        secret=loop.webhook_secret.get_secret_value(),
+        limit=loop.max_payload_bytes,
+        gate=gate,
+        deadline_s=loop.webhook_body_deadline_s,
+    )
+    with spool:
+        body = spool.read()
     event = request.headers.get("x-github-event", "")
     delivery = request.headers.get("x-github-delivery", "")
     if not event or not delivery or len(delivery) > 100:
