@@ -44,8 +44,9 @@ MAX_MANIFEST_BYTES = 16 * 1024**2
 """Largest manifest file accepted (a long run's iteration times stay far below)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in a manifest (the schema itself nests 4 levels)."""
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+# A string (unrolled, possessive: linear time and constant regex memory however long it is), or a
+# bracket outside strings; the depth check walks these without copying the text.
+_DEPTH_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
 
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name people read (variant, window, implementation): capped so no page or report balloons."""
@@ -236,8 +237,11 @@ def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSO
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{source}: is not valid JSON (not UTF-8: {exc})") from exc
     depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub("", text)):
-        depth += 1 if match.group() in "[{" else -1
+    for match in _DEPTH_TOKEN.finditer(text):
+        char = text[match.start()]
+        if char == '"':
+            continue
+        depth += 1 if char in "[{" else -1
         if depth > deepest:
             deepest = depth
             if deepest > max_depth:
