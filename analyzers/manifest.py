@@ -228,7 +228,8 @@ def load_manifest(path: str | Path) -> RunManifest:
 
 def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH) -> object:
     """Decode JSON strictly: UTF-8, no NaN/Infinity (not JSON; they would be stored and served
-    back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError).
+    back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError),
+    integers within 64 bits (SQLite's, and never a 4,300-digit conversion).
 
     :raises ManifestError: naming ``source`` and what is wrong.
     """
@@ -252,9 +253,20 @@ def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSO
     def refuse(constant: str) -> object:
         raise ManifestError(f"{source}: is not valid JSON: {constant} is not a JSON number")
 
+    def bounded(digits: str) -> int:
+        value = int(digits) if len(digits) <= 20 else None
+        if value is None or not -(2**63) <= value < 2**63:
+            raise ManifestError(
+                f"{source}: integer {digits[:24]}{'...' if len(digits) > 24 else ''} is out of "
+                "range (a 64-bit integer at most)"
+            )
+        return value
+
     try:
-        return json.loads(text, parse_constant=refuse)
-    except json.JSONDecodeError as exc:
+        return json.loads(text, parse_constant=refuse, parse_int=bounded)
+    except ManifestError:
+        raise
+    except ValueError as exc:  # JSONDecodeError, and int conversions Python refuses
         raise ManifestError(f"{source}: is not valid JSON: {exc}") from exc
 
 

@@ -84,6 +84,16 @@ def _get(payload: Any, *path: str) -> Any:
     return payload
 
 
+MAX_PR_NUMBER = 2**31 - 1
+
+
+def _pr_number(value: Any, where: str) -> int:
+    """A pull request number from a payload: an integer 1..2^31-1, else a ``PlanError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PR_NUMBER:
+        raise PlanError(f"{where}: expected a pull request number 1..{MAX_PR_NUMBER}")
+    return value
+
+
 def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
     head_sha = str(_get(pull, "head", "sha") or "")
     if not _SHA.match(head_sha):
@@ -94,7 +104,7 @@ def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
         clone_url=clone_url,
         head_sha=head_sha,
         head_ref=_get(pull, "head", "ref"),
-        pr=int(pull["number"]),
+        pr=_pr_number(_get(pull, "number"), "pull_request.number"),
         base_sha=_get(pull, "base", "sha"),
         base_ref=_get(pull, "base", "ref"),
         fork=head_repo != repo,
@@ -143,7 +153,7 @@ def intent_from_event(
             return Intent(reason="comment: not an approval command on a pull request")
         if client is None:
             raise PlanError("approving by comment needs GITHUB_TOKEN (to read the pull request)")
-        number = int(_get(payload, "issue", "number"))
+        number = _pr_number(_get(payload, "issue", "number"), "issue.number")
         return _approved(
             repo, _get(payload, "comment", "user", "login"), client, clone_url,
             client.get_pull(repo, number),

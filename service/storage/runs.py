@@ -94,6 +94,16 @@ _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=
 _SORT_SQL.update(median_ms="mm.value", findings="fm.value")
 
 
+
+MAX_ROWS = 2**53 - 1
+"""Any limit or offset past it means "past the end": SQLite's INTEGER is 64-bit, callers' ints
+are not (a page number of 2^63 from a URL)."""
+
+
+def page_bounds(limit: int, offset: int) -> tuple[int, int]:
+    """``LIMIT`` and ``OFFSET`` values SQLite can bind, same answer: clamped to ``MAX_ROWS``."""
+    return max(0, min(int(limit), MAX_ROWS)), max(0, min(int(offset), MAX_ROWS))
+
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -149,7 +159,7 @@ def list_runs(
         else f"({key}) IS NULL, {key} {direction}, r.id {direction}"
     )
     sql = f"{SUMMARY_COLUMNS}{SUMMARY_FROM}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"
-    found = rows(conn, sql, [*params, int(limit), int(offset)])
+    found = rows(conn, sql, [*params, *page_bounds(limit, offset)])
     for row in found:
         if row["findings"] is not None:  # metrics are stored as REAL
             row["findings"] = int(row["findings"])
@@ -265,7 +275,7 @@ def list_comparisons(
         "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
         f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
     )
-    return rows(conn, sql, [*params, limit, offset])
+    return rows(conn, sql, [*params, *page_bounds(limit, offset)])
 
 
 def metric_history(
