@@ -105,15 +105,15 @@ def _tokens(texts: Iterator[str]) -> Iterator[str]:
             parts, escaped = [], False
             start = stop + 1
         buf = carry + text[start:]
-        end = 0
+        carry = ""  # whitespace between tokens is never carried
         for match in _TOKEN.finditer(buf):
             if match.end() == len(buf):  # may continue in the next chunk
                 if match.lastgroup == "cut":
-                    parts, escaped, end = [match.group()], bool(match.group("esc")), len(buf)
+                    parts, escaped = [match.group()], bool(match.group("esc"))
+                else:
+                    carry = match.group()
                 break
-            end = match.end()
             yield match.group()
-        carry = buf[end:]
         if len(carry) > MAX_BARE_TOKEN:
             raise _Invalid(f"a bare token longer than {MAX_BARE_TOKEN} characters")
     if parts:
