@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from service.core.errors import Forbidden
+
 TOKEN_PREFIX = "cpt_"
 """Every token starts with it (``contracts.redaction`` hides ``cpt_`` strings in logs)."""
 REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
@@ -100,6 +102,29 @@ def create_token(
          repo),
     )  # fmt: skip
     return token
+
+
+def bind_runner(conn: sqlite3.Connection, principal: Principal, runner: str) -> None:
+    """Bind a runner token to ``runner`` on its first claim (or check its binding).
+
+    :raises Forbidden: the token is bound to another name, or another token to this one.
+    """
+    if principal.runner is not None:
+        if principal.runner != runner:
+            raise Forbidden(
+                f"this token is bound to runner {principal.runner!r}; it cannot claim as "
+                f"{runner!r}"
+            )
+        return
+    other = conn.execute(
+        "SELECT id FROM tokens WHERE runner = ? AND id != ?", (runner, principal.token_id)
+    ).fetchone()
+    if other is not None:
+        raise Forbidden(f"runner name {runner!r} belongs to another token")
+    conn.execute(
+        "UPDATE tokens SET runner = ? WHERE id = ? AND runner IS NULL",
+        (runner, principal.token_id),
+    )
 
 
 def lookup_principal(conn: sqlite3.Connection, token: str) -> Principal | None:

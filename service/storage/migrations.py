@@ -175,8 +175,12 @@ def m020_github_loop(db: sqlite_utils.Database) -> None:
 
 @migrations()
 def m030_token_scopes(db: sqlite_utils.Database) -> None:
-    """CI tokens are scoped to one repository: the only one they may queue batches for."""
+    """CI tokens are scoped to one repository: the only one they may queue batches for. An
+    upload records the token that sent it (a runner completes a job only with its own run);
+    a job counts its releases (a claim/release cycle cannot hold it forever)."""
     db.execute("ALTER TABLE tokens ADD COLUMN repo TEXT")
+    db.execute("ALTER TABLE uploads ADD COLUMN token_id INTEGER")
+    db.execute("ALTER TABLE jobs ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
 
 
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:

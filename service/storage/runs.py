@@ -367,10 +367,26 @@ def find_upload(conn: sqlite3.Connection, *, key: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def record_upload(conn: sqlite3.Connection, *, key: str, run_id: int) -> None:
+def record_upload(
+    conn: sqlite3.Connection, *, key: str, run_id: int, token_id: int | None = None
+) -> None:
+    """Remember the upload ``key`` made ``run_id``, sent with token ``token_id``."""
     conn.execute(
-        "INSERT INTO uploads (key, run_id, created_at) VALUES (?, ?, ?)", (key, run_id, now_iso())
+        "INSERT INTO uploads (key, run_id, created_at, token_id) VALUES (?, ?, ?, ?)",
+        (key, run_id, now_iso(), token_id),
     )
+
+
+def uploaded_by(conn: sqlite3.Connection, *, run_id: int, token_id: int) -> bool:
+    """Whether token ``token_id`` uploaded (some of) run ``run_id``."""
+    sql = "SELECT 1 FROM uploads WHERE run_id = ? AND token_id = ? LIMIT 1"
+    return conn.execute(sql, (run_id, token_id)).fetchone() is not None
+
+
+def run_job(conn: sqlite3.Connection, *, run_id: int) -> int | None:
+    """The job that produced ``run_id``, if one did."""
+    row = conn.execute("SELECT job_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def delete_run(conn: sqlite3.Connection, *, run_id: int) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
+from service.api.deps import BlobsDep, DbDep, RunnerPrincipal, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
 from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
@@ -75,7 +75,7 @@ async def upload_bundle(
     db: DbDep,
     blobs: BlobsDep,
     settings: SettingsDep,
-    _: RunnerAccess,
+    principal: RunnerPrincipal,
     idempotency_key: Annotated[str | None, Header(description="sha256 of the bundle bytes")] = None,
 ) -> UploadResult:
     """Upload a run bundle; 201 creates a run, 200 when this content was uploaded before.
@@ -111,7 +111,8 @@ async def upload_bundle(
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)
-    run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None))
+    token_id = principal.token_id
+    run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.header(staged)
@@ -138,7 +139,7 @@ async def upload_trace(
     db: DbDep,
     blobs: BlobsDep,
     settings: SettingsDep,
-    _: RunnerAccess,
+    principal: RunnerPrincipal,
     run_id: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="add the trace to this run")
     ] = None,
@@ -169,7 +170,8 @@ async def upload_trace(
     finally:
         received.path.unlink(missing_ok=True)  # (renamed into the store once it passed)
     key = f"trace:{run_id or 'new'}:{received.sha256}"
-    new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id))
+    token_id = principal.token_id
+    new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.header(staged)
@@ -177,11 +179,16 @@ async def upload_trace(
 
 
 def _record(
-    conn: sqlite3.Connection, staged: StagedRun, key: str, source: str, run_id: int | None
+    conn: sqlite3.Connection,
+    staged: StagedRun,
+    key: str,
+    source: str,
+    run_id: int | None,
+    token_id: int,
 ) -> tuple[int, bool]:
     """On the writer: the run (or the files added to ``run_id``), atomically."""
     with immediate(conn):
-        return record_run(conn, staged, key=key, source=source, run_id=run_id)
+        return record_run(conn, staged, key=key, source=source, run_id=run_id, token_id=token_id)
 
 
 def _rank(raw: str | None) -> int | None:
