@@ -84,14 +84,15 @@ def create_token(
 
     ``runner`` binds a runner token to that runner identity (claims under another name are
     refused); only runner tokens can be bound. ``repo`` (``OWNER/NAME``) is the one repository
-    a CI token queues batches for; CI tokens need it, no other role takes it.
+    a CI token queues batches for (a CI token without one queues nothing; the CLI requires it);
+    no other role takes it.
     """
     if runner is not None and role is not Role.RUNNER:
         raise ValueError("only runner tokens are bound to a runner identity")
     if runner is not None and not runner.strip():
         raise ValueError("the runner identity must not be empty")
-    if (repo is not None) != (role is Role.CI):
-        raise ValueError("a CI token is scoped to one repository (--repo OWNER/NAME), and only it")
+    if repo is not None and role is not Role.CI:
+        raise ValueError("only CI tokens are scoped to a repository")
     if repo is not None and not REPO_NAME.match(repo):
         raise ValueError(f"repository {repo!r}: expected OWNER/NAME")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
