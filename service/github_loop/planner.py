@@ -171,9 +171,30 @@ def _approved(
     return Intent(_pr_target(repo, clone_url, pull), f"approved by {user}")
 
 
+MAX_SUITE_FILE_BYTES = 64 * 1024
+"""Largest ``.cptrace.yml`` or spec file read from a repository."""
+MAX_JOB_SPEC_BYTES = 64 * 1024
+"""Largest job spec (as JSON) a suite entry may become."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: a 504-byte alias bomb expands to gigabytes; suite files need none."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted in suite files", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
 def _yaml(text: str, where: str) -> Any:
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SUITE_FILE_BYTES:
+        raise PlanError(f"{where}: {size} bytes, over the {MAX_SUITE_FILE_BYTES}-byte limit")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as exc:
         raise PlanError(f"{where}: not valid YAML ({exc})") from exc
 
@@ -202,6 +223,12 @@ def suites_for(
 
 def _add(plan: BatchPlan, suite: str, entry_name: str, spec: dict[str, Any]) -> None:
     """One job of the batch; entry names are the comment's sections and the baseline's key."""
+    size = len(json.dumps(spec))
+    if size > MAX_JOB_SPEC_BYTES:
+        raise PlanError(
+            f"suite {suite}: {entry_name[:100]!r} is {size} bytes as a job spec, over the "
+            f"{MAX_JOB_SPEC_BYTES}-byte limit"
+        )
     if any(entry_name == other for other, _ in plan.specs):
         raise PlanError(f"suite {suite}: two specs or commands are named {entry_name!r}")
     plan.specs.append((entry_name, spec))
