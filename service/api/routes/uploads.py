@@ -15,6 +15,7 @@ from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import RAW_TYPES, receive_upload
 from service.storage import runs
+from service.storage.blobs import staging_dir
 from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
@@ -100,14 +101,15 @@ async def upload_bundle(
             response.status_code = 200
             response.headers["Server-Timing"] = clock.header(None)
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
-        staged = await run_staging(
-            request.app,
-            stage_bundle,
-            received.path,
-            settings.blob_dir,
-            settings.tmp_dir,
-            _limits(settings),
-        )
+        with staging_dir(settings.tmp_dir) as scratch:
+            staged = await run_staging(
+                request.app,
+                stage_bundle,
+                received.path,
+                settings.blob_dir,
+                scratch,
+                _limits(settings),
+            )
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)
@@ -155,17 +157,18 @@ async def upload_trace(
         name = (received.fields.get("name") or received.filename or "trace")[:200]
         if run_id is not None:
             db.read(lambda c: runs.require_run(c, run_id=run_id))
-        staged = await run_staging(
-            request.app,
-            stage_trace,
-            received.path,
-            received.sha256,
-            name,
-            settings.blob_dir,
-            settings.tmp_dir,
-            _limits(settings),
-            rank,
-        )
+        with staging_dir(settings.tmp_dir) as scratch:
+            staged = await run_staging(
+                request.app,
+                stage_trace,
+                received.path,
+                received.sha256,
+                name,
+                settings.blob_dir,
+                scratch,
+                _limits(settings),
+                rank,
+            )
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)  # (renamed into the store once it passed)
