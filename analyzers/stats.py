@@ -224,12 +224,12 @@ def mann_whitney_exact_p(base: Sequence[float], head: Sequence[float]) -> tuple[
     m, n = a.size, b.size
     if m == 0 or n == 0:
         return 1.0, True
-    u, p_normal = mann_whitney_u(a, b)
+    u, p_normal = mann_whitney_u(base, head)
     tied = np.unique(np.concatenate([a, b])).size < m + n
     if tied or m * n > EXACT_MAX_PAIRS:
         return float(p_normal), False
     cdf = _u_cdf(m, n)
-    k = int(round(u))
+    k = round(u)
     lower = cdf[k]
     upper = 1.0 - (cdf[k - 1] if k > 0 else 0.0)  # P(U >= k)
     return min(1.0, 2.0 * min(lower, upper)), True
@@ -259,7 +259,10 @@ def _thin(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     if values.size <= MAX_SIDE:
         return values
     ordered = np.sort(values)
-    return ordered[np.linspace(0, ordered.size - 1, MAX_SIDE).round().astype(int)]
+    picked: npt.NDArray[np.float64] = ordered[
+        np.linspace(0, ordered.size - 1, MAX_SIDE).round().astype(int)
+    ]
+    return picked
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +299,7 @@ def relative_shift(
         raise ValueError("relative_shift: a side has no samples")
     if (a <= 0).any() or (b <= 0).any() or not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("relative_shift: iteration times must be positive and finite")
-    p_value, exact = mann_whitney_exact_p(a, b)
+    p_value, exact = mann_whitney_exact_p(base, head)
     la, lb = np.log(_thin(a)), np.log(_thin(b))
     diffs = np.sort((lb[None, :] - la[:, None]).ravel())
     m, n = la.size, lb.size
