@@ -15,6 +15,8 @@ Rules (defaults in :class:`Thresholds`; docs/github.md lists them for users):
   (host: ``host_threshold_pct``) and by more than ``helper_floor_ms`` (a helper that appears
   counts when it is above the floor). Host time is the steady state (each rank's first call of a
   helper, where compiled helpers compile, left out). It applies with or without iteration times.
+  Communication helpers' GPU time is not gated: NCCL kernels spin while they wait for the peer,
+  so their duration measures the other rank, not the helper (their host time is).
 * **Exact gates.** Launch counts and findings are deterministic: ``max_launch_increase`` and
   ``fail_on_new_findings`` fail on any excess.
 * **Comparability.** A comparability issue that refuses a time verdict (another workload) makes
@@ -26,12 +28,13 @@ baseline), success. Inconclusive is never success: ``pr_bot.suite_comment.github
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from analyzers.report import ComparisonReport, Severity
+from analyzers.report import Category, ComparisonReport, Severity
 from analyzers.stats import relative_shift, samples_needed, smallest_p
 from pr_bot.deltas import HostTimeRow
 from pr_bot.labels import LAUNCHES_PER_STEP
@@ -169,19 +172,20 @@ def time_gate(base: Sequence[float], head: Sequence[float], thresholds: Threshol
     t = thresholds.threshold_pct / 100.0
     pct = f"{thresholds.threshold_pct:g}%"
     m, n = shift.n_base, shift.n_head
-    where = f"{_pct(shift.point)}, n={m} vs {n}"
+    medians = f"median {statistics.median(base):.2f} -> {statistics.median(head):.2f} ms"
+    where = f"{_pct(shift.point)} ({medians}, n={m} vs {n}"
     if not shift.decidable:
         equal, more = samples_needed(m, n, thresholds.alpha)
         outcome = TimeOutcome.INCONCLUSIVE
         text = (
-            f"iteration time {where}: {m} vs {n} samples can never reach p < "
+            f"iteration time {where}): {m} vs {n} samples can never reach p < "
             f"{thresholds.alpha:g} (smallest possible p {smallest_p(m, n):.2g}); needs n >= "
             f"{equal} per side, or {more} head samples against these {m}"
         )
     else:
         assert shift.low is not None and shift.high is not None
         ci = f"{1 - thresholds.alpha:.0%} CI [{_pct(shift.low)}, {_pct(shift.high)}]"
-        detail = f"{where}, {ci}, p={shift.p_value:.2g}"
+        detail = f"{where}, {ci}, p={shift.p_value:.2g})"
         if shift.low > t:
             outcome, text = TimeOutcome.REGRESSION, f"iteration time {detail}: above +{pct}"
         elif shift.high < -t:
@@ -229,7 +233,7 @@ def helper_regressions(
 
     host_pct = thresholds.host_threshold_pct
     for d in report.helpers:
-        if report.gpu_observed:
+        if report.gpu_observed and d.category != Category.COMMUNICATION:
             check(d.helper, "GPU time", d.base_gpu_time_ns / NS_PER_MS,
                   d.head_gpu_time_ns / NS_PER_MS, thresholds.gpu_threshold_pct)  # fmt: skip
         if host_rows is None:

@@ -142,7 +142,7 @@ def status_description(results: Sequence[SpecResult]) -> str:
             parts.append(f"{r.spec}: {r.reason}")
     if not parts:
         parts = [
-            "no baseline on the base branch, nothing to compare with"
+            "nothing measured on the base branch to compare with (not judged)"
             if state == StatusState.NEUTRAL
             else "no regression beyond the suite's thresholds"
         ]
