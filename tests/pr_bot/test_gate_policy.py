@@ -155,3 +155,40 @@ def test_inconclusive_is_never_green_and_ranks_between_failure_and_no_baseline()
 def test_the_old_threshold_name_still_reads() -> None:
     assert Thresholds.model_validate({"min_effect_pct": 7}).threshold_pct == 7
     assert Thresholds().threshold_pct == 5 and Thresholds().baseline_runs == 5
+
+
+def test_the_one_shot_pr_comment_posts_the_gate_not_the_rank_test(
+    cpu_report: AnalysisReport,
+) -> None:
+    """``cptrace pr-comment --status`` (``pr_bot.publish``) posts the gate's state: 3 vs 3 real
+    CPU iterations, the head four times slower, is pending (inconclusive), never success (the
+    rank test's "no significant change" alone was posted as success)."""
+    from fake_github import FakeGitHubServer
+
+    from analyzers.stats import iteration_stats
+    from pr_bot.comment import CommentContext
+    from pr_bot.github import GitHubConfig
+    from pr_bot.publish import publish
+
+    arm = "arm:fixed"
+    head = cpu_report.model_copy(deep=True)
+    head.iterations = [
+        iteration_stats(it.label, [4 * x for x in it.samples_ms][:3], rank=it.rank,
+                        source=it.source) if it.label == arm else it
+        for it in cpu_report.iterations
+    ]  # fmt: skip
+    base = cpu_report.model_copy(deep=True)
+    base.iterations = [
+        iteration_stats(it.label, it.samples_ms[:3], rank=it.rank, source=it.source)
+        if it.label == arm else it
+        for it in cpu_report.iterations
+    ]  # fmt: skip
+    report = compare_reports(base, head, base_window=arm, head_window=arm)
+    assert report.iterations is not None and report.iterations.head.n == 3
+    assert report.iterations.verdict == "no significant change"  # what was posted as success
+    context = CommentContext(suite="smoke", base_name="#1", head_name="#2")
+    with FakeGitHubServer() as github:
+        config = GitHubConfig(token=github.token, api_url=github.url, login="cptrace-bot")
+        posted = publish(report, context, repo="octo/model", pr=3, config=config,
+                         head_sha="c" * 40)  # fmt: skip
+    assert posted.status_state == "pending"
