@@ -192,3 +192,12 @@ def test_the_one_shot_pr_comment_posts_the_gate_not_the_rank_test(
         posted = publish(report, context, repo="octo/model", pr=3, config=config,
                          head_sha="c" * 40)  # fmt: skip
     assert posted.status_state == "pending"
+
+
+def test_every_threshold_is_documented_with_its_default() -> None:
+    doc = (ROOT / "docs" / "github.md").read_text(encoding="utf-8")
+    for name, field in Thresholds.model_fields.items():
+        default = "" if field.default is None else f"{field.default:g}"
+        assert f"      {name}: " in doc, f"thresholds.{name} is not in docs/github.md"
+        line = next(x for x in doc.splitlines() if x.startswith(f"      {name}: "))
+        assert default == "" or f"{name}: {default} " in line, line
