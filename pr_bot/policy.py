@@ -177,10 +177,11 @@ def time_gate(base: Sequence[float], head: Sequence[float], thresholds: Threshol
     if not shift.decidable:
         equal, more = samples_needed(m, n, thresholds.alpha)
         outcome = TimeOutcome.INCONCLUSIVE
+        # the n needed first: a commit status keeps 140 characters
         text = (
-            f"iteration time {where}): {m} vs {n} samples can never reach p < "
-            f"{thresholds.alpha:g} (smallest possible p {smallest_p(m, n):.2g}); needs n >= "
-            f"{equal} per side, or {more} head samples against these {m}"
+            f"iteration time {_pct(shift.point)} (n={m} vs {n}): needs n >= {equal} per side, or "
+            f"{more} head samples against these {m}; {m} vs {n} samples can never reach p < "
+            f"{thresholds.alpha:g} (smallest possible p {smallest_p(m, n):.2g}; {medians})"
         )
     else:
         assert shift.low is not None and shift.high is not None

@@ -69,8 +69,9 @@ def test_three_vs_three_at_four_times_is_inconclusive_with_the_n_needed(
     gate = time_gate(fixed_ms[:3], [4 * x for x in fixed_ms[3:6]], Thresholds())
     assert gate.outcome == TimeOutcome.INCONCLUSIVE and gate.low_pct is None
     assert gate.point_pct > 250
-    assert "3 vs 3 samples can never reach p < 0.05 (smallest possible p 0.1)" in gate.text
-    assert "needs n >= 4 per side, or 5 head samples against these 3" in gate.text
+    assert "3 vs 3 samples can never reach p < 0.05 (smallest possible p 0.1;" in gate.text
+    assert gate.text.startswith("iteration time +")
+    assert "(n=3 vs 3): needs n >= 4 per side, or 5 head samples against these 3;" in gate.text
     # Pooled from the base branch's history (5 runs of 3), the same 3 head samples decide.
     pooled = time_gate(fixed_ms[:15], [4 * x for x in fixed_ms[15:18]], Thresholds())
     assert pooled.outcome == TimeOutcome.REGRESSION, pooled.text
