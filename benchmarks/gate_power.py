@@ -11,8 +11,14 @@ base is K draws of n (a baseline pooled from K base-branch runs) against one hea
 Prints one table per base: the fraction of trials failing (regression), inconclusive and
 passing (within the threshold, or an improvement) per shift and n.
 
+``--captures A B``: the per-helper aggregate rules (``pr_bot.policy.helper_regressions``) on two
+captures of the same workload, both ways, for every arm they share: the largest growth of a
+helper's GPU and host time per step, and what the rules flag with the defaults.
+
     python benchmarks/gate_power.py
     python benchmarks/gate_power.py --pooled 5
+    python benchmarks/gate_power.py --captures demo/bundles/te-2.20.2-kineto-3arms.tar.gz \
+        demo/bundles/te-2.20.2-reference-3arms-h200x2.tar.gz
 """
 
 from __future__ import annotations
@@ -27,8 +33,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analyzers import analyze, compare_reports  # noqa: E402
 from analyzers.bundle import read_bundle  # noqa: E402
-from pr_bot.policy import Thresholds, TimeOutcome, time_gate  # noqa: E402
+from analyzers.report import UNATTRIBUTED, AnalysisReport, Category  # noqa: E402
+from analyzers.windows import WHOLE_TRACE  # noqa: E402
+from pr_bot.deltas import host_rows_for  # noqa: E402
+from pr_bot.policy import Thresholds, TimeOutcome, helper_regressions, time_gate  # noqa: E402
 
 SHIFTS = (0.0, 0.05, 0.10, 0.50, 3.0)  # identical, +5%, +10%, +50%, 4x
 SIZES = (3, 10, 20, 50)
@@ -94,6 +104,44 @@ def print_table(table: dict[tuple[float, int], Counter[str]], trials: int, poole
         print(f"| {_label(shift)} | " + " | ".join(cells) + " |")
 
 
+def _largest(base_ns: list[float], head_ns: list[float], floor_ns: float) -> str:
+    """The largest relative growth among helpers above ``floor_ns`` per step, and its size."""
+    best = max(
+        ((h / b - 1, b) for b, h in zip(base_ns, head_ns, strict=True) if b > floor_ns),
+        default=None,
+    )
+    return "-" if best is None else f"{best[0]:+.0%} (of {best[1] / 1e6:.2f} ms)"
+
+
+def captures(paths: list[Path]) -> None:
+    """Print the helper rules' answer on two captures of one workload, both ways."""
+    reports: list[AnalysisReport] = []
+    for path in paths:
+        with read_bundle(path) as bundle:
+            reports.append(analyze(bundle.analysis_paths(), manifest=bundle.manifest))
+    a, b = reports
+    arms = [g for g in a.groups if g in b.groups and g != WHOLE_TRACE]
+    print("\n| base -> head | arm | largest GPU growth | largest host growth | flagged |")
+    print("|---|---|---|---|---|")
+    for (x, nx), (y, ny) in (((a, paths[0]), (b, paths[1])), ((b, paths[1]), (a, paths[0]))):
+        for arm in arms:
+            c = compare_reports(x, y, base_window=arm, head_window=arm)
+            rows = [d for d in c.helpers if d.helper != UNATTRIBUTED]
+            gpu = [d for d in rows if d.category != Category.COMMUNICATION]
+            flagged = helper_regressions(c, Thresholds(), host_rows_for(x, y, c))
+            gpu_growth = _largest(
+                [d.base_gpu_time_ns for d in gpu], [d.head_gpu_time_ns for d in gpu], 50_000
+            )
+            host_growth = _largest(
+                [d.base_host_time_ns for d in rows], [d.head_host_time_ns for d in rows], 50_000
+            )
+            names = f"{nx.name.removesuffix('.tar.gz')} -> {ny.name.removesuffix('.tar.gz')}"
+            print(
+                f"| {names} | {arm} | {gpu_growth} | {host_growth} | "
+                f"{'; '.join(flagged) or 'none'} |"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundles", nargs="*", type=Path, help="default: demo/bundles/*.tar.gz")
@@ -101,7 +149,13 @@ def main() -> int:
     parser.add_argument("--pooled", type=int, default=1, help="K base runs pooled (1: one run)")
     parser.add_argument("--min-pool", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--captures", nargs=2, type=Path, default=None, help="two bundles of one workload"
+    )
     args = parser.parse_args()
+    if args.captures:
+        captures(args.captures)
+        return 0
     paths = args.bundles or sorted((ROOT / "demo" / "bundles").glob("*.tar.gz"))
     samples = pools(paths, args.min_pool)
     if not samples:

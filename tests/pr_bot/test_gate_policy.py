@@ -124,7 +124,7 @@ def test_a_helper_whose_host_time_grows_150_percent_fails_without_iteration_time
     assert failed.state == StatusState.FAILURE
     (reason,) = failed.reasons
     assert reason.startswith(f"{helper} self host time ")
-    assert "(+150%; the suite allows +50%)" in reason
+    assert "(+150%; the suite allows +100%)" in reason
 
 
 def test_a_refused_comparison_is_inconclusive_with_the_reason(cpu_report: AnalysisReport) -> None:

@@ -50,7 +50,7 @@ def test_policy_needs_the_ci_beyond_the_threshold(reports) -> None:
     assert verdict.reasons[0].startswith("iteration time +15.9% (median ")
     assert "Mann-Whitney" in verdict.method and "above +5%" in verdict.method
     # Effect below this suite's threshold (and helper times not gated): passes ...
-    loose = {"threshold_pct": 50, "helper_floor_ms": 100}
+    loose = {"threshold_pct": 50, "helper_floor_ms": 100, "host_floor_ms": 100}
     assert judge(slower, Thresholds(**loose)).state == StatusState.SUCCESS
     # ... unless launches may not grow: counts are exact, +68 per step is real.
     gated = judge(slower, Thresholds(**loose, max_launch_increase=0))
@@ -62,9 +62,9 @@ def test_policy_needs_the_ci_beyond_the_threshold(reports) -> None:
     faster_verdict = judge(faster, Thresholds(max_launch_increase=0))
     assert faster_verdict.state == StatusState.FAILURE and faster_verdict.reasons == [
         "get_cu_seqlens_on_cp_rank host time 0.000 -> 8.086 ms per step (appeared; the suite "
-        "allows +50%)"
+        "allows +100%)"
     ]
-    improved = judge(faster, Thresholds(helper_floor_ms=100))
+    improved = judge(faster, Thresholds(helper_floor_ms=100, host_floor_ms=100))
     assert improved.state == StatusState.SUCCESS and "below -5%" in improved.notes[0]
 
 
