@@ -149,16 +149,39 @@ def intent_from_event(
     if event == "issue_comment":
         body = str(_get(payload, "comment", "body") or "").strip()
         is_pr = _get(payload, "issue", "pull_request") is not None
-        if action != "created" or not is_pr or body.splitlines()[:1] != [settings.approval_command]:
+        command = _approval_command(body, settings.approval_command)
+        if action != "created" or not is_pr or command is None:
             return Intent(reason="comment: not an approval command on a pull request")
         if client is None:
             raise PlanError("approving by comment needs GITHUB_TOKEN (to read the pull request)")
         number = _pr_number(_get(payload, "issue", "number"), "issue.number")
-        return _approved(
-            repo, _get(payload, "comment", "user", "login"), client, clone_url,
-            client.get_pull(repo, number),
-        )  # fmt: skip
+        pull = client.get_pull(repo, number)
+        head = str(_get(pull, "head", "sha") or "")
+        if command and not head.startswith(command):
+            return Intent(
+                reason=f"approval names {command[:12]}, but the head is {head[:12]}: not queued "
+                "(a new push needs its own approval)"
+            )
+        return _approved(repo, _get(payload, "comment", "user", "login"), client, clone_url, pull)
     return Intent(reason=f"event {event!r} is not handled")
+
+
+_APPROVED_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _approval_command(body: str, command: str) -> str | None:
+    """The SHA an approval comment names ("" when it names none); None: not an approval.
+
+    ``/cptrace run <sha>`` approves exactly that commit (checked against the head when the
+    comment is processed); a bare ``/cptrace run`` approves the head at that moment.
+    """
+    first = body.splitlines()[0].strip() if body else ""
+    if first == command:
+        return ""
+    rest = first.removeprefix(command + " ").strip().lower()
+    if first.startswith(command + " ") and _APPROVED_SHA.match(rest):
+        return rest
+    return None
 
 
 def _approved(
