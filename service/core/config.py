@@ -111,7 +111,7 @@ class Settings(BaseSettings):
         2.0, "How often an analysis worker records that it is alive."
     )
     health_worker_stale_s: float = _seconds(
-        30.0, "A supervised worker silent this long is reported down."
+        30.0, "A supervised worker silent this long is reported down, then restarted."
     )
     health_queue_stall_s: float = _seconds(
         900.0,
