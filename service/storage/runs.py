@@ -389,12 +389,18 @@ def run_job(conn: sqlite3.Connection, *, run_id: int) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-def delete_run(conn: sqlite3.Connection, *, run_id: int) -> None:
-    """Delete a run with its files, report, metrics, tasks and comparisons (blobs stay: shared).
+def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
+    """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
+    blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller
+    removes their files once the transaction committed.
 
     :raises NotFound: no such run.
     """
     require_run(conn, run_id=run_id)
+    digests = [
+        str(r[0])
+        for r in conn.execute("SELECT DISTINCT sha256 FROM run_files WHERE run_id = ?", (run_id,))
+    ]
     for sql in (
         "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
         "DELETE FROM run_metrics WHERE run_id = ?1",
@@ -406,6 +412,15 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> None:
         "DELETE FROM runs WHERE id = ?1",
     ):
         conn.execute(sql, (run_id,))
+    unreferenced = [
+        d
+        for d in digests
+        if conn.execute("SELECT 1 FROM run_files WHERE sha256 = ? LIMIT 1", (d,)).fetchone()
+        is None
+    ]
+    for digest in unreferenced:
+        conn.execute("DELETE FROM blobs WHERE sha256 = ?", (digest,))
+    return unreferenced
 
 
 def record_report(

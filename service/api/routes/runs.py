@@ -13,7 +13,14 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerPrincipal, SettingsDep
+from service.api.deps import (
+    AdminAccess,
+    BlobsDep,
+    DbDep,
+    ReadAccess,
+    RunnerPrincipal,
+    SettingsDep,
+)
 from service.api.schemas import Offset, OkBody, RunCreate, RunId, RunPage
 from service.ingest import config_key
 from service.storage import runs
@@ -137,8 +144,9 @@ async def read_run(
 
 
 @router.delete("/{run_id}", response_model=OkBody)
-def delete_run(run_id: RunId, db: DbDep, _: AdminAccess) -> OkBody:
-    """Delete a run with its files, report, metrics and comparisons (blobs stay: shared)."""
-
-    db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id))
+def delete_run(run_id: RunId, db: DbDep, blobs: BlobsDep, _: AdminAccess) -> OkBody:
+    """Delete a run with its files, report, metrics and comparisons; frees the blobs no other
+    run shares."""
+    for digest in db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id)):
+        blobs.path_for(digest).unlink(missing_ok=True)
     return OkBody()
