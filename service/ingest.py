@@ -36,6 +36,8 @@ class Limits:
 
     max_decompressed_bytes: int
     max_members: int
+    max_stored_bytes: int | None = None
+    """What the bundle's members may store together (None: ``max_decompressed_bytes``)."""
 
 
 @dataclass(slots=True)
@@ -178,8 +180,8 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
                 fh,
                 sink=sink,
                 source="bundle",
-                max_member_bytes=limits.max_decompressed_bytes,
-                max_total_bytes=limits.max_decompressed_bytes,
+                max_member_bytes=limits.max_stored_bytes or limits.max_decompressed_bytes,
+                max_total_bytes=limits.max_stored_bytes or limits.max_decompressed_bytes,
                 max_members=limits.max_members,
             )
         phases.lap("read")

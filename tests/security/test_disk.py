@@ -74,3 +74,30 @@ def test_a_full_disk_answers_507(small_disk: Path) -> None:
         assert answer.status_code == 507, answer.text  # type: ignore[attr-defined]
         assert "disk is full" in answer.json()["error"]  # type: ignore[attr-defined]
         assert client.get("/api/v1/runs").status_code == 200  # reads go on
+
+
+def test_a_small_upload_cannot_store_a_large_blob(tmp_path: Path) -> None:
+    """An uncompressed member inside the archive's gzip: 100 MB stored from a ~100 KB upload."""
+    import io
+    import json
+    import tarfile
+
+    from service_factories import manifest_for
+
+    member = b'{"traceEvents": [' + b" " * (100 * 1024 * 1024) + b"]}"
+    traces = [("traces/rank0.json", member, "kineto", 0)]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("manifest.json", json.dumps(manifest_for(traces)).encode()),
+                           ("traces/rank0.json", member)):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    body = buf.getvalue()
+    assert len(body) < 1024 * 1024
+    client, admin = _client(tmp_path)
+    with client:
+        answer = _upload(client, admin, body)
+        assert answer.status_code == 413, answer.text  # type: ignore[attr-defined]
+        assert "bytes" in answer.json()["error"]  # type: ignore[attr-defined]
+    assert _blob_files(tmp_path) == set()

@@ -108,7 +108,7 @@ async def upload_bundle(
                 received.path,
                 settings.blob_dir,
                 scratch,
-                _limits(settings),
+                _limits(settings, received.size),
             )
         clock.lap("stage")
     finally:
@@ -205,5 +205,14 @@ def _rank(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _limits(settings: Settings) -> Limits:
-    return Limits(settings.max_decompressed_bytes, settings.max_bundle_members)
+STORED_FLOOR_BYTES = 64 * 1024 * 1024
+"""Any bundle may store this much, whatever its upload's size (``max_stored_ratio`` above)."""
+
+
+def _limits(settings: Settings, uploaded_bytes: int | None = None) -> Limits:
+    """The caps of one upload; a bundle's stored bytes are bounded by its upload's size."""
+    stored = None
+    if uploaded_bytes is not None:
+        by_ratio = int(settings.max_stored_ratio * uploaded_bytes)
+        stored = min(settings.max_decompressed_bytes, max(STORED_FLOOR_BYTES, by_ratio))
+    return Limits(settings.max_decompressed_bytes, settings.max_bundle_members, stored)
