@@ -46,6 +46,8 @@ MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in a manifest (the schema itself nests 4 levels)."""
 # A string (unrolled, possessive: linear time and constant regex memory however long it is), or a
 # bracket outside strings; the depth check walks these without copying the text.
+MAX_INT_DIGITS = 40
+"""Longest integer a manifest may hold (128-bit values fit; each field checks its own range)."""
 _DEPTH_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
 
 Name = Annotated[str, StringConstraints(max_length=200)]
@@ -229,7 +231,7 @@ def load_manifest(path: str | Path) -> RunManifest:
 def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH) -> object:
     """Decode JSON strictly: UTF-8, no NaN/Infinity (not JSON; they would be stored and served
     back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError),
-    integers within 64 bits (SQLite's, and never a 4,300-digit conversion).
+    integers of at most ``MAX_INT_DIGITS`` digits (never a 4,300-digit conversion).
 
     :raises ManifestError: naming ``source`` and what is wrong.
     """
@@ -254,13 +256,14 @@ def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSO
         raise ManifestError(f"{source}: is not valid JSON: {constant} is not a JSON number")
 
     def bounded(digits: str) -> int:
-        value = int(digits) if len(digits) <= 20 else None
-        if value is None or not -(2**63) <= value < 2**63:
+        # Fields check their own ranges (a rank of 2^63 is that field's 422); this only keeps
+        # Python from converting a 4,300-digit number (slow, then a ValueError).
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
             raise ManifestError(
-                f"{source}: integer {digits[:24]}{'...' if len(digits) > 24 else ''} is out of "
-                "range (a 64-bit integer at most)"
+                f"{source}: integer {digits[:24]}... is out of range (at most "
+                f"{MAX_INT_DIGITS} digits)"
             )
-        return value
+        return int(digits)
 
     try:
         return json.loads(text, parse_constant=refuse, parse_int=bounded)
