@@ -19,7 +19,7 @@ _SHAPES = re.compile(
     r"""
       \bgh[pousr]_[A-Za-z0-9]{20,}                       # GitHub classic / app / OAuth tokens
     | \bgithub_pat_[A-Za-z0-9_]{20,}                     # GitHub fine-grained tokens
-    | \bcpt_[A-Za-z0-9_-]{20,}                           # cptrace tokens (service.auth)
+    | \bcpt_[A-Za-z0-9_-]{8,}                            # cptrace tokens, or a part of one
     | \b(?:AKIA|ASIA)[0-9A-Z]{16}\b                      # AWS access key ids
     """,
     re.VERBOSE,

@@ -154,3 +154,21 @@ def read_token_file(path: Path) -> str:
     if not text:
         raise SandboxError(f"token file {path}: empty")
     return text
+
+
+def remove_special_files(*roots: Path) -> list[Path]:
+    """Remove every symlink and non-regular file (FIFO, socket, device) under ``roots``.
+
+    What a sandboxed job wrote is read afterwards by the agent, outside the sandbox: a link
+    planted there (``kineto_rank0.json -> /etc/cptrace/token``) would make the agent read, and
+    upload, a file the job itself could not see. Returns what was removed.
+    """
+    removed = []
+    for root in roots:
+        if not root.exists():
+            continue
+        for path in sorted(root.rglob("*"), reverse=True):
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed

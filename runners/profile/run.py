@@ -39,7 +39,7 @@ from runners.profile.facts import observed_facts, read_probe_files
 from runners.profile.rankstatus import STATUS_ENV
 from runners.profile.supervise import Supervised, failure_record, supervise
 from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
-from runners.sandbox import Sandbox
+from runners.sandbox import Sandbox, remove_special_files
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 PROBE_ENV = "CPTRACE_PROBE"
@@ -236,6 +236,8 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
             watchdog_s=opts.watchdog_s, timeout_s=opts.timeout_s, cancel=opts.cancel,
             cwd=opts.cwd,
         )
+        if opts.sandbox is not None:  # what the job wrote is read out here: no planted links
+            remove_special_files(out, scratch)
         failure = failure_record(result, watchdog_s=opts.watchdog_s)
         traces = _collect_traces(out, scratch, opts, log)
         if not traces and failure is None:
