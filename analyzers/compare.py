@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.account.compare import account_deltas
+from analyzers.kernel_names import kernel_key
 from analyzers.report import (
     AnalysisReport,
     Category,
@@ -92,36 +93,57 @@ def _per_step(stats: Sequence[HelperStat]) -> dict[str, _Side]:
     return out
 
 
+@dataclass(slots=True)
+class _KernelSide:
+    """One kernel key's figures on one side of a comparison, summed over ranks."""
+
+    name: str  # as the trace spells it (the first of the names sharing the key)
+    per_step_count: float = 0.0
+    per_step_ns: float = 0.0
+    count: int = 0
+    total_ns: int = 0
+
+
 def time_changed(base_ns: float, head_ns: float, fraction: float = TIME_NOISE_FRACTION) -> bool:
     """Whether a per-step time moved beyond the noise (see the module docstring)."""
     delta = abs(head_ns - base_ns)
     return delta > TIME_NOISE_NS and delta > fraction * abs(base_ns)
 
 
-def _kernel_side(report: AnalysisReport, window: str) -> dict[str, tuple[float, float, int, int]]:
-    """name -> (count per step, total ns per step, count, total ns), summed over ranks."""
-    out = {}
+def _kernel_side(report: AnalysisReport, window: str) -> dict[str, _KernelSide]:
+    """kernel key (``analyzers.kernel_names.kernel_key``) -> per-step and total figures summed
+    over ranks, with the first name seen for display."""
+    out: dict[str, _KernelSide] = {}
     for k in report.kernels:
         if k.window == window and k.rank is None:
+            side = out.setdefault(kernel_key(k.name), _KernelSide(k.name))
             steps = max(k.steps, 1)
-            out[k.name] = (k.count / steps, k.total_ns / steps, k.count, k.total_ns)
+            side.per_step_count += k.count / steps
+            side.per_step_ns += k.total_ns / steps
+            side.count += k.count
+            side.total_ns += k.total_ns
     return out
 
 
 def kernel_deltas(
     base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
 ) -> list[KernelDelta]:
-    """Per kernel name: count and total time per step (summed over ranks) and mean duration,
-    head minus base; largest total-time change first."""
+    """Per kernel: count and total time per step (summed over ranks) and mean duration, head
+    minus base; largest total-time change first. Kernels are matched by
+    :func:`~analyzers.kernel_names.kernel_key`, so nsys and Kineto spellings of one kernel are
+    one row (named as the base spells it)."""
     b, h = _kernel_side(base, base_window), _kernel_side(head, head_window)
     out = []
-    for name in set(b) | set(h):
-        bc, bt, bn, btot = b.get(name, (0.0, 0.0, 0, 0))
-        hc, ht, hn, htot = h.get(name, (0.0, 0.0, 0, 0))
+    for key in set(b) | set(h):
+        bs, hs = b.get(key), h.get(key)
+        name = (bs or hs or _KernelSide(key)).name
+        bs, hs = bs or _KernelSide(name), hs or _KernelSide(name)
+        bc, bt, bn, btot = bs.per_step_count, bs.per_step_ns, bs.count, bs.total_ns
+        hc, ht, hn, htot = hs.per_step_count, hs.per_step_ns, hs.count, hs.total_ns
         b_mean, h_mean = (btot / bn if bn else 0.0), (htot / hn if hn else 0.0)
-        if name not in b:
+        if key not in b:
             status = "appeared"
-        elif name not in h:
+        elif key not in h:
             status = "disappeared"
         else:
             moved = abs(hc - bc) > 1e-9 or time_changed(bt, ht)
