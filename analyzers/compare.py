@@ -8,9 +8,12 @@ than ``TIME_NOISE_FRACTION`` (host time: ``HOST_NOISE_FRACTION``) of the base an
 ``TIME_NOISE_NS`` per step (kernel durations of one binary on one GPU repeat within a few
 percent; host time under a profiler far less).
 
-Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Two reports
-from different GPU models, world sizes, rank sets, TE/torch versions or step counts still
-compare, with a warning in ``notes`` for each difference.
+Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Before
+anything is compared, ``analyzers.comparability`` checks what the two sides ran and how they
+were captured: each difference is a typed issue in ``comparability`` and a line of ``notes``;
+one that refuses a time verdict (another workload, implementation, world size or GPU model)
+turns the iteration verdict into "inconclusive" and the summary says why. Kernels are matched
+by ``analyzers.kernel_names.kernel_key`` (nsys and Kineto spell them differently).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.account.compare import account_deltas
+from analyzers.comparability import comparability, refusal
 from analyzers.kernel_names import kernel_key
 from analyzers.report import (
     AnalysisReport,
@@ -45,6 +49,9 @@ TIME_NOISE_NS = 10_000
 MIN_SAMPLES = 5
 """Below this many iterations per side, Mann-Whitney cannot reach p < 0.05: say so."""
 TOO_FEW = ": too few iterations for a significant difference"
+INCONCLUSIVE = "inconclusive"
+"""The verdict when the iteration times exist but a comparability issue refuses a time verdict
+(``analyzers.comparability``: another workload, implementation, world size or GPU model)."""
 
 
 class CompareError(ValueError):
@@ -233,47 +240,6 @@ def rank_deltas(
     ]
 
 
-def comparability_notes(
-    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
-) -> list[str]:
-    """A warning for every way the two sides differ that can explain a difference by itself."""
-    be, he = base.environment, head.environment
-    notes = []
-    if be.gpu_models and he.gpu_models and sorted(be.gpu_models) != sorted(he.gpu_models):
-        notes.append(
-            f"different GPU models: base {', '.join(be.gpu_models)}; head "
-            f"{', '.join(he.gpu_models)}"
-        )
-    if be.world_size and he.world_size and be.world_size != he.world_size:
-        notes.append(f"different world sizes: base {be.world_size}, head {he.world_size}")
-    b_ranks = sorted({r.rank for r in base.rank_summaries if r.window == base_window})
-    h_ranks = sorted({r.rank for r in head.rank_summaries if r.window == head_window})
-    if b_ranks != h_ranks:
-        notes.append(
-            f"different rank sets: base {b_ranks}, head {h_ranks}: sums over ranks differ by "
-            "the ranks alone; compare the per-rank rows"
-        )
-    for label, b_version, h_version in (
-        ("torch", be.torch, he.torch),
-        ("Transformer Engine", be.transformer_engine, he.transformer_engine),
-    ):
-        if b_version and h_version and b_version != h_version:
-            notes.append(f"different {label} versions: base {b_version}, head {h_version}")
-    b_steps = {r.rank: r.steps for r in base.rank_summaries if r.window == base_window}
-    h_steps = {r.rank: r.steps for r in head.rank_summaries if r.window == head_window}
-    if set(b_steps.values()) != set(h_steps.values()):
-        notes.append(
-            f"different step counts: base {sorted(set(b_steps.values()))}, head "
-            f"{sorted(set(h_steps.values()))} (per-step numbers divide by each side's own)"
-        )
-    if (base_window == WHOLE_TRACE) != (head_window == WHOLE_TRACE):
-        notes.append(
-            "one side is the whole trace and the other a step group: totals against per-step "
-            "numbers"
-        )
-    return notes
-
-
 def helper_deltas(
     base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
 ) -> list[HelperDelta]:
@@ -401,7 +367,8 @@ def compare_reports(
     whole = WHOLE_TRACE in (base_window, head_window)
     per = "in the whole trace" if whole else "per step"
     summary = _summary(deltas, iterations, labels, per)
-    notes = comparability_notes(base, head, base_window, head_window)
+    issues = comparability(base, head, base_window, head_window, (b_it, h_it))
+    notes = [issue.message for issue in issues]
     without_gpu = [
         side
         for side, r in (("base", base), ("head", head))
@@ -420,8 +387,11 @@ def compare_reports(
             f"{h_it.source}"
         )
     launch_delta = sum(d.delta_launches for d in deltas)
+    refused = refusal(issues)
+    if refused:
+        summary += f"; no time verdict: {refused} (see notes)"
     verdict = (
-        iterations.verdict
+        (INCONCLUSIVE if refused else iterations.verdict)
         if iterations
         else (
             "fewer launches"
@@ -448,6 +418,7 @@ def compare_reports(
         total_gpu=total_gpu(base, head, base_window, head_window),
         ranks=rank_deltas(base, head, base_window, head_window),
         notes=notes,
+        comparability=issues,
         gpu_observed=not without_gpu,
         timeline_base=[t for t in base.gpu_timeline if t.window == base_window],
         timeline_head=[t for t in head.gpu_timeline if t.window == head_window],
@@ -456,10 +427,10 @@ def compare_reports(
 
 __all__ = [
     "HOST_NOISE_FRACTION",
+    "INCONCLUSIVE",
     "TIME_NOISE_FRACTION",
     "TIME_NOISE_NS",
     "CompareError",
-    "comparability_notes",
     "compare_reports",
     "default_window",
     "helper_deltas",
