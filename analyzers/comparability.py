@@ -19,8 +19,8 @@ step_definition     whole trace vs steps, how steps are marked,   warning
 profiler            nsys vs Kineto, Kineto with Python stacks     refused when the
                                                                   iteration times are
                                                                   profiled durations
-trace_slice         a side's traces are cut short of the run and  warning
-                    the cuts differ or the whole trace is compared
+trace_slice         a side's traces are cut short of the run      warning
+                    (another run's cut, or whole traces)
 ==================  ===========================================  ====================
 
 Why refuse: times of another workload, another implementation, another number of GPUs or
@@ -275,7 +275,8 @@ def capture_issues(
             )
         )
     whole = WHOLE_TRACE in (base_window, head_window)
-    if (be.trace_slices or he.trace_slices) and (be.trace_slices != he.trace_slices or whole):
+    cut = bool(be.trace_slices or he.trace_slices) and not _same_run(base, head)
+    if cut and (be.trace_slices != he.trace_slices or whole):
         out.append(
             _issue(
                 Aspect.TRACE_SLICE,
