@@ -652,8 +652,7 @@ def history_page(
     spread = _spreads(store, config_key, metric, label) if rows else {}
     series = [
         figures.SeriesPoint(
-            # the run id keeps runs without a commit (or of one commit) apart on the axis
-            x=f"#{r.point.run_id} {(r.point.commit or '')[:8] or r.point.name}",
+            x=(r.point.commit or "")[:8] or r.point.name,
             value=r.point.value,
             low=r.band_low,
             high=r.band_high,

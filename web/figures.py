@@ -528,8 +528,8 @@ class SeriesPoint:
 
 
 def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -> Figure:
-    """A metric run by run (x: run id and commit) with its noise band (shaded between ``low``
-    and ``high``).
+    """A metric run by run (x: the commit, else the run's name) with its noise band (shaded
+    between ``low`` and ``high``).
 
     Points are drawn in the order given (the store returns them oldest first), on a category
     axis so equal timestamps and re-runs of one commit stay distinct.
@@ -580,7 +580,7 @@ def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -
     layout = _layout(
         f"{metric} run by run",
         xaxis={
-            "title": {"text": "run # and commit (oldest first)"},
+            "title": {"text": "commit, else run (oldest first)"},
             "type": "category",
             "automargin": True,
         },
