@@ -149,7 +149,8 @@ def environment_issues(
                 Aspect.WORLD_SIZE,
                 be.world_size,
                 he.world_size,
-                f"different world sizes: base {be.world_size}, head {he.world_size}",
+                f"different world sizes: base {be.world_size}, head {he.world_size}: no time "
+                "verdict (the times measure the number of GPUs)",
                 refuses=True,
             )
         )
@@ -160,7 +161,7 @@ def environment_issues(
                 be.gpu_models,
                 he.gpu_models,
                 f"different GPU models: base {', '.join(be.gpu_models)}; head "
-                f"{', '.join(he.gpu_models)}",
+                f"{', '.join(he.gpu_models)}: no time verdict (the times measure the GPUs)",
                 refuses=True,
             )
         )
