@@ -13,9 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from analyzers.manifest import Workload
 
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
 """2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
-rank rows); the GPU timeline, device figures and kernel tables."""
+rank rows); the GPU timeline, device figures and kernel tables. 3: ``environment`` records what
+ran and how it was captured (workload, variants, command, cuDNN, profilers, trace slices): the
+comparability check reads them, so older reports are re-analysed."""
 
 
 class _Model(BaseModel):

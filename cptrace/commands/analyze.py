@@ -174,6 +174,11 @@ def compare(
 ) -> None:
     """Compare base and head: per-helper launch and time deltas, iteration statistics, findings.
 
+    First the comparability check: one ``warning:`` line per way the sides differ, with its
+    aspect (workload, implementation, world_size, gpu_model, rank_set, versions,
+    step_definition, profiler, trace_slice); another workload, implementation, world size or
+    GPU model refuses the time verdict ("inconclusive"). ``--json``: ``comparability``.
+
     When a side has no GPU activity (a CPU run), per-helper host time from the ranges instead
     (``--json``: the ComparisonReport plus ``host_rows``, null when both sides ran on a GPU).
 

@@ -8,17 +8,20 @@ workload) and an nsys export cut to a time window from that export.
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from analyzers import analyze
 from analyzers.comparability import comparability
 from analyzers.compare import INCONCLUSIVE, compare_reports
 from analyzers.pipeline import Analysis
 from analyzers.report import AnalysisReport, ComparabilityAspect, ComparisonReport
+from cptrace.cli import app
 from tests.analyzers.conftest import NSYS_3ARMS
 
 DEMO = Path(__file__).resolve().parents[2] / "demo" / "bundles"
@@ -172,3 +175,25 @@ def test_an_export_cut_to_a_time_window_is_not_compared_silently(
         issue.message
     )
     assert compare_reports(cut, cut).comparability == []  # one run: the same cut
+
+
+def test_cptrace_compare_prints_and_dumps_the_issues(tmp_path: Path) -> None:
+    runner = CliRunner()
+    args = [
+        "compare",
+        "--base",
+        str(DEMO / "bundled-fixed-vs-broken-h200x2.tar.gz"),
+        "--base-window",
+        "arm:fixed",
+        "--head",
+        str(DEMO / "te-2.20.2-adapter-vs-stock-h200x2.tar.gz"),
+        "--head-window",
+        "arm:te_stock",
+    ]
+    text = runner.invoke(app, args, catch_exceptions=False, terminal_width=300).output
+    first = text.splitlines()[0]
+    assert first.startswith("warning: different implementations: base bundled, head te")
+    assert first.endswith("[implementation]")
+    dumped = json.loads(runner.invoke(app, [*args, "--json"], catch_exceptions=False).output)
+    assert dumped["verdict"] == INCONCLUSIVE
+    assert [i["aspect"] for i in dumped["comparability"]][:1] == ["implementation"]
