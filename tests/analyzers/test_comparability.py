@@ -185,19 +185,15 @@ def test_an_export_cut_to_a_time_window_is_not_compared_silently(
     assert compare_reports(cut, cut).comparability == []  # one run: the same cut
 
 
-def test_cptrace_compare_prints_and_dumps_the_issues(tmp_path: Path) -> None:
+def test_cptrace_compare_prints_and_dumps_the_issues(
+    bundled: AnalysisReport, te_adapter: AnalysisReport, tmp_path: Path
+) -> None:
+    # saved reports stand for their runs (cptrace compare reads them like bundles)
+    (tmp_path / "bundled.json").write_text(bundled.model_dump_json())
+    (tmp_path / "te.json").write_text(te_adapter.model_dump_json())
     runner = CliRunner()
-    args = [
-        "compare",
-        "--base",
-        str(DEMO / "bundled-fixed-vs-broken-h200x2.tar.gz"),
-        "--base-window",
-        "arm:fixed",
-        "--head",
-        str(DEMO / "te-2.20.2-adapter-vs-stock-h200x2.tar.gz"),
-        "--head-window",
-        "arm:te_stock",
-    ]
+    args = ["compare", "--base", str(tmp_path / "bundled.json"), "--base-window", "arm:fixed"]
+    args += ["--head", str(tmp_path / "te.json"), "--head-window", "arm:te_stock"]
     text = runner.invoke(app, args, catch_exceptions=False, terminal_width=300).output
     first = text.splitlines()[0]
     assert first.startswith("warning: different implementations: base bundled, head te")
