@@ -511,6 +511,8 @@ class HistoryPage(BaseModel):
     """Every series, grouped by implementation then configuration (the selector's options)."""
     title: str = "History"
     """What the page shows: the metric, the window, the implementation and the configuration."""
+    series: str | None = None
+    """The shown series' readable name (``HistoryGroup.name``)."""
 
 
 _WORKLOAD_WORDS = (
@@ -581,7 +583,8 @@ def _history_title(metric: str, label: str | None, group: HistoryGroup | None) -
     window = f" ({label})" if label else ""
     if group is None:
         return f"History of {metric}{window}"
-    return f"History of {metric}{window}, run by run: {group.name}"
+    runs = f"{group.implementation} runs" if group.implementation else "runs"
+    return f"History of {metric}{window}: {runs} of configuration {group.config_key[:8]}"
 
 
 def mark_history_change_points(rows: list[HistoryRow], branch: str = MAIN_BRANCH) -> None:
@@ -683,6 +686,7 @@ def history_page(
         implementation=group.implementation if group else None,
         groups=groups,
         title=_history_title(metric, label, group),
+        series=group.name if group else None,
     )
 
 

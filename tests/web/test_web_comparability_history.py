@@ -76,10 +76,12 @@ def test_history_keeps_implementations_apart_with_readable_names(runs: dict[str,
         ).json()
         assert [r["point"]["run_id"] for r in series["points"]] == [runs[key]]
         assert series["implementation"] == impl
-        assert series["title"] == f"History of findings, run by run: {groups[impl]['name']}"
+        assert series["title"] == f"History of findings: {impl} runs of configuration {config[:8]}"
+        assert series["series"] == groups[impl]["name"]
         x = series["figures"]["history"]["data"][-1]["x"]
         assert x == [f"1: {series['points'][0]['point']['name']}"]  # no commit recorded
     html = client.get("/history", params={"config_key": config, "implementation": "bundled"}).text
-    assert '<h1 id="history-title">History of iteration_median_ms' in html
+    assert '<h1 id="history-title">History of iteration_median_ms: bundled runs of' in html
+    assert f'<p class="summary" id="history-series">{groups["bundled"]["name"]}</p>' in html
     assert f">{groups['bundled']['name']} (1 run, 0 commits)</option>" in html
     assert "over commits" not in html
