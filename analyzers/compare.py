@@ -307,6 +307,7 @@ def _summary(
     iterations: IterationComparison | None,
     labels: tuple[str, str],
     per: str = "per step",
+    verdict: str | None = None,
 ) -> str:
     """One line: the iteration verdict, then the helpers behind the launch difference."""
     total = sum(d.delta_launches for d in deltas)
@@ -315,7 +316,7 @@ def _summary(
     parts = []
     if iterations is not None:
         parts.append(
-            f"{labels[1]} vs {labels[0]}: {iterations.verdict} (median "
+            f"{labels[1]} vs {labels[0]}: {verdict or iterations.verdict} (median "
             f"{iterations.base.median_ms:.2f} -> {iterations.head.median_ms:.2f} ms, "
             f"{iterations.delta_median_pct:+.1f}%, p={iterations.p_value:.3g}, "
             f"n={iterations.base.n} vs {iterations.head.n}"
@@ -366,8 +367,9 @@ def compare_reports(
     labels = (base_window, head_window)
     whole = WHOLE_TRACE in (base_window, head_window)
     per = "in the whole trace" if whole else "per step"
-    summary = _summary(deltas, iterations, labels, per)
     issues = comparability(base, head, base_window, head_window, (b_it, h_it))
+    refused = refusal(issues)
+    summary = _summary(deltas, iterations, labels, per, INCONCLUSIVE if refused else None)
     notes = [issue.message for issue in issues]
     without_gpu = [
         side
@@ -387,7 +389,6 @@ def compare_reports(
             f"{h_it.source}"
         )
     launch_delta = sum(d.delta_launches for d in deltas)
-    refused = refusal(issues)
     if refused:
         summary += f"; no time verdict: {refused} (see notes)"
     verdict = (
