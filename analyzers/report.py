@@ -655,7 +655,8 @@ class ComparisonReport(_Model):
     """False when either side's trace has no GPU activity: its helper, kernel, Total GPU, busy
     and account figures are not observed (the CLI and the page say so instead of zeros)."""
     notes: list[str] = Field(default_factory=list)
-    """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
+    """One line per ``comparability`` issue, then notes that are no issue (a side without GPU
+    activity)."""
     comparability: list[ComparabilityIssue] = Field(default_factory=list)
     """The typed comparability check (each issue is also one line of ``notes``)."""
     timeline_base: list[GroupTimeline] = Field(default_factory=list)
