@@ -565,14 +565,21 @@ def history_groups(store: WebStore, configs: Sequence[str]) -> list[HistoryGroup
     return sorted(groups, key=lambda g: (g.implementation or "~", g.name))
 
 
+IMPLEMENTATION_NOT_RECORDED = "(not recorded)"
+"""The implementation selector's value for runs whose manifest names no implementation."""
+
+
 def _pick_group(
     groups: Sequence[HistoryGroup], config_key: str | None, implementation: str | None
 ) -> HistoryGroup | None:
     """The series asked for: configuration and implementation; else the implementation's first
     (the implementation selector changed); else the configuration's first; else the first."""
+    def impl(g: HistoryGroup) -> str:
+        return g.implementation or IMPLEMENTATION_NOT_RECORDED
+
     tests = (
-        lambda g: g.config_key == config_key and g.implementation == implementation,
-        lambda g: implementation is not None and g.implementation == implementation,
+        lambda g: g.config_key == config_key and impl(g) == implementation,
+        lambda g: impl(g) == implementation,
         lambda g: g.config_key == config_key,
         lambda g: True,
     )

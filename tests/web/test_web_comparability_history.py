@@ -80,6 +80,9 @@ def test_history_keeps_implementations_apart_with_readable_names(runs: dict[str,
         assert series["series"] == groups[impl]["name"]
         x = series["figures"]["history"]["data"][-1]["x"]
         assert x == [f"1: {series['points'][0]['point']['name']}"]  # no commit recorded
+    # the implementation selector alone picks that implementation's first configuration
+    picked = client.get("/history.json", params={"implementation": "te, te-adapter"}).json()
+    assert (picked["config_key"], picked["implementation"]) == (config, "te, te-adapter")
     html = client.get("/history", params={"config_key": config, "implementation": "bundled"}).text
     assert '<h1 id="history-title">History of iteration_median_ms: bundled runs of' in html
     assert f'<p class="summary" id="history-series">{groups["bundled"]["name"]}</p>' in html
