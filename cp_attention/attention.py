@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
+from cp_attention.graphs import StepGraphs
 from cp_attention.local_attention import LocalAttention, get_backend
 from cp_attention.merge import (
     OutputMerger,
@@ -90,6 +91,8 @@ class CPConfig:
     #: P2P: keep the KV blocks received in forward for backward (memory: cp-1 local KV
     #: blocks), so backward needs no KV ring and its dK/dV return overlaps the local step.
     save_remote_kv: bool = True
+    #: Run forward and backward through CUDA graphs captured per layout (:data:`GRAPHS`).
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.comm not in COMMS:
@@ -420,6 +423,46 @@ def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
     return dq, dk.to(kg.dtype), dv.to(vg.dtype)
 
 
+#: The graphs ``cp_attn(..., graphs=True)`` replays: forward and backward per layout.
+GRAPHS = StepGraphs()
+
+
+def _meta_layout(meta: PackedBatch) -> tuple:
+    """What a captured step depends on in a batch's metadata (values, not objects)."""
+    return (meta.cu_seqlens, meta.cu_seqlens_padded, meta.cp_size, meta.strategy,
+            str(meta.device))
+
+
+def _layout(s: _Step, kind: str, ring: Ring | None, *extra: object) -> tuple:
+    """The graph cache key of one pass of ``s`` (the tensors' shapes are added by the cache)."""
+    group = None if ring is None else (id(ring.group), ring.rank, ring.size)
+    return (kind, _meta_layout(s.meta), s.rank, s.cfg, s.kernel.name, s.scale, s.tuning, group,
+            *extra)
+
+
+def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool) -> tuple[torch.Tensor, ...]:
+    """``(out, lse, *rest)``: all-gather: the gathered K and V; P2P: the remote KV blocks."""
+    if gather:
+        kg, vg = all_gather_tokens(k, s.cfg.group), all_gather_tokens(v, s.cfg.group)
+        out, lse = _gather_forward(s, q, kg, vg)
+        return out, lse, kg, vg
+    out, lse, blocks = _ring_forward(s, q, k, v, ring)
+    return (out, lse, *[t for b in blocks[1:] for t in b])
+
+
+def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
+              gather: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` from ``[dout, *saved tensors]`` (the layout :func:`_forward` saved)."""
+    if gather:
+        dout, q, kg, vg, out, lse = saved
+        return _gather_backward(s, dout, q, kg, vg, out, lse, s.cfg.group)
+    dout, q, out, lse, *flat = saved
+    blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
+    if len(blocks) == len(s.calls):
+        return _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
+    return _ring_backward(s, dout, q, *blocks[0], out, lse, ring)
+
+
 class _CPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, meta: PackedBatch, cfg: CPConfig):
@@ -431,15 +474,21 @@ class _CPAttention(torch.autograd.Function):
             cfg.softmax_scale if cfg.softmax_scale is not None else q.shape[-1] ** -0.5,
         )
         ring = Ring(cfg.group) if distributed else None
-        if cfg.comm == "p2p" or not distributed:
-            out, lse, blocks = _ring_forward(step, q, k, v, ring)
-            if not cfg.save_remote_kv:
-                blocks = blocks[:1]
-            ctx.save_for_backward(q, out, lse, *[t for b in blocks for t in b])
+        gather = cfg.comm == "all_gather" and distributed
+        if cfg.graphs:
+            # Static graph outputs are overwritten by the next replay (another layer of the
+            # same layout): what outlives this call is cloned out of them.
+            res = [t.clone() for t in GRAPHS.run(
+                _layout(step, "fwd", ring), lambda xs: _forward(step, *xs, ring, gather),
+                [q, k, v])]
+            out, lse, rest = res[0], res[1], res[2:]
         else:
-            kg, vg = all_gather_tokens(k, cfg.group), all_gather_tokens(v, cfg.group)
-            out, lse = _gather_forward(step, q, kg, vg)
-            ctx.save_for_backward(q, kg, vg, out, lse)
+            out, lse, *rest = _forward(step, q, k, v, ring, gather)
+        if gather:
+            ctx.save_for_backward(q, *rest, out, lse)
+        else:
+            remote = rest if cfg.save_remote_kv else []
+            ctx.save_for_backward(q, out, lse, k, v, *remote)
         ctx.step, ctx.ring, ctx.distributed = step, ring, distributed
         return out
 
@@ -447,16 +496,14 @@ class _CPAttention(torch.autograd.Function):
     def backward(ctx, dout):
         step: _Step = ctx.step
         dout = dout.contiguous()
-        if step.cfg.comm == "p2p" or not ctx.distributed:
-            q, out, lse, *flat = ctx.saved_tensors
-            blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
-            if len(blocks) == len(step.calls):
-                dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ctx.ring)
-            else:
-                dq, dk, dv = _ring_backward(step, dout, q, *blocks[0], out, lse, ctx.ring)
+        gather = step.cfg.comm == "all_gather" and ctx.distributed
+        saved = [dout, *ctx.saved_tensors]
+        if step.cfg.graphs:
+            dq, dk, dv = (t.clone() for t in GRAPHS.run(
+                _layout(step, "bwd", ctx.ring, len(saved)),
+                lambda xs: _backward(step, xs, ctx.ring, gather), saved))
         else:
-            q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = _gather_backward(step, dout, q, k, v, out, lse, step.cfg.group)
+            dq, dk, dv = _backward(step, saved, ctx.ring, gather)
         if step.cfg.broken_always_zero_fill:
             zero_fill_padding([dq, dk, dv], step.meta, step.rank)
         return dq, dk, dv, None, None
@@ -475,6 +522,7 @@ def rank_local_work(
     softmax_scale: float | None = None,
     backend: str | None = None,
     tuning: Tuning = Tuning(),
+    graphs: StepGraphs | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """One rank's P2P forward + backward (saved-KV ring) on one device, remote data local.
 
@@ -483,6 +531,9 @@ def rank_local_work(
     blocks and dK/dV contributions instead of the network: the per-rank compute floor
     (``benchmarks/cp_attention_bench.py --floor``). ``ring`` may be None when ``cp_size`` is 1.
 
+    :param graphs: run the step as one CUDA graph from this cache, bound to these tensors
+        (``q``, ``k``, ``v``, ``dout`` and the ring's): the same tensors replay it with no
+        copy; the outputs are the graph's, overwritten by its next replay.
     :returns: ``(out, lse, dq, dk, dv)`` of this rank (dk/dv include what the ring handed in).
     """
     cfg = CPConfig(None, "p2p", causal, softmax_scale, backend=backend)
@@ -490,8 +541,29 @@ def rank_local_work(
         cfg, meta, rank, meta.calls_for("p2p", causal, rank), get_backend(q.device, backend),
         softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5, tuning,
     )
-    out, lse, blocks = _ring_forward(step, q, k, v, ring)
-    dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ring)
+    if graphs is None:
+        return _local_work(step, q, k, v, dout, ring)
+    cp = meta.cp_size
+
+    def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        loop = LoopbackRing.from_tensors(rank, cp, xs[4:]) if ring is not None else None
+        res = _local_work(step, *xs[:4], loop)
+        sent = sorted(loop.sent, key=lambda item: item[1]) if loop is not None else []
+        return (*res, *[t for tensors, _ in sent for t in tensors])
+
+    extra = ring.tensors() if ring is not None else []
+    outs = graphs.run(_layout(step, "local_work", None, ring is not None), run,
+                      [q, k, v, dout, *extra], bind=True)
+    if ring is not None:  # what the rank sends to the owners of remote blocks, by owner
+        owners = sorted((rank - i) % cp for i in range(1, cp))
+        ring.sent += [(list(outs[5 + 2 * i : 7 + 2 * i]), owner)
+                      for i, owner in enumerate(owners)]
+    return outs[:5]
+
+
+def _local_work(s: _Step, q, k, v, dout, ring: LoopbackRing | None) -> tuple[torch.Tensor, ...]:
+    out, lse, blocks = _ring_forward(s, q, k, v, ring)
+    dq, dk, dv = _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
     return out, lse, dq, dk, dv
 
 
@@ -509,6 +581,7 @@ def cp_attn(
     broken_always_zero_fill: bool = False,
     backend: str | None = None,
     save_remote_kv: bool = True,
+    graphs: bool = False,
 ) -> torch.Tensor:
     """Attention of this rank's local THD queries over the whole packed batch.
 
@@ -522,11 +595,16 @@ def cp_attn(
     :param backend: local kernel (``math``, ``flash``, ``cudnn``); default picks per device.
     :param save_remote_kv: P2P only: keep received KV blocks for backward (faster, uses
         ``cp-1`` extra local KV blocks of memory); False runs the backward KV ring instead.
+    :param graphs: replay forward and backward from CUDA graphs captured once per layout
+        (:data:`GRAPHS`; inputs are copied into the graph's buffers and results cloned out
+        of them, so any tensors of the layout's shapes work); a layout whose capture fails
+        runs eagerly after one WARNING line. Inside the caller's own graph capture the step
+        runs eagerly (it is capturable: no host sync).
     :returns: the local output rows, padding rows zero.
     :raises ValueError: when shapes, devices or the group do not match the metadata.
     """
     cfg = CPConfig(group, comm, causal, softmax_scale, broken_identity_padding,
-                   broken_always_zero_fill, backend, save_remote_kv)
+                   broken_always_zero_fill, backend, save_remote_kv, graphs)
     _validate(q, k, v, meta, cfg)
     return _CPAttention.apply(q, k, v, meta, cfg)
 
