@@ -11,9 +11,10 @@ strategy, rank, kernel, tuning, tensor shapes) to one :class:`CapturedStep`. Inp
 * copied (default): the graph owns static input buffers; each call copies the caller's
   tensors into them (no copy for a tensor that already is the static buffer), so any tensors
   with the layout's shapes replay the same graph; or
-* bound (``bind=True``): the graph reads the caller's tensors themselves, and the key includes
-  their addresses; a caller that keeps its buffers (a benchmark loop, a model whose inputs live
-  in its own static buffers) replays with no copy at all, and other buffers capture anew.
+* bound (``bind=True``): the graph reads the caller's tensors themselves, and the key is those
+  tensor objects (held by the cache); a caller that keeps its buffers (a benchmark loop, a
+  model whose inputs live in its own static buffers) replays with no copy at all, and other
+  tensors capture anew.
 
 Outputs are the graph's static buffers, overwritten by the next replay of the same graph (as
 for ``torch.cuda.graphs``); a caller that needs them longer clones them.
@@ -84,12 +85,15 @@ class CapturedStep:
     #: The captured function: it holds what the graph reads besides its inputs (the
     #: :class:`PackedBatch` device buffers, cached kernel metadata), so they stay alive.
     keep: object = None
+    #: The static inputs are the caller's tensors (replays copy nothing).
+    bound: bool = False
 
     def replay(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Copy ``inputs`` into the static inputs (unless they are them) and replay."""
-        for static, given in zip(self.inputs, inputs, strict=True):
-            if given.data_ptr() != static.data_ptr():
-                static.copy_(given)
+        if not self.bound:
+            for static, given in zip(self.inputs, inputs, strict=True):
+                if given.data_ptr() != static.data_ptr():
+                    static.copy_(given)
         self.graph.replay()
         return self.outputs
 
@@ -123,15 +127,19 @@ def capture_cuda(fn: StepFn, inputs: Sequence[torch.Tensor], bind: bool) -> Capt
                 outputs = tuple(fn(static))
         except Exception as exc:
             raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
-    return CapturedStep(graph, tuple(static), outputs, keep=fn)
+    return CapturedStep(graph, tuple(static), outputs, keep=fn, bound=bind)
 
 
 def _signature(inputs: Sequence[torch.Tensor], bind: bool) -> tuple:
-    """What a graph bakes in about its inputs (addresses too when it reads them in place)."""
-    sig = tuple((t.dtype, t.shape, t.stride(), t.device) for t in inputs)
+    """What a graph bakes in about its inputs.
+
+    Bound: the tensor objects themselves (by id: the cache holds them, so no other object can
+    take their ids while the graph is cached; a bound tensor must not be resized or re-pointed
+    in place). Copied: dtype, shape, strides and device.
+    """
     if bind:
-        sig += tuple(t.data_ptr() for t in inputs)
-    return sig
+        return (True, *map(id, inputs))
+    return tuple((t.dtype, t.shape, t.stride(), t.device) for t in inputs)
 
 
 class StepGraphs:

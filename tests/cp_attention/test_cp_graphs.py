@@ -47,7 +47,7 @@ class HostGraph:
 def host_capture(fn: StepFn, inputs: Sequence[torch.Tensor], bind: bool) -> CapturedStep:
     static = list(inputs) if bind else [t.clone() for t in inputs]
     graph = HostGraph(fn, static)
-    return CapturedStep(graph, tuple(static), graph.outputs, keep=fn)
+    return CapturedStep(graph, tuple(static), graph.outputs, keep=fn, bound=bind)
 
 
 def _double(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
