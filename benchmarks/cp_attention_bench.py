@@ -286,7 +286,7 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
 
 # -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
 _OFF = {"fused_merge": False, "in_place": False, "remote_rows": False, "dq_rows": False,
-        "joint_bwd": False, "dq_fp32": False}
+        "joint_bwd": False, "dq_fp32": False, "peer_sum": False}
 _DAY1 = {**_OFF, "fused_merge": True, "in_place": True, "remote_rows": True}
 FLOOR_ARMS = {
     "before": _OFF,
@@ -298,10 +298,12 @@ FLOOR_ARMS = {
     "day-1 after": _DAY1,
     "day 1 + dq rows": {**_DAY1, "dq_rows": True},
     "day 1 + joint bwd": {**_DAY1, "joint_bwd": True},
-    "after": {**_DAY1, "dq_rows": True},
-    "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True},
+    "after": {**_DAY1, "dq_rows": True, "peer_sum": True},
+    "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True, "peer_sum": True},
     # Day 3: float32 dQ from cuDNN (no dQ conversion kernel), the steps' dQ summed once.
-    "after + dq fp32": {**_DAY1, "dq_rows": True, "dq_fp32": True},
+    "after + dq fp32": {**_DAY1, "dq_rows": True, "dq_fp32": True, "peer_sum": True},
+    # Issue 29: the peers' dK/dV added one by one (the defaults before peer_sum).
+    "after, no peer sum": {**_DAY1, "dq_rows": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend). Day 1's run 2 had
 #: "after, cudnn autotune" with heuristics modes A + FALLBACK: no gain, 1 plan per shape; the
@@ -311,7 +313,8 @@ FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
                      "after + dq fp32, cudnn autotune": ("after + dq fp32", "cudnn_autotune")}
 #: Arms that replay each rank's step from a CUDA graph (cp_attention.graphs, bound to the
 #: layer's tensors): (tuning arm, backend; None = the --kernels choice).
-FLOOR_GRAPH_ARMS = {"graphs": ("after", None), "graphs, flash kernel": ("after", "flash")}
+FLOOR_GRAPH_ARMS = {"graphs": ("after", None), "graphs, flash kernel": ("after", "flash"),
+                    "graphs, no peer sum": ("after, no peer sum", None)}
 
 
 def _call_pairs(call) -> int:

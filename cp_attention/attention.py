@@ -67,6 +67,11 @@ class Tuning:
       per extra step). cuDNN 9.19 does not honour a float32 dQ (the backend checks once and
       returns 16-bit dQ), so on H200 it only merges the adds into one pass: cp=2 rank 0 5.91
       vs 5.85 ms, rank 1 6.16 vs 6.15; cp=4 ranks 1-3 0.03-0.05 ms less (run 8).
+    * ``peer_sum``: (saved-KV backward, with ``remote_rows``) the ``cp - 1`` peers' dK/dV for
+      our block are added to ours in one pass per tensor (float32 sum at each peer's rows,
+      rounded once; :func:`~cp_attention.merge.sum_parts`, one kernel per four parts) instead
+      of one add per peer, each rounded: launches and passes over the block stop growing with
+      ``cp`` as fast (cp=8: 4 instead of 14 per layer).
     """
 
     fused_merge: bool = True
@@ -75,6 +80,7 @@ class Tuning:
     dq_rows: bool = True
     joint_bwd: bool = False
     dq_fp32: bool = False
+    peer_sum: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +182,14 @@ class _Step:
             return None
         return self.meta.joint_bwd(self.cfg.causal, self.rank)
 
+    def peer_call(self, step: int) -> AttnCall | None:
+        """The call rank ``rank + step`` runs on our KV block at its ring step ``step``."""
+        peer = (self.rank + step) % self.meta.cp_size
+        return self.meta.calls_for("p2p", self.cfg.causal, peer)[step]
+
     def peer_rows(self, step: int) -> Rows | None:
         """Rows of our KV block that rank ``rank + step`` reads at its ring step ``step``."""
-        peer = (self.rank + step) % self.meta.cp_size
-        call = self.meta.calls_for("p2p", self.cfg.causal, peer)[step]
+        call = self.peer_call(step)
         return None if call is None else call.k_rows
 
 
@@ -251,7 +261,10 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
     if ring is not None and ring.size > 1:
         received = pending.wait()
         with phase("grad_reduce"):
-            for j, step in enumerate(range(1, ring.size)):
+            if s.tuning.remote_rows and s.tuning.peer_sum:
+                block = [_sum_peer_grads(s, block[t], received[t::2]) for t in range(2)]
+                received = []
+            for j, step in enumerate(range(1, ring.size) if received else ()):
                 if s.tuning.remote_rows:
                     rows = s.peer_rows(step)
                     add_block_rows(block[0], received[2 * j], rows, s.fused)
@@ -266,6 +279,17 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         for part, rows in partial_dq:
             add_block_rows(dq, part, rows, s.fused)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
+
+
+def _sum_peer_grads(s: _Step, own: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    """``own`` plus each peer's gradient for our block (``grads[i]`` from ring step ``i + 1``),
+    each read only at the rows that peer's step read, summed in one pass, rounded once."""
+    parts: list[tuple[torch.Tensor, Rows | None, dict | None]] = [(own, None, None)]
+    for step, grad in enumerate(grads, start=1):
+        call = s.peer_call(step)
+        if call is not None:  # the peer's own call caches the device mask of its key rows
+            parts.append((grad, call.k_rows, call.cache.setdefault("peer_grad_masks", {})))
+    return sum_parts(parts, own, s.fused)
 
 
 def _dq_part(dq: torch.Tensor, call: AttnCall, planned: AttnCall | None, q: torch.Tensor,
