@@ -1,6 +1,6 @@
 """Before any comparison: may these two runs (window groups) be compared at all?
 
-``comparability(base, head, base_window, head_window)`` checks, in this order, what the two
+``comparability(base, head, base_window, head_window)`` checks what the two
 sides ran and how they were captured (``RunEnvironment``, filled by ``analyzers.run_identity``)
 and returns one typed :class:`~analyzers.report.ComparabilityIssue` per difference:
 
@@ -14,8 +14,8 @@ world_size          ``distributedInfo.world_size`` (or ranks)    refused
 gpu_model           the device names in the traces                refused
 rank_set            the ranks present in the compared windows     warning
 versions            torch, Transformer Engine or cuDNN            warning
-step_definition     whole trace vs steps, how steps are marked,   warning
-                    steps per window, step counts
+step_definition     whole trace vs steps, kind of window, steps   warning
+                    per window, timeline basis, step counts
 profiler            nsys vs Kineto, Kineto with Python stacks     refused when the
                                                                   iteration times are
                                                                   profiled durations
