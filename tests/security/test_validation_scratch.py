@@ -54,7 +54,7 @@ def _slow_bundle(path: Path) -> Path:
 def test_a_killed_validation_leaves_no_scratch(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path / "data", ingest_workers=1, validation_time_limit_s=60,
-        max_decompressed_bytes=2 * BIG,
+        max_decompressed_bytes=2 * BIG, max_stored_ratio=10_000,
     )  # fmt: skip
     app = create_app(settings)
     token = app.state.db.write_tx(lambda c: create_token(c, role=Role.RUNNER))
