@@ -201,12 +201,17 @@ def _iterations(manifest: RunManifest | None, metrics: Metrics) -> list[Iteratio
     several-fold slower with Python stacks, so rules never take savings from them.
     The all-ranks row (``rank=None``) takes the slowest rank per iteration when every rank has
     the same number of samples (a step ends when its slowest rank does); else it pools them.
+    A variant without a window is the whole job (``cptrace profile`` times every step of it):
+    its timed iterations belong to the trace's one step group, or to the whole trace when the
+    trace marks no steps.
     """
+    steps = [g for g in metrics.groups if g != WHOLE_TRACE]
+    whole_job = steps[0] if len(steps) == 1 else WHOLE_TRACE if not steps else None
     measured: dict[str, dict[int, list[float]]] = {}
     if manifest is not None:
         for variant in manifest.variants:
             if variant.iteration_ms:
-                group = variant.window or variant.name
+                group = variant.window or whole_job or variant.name
                 measured[group] = {int(r): list(v) for r, v in variant.iteration_ms.items()}
     from_windows: dict[str, dict[int, list[float]]] = {}
     for (rank, group), durations in metrics.durations_ms.items():
