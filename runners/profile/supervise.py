@@ -120,24 +120,45 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             continue
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # after "(comm)": state, ppid
+
+
+def descends_from(pid: int, root: int) -> bool:
+    """Whether process ``pid`` is ``root`` or one of its descendants (torchrun starts each
+    worker in a session of its own, so the process group does not tell)."""
+    seen = 0
+    current: int | None = pid
+    while current is not None and current > 1 and seen < 64:
+        if current == root:
+            return True
+        current, seen = _parent(current), seen + 1
+    return False
+
+
 def dump_stacks(
-    statuses: dict[int, dict[str, Any]], status_dir: Path, group: int,
+    statuses: dict[int, dict[str, Any]], status_dir: Path, root: int,
     wait_s: float = STACK_WAIT_S,
 ) -> dict[int, str]:
-    """Signal every live rank of process group ``group`` to dump its stacks; rank -> text.
+    """Signal every live rank under process ``root`` to dump its stacks; rank -> text.
 
-    Only ranks whose status names a pid still in the group are signalled (never a recycled pid
-    of someone else's process). A rank that does not answer within ``wait_s`` is left out.
+    Only ranks whose status names a pid that descends from ``root`` are signalled (never a
+    recycled pid of someone else's process). A rank that does not answer within ``wait_s`` is
+    left out.
     """
     asked: dict[int, Path] = {}
     for rank, status in sorted(statuses.items()):
         pid = status.get("pid")
         if not isinstance(pid, int) or status.get("state") == "exited":
             continue
+        if not descends_from(pid, root):
+            continue
         path = stacks_path(status_dir, rank)
-        with contextlib.suppress(OSError):  # gone already, or not ours to signal
-            if os.getpgid(pid) != group:
-                continue
+        with contextlib.suppress(OSError):  # gone already
             os.kill(pid, STACKS_SIGNAL)
             asked[rank] = path
     stacks: dict[int, str] = {}
@@ -390,7 +411,7 @@ def failure_summary(record: dict[str, Any]) -> str:
         elif status.get("state") == "failed":
             parts.append(f"rank {rank} failed too")
         elif status.get("waiting_at"):
-            parts.append(f"rank {rank} was{_at(status)}")
+            parts.append(f"rank {rank} was {status.get('state') or 'running'}{_at(status)}")
     hung = record.get("hung")
     if record.get("stopped_by_watchdog"):
         parts.append(
