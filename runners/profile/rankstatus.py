@@ -15,7 +15,9 @@ launcher's watchdog (``runners/profile/supervise.py``) reads:
 It also arms Python's ``faulthandler`` on ``SIGUSR1`` (:data:`STACKS_SIGNAL`): the watchdog sends
 it to every rank before it stops a failed or hung job, and each rank writes the Python stack of
 every thread to ``stacks_rank<r>.txt`` beside its status file (from the signal handler, in C, so
-a rank blocked inside a collective answers too).
+a rank blocked inside a collective, or holding the GIL, answers too). A rank the launcher cannot
+signal (its own pid namespace) is asked by a request file instead, which the status thread
+answers with ``faulthandler.dump_traceback``.
 
 Nothing here reads environment variables other than the rank and the status directory.
 """
@@ -51,8 +53,14 @@ STACKS_SIGNAL = signal.SIGUSR1
 
 
 def stacks_path(directory: Path, rank: int) -> Path:
-    """Where rank ``rank`` writes its stacks when signalled (the launcher reads it)."""
+    """Where rank ``rank`` writes its stacks when asked (the launcher reads it)."""
     return directory / f"stacks_rank{rank}.txt"
+
+
+def stacks_request_path(directory: Path, rank: int) -> Path:
+    """The file whose appearance asks rank ``rank`` for its stacks: for a rank the launcher
+    cannot signal (a job in a sandbox with its own pid namespace)."""
+    return directory / f"stacks_rank{rank}.request"
 
 
 def exception_record(
@@ -79,6 +87,7 @@ class RankReporter:
     def __init__(self, directory: Path, rank: int, *, interval_s: float = 0.25) -> None:
         self.path = directory / f"rank{rank}.json"
         self.stacks = stacks_path(directory, rank)
+        self.stacks_request = stacks_request_path(directory, rank)
         self._stacks_file: Any = None
         self.rank = rank
         self.interval_s = interval_s
@@ -124,9 +133,15 @@ class RankReporter:
         self.state = "failed"
         self.write(force=True)
 
+    def _answer_stacks_request(self) -> None:
+        if self._stacks_file is not None and self.stacks_request.exists():
+            faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
+            self.stacks_request.unlink(missing_ok=True)
+
     def _heartbeat(self) -> None:
         while True:
             time.sleep(self.interval_s)
+            self._answer_stacks_request()
             if self.state in ("failed", "exited"):
                 continue
             name, since = self.collective, self.collective_since

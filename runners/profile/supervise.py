@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runners.profile.rankstatus import STACKS_SIGNAL, stacks_path
+from runners.profile.rankstatus import STACKS_SIGNAL, stacks_path, stacks_request_path
 
 LOG_TAIL_LINES = 60
 FAILURE_TAIL_LINES = 40
@@ -144,10 +144,11 @@ def dump_stacks(
     statuses: dict[int, dict[str, Any]], status_dir: Path, root: int,
     wait_s: float = STACK_WAIT_S,
 ) -> dict[int, str]:
-    """Signal every live rank under process ``root`` to dump its stacks; rank -> text.
+    """Ask every live rank under process ``root`` for its stacks; rank -> text.
 
-    Only ranks whose status names a pid that descends from ``root`` are signalled (never a
-    recycled pid of someone else's process). A rank that does not answer within ``wait_s`` is
+    A rank whose status names a pid that descends from ``root`` gets the signal (never a
+    recycled pid of someone else's process); any other rank (in a sandbox's pid namespace) a
+    request file its status thread answers. A rank that does not answer within ``wait_s`` is
     left out.
     """
     asked: dict[int, Path] = {}
@@ -155,12 +156,15 @@ def dump_stacks(
         pid = status.get("pid")
         if not isinstance(pid, int) or status.get("state") == "exited":
             continue
-        if not descends_from(pid, root):
-            continue
-        path = stacks_path(status_dir, rank)
-        with contextlib.suppress(OSError):  # gone already
+        asked[rank] = stacks_path(status_dir, rank)
+        try:
+            # A rank that raised may be in interpreter shutdown, where faulthandler has given
+            # the signal back to its default action (terminate): ask it by file instead.
+            if status.get("state") == "failed" or not descends_from(pid, root):
+                raise ProcessLookupError(pid)
             os.kill(pid, STACKS_SIGNAL)
-            asked[rank] = path
+        except OSError:
+            stacks_request_path(status_dir, rank).touch()
     stacks: dict[int, str] = {}
     deadline = time.monotonic() + wait_s
     sizes: dict[int, int] = {}
