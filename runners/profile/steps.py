@@ -127,16 +127,18 @@ class StepClock:
         self.clocks: dict[str, int] = {}
         self._pending: deque[tuple[Any, Any, bool]] = deque()
         self._start: tuple[str, Any] | None = None
+        self._cuda_module: Any = None
         self._last_write = time.monotonic()
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _cuda() -> Any:
-        torch = sys.modules.get("torch")  # a step means torch is loaded; never import it here
-        cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_available() and cuda.is_initialized():
-            return cuda
-        return None
+    def _cuda(self) -> Any:
+        """``torch.cuda`` once the job initialised CUDA (then for good), else None."""
+        if self._cuda_module is None:
+            torch = sys.modules.get("torch")  # a step means torch is loaded; never import it
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_initialized():
+                self._cuda_module = cuda
+        return self._cuda_module
 
     def begin(self) -> None:
         cuda = self._cuda()

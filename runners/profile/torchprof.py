@@ -57,16 +57,16 @@ class StepProfiler:
         self.prof: Any = None
         self.done = False
         self.exported: Path | None = None
+        self._idle: Any = None
+        """``ProfilerAction.NONE``, bound when the profiler starts (a step reads it)."""
         self._lock = threading.Lock()
 
     def recording(self) -> bool:
         """Whether the profiler is tracing now (its warm-up and active steps)."""
-        from torch.profiler import ProfilerAction
-
         prof = self.prof
         if prof is None or self.done:
             return False
-        return bool(prof.current_action != ProfilerAction.NONE)
+        return bool(prof.current_action != self._idle)
 
     @property
     def total_steps(self) -> int:
@@ -74,8 +74,9 @@ class StepProfiler:
 
     def _start(self) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+        self._idle = ProfilerAction.NONE
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
