@@ -10,6 +10,7 @@ probe's facts, the environment, the command line without secrets, the exit statu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from runners.profile.command import (
     find_nsys,
     parse_launch,
     redact_argv,
+    scrub,
+    secret_values,
     wrapped_command,
 )
 from runners.profile.facts import observed_facts, read_probe_files
@@ -138,8 +141,6 @@ def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
     else:
         env.pop(TORCH_PROFILE_ENV, None)
     if opts.probe:
-        import json
-
         env[PROBE_ENV] = json.dumps(
             {"out_dir": str(scratch / "probe"), "first": opts.probe_first,
              "every": opts.probe_every}
@@ -210,6 +211,16 @@ def _export_nsys(out: Path, scratch: Path, opts: ProfileOptions, log: Path) -> l
     return traces
 
 
+def _scrubbed(record: dict[str, Any] | None, cmd: list[str]) -> dict[str, Any] | None:
+    """The failure record without the secret values of the command line (a job that prints its
+    arguments, an exception message quoting one), as the recorded command line is."""
+    secrets = secret_values(cmd)
+    if record is None or not secrets:
+        return record
+    escaped = [json.dumps(s)[1:-1] for s in secrets]
+    return dict(json.loads(scrub(json.dumps(record), escaped)))
+
+
 def _run_name(opts: ProfileOptions, launch: Launch) -> str:
     if opts.name:
         return opts.name
@@ -239,7 +250,7 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
             watchdog_s=opts.watchdog_s, hang_s=opts.hang_timeout_s, timeout_s=opts.timeout_s,
             cancel=opts.cancel, cwd=opts.cwd, echo=opts.echo,
         )
-        failure = failure_record(result, watchdog_s=opts.watchdog_s)
+        failure = _scrubbed(failure_record(result, watchdog_s=opts.watchdog_s), cmd)
         traces = _collect_traces(out, scratch, opts, log)
         if not traces and failure is None:
             raise ProfileError(

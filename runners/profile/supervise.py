@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from runners.profile.command import redact_argv
 from runners.profile.rankstatus import STACKS_SIGNAL, stacks_path, stacks_request_path
 
 LOG_TAIL_LINES = 60
@@ -243,7 +244,7 @@ def supervise(
     started = time.monotonic()
     with log.open("ab") as fh:
         output = _Output(fh, echo)
-        output.note(f"$ {shlex.join(cmd)}\n")
+        output.note(f"$ {shlex.join(redact_argv(cmd))}\n")
         try:
             proc, pump = _start(cmd, env, cwd, output)
         except OSError as exc:

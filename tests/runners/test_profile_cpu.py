@@ -214,3 +214,20 @@ def test_every_step_is_timed_not_only_the_profiled_ones(tmp_path: Path) -> None:
     assert [(it.label, it.rank, it.n) for it in timed] == [
         ("ProfilerStep", 0, 24), ("ProfilerStep", None, 24)]
     assert not any("no timed iterations" in note for note in report.notes)
+
+
+def test_a_failed_jobs_record_holds_no_secret_of_its_command_line(tmp_path: Path) -> None:
+    """The job prints its --token and raises with it: the failure record (log tail, exception)
+    shows ***, as the recorded command line does; the log's command line is redacted too."""
+    out = tmp_path / "leaky"
+    job = ("import sys, torch; print('args:', sys.argv[1:], flush=True); "
+           "raise ValueError('bad token ' + sys.argv[2])")
+    result = _profile(out, ["--torch", "--watchdog", "1", "--quiet"],
+                      [sys.executable, "-c", job, "--token", SECRET])
+    assert result.exit_code == 1, result.output
+    failure = _manifest(out)["failure"]
+    assert failure["exception"]["message"] == "bad token ***"
+    assert any("args: ['--token', '***']" in line for line in failure["log_tail"])
+    assert SECRET not in (out / "manifest.json").read_text()
+    log = (out / "logs" / "profile.log").read_text().splitlines()
+    assert log[0].startswith("$ ") and SECRET not in log[0] and log[0].endswith("--token '***'")
