@@ -309,13 +309,20 @@ def _note_hang(
 ) -> None:
     if hang_s is None or result.hung is not None:
         return
-    waiting = [
-        s for s in statuses.values()
-        if s.get("state") == "waiting" and float(s.get("waiting_s") or 0.0) > hang_s
-    ]
-    if waiting:
-        longest = max(waiting, key=lambda s: float(s.get("waiting_s") or 0.0))
-        result.hung = {k: longest.get(k) for k in ("rank", "collective", "waiting_s")}
+    now = time.time()
+    # waited so far = at the last write + since it (a rank whose status thread cannot run, the
+    # GIL held inside the collective, stops writing but keeps waiting)
+    waited = {
+        rank: float(s.get("waiting_s") or 0.0) + max(0.0, now - float(s.get("updated_at") or now))
+        for rank, s in statuses.items() if s.get("state") == "waiting"
+    }
+    over = {rank: w for rank, w in waited.items() if w > hang_s}
+    if over:
+        rank = max(over, key=lambda r: over[r])
+        result.hung = {
+            "rank": rank, "collective": statuses[rank].get("collective"),
+            "waiting_s": round(over[rank], 3),
+        }
 
 
 def _note_failure(result: Supervised, statuses: dict[int, dict[str, Any]], at_s: float) -> None:
