@@ -58,6 +58,8 @@ class StepBoundaries:
     begin: list[Listener] = field(default_factory=list)
     end: list[Listener] = field(default_factory=list)
     clock: StepClock | None = None
+    recording: Callable[[], bool] = lambda: False
+    """Whether the PyTorch profiler is tracing now (``runners/profile/torchprof.py`` sets it)."""
     _started: bool = False
 
     def on_begin(self) -> None:
@@ -68,7 +70,7 @@ class StepBoundaries:
 
     def on_end(self) -> None:
         if self.clock is not None:
-            self.clock.end()
+            self.clock.end(profiled=self.recording())
         for listener in self.end:
             listener()
 
@@ -113,14 +115,10 @@ class StepBoundaries:
 class StepClock:
     """Times each step; keeps the samples of one process and writes them to its record."""
 
-    def __init__(
-        self, path: Path | None, rank: int, step_on: str,
-        recording: Callable[[], bool] = lambda: False,
-    ) -> None:
+    def __init__(self, path: Path | None, rank: int, step_on: str) -> None:
         self.path = path
         self.rank = rank
         self.step_on = step_on
-        self.recording = recording
         self.ms: list[float] = []
         self.profiled: list[int] = []
         """Indices of steps during which the PyTorch profiler was recording."""
@@ -149,11 +147,11 @@ class StepClock:
         else:
             self._start = (PERF_COUNTER, time.perf_counter())
 
-    def end(self) -> None:
+    def end(self, *, profiled: bool = False) -> None:
+        """The step ends; ``profiled``: the PyTorch profiler was tracing during it."""
         started, self._start = self._start, None
         if started is None:
             return
-        profiled = self.recording()
         kind, mark = started
         if kind == CUDA_EVENT:
             cuda = self._cuda()
@@ -245,8 +243,6 @@ def install(config: StepsConfig, rank: int | None = None) -> StepClock:
         return _CLOCK
     rank = rank_from_environment() if rank is None else rank
     clock = StepClock(config.out_dir / f"steps_rank{rank}.json", rank, config.step_on)
-    if _RECORDING:
-        clock.recording = _RECORDING[0]
     boundaries_for(config.step_on).clock = clock
     atexit.register(lambda: clock.write(final=True))
     _CLOCK = clock
@@ -257,17 +253,3 @@ def install_from_environment() -> StepClock | None:
     raw = os.environ.get(STEPS_ENV)
     return install(StepsConfig.from_env(raw)) if raw else None
 
-
-def clock() -> StepClock | None:
-    """This process's step clock (None when ``$CPTRACE_STEPS`` was not set)."""
-    return _CLOCK
-
-
-_RECORDING: list[Callable[[], bool]] = []
-
-
-def set_recording(recording: Callable[[], bool]) -> None:
-    """Tell the clock how to know that the PyTorch profiler is tracing (installed in any order)."""
-    _RECORDING[:] = [recording]
-    if _CLOCK is not None:
-        _CLOCK.recording = recording

@@ -126,7 +126,7 @@ def install(config: TorchProfileConfig, rank: int | None = None) -> StepProfiler
     (boundaries.begin if config.step_on == OPTIMIZER_STEP else boundaries.end).append(
         profiler.step
     )
-    steps.set_recording(profiler.recording)
+    boundaries.recording = profiler.recording
     previous_hook = sys.excepthook
 
     def excepthook(*exc: Any) -> None:
