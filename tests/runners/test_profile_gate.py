@@ -1,10 +1,12 @@
 """Every step timed is what makes the pull-request gate able to fail: two real ``cptrace
-profile`` runs of one job with the default profile settings, the head's steps 4x slower, give
-n >= 20 timed iterations per side, and the gate (default thresholds) fails the head. A trace
-that marks no steps (nsys of a job without NVTX steps) carries them on the group compared."""
+profile`` runs of one job (the same command line in two checkouts, the head's step code 4x
+slower) with the default profile settings give n >= 20 timed iterations per side, and the gate
+(default thresholds) fails the head. A trace that marks no steps (nsys of a job without NVTX
+steps) carries them on the group compared."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,13 +20,31 @@ from pr_bot.policy import StatusState, Thresholds, TimeOutcome, judge
 from runners.bundle import add_trace, finalize_bundle, run_info, trace_entry
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+STEP_CODE = """import time
+
+import torch
+
+MS = {ms}
 
 
-def _profile(out: Path, ms: float) -> Path:
+def step() -> float:
+    x = torch.randn(32, 32)
+    time.sleep(MS / 1000)
+    return float((x @ x).sum())
+"""
+
+
+def _profile(checkout: Path, ms: float, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``cptrace profile`` of ``python paced_loop.py --steps 30`` in a checkout of its own."""
+    checkout.mkdir()
+    shutil.copy(SCRIPTS / "paced_loop.py", checkout / "paced_loop.py")
+    (checkout / "paced_step.py").write_text(STEP_CODE.format(ms=ms))
+    monkeypatch.chdir(checkout)
+    out = checkout / "bundle"
     result = CliRunner().invoke(app, [
         "profile", "--no-nsys", "--torch", "--step-function", "paced_step:step", "--quiet",
-        "--out", str(out), "--timeout", "120", "--",
-        sys.executable, str(SCRIPTS / "paced_loop.py"), "--steps", "30", "--ms", str(ms),
+        "--out", str(out), "--timeout", "120", "--name", "paced", "--",
+        sys.executable, "paced_loop.py", "--steps", "30",
     ])
     assert result.exit_code == 0, result.output
     return out
@@ -32,11 +52,12 @@ def _profile(out: Path, ms: float) -> Path:
 
 @pytest.mark.slow
 def test_four_times_slower_steps_fail_the_gate_with_the_default_settings(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    base = analyze(_profile(tmp_path / "base", 4.0))
-    head = analyze(_profile(tmp_path / "head", 16.0))
+    base = analyze(_profile(tmp_path / "base", 4.0, monkeypatch))
+    head = analyze(_profile(tmp_path / "head", 16.0, monkeypatch))
     report = compare_reports(base, head)
+    assert not [c for c in report.comparability if c.refuses_time_verdict], report.comparability
     assert report.iterations is not None
     # 30 calls: 1 warm-up and 4 under the profiler (its warm-up + 3 active) left out.
     assert report.iterations.base.n == report.iterations.head.n == 25
