@@ -121,7 +121,8 @@ def profile(
         archive = result.bundle.with_name(result.bundle.name + ".tar.gz")
         digest = pack_bundle(result.bundle, archive)
         typer.echo(f"archive: {archive} sha256 {digest}")
-    typer.echo(_timing_line(result.iterations))
+    if result.iterations or result.failure is None:
+        typer.echo(_timing_line(result.iterations))
     if result.failure is not None:
         for line in failure_lines(result.failure):
             typer.echo(line, err=True)
@@ -130,7 +131,8 @@ def profile(
 
 def _timing_line(iterations: dict[int, list[float]]) -> str:
     if not iterations:
-        return "steps: none timed (no step boundary seen; see --step-function)"
+        return ("steps: none timed (fewer steps than the warm-up and the profiled ones, or no "
+                "step boundary seen: see --step-function, --time-warmup)")
     import statistics
 
     per_rank = ", ".join(
