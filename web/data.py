@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -18,6 +19,8 @@ from analyzers.catalog import Catalog
 from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
 from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
+from analyzers.failure import failure_headline, failure_of, rank_stacks
+from analyzers.manifest import FailureRecord
 from analyzers.report import (
     AnalysisReport,
     ComparisonReport,
@@ -145,8 +148,39 @@ class ArmComparison(BaseModel):
     url: str
 
 
+class RankStackView(BaseModel):
+    """One rank's Python stack from the watchdog's ``faulthandler`` dump."""
+
+    rank: str
+    waiting_at: str | None  # "train.py:30 in step": the innermost frame of user code
+    text: str
+
+
+class FailureView(BaseModel):
+    """How the run's job failed or hung: the headline every surface leads with, the record."""
+
+    headline: str
+    record: FailureRecord
+    stacks: list[RankStackView]
+
+
+def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
+    """The run's failure (manifest ``failure``), None for a run whose job ended cleanly."""
+    record = failure_of(manifest)
+    if record is None:
+        return None
+    stacks = [
+        RankStackView(rank=s.rank, waiting_at=s.waiting_at.where() if s.waiting_at else None,
+                      text=s.text)
+        for s in rank_stacks(record)
+    ]  # fmt: skip
+    return FailureView(headline=failure_headline(record), record=record, stacks=stacks)
+
+
 class RunPage(BaseModel):
     run: RunDetail
+    failure: FailureView | None = None
+    """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
     implementation: str | None
     verdict: str
     helpers: list[HelperRow]
@@ -344,6 +378,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
+        failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
         helpers=helpers,
@@ -406,6 +441,9 @@ class ComparePage(BaseModel):
     figures: dict[str, Figure]
     host: ComparisonHostTime | None = None
     """Per-helper host time when a side has no GPU activity (None: the GPU tables apply)."""
+    base_failure: str | None = None
+    """The failure headline when the base run's job failed or hung (its verdict: failed)."""
+    head_failure: str | None = None
 
 
 def comparison_host_time(
@@ -459,7 +497,15 @@ def compare_page(
         comparison_url=page_url,
     )
     host = comparison_host_time(store, base_id, head_id, report)
+    base_failure, head_failure = failure_view(base.manifest), failure_view(head.manifest)
+    context = replace(
+        context,
+        base_failure=base_failure.record if base_failure else None,
+        head_failure=head_failure.record if head_failure else None,
+    )
     return ComparePage(
+        base_failure=base_failure.headline if base_failure else None,
+        head_failure=head_failure.headline if head_failure else None,
         base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
         head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
         base_window=base_window,

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from analyzers.compare import CompareError
+from analyzers.failure import failure_headline, failure_of
 from pr_bot.comment import CommentContext
 from pr_bot.deltas import host_rows_for
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
@@ -149,11 +150,16 @@ class Publisher:
         merge_base: str | None,
     ) -> SpecResult:
         name = str(job["name"])
+        head = (
+            None if job["run_id"] is None else store.get_run(self.db, job["run_id"])
+        )
+        failure = failure_of(head.manifest) if head is not None else None
+        if failure is not None:  # the job failed or hung and left its bundle: say how
+            return FailedSpec(name, failure_headline(failure), job["log_tail"] or "", failure)
         if job["status"] == "failed":
             return FailedSpec(name, job["reason"] or "failed", job["log_tail"] or "")
-        if job["run_id"] is None:
+        if head is None:
             return FailedSpec(name, "the job completed without a run")
-        head = store.get_run(self.db, job["run_id"], include_report=True)
         if head.status != "analysed" or head.report is None:
             return FailedSpec(name, f"analysis of run #{head.id} {head.status}: {head.error or ''}")
         head_label = run_label(head.id, head.name, head.commit)

@@ -74,20 +74,39 @@ SUMMARY_FROM = (
     " LEFT JOIN run_metrics mm ON mm.run_id = r.id AND mm.metric = 'iteration_median_ms'"
     " AND mm.label = ''"
 )
+# A run whose job failed or hung (its manifest has a ``failure`` record) is ``failed`` whatever
+# its analysis found: traces of the steps before the failure must never make it look clean.
+_JOB_FAILED = (
+    "(json_valid(r.manifest_json) AND json_type(r.manifest_json, '$.failure') = 'object')"
+)
 _VERDICT = (
-    "CASE WHEN r.status = 'failed' THEN 'failed' WHEN r.status != 'analysed' THEN 'pending' "
+    f"CASE WHEN r.status = 'failed' OR {_JOB_FAILED} THEN 'failed' "
+    "WHEN r.status != 'analysed' THEN 'pending' "
     "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
 )
 _IMPLEMENTATION = (
     "CASE WHEN json_valid(r.manifest_json) "
     "THEN CAST(json_extract(r.manifest_json, '$.workload.implementation') AS TEXT) END"
 )
+
+
+def _run_tag(path: str, kind: Literal["text", "integer"] = "text") -> str:
+    """A manifest ``run`` tag the loop writes (``cptrace agent``); NULL when absent or not of
+    ``kind`` (the manifest is the uploader's JSON)."""
+    at = f"r.manifest_json, '$.run.{path}'"
+    return (
+        f"CASE WHEN json_valid(r.manifest_json) AND json_type({at}) = '{kind}' "
+        f"THEN json_extract({at}) END"
+    )
+
+
 SUMMARY_COLUMNS = f"""
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
        fm.value AS findings, mm.value AS median_ms, {_IMPLEMENTATION} AS implementation,
-       {_VERDICT} AS verdict"""
+       {_VERDICT} AS verdict, {_run_tag("repo")} AS repo, {_run_tag("pr", "integer")} AS pr,
+       {_run_tag("suite")} AS suite, {_run_tag("spec_name")} AS spec_name"""
 """The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
@@ -274,7 +293,8 @@ def metric_history(
     """One metric across the runs of one configuration (``HistoryPoint`` fields), oldest first."""
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
-        "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
+        f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed "
+        "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
     params: list[Any] = [config_key, metric]
