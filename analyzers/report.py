@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from analyzers.manifest import FailureRecord
+
 REPORT_SCHEMA_VERSION = 2
 """2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
 rank rows); the GPU timeline, device figures and kernel tables."""
@@ -494,6 +496,9 @@ class AnalysisReport(_Model):
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
     """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
+    failure: FailureRecord | None = None
+    """The manifest's failure record when the run's job failed or hung: the traces cover only
+    what ran before it (``analyzers.failure`` words it)."""
 
 
 class HelperDelta(_Model):

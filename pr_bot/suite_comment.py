@@ -205,3 +205,33 @@ def render_suite_comment(
     for result in results:
         lines += _section(result)
     return cap_length("\n".join(lines) + "\n", link)
+
+
+SUITE_FILE_MARKER = "<!-- cptrace:suite-file -->"
+"""The marker of the comment that reports an invalid suite file (one per pull request)."""
+
+
+def render_suite_file_error(where: str, field: str, problem: str, fix: str) -> str:
+    """The comment for an invalid ``.cptrace.yml``: the file, the field, what is wrong, the fix.
+
+    Nothing ran: the suites could not be read, so there is no per-suite comment either.
+    """
+    lines = [
+        SUITE_FILE_MARKER,
+        f"### cptrace: {_STATE_TEXT[StatusState.ERROR][0]} invalid suite file",
+        "",
+        "Nothing was measured: the suite file could not be read.",
+        "",
+        f"- **File**: {md_code(where)}",
+        f"- **Field**: {md_code(field)}",
+        f"- **Problem**: {md_text(problem)}",
+        f"- **Fix**: {md_text(fix)}",
+        "",
+        "Push a commit with the fix; its suites run then.",
+    ]
+    return cap_length("\n".join(lines) + "\n")
+
+
+def suite_file_status(field: str, problem: str) -> str:
+    """The commit status description (GitHub keeps 140 characters)."""
+    return f"invalid .cptrace.yml: {field}: {problem}"[:140]
