@@ -171,10 +171,15 @@ def render_failure(console: Any, failure: Any) -> None:
     console.print(
         f"[bold red]FAILED[/] the job failed: {escape(failure_headline(failure))}",
         highlight=False,
+        soft_wrap=True,  # one line, greppable in CI logs
     )
     for stack in rank_stacks(failure):
         where = f": waiting at {stack.waiting_at.where()}" if stack.waiting_at else ""
-        console.print(f"[bold]rank {escape(stack.rank)} stack{escape(where)}[/]", highlight=False)
+        console.print(
+            f"[bold]rank {escape(stack.rank)} stack{escape(where)}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
         console.print(escape(stack.text.rstrip()), highlight=False)
     if failure.log_tail:
         tail = failure.log_tail[-FAILURE_LOG_LINES:]
