@@ -73,6 +73,9 @@ class RunsQuery(BaseModel):
     verdict: str | None = None  # one of VERDICTS; "" (the form's "any") means no filter
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    repo: str | None = Field(default=None, max_length=200, description="the loop's repository")
+    pr: int | None = Field(default=None, ge=1, le=2**31, description="the loop's pull request")
+    suite: str | None = Field(default=None, max_length=200, description="the loop's suite")
     sort: str = "created_at"
     order: Literal["asc", "desc"] = "desc"
     page: int = Field(default=1, ge=1)
@@ -80,7 +83,7 @@ class RunsQuery(BaseModel):
 
     @field_validator(
         "implementation", "config_key", "branch", "commit", "status", "verdict", "date_from",
-        "date_to", mode="before",
+        "date_to", "repo", "pr", "suite", mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
@@ -112,6 +115,7 @@ def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
         commit=query.commit or None, status=query.status or None,
         implementation=query.implementation or None, verdict=verdict,
         date_from=query.date_from or None, date_to=query.date_to or None,
+        repo=query.repo or None, pr=query.pr, suite=query.suite or None,
     )  # fmt: skip
     start = (query.page - 1) * query.per_page
     rows = store.list_runs(filters, query.per_page, start, query.sort, query.order)

@@ -64,6 +64,9 @@ class RunFilters(BaseModel):
     verdict: Verdict | None = None
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    repo: str | None = Field(default=None, description="the loop's repository tag (owner/name)")
+    pr: int | None = Field(default=None, ge=1, le=2**31, description="the pull request tag")
+    suite: str | None = Field(default=None, description="the loop's suite tag")
 
 
 # One row per run: the two metrics the list shows are joined once (primary-key lookups), so the
@@ -126,6 +129,9 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
         ("r.config_key", filters.config_key),
         (_IMPLEMENTATION, filters.implementation),
         (_VERDICT, filters.verdict),
+        (_run_tag("repo"), filters.repo),
+        (_run_tag("pr", "integer"), filters.pr),
+        (_run_tag("suite"), filters.suite),
     ):
         if value:
             clauses.append(f"{column} = ?")
@@ -171,6 +177,19 @@ def list_runs(
     found = rows(conn, sql, [*params, int(limit), int(offset)])
     for row in found:
         if row["findings"] is not None:  # metrics are stored as REAL
+            row["findings"] = int(row["findings"])
+    return found
+
+
+def summaries_by_id(conn: sqlite3.Connection, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """The ``RunSummary`` rows of these runs (the loop's pages: a batch's or a job's runs)."""
+    ids = sorted({int(i) for i in run_ids})
+    if not ids:
+        return []
+    marks = ", ".join("?" * len(ids))
+    found = rows(conn, f"{SUMMARY_COLUMNS}{SUMMARY_FROM} WHERE r.id IN ({marks})", ids)
+    for row in found:
+        if row["findings"] is not None:
             row["findings"] = int(row["findings"])
     return found
 
