@@ -5,8 +5,8 @@ processes waiting in ``wait_for_peer`` (armed with ``faulthandler.register(SIGUS
 signalled, the way the profiler's bootstrap and watchdog do it), the exception record comes
 from a real raised exception, and the traces are the checked-in CPU (gloo) capture.
 
-``raised_with_traces``: rank 1 raised after the profiled steps, so the run has traces and its
-analysis finds nothing: before the failure verdict it showed as ``clean``.
+``raised_with_traces``: rank 1 raised after the profiled steps, so the run has traces and is
+analysed like any run: before the failure verdict it read like a run that ended well.
 ``hung_without_traces``: both ranks waited until the watchdog stopped the job; no trace.
 """
 
@@ -90,10 +90,12 @@ def _smoke_dir(out: Path) -> Path:
     return out
 
 
-def _write(bundle: Path, failure: dict[str, Any], *, keep_traces: bool) -> Path:
+def _write(
+    bundle: Path, failure: dict[str, Any], *, keep_traces: bool, run: dict[str, Any] | None
+) -> Path:
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["failure"] = failure
-    manifest["run"]["name"] = bundle.name
+    manifest["run"] = {**manifest["run"], "name": bundle.name, **(run or {})}
     if not keep_traces:
         for trace in manifest["traces"]:
             (bundle / trace["path"]).unlink()
@@ -106,8 +108,11 @@ def _write(bundle: Path, failure: dict[str, Any], *, keep_traces: bool) -> Path:
     return bundle
 
 
-def raised_with_traces(tmp: Path, stacks: dict[str, str]) -> Path:
-    """A bundle directory (and ``.tar.gz`` beside it) of a run whose rank 1 raised."""
+def raised_with_traces(
+    tmp: Path, stacks: dict[str, str], run: dict[str, Any] | None = None
+) -> Path:
+    """A bundle directory (and ``.tar.gz`` beside it) of a run whose rank 1 raised; ``run``:
+    manifest ``run`` fields to set (the loop's tags)."""
     exception = raised_exception()
     failure = {
         "summary": f"rank 1 raised ValueError: {exception['message']}",
@@ -121,10 +126,12 @@ def raised_with_traces(tmp: Path, stacks: dict[str, str]) -> Path:
         "stacks": {"0": stacks["0"]},
         "log_tail": [*LOG_TAIL, *exception["traceback"]],
     }
-    return _write(_smoke_dir(tmp / "raised-after-steps"), failure, keep_traces=True)
+    return _write(_smoke_dir(tmp / "raised-after-steps"), failure, keep_traces=True, run=run)
 
 
-def hung_without_traces(tmp: Path, stacks: dict[str, str]) -> Path:
+def hung_without_traces(
+    tmp: Path, stacks: dict[str, str], run: dict[str, Any] | None = None
+) -> Path:
     """A bundle directory (and ``.tar.gz``) of a 2-rank job the watchdog stopped as hung."""
     failure = {
         "summary": "no rank made progress for 3 s: the watchdog stopped the job",
@@ -136,7 +143,7 @@ def hung_without_traces(tmp: Path, stacks: dict[str, str]) -> Path:
         "stacks": stacks,
         "log_tail": LOG_TAIL,
     }
-    return _write(_smoke_dir(tmp / "hung-two-ranks"), failure, keep_traces=False)
+    return _write(_smoke_dir(tmp / "hung-two-ranks"), failure, keep_traces=False, run=run)
 
 
 __all__ = ["faulthandler_stacks", "hung_without_traces", "raised_exception", "raised_with_traces"]

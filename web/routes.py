@@ -120,10 +120,12 @@ SWAGGER_UI = "/static/swagger-ui"
 
 
 def swagger_ui_dir() -> Path:
-    """Swagger UI's assets as shipped in the ``swagger-ui-bundle`` package (no CDN)."""
-    import swagger_ui_bundle  # type: ignore[import-untyped]
-
-    return Path(swagger_ui_bundle.swagger_ui_path)
+    """Swagger UI 5 (it reads FastAPI's OpenAPI 3.1) as shipped in the ``fastapi-offline``
+    package's ``static`` folder: no CDN. ``find_spec`` locates it without importing it."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the fastapi-offline package is not installed; /docs needs its assets")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
 
 
 @router.get(SWAGGER_UI + "/{filename}", include_in_schema=False)
@@ -143,7 +145,7 @@ def api_docs(request: Request) -> HTMLResponse:
         title="cptrace API",
         swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
         swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
-        swagger_favicon_url=f"{SWAGGER_UI}/favicon-32x32.png",
+        swagger_favicon_url=f"{SWAGGER_UI}/favicon.png",
     )
 
 

@@ -80,7 +80,8 @@ SUMMARY_FROM = (
 # A run whose job failed or hung (its manifest has a ``failure`` record) is ``failed`` whatever
 # its analysis found: traces of the steps before the failure must never make it look clean.
 _JOB_FAILED = (
-    "(json_valid(r.manifest_json) AND json_type(r.manifest_json, '$.failure') = 'object')"
+    "coalesce(json_valid(r.manifest_json)"
+    " AND json_type(r.manifest_json, '$.failure') = 'object', 0)"
 )
 _VERDICT = (
     f"CASE WHEN r.status = 'failed' OR {_JOB_FAILED} THEN 'failed' "
