@@ -44,11 +44,13 @@ def faulthandler_stacks(tmp: Path, ranks: int = 2) -> dict[str, str]:
     """rank -> the faulthandler dump of a real process waiting in ``wait_for_peer``."""
     script = tmp / "train_wait.py"
     script.write_text(WAITER)
+    # compiled as "train.py", so the frames name the user's script, not this machine's paths
+    run = f"import sys; exec(compile(open({str(script)!r}).read(), 'train.py', 'exec'))"
     stacks = {}
     for rank in range(ranks):
         dump = tmp / f"stack{rank}.txt"
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(dump)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", run, str(rank), str(dump)], stdout=subprocess.PIPE, text=True
         )
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

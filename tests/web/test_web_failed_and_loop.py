@@ -110,7 +110,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         running = _claim(client, token)  # the unit suite's job stays on its runner
         drain_worker(settings)
         loop = LoopSettings(public_url="https://cptrace.test")
-        publisher = Publisher(app.state.db, loop, GitHubConfig(token=github.token, api_url=github.url))
+        config = GitHubConfig(token=github.token, api_url=github.url)
+        publisher = Publisher(app.state.db, loop, config)
         assert publisher.tick() == 1  # the smoke batch; unit still runs
         with serve(app) as url:
             yield {
@@ -140,7 +141,7 @@ def test_a_failed_run_is_failed_on_its_page_and_twin_never_clean(world: dict[str
     hung = httpx.get(f"{world['url']}/runs/{world['hung']}.json").json()
     stacks = hung["failure"]["stacks"]
     assert [s["rank"] for s in stacks] == ["0", "1"]
-    assert all(re.search(r"train_wait.py:\d+ in wait_for_peer$", s["waiting_at"]) for s in stacks)
+    assert all(re.search(r"train\.py:\d+ in wait_for_peer$", s["waiting_at"]) for s in stacks)
     assert all("Current thread" in s["text"] for s in stacks)
     html = httpx.get(f"{world['url']}/runs/{world['hung']}").text
     assert html.count("waiting at <code>") == 2 and html.count("in wait_for_peer") >= 4
@@ -189,7 +190,7 @@ def test_the_pr_comment_says_which_rank_raised_where_and_each_hung_rank_stack(
     hung = body.split("#### `hung`", 1)[1]
     assert "the job hung and the watchdog stopped it after 3 s" in hung
     for rank in (0, 1):
-        waiting = rf"<summary>rank {rank} waiting at \S+train_wait.py:\d+ in wait_for_peer"
+        waiting = rf"<summary>rank {rank} waiting at \S*train\.py:\d+ in wait_for_peer"
         assert re.search(waiting, hung)
     assert hung.count('File "') >= 4 and "<summary>log tail</summary>" in hung
     status = github.statuses_for(HEAD)[-1]
