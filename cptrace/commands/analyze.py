@@ -112,6 +112,11 @@ def analyze(
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
 
+    The bundle of a job that failed or hung leads with the failure: which rank raised what
+    where, or where each rank was waiting (its stack), and the log's tail (--json: the
+    "failure" key first; a bundle without traces exits 1 with {failure_headline, failure,
+    findings}).
+
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     from analyzers.pipeline import FailedRunError
