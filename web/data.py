@@ -445,9 +445,9 @@ class ComparePage(BaseModel):
     figures: dict[str, Figure]
     host: ComparisonHostTime | None = None
     """Per-helper host time when a side has no GPU activity (None: the GPU tables apply)."""
-    base_failure: str | None = None
-    """The failure headline when the base run's job failed or hung (its verdict: failed)."""
-    head_failure: str | None = None
+    base_failure: FailureView | None = None
+    """How the base run's job failed or hung (its verdict: failed), None when it ended well."""
+    head_failure: FailureView | None = None
 
 
 def comparison_host_time(
@@ -508,8 +508,8 @@ def compare_page(
         head_failure=head_failure.record if head_failure else None,
     )
     return ComparePage(
-        base_failure=base_failure.headline if base_failure else None,
-        head_failure=head_failure.headline if head_failure else None,
+        base_failure=base_failure,
+        head_failure=head_failure,
         base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
         head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
         base_window=base_window,

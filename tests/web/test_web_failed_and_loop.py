@@ -41,6 +41,7 @@ from tests.failed_bundles import (
     raised_with_traces,
 )
 from tests.service.service_factories import drain_worker
+from web.pr_routes import github_config
 
 REPO = "octo/model"
 PR = 7
@@ -111,13 +112,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         drain_worker(settings)
         loop = LoopSettings(public_url="https://cptrace.test")
         config = GitHubConfig(token=github.token, api_url=github.url)
+        app.dependency_overrides[github_config] = lambda: config
         publisher = Publisher(app.state.db, loop, config)
         assert publisher.tick() == 1  # the smoke batch; unit still runs
         with serve(app) as url:
             yield {
                 "client": client, "url": url, "github": github, "clean": clean,
                 "raised": jobs["raised"][1], "hung": jobs["hung"][1], "jobs": jobs,
-                "running": running["id"], "batches": batches,
+                "running": running["id"], "batches": batches, "token": token,
             }  # fmt: skip
 
 
@@ -163,7 +165,8 @@ def test_the_runs_list_compare_and_history_say_failed(world: dict[str, Any]) -> 
     assert f'<a href="/pulls/{REPO}/{PR}">{REPO}#{PR}</a>' in runs_html
     compare = httpx.get(f"{url}/compare/{world['clean']}/{world['raised']}.json").json()
     assert compare["head"]["verdict"] == "failed" and compare["base"]["verdict"] == "findings"
-    assert compare["head_failure"].startswith("rank 1 raised ValueError")
+    assert compare["head_failure"]["headline"].startswith("rank 1 raised ValueError")
+    assert compare["base_failure"] is None
     assert compare["markdown"].splitlines()[1].endswith(": :x: failed")
     compare_html = httpx.get(f"{url}/compare/{world['clean']}/{world['raised']}").text
     assert 'id="head-failed"' in compare_html and "The head run's job failed" in compare_html
@@ -196,6 +199,23 @@ def test_the_pr_comment_says_which_rank_raised_where_and_each_hung_rank_stack(
     status = github.statuses_for(HEAD)[-1]
     assert status["context"] == "cptrace/smoke" and status["state"] == "failure"
     assert "raised: rank 1 raised ValueError" in status["description"]
+
+
+def test_the_pr_comment_endpoint_over_a_failed_head_posts_failure(world: dict[str, Any]) -> None:
+    answer = httpx.post(
+        f"{world['url']}/api/v1/comparisons/{world['clean']}/{world['raised']}/pr-comment",
+        json={"repo": REPO, "pr": 99, "suite": "manual", "post": True, "status": True},
+        headers={"Authorization": f"Bearer {world['token']}"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status_state"] == "failure"
+    (body,) = world["github"].bodies(REPO, 99)
+    assert body.splitlines()[1] == "### cptrace · manual: :x: failed"
+    assert "The head run's job failed; its figures cover only what ran before." in body
+    assert ":x: **The job failed**: rank 1 raised ValueError" in body
+    status = world["github"].statuses_for(HEAD)[-1]
+    assert (status["context"], status["state"]) == ("cptrace/manual", "failure")
+    assert status["description"].startswith("a job failed: rank 1 raised ValueError")
 
 
 def test_pull_batch_and_job_pages_and_their_twins(world: dict[str, Any]) -> None:
