@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from analyzers.manifest import FailureRecord
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<function>.*)$')
@@ -97,9 +99,20 @@ def rank_stacks(failure: FailureRecord) -> list[RankStack]:
 
 
 def failure_of(manifest: Mapping[str, Any] | None) -> FailureRecord | None:
-    """The failure record of a stored manifest (its JSON), None for a job that ended cleanly."""
+    """The failure record of a stored manifest (its JSON), None for a job that ended cleanly.
+
+    A record that does not fit the model (a manifest stored by an older cptrace) still says
+    the job failed, and why it cannot say more, rather than failing the page.
+    """
     raw = (manifest or {}).get("failure")
-    return FailureRecord.model_validate(raw) if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return FailureRecord.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return FailureRecord(summary=f"the failure record is unreadable ({where}: {first['msg']})")
 
 
 def _one_line(text: str, limit: int = MAX_HEADLINE) -> str:
