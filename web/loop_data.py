@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from service.loop_store import BatchSummary, JobDetail, JobSummary, PullSummary
 from service.store import RunFilters, RunSummary
@@ -87,6 +87,12 @@ class JobsQuery(BaseModel):
     status: Literal["queued", "running", "completed", "failed"] | None = None
     page: int = Field(default=1, ge=1, le=100_000)
     per_page: int = Field(default=50, ge=1, le=500)
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """The filter form's "any" submits an empty status."""
+        return None if value == "" else value
 
 
 class JobsPage(BaseModel):

@@ -253,6 +253,7 @@ def test_pull_batch_and_job_pages_and_their_twins(world: dict[str, Any]) -> None
         answer = httpx.get(url + bad)
         assert answer.status_code == 404 and answer.json()["ok"] is False
     assert httpx.get(f"{url}/jobs?status=lost").status_code == 400
+    assert httpx.get(f"{url}/jobs?status=").status_code == 200  # the form's "any"
     assert httpx.get(f"{url}/jobs.json?status=lost").status_code in (400, 422)
 
 
