@@ -29,7 +29,7 @@ from analyzers.findings import evaluate
 from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time
-from analyzers.manifest import RunManifest, load_manifest
+from analyzers.manifest import FailureRecord, RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import (
     ACTIVITY_DTYPE,
@@ -87,9 +87,15 @@ class FailedRunError(TraceError):
     take, the usual cause of such a failure), for the caller to show next to the error.
     """
 
-    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        findings: Sequence[Finding] = (),
+        failure: FailureRecord | None = None,
+    ) -> None:
         super().__init__(message)
         self.findings = list(findings)
+        self.failure = failure
 
 
 def _expand(
@@ -132,6 +138,7 @@ def _refuse_empty_bundle(path: Path, manifest: RunManifest | None) -> None:
     raise FailedRunError(
         f"{path}: no traces: the job failed before writing any ({what})",
         manifest_findings(manifest),
+        failure,
     )
 
 
@@ -466,6 +473,7 @@ def _analyze_trace(
         devices=metrics.devices,
         kernels=metrics.kernels,
         environment=_environment(trace, manifest, ranks, sources, metrics.devices),
+        failure=manifest.failure if manifest else None,
     )
     if progress:
         progress("done", 1.0)
