@@ -240,8 +240,14 @@ def _yaml(text: str, where: str) -> Any:
 def load_suite_file(text: str, where: str) -> SuiteFile:
     """Parse ``.cptrace.yml``; :raises SuiteFileError: naming the file, the first bad field
     and its fix."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SUITE_FILE_BYTES:
+        raise SuiteFileError(
+            where, "(file)", f"{size} bytes, over the {MAX_SUITE_FILE_BYTES}-byte limit",
+            f"keep {SUITE_FILE} under {MAX_SUITE_FILE_BYTES} bytes (name spec files by path)",
+        )  # fmt: skip
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_NoAliasLoader)  # no aliases: no alias bomb
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(YAML)"
