@@ -72,9 +72,7 @@ def _x(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any
     return event
 
 
-def _trace(
-    inside: str | None, steps: int = 3, kernels: dict[str, str] = KERNELS
-) -> dict[str, Any]:
+def _trace(inside: str | None, steps: int = 3, kernels: dict[str, str] = KERNELS) -> dict[str, Any]:
     """A one-GPU Kineto trace: ``steps`` ProfilerSteps, each launching every kernel once, all
     of them inside a Python frame ``inside`` (or none)."""
     events: list[dict[str, Any]] = []
