@@ -118,7 +118,12 @@ class HostSyncStat(_Model):
     helper: str  # the catalogued range the calls were made in, or UNATTRIBUTED
     calls: int
     blocked_ns: int  # summed duration of the synchronising API calls
-    api: str  # the most frequent API name among the calls
+    api: str  # the most frequent label among the calls (the sync op around it, else the API)
+    apis: dict[str, int] = Field(default_factory=dict)
+    """Blocking calls per API kind (``cudaStreamSynchronize``, ``cudaMemcpyAsync``, a D2H copy)."""
+    ops: dict[str, int] = Field(default_factory=dict)
+    """Host-sync operator calls (``aten::_local_scalar_dense``, ...) the blocking calls sat in,
+    per operator: one op can make several blocking calls, so these counts differ from ``apis``."""
 
 
 class RankSummary(_Model):
