@@ -574,6 +574,9 @@ class IterationComparison(_Model):
     ci_low_ms: float  # confidence interval of the median difference (head - base)
     ci_high_ms: float
     confidence: float  # e.g. 0.95
+    interval: bool = True
+    """False when a side has one sample: no interval exists (``ci_*`` are then the point
+    difference), and text says ``NO_INTERVAL`` instead of a zero-width interval."""
     p_value: float  # Mann-Whitney U, two-sided
     method: str
     verdict: str  # "faster" | "slower" | "no significant change"

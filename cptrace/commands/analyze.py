@@ -718,12 +718,18 @@ def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) 
     the tail of every comparison, with or without GPU activity."""
     from rich.markup import escape
 
+    from analyzers.stats import NO_INTERVAL
+
     it = result.iterations
     if it is not None:
+        ci = (
+            f"{it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, {it.ci_high_ms:+.3f}] ms"
+            if it.interval
+            else NO_INTERVAL.format(n=min(it.base.n, it.head.n))
+        )
         console.print(
             f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
-            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
-            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
+            f"({it.delta_median_pct:+.1f}%), {ci}, p={it.p_value:.3g}: {it.verdict}",
             highlight=False,
         )
         if method:
