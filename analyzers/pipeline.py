@@ -49,7 +49,7 @@ from analyzers.report import (
 )
 from analyzers.stats import iteration_stats
 from analyzers.timeline_gaps import drawn_windows, timeline_gaps
-from analyzers.windows import WHOLE_TRACE, find_windows
+from analyzers.windows import WHOLE_TRACE, choose_steps, find_windows
 
 if TYPE_CHECKING:
     from analyzers.bundle import Bundle
@@ -373,7 +373,8 @@ def _analyze_trace(
     ranges = match_ranges(trace, catalog)
     att = attribute(trace, catalog, ranges)
     window_names = [v.window for v in manifest.variants if v.window] if manifest else []
-    windows = find_windows(trace, step_pattern, window_names)
+    steps = choose_steps(trace, step_pattern, exclude=lambda n: catalog.match_range(n)[0] >= 0)
+    windows = find_windows(trace, step_pattern, window_names, steps=steps)
     if progress:
         progress("metrics", 0.8)
     steps_per_window = {
@@ -430,6 +431,7 @@ def _analyze_trace(
         timeline=drawn[0] if drawn else None,
         other_timelines=drawn[1:],
         notes=_notes(trace, manifest, metrics, iterations)
+        + ([steps.note] if steps.note else [])
         + accounts.notes
         + uncited_observations(manifest, findings),
         host_syncs=metrics.host_syncs,

@@ -150,8 +150,13 @@ class WindowBasis(StrEnum):
     """Kineto ``gpu_user_annotation`` of the step (first to last GPU activity the step's
     annotation enclosed, on any stream), extended to the end of the work launched inside the CPU
     step on any thread, never into the next window (``analyzers.timeline``)."""
+    GPU_PROJECTION = "gpu projection"
+    """nsys: the step's CPU range projected onto the GPU, as ``nsys stats``' NVTX GPU
+    projection does: from the start of the first GPU activity launched inside the CPU range
+    (on any thread of the rank) to the end of the last, never into the next window."""
     CPU_RANGE = "cpu range"
-    """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
+    """The step's (or variant's) CPU range: a variant window on nsys, Kineto without a GPU
+    annotation, a step that launched nothing."""
     TRACE = "trace span"
     """The rank's whole trace."""
 
@@ -181,6 +186,9 @@ class WindowTimeline(GpuTimeParts):
     basis: WindowBasis
     start_ns: int
     end_ns: int
+    cpu_start_ns: int | None = None
+    """The window's CPU range, beside the interval measured (``start_ns``/``end_ns``)."""
+    cpu_end_ns: int | None = None
 
 
 class GroupTimeline(GpuTimeParts):
