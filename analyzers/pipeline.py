@@ -28,6 +28,7 @@ from analyzers.errors import (
 from analyzers.findings import evaluate
 from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
+from analyzers.findings.summary import summarize
 from analyzers.host_time import host_time
 from analyzers.manifest import RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
@@ -437,6 +438,7 @@ def _analyze_trace(
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         host_time=hosted,
+        summary=summarize(trace, att, ranges, catalog, findings),
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
         accounts=accounts.groups,

@@ -471,6 +471,73 @@ class RunEnvironment(_Model):
     transformer_engine: str | None = None  # manifest environment
 
 
+class KernelFamily(StrEnum):
+    """What a GPU activity does, by library: the summary's first table."""
+
+    GEMM = "GEMM"
+    ATTENTION = "attention"
+    COMMUNICATION = "communication"
+    CONVOLUTION = "convolution / normalisation"
+    EMBEDDING = "embedding / quantize"
+    OPTIMIZER = "optimizer"
+    ELEMENTWISE = "elementwise / reduction"
+    MEMORY = "memory (memcpy / memset)"
+    OTHER = "other"
+
+
+class FamilyRow(_Model):
+    """GPU activities of one family and library (catalog entry) over the whole trace."""
+
+    family: KernelFamily
+    library: str  # the catalog entry claiming them (``gemm``, ``nccl_all_reduce``) or UNATTRIBUTED
+    activities: int
+    gpu_time_ns: int
+    share: float  # of the trace's summed GPU activity time
+
+
+class OpRow(_Model):
+    """One name of CPU operator or annotation range, over the whole trace and all ranks."""
+
+    name: str
+    calls: int
+    inclusive_ns: int  # summed durations of its ranges
+    self_ns: int  # inclusive minus the time of the ranges directly inside them
+
+
+class SyncPointer(_Model):
+    """Where in the user's code the host blocked on the GPU (traces with Python stacks)."""
+
+    frame: str  # ``train.py:50 in zero_tail`` (the innermost frame outside torch / libraries)
+    op: str  # the host-sync operator called there (``aten::_local_scalar_dense``)
+    calls: int
+
+
+class Action(_Model):
+    """One entry of "do this first": a change, what it saves, and the evidence."""
+
+    action: str
+    saving_ms: float | None = None
+    saving_basis: str | None = None  # "measured", "estimate", or None when not quantified
+    evidence: str
+    rule: str | None = None
+
+
+class TraceSummary(_Model):
+    """Something to say about any trace, TE or not: whole trace, all ranks (totals)."""
+
+    families: list[FamilyRow] = Field(default_factory=list)
+    cpu_ops: list[OpRow] = Field(default_factory=list)
+    """Top CPU operators (``aten::*``) by self time."""
+    ranges: list[OpRow] = Field(default_factory=list)
+    """NVTX / ``record_function`` ranges no catalog entry names, by inclusive time."""
+    communication_share: float | None = None
+    """Communication's share of GPU activity time; on a run without GPU activity, of the
+    host time of operators (gloo collectives run on the CPU)."""
+    sync_pointers: list[SyncPointer] = Field(default_factory=list)
+    do_first: list[Action] = Field(default_factory=list)
+    """At most three actions, the largest saving first."""
+
+
 class AnalysisReport(_Model):
     """Everything ``analyze`` knows about one set of traces (one run)."""
 
@@ -506,6 +573,8 @@ class AnalysisReport(_Model):
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
+    summary: TraceSummary | None = None
+    """Top kernels by family, top CPU ops, uncatalogued ranges, sync pointers, do this first."""
     """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
 
 
