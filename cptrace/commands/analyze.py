@@ -272,6 +272,8 @@ def render_report(report: Any) -> None:
     (devices, kernels), iterations and findings."""
     from rich.table import Table
 
+    from cptrace.commands._summary_tables import render_do_first, render_summary
+
     console = _console()
     console.print(
         f"[bold]cptrace analysis[/] catalog {report.catalog_version}, ranks {report.ranks}"
@@ -281,6 +283,7 @@ def render_report(report: Any) -> None:
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
+    render_do_first(console, report.summary)
     for group in report.groups:
         per, unit = _per(group)
         rows = [h for h in report.helpers if h.window == group]
@@ -354,6 +357,7 @@ def render_report(report: Any) -> None:
         render_account(console, report, group)
     _render_devices(console, report.devices)
     _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    render_summary(console, report.summary)
     _render_host_time(console, report)
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")

@@ -84,3 +84,17 @@ def test_cpu_gloo_run_has_communication_share_and_do_first() -> None:
     assert any(r.name == "gloo:send" for r in report.summary.ranges)
     rules = [a.rule for a in report.summary.do_first]
     assert 0 < len(rules) <= 3 and "padded-path-without-padding" in rules
+
+
+def test_cli_prints_do_this_first_before_the_tables_and_the_summary() -> None:
+    from typer.testing import CliRunner
+
+    from cptrace.cli import app
+
+    result = CliRunner().invoke(app, ["analyze", str(SDPA)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.index("Do this first") < out.index("helpers, per step")
+    assert "sdpa_model.py:40 in step" in out
+    assert "GPU time by kernel family (totals, all ranks)" in out
+    assert "top CPU ops by self time" in out
