@@ -74,7 +74,7 @@ def summarize(
         ranges=_top(trace, _uncatalogued(trace, ranges), by_self=False),
         communication_share=_communication_share(trace, families),
         sync_pointers=pointers,
-        do_first=do_first(findings, pointers),
+        do_first=do_first(findings, pointers, gpu=len(trace.activities) > 0),
     )
 
 
@@ -232,7 +232,9 @@ def _frame_text(name: str) -> str:
     return f"{m['file']}:{m['line']} in {m['function']}" if m else name
 
 
-def do_first(findings: Sequence[Finding], pointers: Sequence[SyncPointer]) -> list[Action]:
+def do_first(
+    findings: Sequence[Finding], pointers: Sequence[SyncPointer], *, gpu: bool = True
+) -> list[Action]:
     """At most ``DO_FIRST`` actions: errors and warnings with their saving, largest first
     (unquantified ones after), then the busiest host-sync pointers."""
     urgent = [f for f in findings if f.severity in (Severity.ERROR, Severity.WARNING)]
@@ -268,8 +270,13 @@ def do_first(findings: Sequence[Finding], pointers: Sequence[SyncPointer]) -> li
             Action(
                 action=f"Take the host sync ({ops}) at {frame} out of the step, or compute the "
                 "value on the host",
-                evidence=f"{calls} host-sync operator call(s) there: each waits for the GPU to "
-                "drain its queue",
+                evidence=f"{calls} host-sync operator call(s) there: "
+                + (
+                    "each waits for the GPU to drain its queue"
+                    if gpu
+                    else "on a GPU tensor each would wait for the device (this run had no GPU "
+                    "activity)"
+                ),
                 rule="host-sync-in-step",
             )
         )
