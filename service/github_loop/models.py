@@ -12,7 +12,7 @@
           - name: train                # or the repository's own command, under cptrace profile
             command: torchrun --nproc-per-node 2 train.py --steps 20
             profile: {torch: true}
-        thresholds: {min_effect_pct: 3, alpha: 0.05, max_launch_increase: 0}
+        thresholds: {threshold_pct: 5, alpha: 0.05, max_launch_increase: 0}
 
 Strict models (unknown keys are errors), so a typo in a threshold is reported, not ignored. An
 entry with a ``command`` key is a command entry (``contracts.profile_entry.CommandEntry``),
