@@ -43,10 +43,18 @@ from analyzers.model import (
 )
 from analyzers.report import (
     AnalysisReport,
+    DeviceFigures,
     Finding,
     IterationStats,
     RunEnvironment,
     SourceInfo,
+)
+from analyzers.run_identity import (
+    job_command,
+    profilers,
+    run_workload,
+    trace_slices,
+    variant_workloads,
 )
 from analyzers.stats import iteration_stats
 from analyzers.timeline_gaps import drawn_windows, timeline_gaps
@@ -245,10 +253,15 @@ def _world_size(trace: Trace) -> int | None:
 
 
 def _environment(
-    trace: Trace, manifest: RunManifest | None, ranks: Sequence[int]
+    trace: Trace,
+    manifest: RunManifest | None,
+    ranks: Sequence[int],
+    sources: Sequence[SourceInfo] = (),
+    devices: Sequence[DeviceFigures] = (),
 ) -> RunEnvironment:
     """GPU models from the traces (Kineto ``deviceProperties``, nsys ``TARGET_INFO_GPU``), world
-    size from ``distributedInfo`` (else the ranks seen), versions from the manifest."""
+    size from ``distributedInfo`` (else the ranks seen), versions from the manifest; what ran
+    and how it was captured from ``analyzers.run_identity``."""
     parts = trace.metadata.get("parts")
     infos = [trace.metadata, *(parts if isinstance(parts, list) else [])]
     models: set[str] = set()
@@ -272,6 +285,12 @@ def _environment(
         world_size=_world_size(trace) or (len([r for r in ranks if r >= 0]) or None),
         torch=version("torch"),
         transformer_engine=version("transformer_engine"),
+        cudnn=version("cudnn"),
+        workload=run_workload(manifest),
+        command=job_command(manifest),
+        variants=variant_workloads(manifest),
+        profilers=profilers(trace, sources),
+        trace_slices=trace_slices(trace, manifest, devices),
     )
 
 
@@ -445,7 +464,7 @@ def _analyze_trace(
         step_accounts=accounts.steps,
         devices=metrics.devices,
         kernels=metrics.kernels,
-        environment=_environment(trace, manifest, ranks),
+        environment=_environment(trace, manifest, ranks, sources, metrics.devices),
     )
     if progress:
         progress("done", 1.0)

@@ -283,15 +283,23 @@ def comparison_lines(
     if report.gpu_observed:  # else kernels and the account would read 0 and "idle: other"
         lines += _kernel_section(report, heading, kernel_limit)
         lines += _account_section(report, heading, kernel_limit)
-    if report.notes:
-        lines += [
-            f"> :warning: Comparability: {md_text('; '.join(report.notes))}",
-            "",
-        ]
+    lines += comparability_section(report)
     lines += [f"{heading} Findings (head)", "", *_findings_section(report), ""]
     if context.comparison_url:
         lines.append(f"[Full comparison]({context.comparison_url})")
     return lines
+
+
+def comparability_section(report: ComparisonReport) -> list[str]:
+    """The typed comparability issues (``ComparisonReport.comparability``: aspect, and whether
+    it refuses the time verdict), then the notes that are not one of them; empty when none."""
+    said = {i.message for i in report.comparability}
+    items = [
+        f"> - **{md_text(i.aspect.value.replace('_', ' '))}**"
+        f"{' (no time verdict)' if i.refuses_time_verdict else ''}: {md_text(i.message)}"
+        for i in report.comparability
+    ] + [f"> - {md_text(n)}" for n in report.notes if n not in said]
+    return ["> :warning: Comparability:", ">", *items, ""] if items else []
 
 
 def finding_lines(findings: Sequence[Finding]) -> list[str]:

@@ -106,6 +106,34 @@ class HistoryPoint(BaseModel):
     commit: str | None
     label: str
     value: float
+    implementation: str | None = None
+    """The implementation(s) the run's variants ran, e.g. "te, te-adapter" (manifest
+    ``workload.implementation`` with each variant's override): runs of one configuration hash
+    that ran different code are different series."""
+    workload: dict[str, Any] | None = None
+    """The manifest's workload block (what the configuration hash is made from)."""
+
+
+def _run_implementation(workload: object, variants: object) -> str | None:
+    """The distinct implementations of a run's variants (the run's own without variants)."""
+    own = workload.get("implementation") if isinstance(workload, dict) else None
+    found = {
+        (v.get("workload") or {}).get("implementation") or own
+        for v in (variants if isinstance(variants, list) else [])
+        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
+    } or {own}
+    names = sorted(str(i) for i in found if i)
+    return ", ".join(names) or None
+
+
+def _history_point(row: dict[str, Any]) -> HistoryPoint:
+    workload = json.loads(row.pop("workload_json") or "null")
+    variants = json.loads(row.pop("variants_json") or "null")
+    return HistoryPoint(
+        **row,
+        implementation=_run_implementation(workload, variants),
+        workload=workload if isinstance(workload, dict) else None,
+    )
 
 
 class ComparisonSummary(BaseModel):
@@ -404,4 +432,4 @@ def metric_history(
             c, config_key=config_key, metric=str(metric), label=label, limit=limit
         )
     )
-    return [HistoryPoint.model_validate(r) for r in found]
+    return [_history_point(dict(r)) for r in found]

@@ -485,6 +485,17 @@ class HistoryRow(BaseModel):
     change_point: str | None = None  # "+10.1% (20.01 -> 22.04, p=0.0013)" at a new level
 
 
+class HistoryGroup(BaseModel):
+    """One series the history page offers: the runs of one configuration hash that ran the
+    same implementation(s)."""
+
+    config_key: str
+    implementation: str | None
+    name: str  # readable: implementation, run names and workload, the hash last
+    runs: int
+    commits: int  # distinct commits among the runs
+
+
 class HistoryPage(BaseModel):
     config_key: str | None
     metric: str
@@ -495,6 +506,92 @@ class HistoryPage(BaseModel):
     figures: dict[str, Figure]
     change_point_branch: str = MAIN_BRANCH
     change_point_method: str = CHANGE_POINT_METHOD
+    implementation: str | None = None
+    groups: list[HistoryGroup] = Field(default_factory=list)
+    """Every series, grouped by implementation then configuration (the selector's options)."""
+    title: str = "History"
+    """What the page shows: the metric, the window, the implementation and the configuration."""
+    series: str | None = None
+    """The shown series' readable name (``HistoryGroup.name``)."""
+
+
+_WORKLOAD_WORDS = (
+    ("cp_comm", "{}"),
+    ("strategy", "{}"),
+    ("cp_size", "cp {}"),
+    ("heads", "{} heads"),
+    ("head_dim", "x {}"),
+    ("dtype", "{}"),
+    ("layers", "{} layers"),
+    ("metadata", "metadata {}"),
+)
+
+
+def configuration_name(
+    config_key: str, implementation: str | None, workload: dict[str, Any] | None, names: set[str]
+) -> str:
+    """A configuration people can read: "te · te-reference-3arms · p2p dual_chunk_swap cp 2
+    16 heads x 128 bf16 4 layers seqlens 8192/4096/2048/2048 · 9899d0ce"."""
+    work = workload or {}
+    words = [text.format(work[key]) for key, text in _WORKLOAD_WORDS if work.get(key) is not None]
+    seqlens = work.get("seqlens")
+    if isinstance(seqlens, list) and seqlens:
+        shown = "/".join(str(n) for n in seqlens[:6]) + ("/..." if len(seqlens) > 6 else "")
+        words.append(f"seqlens {shown}")
+    parts = [implementation or "implementation not recorded", ", ".join(sorted(names)[:3])]
+    return " · ".join(p for p in [*parts, " ".join(words), config_key[:8]] if p)
+
+
+def history_groups(store: WebStore, configs: Sequence[str]) -> list[HistoryGroup]:
+    """The series of every configuration hash, split by the implementation(s) its runs ran,
+    sorted by implementation then name (every analysed run has a findings count)."""
+    groups = []
+    for config in configs:
+        by_impl: dict[str | None, list[HistoryPoint]] = {}
+        for p in store.metric_history(config, Metric.FINDINGS, ""):
+            by_impl.setdefault(p.implementation, []).append(p)
+        for impl, points in by_impl.items():
+            newest = points[-1]
+            names = {p.name for p in points}
+            groups.append(
+                HistoryGroup(
+                    config_key=config,
+                    implementation=impl,
+                    name=configuration_name(config, impl, newest.workload, names),
+                    runs=len(points),
+                    commits=len({p.commit for p in points if p.commit}),
+                )
+            )
+    return sorted(groups, key=lambda g: (g.implementation or "~", g.name))
+
+
+IMPLEMENTATION_NOT_RECORDED = "(not recorded)"
+"""The implementation selector's value for runs whose manifest names no implementation."""
+
+
+def _pick_group(
+    groups: Sequence[HistoryGroup], config_key: str | None, implementation: str | None
+) -> HistoryGroup | None:
+    """The series asked for: configuration and implementation; else the implementation's first
+    (the implementation selector changed); else the configuration's first; else the first."""
+    def impl(g: HistoryGroup) -> str:
+        return g.implementation or IMPLEMENTATION_NOT_RECORDED
+
+    tests = (
+        lambda g: g.config_key == config_key and impl(g) == implementation,
+        lambda g: impl(g) == implementation,
+        lambda g: g.config_key == config_key,
+        lambda g: True,
+    )
+    return next((g for test in tests for g in groups if test(g)), None)
+
+
+def _history_title(metric: str, label: str | None, group: HistoryGroup | None) -> str:
+    window = f" ({label})" if label else ""
+    if group is None:
+        return f"History of {metric}{window}"
+    runs = f"{group.implementation} runs" if group.implementation else "runs"
+    return f"History of {metric}{window}: {runs} of configuration {group.config_key[:8]}"
 
 
 def mark_history_change_points(rows: list[HistoryRow], branch: str = MAIN_BRANCH) -> None:
@@ -532,11 +629,21 @@ def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
 
 
 def history_page(
-    store: WebStore, config_key: str | None, metric: str, label: str | None
+    store: WebStore,
+    config_key: str | None,
+    metric: str,
+    label: str | None,
+    implementation: str | None = None,
 ) -> HistoryPage:
+    """One metric over the runs of one series: a configuration hash and the implementation(s)
+    its runs ran (``implementation`` None: the configuration's first series)."""
     configs = store.run_list_options()["config_key"]
-    config_key = config_key or (configs[0] if configs else None)
+    groups = history_groups(store, configs)
+    group = _pick_group(groups, config_key, implementation)
+    config_key = group.config_key if group else config_key or (configs[0] if configs else None)
     all_points = store.metric_history(config_key, metric, None) if config_key else []
+    if group is not None:
+        all_points = [p for p in all_points if p.implementation == group.implementation]
     labels = sorted({p.label for p in all_points})
     if label is None and labels:
         label = "" if "" in labels else labels[0]
@@ -583,6 +690,10 @@ def history_page(
         options={"config_key": configs, "metric": sorted({*KNOWN_METRICS, metric})},
         points=rows,
         figures=figs,
+        implementation=group.implementation if group else None,
+        groups=groups,
+        title=_history_title(metric, label, group),
+        series=group.name if group else None,
     )
 
 

@@ -230,17 +230,20 @@ def compare_html(
 def history_json(
     store: StoreDep, _: ReadAccess, config_key: WindowQuery = None,
     metric: MetricQuery = "iteration_median_ms", label: WindowQuery = None,
+    implementation: WindowQuery = None,
 ) -> data.HistoryPage:  # fmt: skip
-    """One metric over the runs of one configuration, oldest first, with its noise band."""
-    return data.history_page(store, config_key or None, metric, label)
+    """One metric over the runs of one configuration and implementation, oldest first, with
+    its noise band."""
+    return data.history_page(store, config_key or None, metric, label, implementation or None)
 
 
 @router.get("/history", response_class=HTMLResponse, include_in_schema=False)
 def history_html(
     request: Request, store: StoreDep, _: ReadAccess, config_key: WindowQuery = None,
     metric: MetricQuery = "iteration_median_ms", label: WindowQuery = None,
+    implementation: WindowQuery = None,
 ) -> Response:  # fmt: skip
-    page = data.history_page(store, config_key or None, metric, label)
+    page = data.history_page(store, config_key or None, metric, label, implementation or None)
     return _page(request, "history.html", page)
 
 

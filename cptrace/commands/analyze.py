@@ -174,6 +174,11 @@ def compare(
 ) -> None:
     """Compare base and head: per-helper launch and time deltas, iteration statistics, findings.
 
+    First the comparability check: one ``warning:`` line per way the sides differ, with its
+    aspect (workload, implementation, world_size, gpu_model, rank_set, versions,
+    step_definition, profiler, trace_slice); another workload, implementation, world size or
+    GPU model refuses the time verdict ("inconclusive"). ``--json``: ``comparability``.
+
     When a side has no GPU activity (a CPU run), per-helper host time from the ranges instead
     (``--json``: the ComparisonReport plus ``host_rows``, null when both sides ran on a GPU).
 
@@ -587,6 +592,15 @@ def _opt_ms(ns: float | None) -> str:
     return "-" if ns is None else _ms(ns)
 
 
+def comparability_lines(result: Any) -> list[str]:
+    """The typed comparability issues, each with its aspect (a refusing one's message says
+    "no time verdict"), then the notes that are not one of them."""
+    issues = list(result.comparability)
+    lines = [f"{i.message} [{i.aspect.value}]" for i in issues]
+    said = {i.message for i in issues}
+    return lines + [n for n in result.notes if n not in said]
+
+
 def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     """Warnings, helper and kernel deltas, Total GPU, per-rank rows, iteration statistics,
     base and head findings, and the one-line summary. ``host_rows``
@@ -595,8 +609,8 @@ def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     from rich.table import Table
 
     console = _console()
-    for note in result.notes:
-        console.print(escape(f"warning: {note}"), style="yellow", highlight=False)
+    for line in comparability_lines(result):
+        console.print(escape(f"warning: {line}"), style="yellow", highlight=False)
     basis = result.basis
     if not result.gpu_observed:
         _render_without_gpu(console, result, host_rows or [])

@@ -271,10 +271,16 @@ def list_comparisons(
 def metric_history(
     conn: sqlite3.Connection, *, config_key: str, metric: str, label: str | None, limit: int
 ) -> list[dict[str, Any]]:
-    """One metric across the runs of one configuration (``HistoryPoint`` fields), oldest first."""
+    """One metric across the runs of one configuration (``HistoryPoint`` fields, the workload
+    and variants as JSON texts), oldest first."""
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
-        "m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
+        "m.value, "
+        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.workload') "
+        "END AS workload_json, "
+        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.variants') "
+        "END AS variants_json "
+        "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
     params: list[Any] = [config_key, metric]
