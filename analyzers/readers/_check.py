@@ -70,18 +70,31 @@ def _texts(stream: IO[bytes], label: str) -> Iterator[str]:
 
 
 def _tokens(texts: Iterator[str]) -> Iterator[str]:
-    """JSON tokens across chunk boundaries (a token cut by a boundary is re-read whole)."""
+    """JSON tokens across chunk boundaries (a token cut by a boundary is re-read whole).
+
+    Linear in the text: whitespace between tokens is never carried, and a token still open at
+    a boundary (a long string) is re-read only once the new text is at least as long as it, so
+    a prefix of spaces or one huge string costs one pass, not one pass per chunk.
+    """
     carry = ""
+    pending: list[str] = []
+    pending_len = 0
     for text in texts:
-        buf = carry + text
+        pending.append(text)
+        pending_len += len(text)
+        if pending_len < len(carry):
+            continue
+        buf = carry + "".join(pending)
+        pending.clear()
+        pending_len = 0
         end = 0
         for match in _TOKEN.finditer(buf):
             if match.end() == len(buf):  # may continue in the next chunk
                 break
             end = match.end()
             yield match.group()
-        carry = buf[end:]
-    for match in _TOKEN.finditer(carry):
+        carry = buf[end:].lstrip()
+    for match in _TOKEN.finditer(carry + "".join(pending)):
         yield match.group()
 
 
