@@ -42,7 +42,7 @@ run: setup-run
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy analyzers
-	$(BIN)/mypy service web pr_bot contracts runners
+	$(BIN)/mypy service web pr_bot contracts runners cptrace cp_attention
 
 test: setup browser lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
