@@ -7,6 +7,7 @@ every helper module beside the tests). One home for each: no room defines its ow
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -39,19 +40,31 @@ def _worker_slot() -> tuple[int, int]:
     return index, max(count, 1)
 
 
+_PORTS = range(20000, 32000)
+"""Below Linux's ephemeral range (32768-60999): ports the kernel hands to other sockets
+(outgoing connections, ``bind(0)``) never land here."""
+
+
 def free_port() -> int:
     """A free loopback TCP port that no other test process of this run is handed.
 
-    The kernel picks a free port; under pytest-xdist each worker keeps only ports of its own
-    residue class (port % workers == worker index), so two workers never race for one port,
-    and a worker never hands the same port out twice.
+    Under pytest-xdist each worker draws from its own slice of ``_PORTS``, so two workers never
+    race for one port; a worker never hands the same port out twice; the port is bound once to
+    prove it free.
     """
     index, count = _worker_slot()
-    for _ in range(1000):
+    size = len(_PORTS) // count
+    first = _PORTS.start + index * size
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(first, first + size)
+        if port in _handed_out:
+            continue
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port % count == index and port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("no free loopback port found for this test worker")
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {first}-{first + size - 1} for this worker")
