@@ -395,9 +395,19 @@ def test_nan_in_a_manifest_is_never_stored(server: Server) -> None:
     )
 
 
-# Last in the module: when the expanded trace is accepted, its analysis runs into the analysis
-# limits, and the tests after it would queue behind that analysis (60 s) for their own.
-def test_expanding_upload_is_bounded_and_does_not_block_a_small_one(server: Server) -> None:
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of its own: when the expanded trace is accepted, its analysis runs into the
+    analysis limits (60 s), and the module's other tests would queue behind it."""
+    srv = Server(tmp_path_factory.mktemp("abuse-expanding"), env=ENV).start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+def test_expanding_upload_is_bounded_and_does_not_block_a_small_one(own_server: Server) -> None:
+    server = own_server
     assert server.proc is not None
     pids = wait_for(
         lambda: (p := validation_pids(server.proc.pid)) and len(p) == 2 and p, 30, "validators"
