@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA_DIR ?= var
-# pytest-xdist workers; tests that share one server or file carry an xdist_group.
+# pytest-xdist workers. --dist loadfile: the tests of one file run on one worker, in order, so a
+# module's shared server or database is built once (xdist 3.8's loadgroup cannot group under
+# pytest 9: it renames a node id attribute pytest 9 no longer reads).
 TEST_WORKERS ?= auto
 PYTEST_ARGS ?=
 
@@ -45,7 +47,7 @@ lint: setup
 	$(BIN)/mypy service web pr_bot contracts runners cptrace cp_attention
 
 test: setup browser lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache

@@ -32,20 +32,3 @@ def data_dir() -> Path:
     """Root of the real test traces."""
     return DATA_DIR
 
-
-_SHARED_SCOPES = ("module", "class", "package")
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) the tests of a module that share a fixture wider
-    than a test (a server, a database, a built bundle) run on one worker, in file order, so it
-    is built once; every other test is spread over the workers one by one. (Marked as each item
-    is collected: xdist reads the groups in its own ``pytest_collection_modifyitems``.)"""
-    if any(m.name == "xdist_group" for m in item.iter_markers()):
-        return
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return
-    scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs if d.baseid != ""}
-    if scopes & set(_SHARED_SCOPES):
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
