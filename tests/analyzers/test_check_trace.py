@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from analyzers import analyze
@@ -22,7 +23,7 @@ from analyzers.readers import _check as check_module
 from analyzers.readers import check_trace, sniff
 from cptrace.cli import app as cli_app
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 KINETO = DATA / "te-2.20.2-h200x2" / "kineto_3arms_rank0.json.gz"
 NSYS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
 SYNTH = Path(__file__).resolve().parents[2] / "demo" / "bundles"
