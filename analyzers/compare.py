@@ -8,9 +8,12 @@ than ``TIME_NOISE_FRACTION`` (host time: ``HOST_NOISE_FRACTION``) of the base an
 ``TIME_NOISE_NS`` per step (kernel durations of one binary on one GPU repeat within a few
 percent; host time under a profiler far less).
 
-Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Two reports
-from different GPU models, world sizes, rank sets, TE/torch versions or step counts still
-compare, with a warning in ``notes`` for each difference.
+Whole-trace windows are not steps: their numbers are totals and ``basis`` says so. Before
+anything is compared, ``analyzers.comparability`` checks what the two sides ran and how they
+were captured: each difference is a typed issue in ``comparability`` and a line of ``notes``;
+one that refuses a time verdict (another workload, implementation, world size or GPU model)
+turns the iteration verdict into "inconclusive" and the summary says why. Kernels are matched
+by ``analyzers.kernel_names.kernel_key`` (nsys and Kineto spell them differently).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyzers.account.compare import account_deltas
+from analyzers.comparability import comparability, refusal
+from analyzers.kernel_names import kernel_key
 from analyzers.report import (
     AnalysisReport,
     Category,
@@ -44,6 +49,9 @@ TIME_NOISE_NS = 10_000
 MIN_SAMPLES = 5
 """Below this many iterations per side, Mann-Whitney cannot reach p < 0.05: say so."""
 TOO_FEW = ": too few iterations for a significant difference"
+INCONCLUSIVE = "inconclusive"
+"""The verdict when the iteration times exist but a comparability issue refuses a time verdict
+(``analyzers.comparability``: another workload, implementation, world size or GPU model)."""
 
 
 class CompareError(ValueError):
@@ -92,36 +100,57 @@ def _per_step(stats: Sequence[HelperStat]) -> dict[str, _Side]:
     return out
 
 
+@dataclass(slots=True)
+class _KernelSide:
+    """One kernel key's figures on one side of a comparison, summed over ranks."""
+
+    name: str  # as the trace spells it (the first of the names sharing the key)
+    per_step_count: float = 0.0
+    per_step_ns: float = 0.0
+    count: int = 0
+    total_ns: int = 0
+
+
 def time_changed(base_ns: float, head_ns: float, fraction: float = TIME_NOISE_FRACTION) -> bool:
     """Whether a per-step time moved beyond the noise (see the module docstring)."""
     delta = abs(head_ns - base_ns)
     return delta > TIME_NOISE_NS and delta > fraction * abs(base_ns)
 
 
-def _kernel_side(report: AnalysisReport, window: str) -> dict[str, tuple[float, float, int, int]]:
-    """name -> (count per step, total ns per step, count, total ns), summed over ranks."""
-    out = {}
+def _kernel_side(report: AnalysisReport, window: str) -> dict[str, _KernelSide]:
+    """kernel key (``analyzers.kernel_names.kernel_key``) -> per-step and total figures summed
+    over ranks, with the first name seen for display."""
+    out: dict[str, _KernelSide] = {}
     for k in report.kernels:
         if k.window == window and k.rank is None:
+            side = out.setdefault(kernel_key(k.name), _KernelSide(k.name))
             steps = max(k.steps, 1)
-            out[k.name] = (k.count / steps, k.total_ns / steps, k.count, k.total_ns)
+            side.per_step_count += k.count / steps
+            side.per_step_ns += k.total_ns / steps
+            side.count += k.count
+            side.total_ns += k.total_ns
     return out
 
 
 def kernel_deltas(
     base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
 ) -> list[KernelDelta]:
-    """Per kernel name: count and total time per step (summed over ranks) and mean duration,
-    head minus base; largest total-time change first."""
+    """Per kernel: count and total time per step (summed over ranks) and mean duration, head
+    minus base; largest total-time change first. Kernels are matched by
+    :func:`~analyzers.kernel_names.kernel_key`, so nsys and Kineto spellings of one kernel are
+    one row (named as the base spells it)."""
     b, h = _kernel_side(base, base_window), _kernel_side(head, head_window)
     out = []
-    for name in set(b) | set(h):
-        bc, bt, bn, btot = b.get(name, (0.0, 0.0, 0, 0))
-        hc, ht, hn, htot = h.get(name, (0.0, 0.0, 0, 0))
+    for key in set(b) | set(h):
+        bs, hs = b.get(key), h.get(key)
+        name = (bs or hs or _KernelSide(key)).name
+        bs, hs = bs or _KernelSide(name), hs or _KernelSide(name)
+        bc, bt, bn, btot = bs.per_step_count, bs.per_step_ns, bs.count, bs.total_ns
+        hc, ht, hn, htot = hs.per_step_count, hs.per_step_ns, hs.count, hs.total_ns
         b_mean, h_mean = (btot / bn if bn else 0.0), (htot / hn if hn else 0.0)
-        if name not in b:
+        if key not in b:
             status = "appeared"
-        elif name not in h:
+        elif key not in h:
             status = "disappeared"
         else:
             moved = abs(hc - bc) > 1e-9 or time_changed(bt, ht)
@@ -211,47 +240,6 @@ def rank_deltas(
     ]
 
 
-def comparability_notes(
-    base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
-) -> list[str]:
-    """A warning for every way the two sides differ that can explain a difference by itself."""
-    be, he = base.environment, head.environment
-    notes = []
-    if be.gpu_models and he.gpu_models and sorted(be.gpu_models) != sorted(he.gpu_models):
-        notes.append(
-            f"different GPU models: base {', '.join(be.gpu_models)}; head "
-            f"{', '.join(he.gpu_models)}"
-        )
-    if be.world_size and he.world_size and be.world_size != he.world_size:
-        notes.append(f"different world sizes: base {be.world_size}, head {he.world_size}")
-    b_ranks = sorted({r.rank for r in base.rank_summaries if r.window == base_window})
-    h_ranks = sorted({r.rank for r in head.rank_summaries if r.window == head_window})
-    if b_ranks != h_ranks:
-        notes.append(
-            f"different rank sets: base {b_ranks}, head {h_ranks}: sums over ranks differ by "
-            "the ranks alone; compare the per-rank rows"
-        )
-    for label, b_version, h_version in (
-        ("torch", be.torch, he.torch),
-        ("Transformer Engine", be.transformer_engine, he.transformer_engine),
-    ):
-        if b_version and h_version and b_version != h_version:
-            notes.append(f"different {label} versions: base {b_version}, head {h_version}")
-    b_steps = {r.rank: r.steps for r in base.rank_summaries if r.window == base_window}
-    h_steps = {r.rank: r.steps for r in head.rank_summaries if r.window == head_window}
-    if set(b_steps.values()) != set(h_steps.values()):
-        notes.append(
-            f"different step counts: base {sorted(set(b_steps.values()))}, head "
-            f"{sorted(set(h_steps.values()))} (per-step numbers divide by each side's own)"
-        )
-    if (base_window == WHOLE_TRACE) != (head_window == WHOLE_TRACE):
-        notes.append(
-            "one side is the whole trace and the other a step group: totals against per-step "
-            "numbers"
-        )
-    return notes
-
-
 def helper_deltas(
     base: AnalysisReport, head: AnalysisReport, base_window: str, head_window: str
 ) -> list[HelperDelta]:
@@ -319,6 +307,7 @@ def _summary(
     iterations: IterationComparison | None,
     labels: tuple[str, str],
     per: str = "per step",
+    verdict: str | None = None,
 ) -> str:
     """One line: the iteration verdict, then the helpers behind the launch difference."""
     total = sum(d.delta_launches for d in deltas)
@@ -327,7 +316,7 @@ def _summary(
     parts = []
     if iterations is not None:
         parts.append(
-            f"{labels[1]} vs {labels[0]}: {iterations.verdict} (median "
+            f"{labels[1]} vs {labels[0]}: {verdict or iterations.verdict} (median "
             f"{iterations.base.median_ms:.2f} -> {iterations.head.median_ms:.2f} ms, "
             f"{iterations.delta_median_pct:+.1f}%, p={iterations.p_value:.3g}, "
             f"n={iterations.base.n} vs {iterations.head.n}"
@@ -378,8 +367,10 @@ def compare_reports(
     labels = (base_window, head_window)
     whole = WHOLE_TRACE in (base_window, head_window)
     per = "in the whole trace" if whole else "per step"
-    summary = _summary(deltas, iterations, labels, per)
-    notes = comparability_notes(base, head, base_window, head_window)
+    issues = comparability(base, head, base_window, head_window, (b_it, h_it))
+    refused = refusal(issues)
+    summary = _summary(deltas, iterations, labels, per, INCONCLUSIVE if refused else None)
+    notes = [issue.message for issue in issues]
     without_gpu = [
         side
         for side, r in (("base", base), ("head", head))
@@ -398,8 +389,10 @@ def compare_reports(
             f"{h_it.source}"
         )
     launch_delta = sum(d.delta_launches for d in deltas)
+    if refused:
+        summary += f"; no time verdict: {refused} (see notes)"
     verdict = (
-        iterations.verdict
+        (INCONCLUSIVE if refused else iterations.verdict)
         if iterations
         else (
             "fewer launches"
@@ -426,6 +419,7 @@ def compare_reports(
         total_gpu=total_gpu(base, head, base_window, head_window),
         ranks=rank_deltas(base, head, base_window, head_window),
         notes=notes,
+        comparability=issues,
         gpu_observed=not without_gpu,
         timeline_base=[t for t in base.gpu_timeline if t.window == base_window],
         timeline_head=[t for t in head.gpu_timeline if t.window == head_window],
@@ -434,10 +428,10 @@ def compare_reports(
 
 __all__ = [
     "HOST_NOISE_FRACTION",
+    "INCONCLUSIVE",
     "TIME_NOISE_FRACTION",
     "TIME_NOISE_NS",
     "CompareError",
-    "comparability_notes",
     "compare_reports",
     "default_window",
     "helper_deltas",

@@ -11,9 +11,13 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 2
+from analyzers.manifest import FailureRecord, Workload
+
+REPORT_SCHEMA_VERSION = 3
 """2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
-rank rows); the GPU timeline, device figures and kernel tables."""
+rank rows); the GPU timeline, device figures and kernel tables. 3: ``environment`` records what
+ran and how it was captured (workload, variants, command, cuDNN, profilers, trace slices): the
+comparability check reads them, so older reports are re-analysed."""
 
 
 class _Model(BaseModel):
@@ -449,13 +453,36 @@ class HostTimeReport(_Model):
     helpers: list[HelperHostTime] = Field(default_factory=list)
 
 
+class VariantWorkload(_Model):
+    """The workload one variant's window ran: the run's workload with the variant's overrides."""
+
+    window: str  # the variant's window group ("arm:auto_clone")
+    variant: str
+    workload: Workload
+    overrides: list[str] = Field(default_factory=list)
+    """The workload fields the variant overrides: what its A/B experiment varies."""
+
+
 class RunEnvironment(_Model):
-    """What the run ran on, as far as the traces and the manifest say (None: not recorded)."""
+    """What the run ran on, as far as the traces and the manifest say (None: not recorded).
+
+    ``analyzers.comparability`` compares two of these before any comparison."""
 
     gpu_models: list[str] = Field(default_factory=list)  # distinct device names in the traces
     world_size: int | None = None  # distributedInfo.world_size, else the number of ranks
     torch: str | None = None  # manifest environment
     transformer_engine: str | None = None  # manifest environment
+    cudnn: str | None = None  # manifest environment (torch.backends.cudnn.version())
+    workload: Workload | None = None
+    """The manifest's workload (None: no manifest, or an empty workload block)."""
+    command: str | None = None
+    """The job's command line for a ``cptrace profile`` run (its workload is the command)."""
+    variants: list[VariantWorkload] = Field(default_factory=list)
+    profilers: list[str] = Field(default_factory=list)
+    """The profilers behind the traces: "nsys", "kineto", "kineto with Python stacks"."""
+    trace_slices: list[str] = Field(default_factory=list)
+    """How the traces are cut short of the run (an nsys export or capture limited to a time
+    window, kernels without their launch): per-window counts there are not comparable."""
 
 
 class AnalysisReport(_Model):
@@ -494,6 +521,9 @@ class AnalysisReport(_Model):
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
     """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
+    failure: FailureRecord | None = None
+    """The manifest's failure record when the run's job failed or hung: the traces cover only
+    what ran before it (``analyzers.failure`` words it)."""
 
 
 class HelperDelta(_Model):
@@ -628,7 +658,8 @@ class ComparisonReport(_Model):
     """False when either side's trace has no GPU activity: its helper, kernel, Total GPU, busy
     and account figures are not observed (the CLI and the page say so instead of zeros)."""
     notes: list[str] = Field(default_factory=list)
-    """Comparability warnings (GPU model, world size, rank set, versions, step count)."""
+    """One line per ``comparability`` issue, then notes that are no issue (a side without GPU
+    activity)."""
     comparability: list[ComparabilityIssue] = Field(default_factory=list)
     """The typed comparability check (each issue is also one line of ``notes``)."""
     timeline_base: list[GroupTimeline] = Field(default_factory=list)

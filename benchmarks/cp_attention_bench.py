@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cp_attention import PackedBatch, cp_attn, partition_for_rank
+from cp_attention.graphs import StepGraphs
 from cp_attention.local_attention import cudnn_available
 
 HELPER_RANGES = ("cp_attention.metadata_step", "get_cu_seqlens_on_cp_rank",
@@ -285,7 +286,7 @@ def report(step: dict[str, list[float]], counts: dict, args: argparse.Namespace)
 
 # -- single-GPU per-rank compute floor (--floor) ----------------------------------------------
 _OFF = {"fused_merge": False, "in_place": False, "remote_rows": False, "dq_rows": False,
-        "joint_bwd": False, "dq_fp32": False}
+        "joint_bwd": False, "dq_fp32": False, "peer_sum": False}
 _DAY1 = {**_OFF, "fused_merge": True, "in_place": True, "remote_rows": True}
 FLOOR_ARMS = {
     "before": _OFF,
@@ -297,10 +298,12 @@ FLOOR_ARMS = {
     "day-1 after": _DAY1,
     "day 1 + dq rows": {**_DAY1, "dq_rows": True},
     "day 1 + joint bwd": {**_DAY1, "joint_bwd": True},
-    "after": {**_DAY1, "dq_rows": True},
-    "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True},
+    "after": {**_DAY1, "dq_rows": True, "peer_sum": True},
+    "after + joint bwd": {**_DAY1, "dq_rows": True, "joint_bwd": True, "peer_sum": True},
     # Day 3: float32 dQ from cuDNN (no dQ conversion kernel), the steps' dQ summed once.
-    "after + dq fp32": {**_DAY1, "dq_rows": True, "dq_fp32": True},
+    "after + dq fp32": {**_DAY1, "dq_rows": True, "dq_fp32": True, "peer_sum": True},
+    # Issue 29: the peers' dK/dV added one by one (the defaults before peer_sum).
+    "after, no peer sum": {**_DAY1, "dq_rows": True},
 }
 #: Arms that change the local kernel instead: (tuning arm, backend). Day 1's run 2 had
 #: "after, cudnn autotune" with heuristics modes A + FALLBACK: no gain, 1 plan per shape; the
@@ -308,6 +311,10 @@ FLOOR_ARMS = {
 FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
                      "after, cudnn autotune": ("after", "cudnn_autotune"),
                      "after + dq fp32, cudnn autotune": ("after + dq fp32", "cudnn_autotune")}
+#: Arms that replay each rank's step from a CUDA graph (cp_attention.graphs, bound to the
+#: layer's tensors): (tuning arm, backend; None = the --kernels choice).
+FLOOR_GRAPH_ARMS = {"graphs": ("after", None), "graphs, flash kernel": ("after", "flash"),
+                    "graphs, no peer sum": ("after, no peer sum", None)}
 
 
 def _call_pairs(call) -> int:
@@ -412,7 +419,7 @@ def _peer_grad(like: torch.Tensor, meta, owner: int, step: int) -> torch.Tensor:
     return grad
 
 
-def _rank_fn(meta, layers, rank: int, tuning, backend: str | None):
+def _rank_fn(meta, layers, rank: int, tuning, backend: str | None, graphs=None):
     from cp_attention.attention import rank_local_work
     from cp_attention.ring import LoopbackRing
 
@@ -425,7 +432,7 @@ def _rank_fn(meta, layers, rank: int, tuning, backend: str | None):
             ring = LoopbackRing(rank, cp, kv, dkv[rank]) if cp > 1 else None
             rank_local_work(local["q"][rank], local["k"][rank], local["v"][rank],
                             local["dout"][rank], meta, rank, ring, causal=True, backend=backend,
-                            tuning=tuning)
+                            tuning=tuning, graphs=graphs)
 
     return run
 
@@ -444,6 +451,13 @@ def run_floor(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         arms.update({n: (Tuning(**FLOOR_ARMS[a]), b) for n, (a, b) in FLOOR_KERNEL_ARMS.items()
                      if not args.arms or n in args.arms})
+    graph_arms = {n for n in FLOOR_GRAPH_ARMS if not args.arms or n in args.arms}
+    if args.cpu:
+        graph_arms -= {"graphs, flash kernel"}
+    arms.update({n: (Tuning(**FLOOR_ARMS[FLOOR_GRAPH_ARMS[n][0]]),
+                     FLOOR_GRAPH_ARMS[n][1] or backend) for n in graph_arms})
+    # One cache per graph arm, large enough for every (cp, rank, layer) graph of the run.
+    caches = {n: StepGraphs(capacity=4096) for n in graph_arms}
     if device.type == "cuda":
         for key, value in versions().items():
             print(f"{key}: {value}")
@@ -456,7 +470,8 @@ def run_floor(args: argparse.Namespace) -> None:
                         if c is not None)
             flops[(cp, rank)] = 3.5 * 4 * pairs * args.heads * args.dim * args.layers
             for arm, (tuning, kernel) in arms.items():
-                fns[(arm, cp, rank)] = _rank_fn(meta, layers, rank, tuning, kernel)
+                fns[(arm, cp, rank)] = _rank_fn(meta, layers, rank, tuning, kernel,
+                                                caches.get(arm))
     for key, fn in list(fns.items()):
         try:
             for _ in range(args.warmup):
@@ -497,6 +512,9 @@ def run_floor(args: argparse.Namespace) -> None:
             "families": p["families"],
         })
     _print_floor(rows, args)
+    for arm, cache in caches.items():
+        reasons = sorted(set(cache.failed.values())) or "none"
+        print(f"graph cache {arm!r}: {cache.stats}; capture failures: {reasons}")
     top = [(arm, cp, rank) for arm in ("after", "after + dq fp32", "after, cudnn autotune",
                                        "after + dq fp32, cudnn autotune")
            for cp, rank in ((2, 0), (2, 1))] + [("after", 1, 0)]
@@ -733,14 +751,16 @@ def _print_floor(rows: list[dict], args: argparse.Namespace) -> None:
           f"layers={args.layers} iters={args.iters}; kernel time = GPU activity of the median "
           f"of {args.profile_reps} profiled iterations; ideal = one-GPU kernel time / cp "
           "(same arm)")
-    print("| arm | cp | rank | event ms (median) | kernel ms | launches/layer | TFLOP/s | "
-          "kernel / ideal split |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| arm | cp | rank | event ms (median) | kernel ms | event / kernel | launches/layer "
+          "| TFLOP/s | kernel / ideal split |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = f"{r['ratio_to_ideal']:.2f}" if r["ratio_to_ideal"] is not None else "-"
+        per = r["event_ms"] / r["kernel_ms"] if r["kernel_ms"] == r["kernel_ms"] and \
+            r["kernel_ms"] > 0 else float("nan")
         print(f"| {r['arm']} | {r['cp']} | {r['rank']} | {r['event_ms']:.2f} | "
-              f"{r['kernel_ms']:.2f} | {r['launches_per_layer']:.1f} | {r['tflops']:.0f} | "
-              f"{ratio} |")
+              f"{r['kernel_ms']:.2f} | {per:.2f} | {r['launches_per_layer']:.1f} | "
+              f"{r['tflops']:.0f} | {ratio} |")
     print("| arm | cp | rank | kernel family | launches/iter | ms/iter |")
     print("|---|---|---|---|---|---|")
     for r in rows:

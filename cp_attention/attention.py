@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from cp_attention import fused
 from cp_attention.broken import recompute_step_cu, zero_fill_padding
+from cp_attention.graphs import StepGraphs
 from cp_attention.local_attention import LocalAttention, get_backend
 from cp_attention.merge import (
     OutputMerger,
@@ -66,6 +67,11 @@ class Tuning:
       per extra step). cuDNN 9.19 does not honour a float32 dQ (the backend checks once and
       returns 16-bit dQ), so on H200 it only merges the adds into one pass: cp=2 rank 0 5.91
       vs 5.85 ms, rank 1 6.16 vs 6.15; cp=4 ranks 1-3 0.03-0.05 ms less (run 8).
+    * ``peer_sum``: (saved-KV backward, with ``remote_rows``) the ``cp - 1`` peers' dK/dV for
+      our block are added to ours in one pass per tensor (float32 sum at each peer's rows,
+      rounded once; :func:`~cp_attention.merge.sum_parts`, one kernel per four parts) instead
+      of one add per peer, each rounded: launches and passes over the block stop growing with
+      ``cp`` as fast (cp=8: 4 instead of 14 per layer).
     """
 
     fused_merge: bool = True
@@ -74,6 +80,7 @@ class Tuning:
     dq_rows: bool = True
     joint_bwd: bool = False
     dq_fp32: bool = False
+    peer_sum: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,8 @@ class CPConfig:
     #: P2P: keep the KV blocks received in forward for backward (memory: cp-1 local KV
     #: blocks), so backward needs no KV ring and its dK/dV return overlaps the local step.
     save_remote_kv: bool = True
+    #: Run forward and backward through CUDA graphs captured per layout (:data:`GRAPHS`).
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.comm not in COMMS:
@@ -173,10 +182,14 @@ class _Step:
             return None
         return self.meta.joint_bwd(self.cfg.causal, self.rank)
 
+    def peer_call(self, step: int) -> AttnCall | None:
+        """The call rank ``rank + step`` runs on our KV block at its ring step ``step``."""
+        peer = (self.rank + step) % self.meta.cp_size
+        return self.meta.calls_for("p2p", self.cfg.causal, peer)[step]
+
     def peer_rows(self, step: int) -> Rows | None:
         """Rows of our KV block that rank ``rank + step`` reads at its ring step ``step``."""
-        peer = (self.rank + step) % self.meta.cp_size
-        call = self.meta.calls_for("p2p", self.cfg.causal, peer)[step]
+        call = self.peer_call(step)
         return None if call is None else call.k_rows
 
 
@@ -250,7 +263,10 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | Loopbac
     if ring is not None and ring.size > 1:
         received = pending.wait()
         with phase("grad_reduce"):
-            for j, step in enumerate(range(1, ring.size)):
+            if s.tuning.remote_rows and s.tuning.peer_sum:
+                block = [_sum_peer_grads(s, block[t], received[t::2]) for t in range(2)]
+                received = []
+            for j, step in enumerate(range(1, ring.size) if received else ()):
                 if s.tuning.remote_rows:
                     rows = s.peer_rows(step)
                     add_block_rows(block[0], received[2 * j], rows, s.fused)
@@ -265,6 +281,17 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | Loopbac
         for part, rows in partial_dq:
             add_block_rows(dq, part, rows, s.fused)
     return dq.to(q.dtype), block[0].to(k.dtype), block[1].to(v.dtype)
+
+
+def _sum_peer_grads(s: _Step, own: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    """``own`` plus each peer's gradient for our block (``grads[i]`` from ring step ``i + 1``),
+    each read only at the rows that peer's step read, summed in one pass, rounded once."""
+    parts: list[tuple[torch.Tensor, Rows | None, dict | None]] = [(own, None, None)]
+    for step, grad in enumerate(grads, start=1):
+        call = s.peer_call(step)
+        if call is not None:  # the peer's own call caches the device mask of its key rows
+            parts.append((grad, call.k_rows, call.cache.setdefault("peer_grad_masks", {})))
+    return sum_parts(parts, own, s.fused)
 
 
 def _dq_part(dq: torch.Tensor, call: AttnCall, planned: AttnCall | None, q: torch.Tensor,
@@ -424,6 +451,46 @@ def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
     return dq, dk.to(kg.dtype), dv.to(vg.dtype)
 
 
+#: The graphs ``cp_attn(..., graphs=True)`` replays: forward and backward per layout.
+GRAPHS = StepGraphs()
+
+
+def _meta_layout(meta: PackedBatch) -> tuple:
+    """What a captured step depends on in a batch's metadata (values, not objects)."""
+    return (meta.cu_seqlens, meta.cu_seqlens_padded, meta.cp_size, meta.strategy,
+            str(meta.device))
+
+
+def _layout(s: _Step, kind: str, ring: Ring | None, *extra: object) -> tuple:
+    """The graph cache key of one pass of ``s`` (the tensors' shapes are added by the cache)."""
+    group = None if ring is None else (id(ring.group), ring.rank, ring.size)
+    return (kind, _meta_layout(s.meta), s.rank, s.cfg, s.kernel.name, s.scale, s.tuning, group,
+            *extra)
+
+
+def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool) -> tuple[torch.Tensor, ...]:
+    """``(out, lse, *rest)``: all-gather: the gathered K and V; P2P: the remote KV blocks."""
+    if gather:
+        kg, vg = all_gather_tokens(k, s.cfg.group), all_gather_tokens(v, s.cfg.group)
+        out, lse = _gather_forward(s, q, kg, vg)
+        return out, lse, kg, vg
+    out, lse, blocks = _ring_forward(s, q, k, v, ring)
+    return (out, lse, *[t for b in blocks[1:] for t in b])
+
+
+def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
+              gather: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` from ``[dout, *saved tensors]`` (the layout :func:`_forward` saved)."""
+    if gather:
+        dout, q, kg, vg, out, lse = saved
+        return _gather_backward(s, dout, q, kg, vg, out, lse, s.cfg.group)
+    dout, q, out, lse, *flat = saved
+    blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
+    if len(blocks) == len(s.calls):
+        return _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
+    return _ring_backward(s, dout, q, *blocks[0], out, lse, ring)
+
+
 class _CPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, meta: PackedBatch, cfg: CPConfig):
@@ -435,15 +502,21 @@ class _CPAttention(torch.autograd.Function):
             cfg.softmax_scale if cfg.softmax_scale is not None else q.shape[-1] ** -0.5,
         )
         ring = Ring(cfg.group) if distributed else None
-        if cfg.comm == "p2p" or not distributed:
-            out, lse, blocks = _ring_forward(step, q, k, v, ring)
-            if not cfg.save_remote_kv:
-                blocks = blocks[:1]
-            ctx.save_for_backward(q, out, lse, *[t for b in blocks for t in b])
+        gather = cfg.comm == "all_gather" and distributed
+        if cfg.graphs:
+            # Static graph outputs are overwritten by the next replay (another layer of the
+            # same layout): what outlives this call is cloned out of them.
+            res = [t.clone() for t in GRAPHS.run(
+                _layout(step, "fwd", ring), lambda xs: _forward(step, *xs, ring, gather),
+                [q, k, v])]
+            out, lse, rest = res[0], res[1], res[2:]
         else:
-            kg, vg = all_gather_tokens(k, cfg.group), all_gather_tokens(v, cfg.group)
-            out, lse = _gather_forward(step, q, kg, vg)
-            ctx.save_for_backward(q, kg, vg, out, lse)
+            out, lse, *rest = _forward(step, q, k, v, ring, gather)
+        if gather:
+            ctx.save_for_backward(q, *rest, out, lse)
+        else:
+            remote = rest if cfg.save_remote_kv else []
+            ctx.save_for_backward(q, out, lse, k, v, *remote)
         ctx.step, ctx.ring, ctx.distributed = step, ring, distributed
         return out
 
@@ -451,16 +524,14 @@ class _CPAttention(torch.autograd.Function):
     def backward(ctx, dout):
         step: _Step = ctx.step
         dout = dout.contiguous()
-        if step.cfg.comm == "p2p" or not ctx.distributed:
-            q, out, lse, *flat = ctx.saved_tensors
-            blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
-            if len(blocks) == len(step.calls):
-                dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ctx.ring)
-            else:
-                dq, dk, dv = _ring_backward(step, dout, q, *blocks[0], out, lse, ctx.ring)
+        gather = step.cfg.comm == "all_gather" and ctx.distributed
+        saved = [dout, *ctx.saved_tensors]
+        if step.cfg.graphs:
+            dq, dk, dv = (t.clone() for t in GRAPHS.run(
+                _layout(step, "bwd", ctx.ring, len(saved)),
+                lambda xs: _backward(step, xs, ctx.ring, gather), saved))
         else:
-            q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = _gather_backward(step, dout, q, k, v, out, lse, step.cfg.group)
+            dq, dk, dv = _backward(step, saved, ctx.ring, gather)
         if step.cfg.broken_always_zero_fill:
             zero_fill_padding([dq, dk, dv], step.meta, step.rank)
         return dq, dk, dv, None, None
@@ -479,6 +550,7 @@ def rank_local_work(
     softmax_scale: float | None = None,
     backend: str | None = None,
     tuning: Tuning = Tuning(),
+    graphs: StepGraphs | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """One rank's P2P forward + backward (saved-KV ring) on one device, remote data local.
 
@@ -487,6 +559,9 @@ def rank_local_work(
     blocks and dK/dV contributions instead of the network: the per-rank compute floor
     (``benchmarks/cp_attention_bench.py --floor``). ``ring`` may be None when ``cp_size`` is 1.
 
+    :param graphs: run the step as one CUDA graph from this cache, bound to these tensors
+        (``q``, ``k``, ``v``, ``dout`` and the ring's): the same tensors replay it with no
+        copy; the outputs are the graph's, overwritten by its next replay.
     :returns: ``(out, lse, dq, dk, dv)`` of this rank (dk/dv include what the ring handed in).
     """
     cfg = CPConfig(None, "p2p", causal, softmax_scale, backend=backend)
@@ -494,8 +569,29 @@ def rank_local_work(
         cfg, meta, rank, meta.calls_for("p2p", causal, rank), get_backend(q.device, backend),
         softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5, tuning,
     )
-    out, lse, blocks = _ring_forward(step, q, k, v, ring)
-    dq, dk, dv = _saved_kv_backward(step, dout, q, blocks, out, lse, ring)
+    if graphs is None:
+        return _local_work(step, q, k, v, dout, ring)
+    cp = meta.cp_size
+
+    def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        loop = LoopbackRing.from_tensors(rank, cp, xs[4:]) if ring is not None else None
+        res = _local_work(step, *xs[:4], loop)
+        sent = sorted(loop.sent, key=lambda item: item[1]) if loop is not None else []
+        return (*res, *[t for tensors, _ in sent for t in tensors])
+
+    extra = ring.tensors() if ring is not None else []
+    outs = graphs.run(_layout(step, "local_work", None, ring is not None), run,
+                      [q, k, v, dout, *extra], bind=True)
+    if ring is not None:  # what the rank sends to the owners of remote blocks, by owner
+        owners = sorted((rank - i) % cp for i in range(1, cp))
+        ring.sent += [(list(outs[5 + 2 * i : 7 + 2 * i]), owner)
+                      for i, owner in enumerate(owners)]
+    return outs[:5]
+
+
+def _local_work(s: _Step, q, k, v, dout, ring: LoopbackRing | None) -> tuple[torch.Tensor, ...]:
+    out, lse, blocks = _ring_forward(s, q, k, v, ring)
+    dq, dk, dv = _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
     return out, lse, dq, dk, dv
 
 
@@ -513,6 +609,7 @@ def cp_attn(
     broken_always_zero_fill: bool = False,
     backend: str | None = None,
     save_remote_kv: bool = True,
+    graphs: bool = False,
 ) -> torch.Tensor:
     """Attention of this rank's local THD queries over the whole packed batch.
 
@@ -526,11 +623,16 @@ def cp_attn(
     :param backend: local kernel (``math``, ``flash``, ``cudnn``); default picks per device.
     :param save_remote_kv: P2P only: keep received KV blocks for backward (faster, uses
         ``cp-1`` extra local KV blocks of memory); False runs the backward KV ring instead.
+    :param graphs: replay forward and backward from CUDA graphs captured once per layout
+        (:data:`GRAPHS`; inputs are copied into the graph's buffers and results cloned out
+        of them, so any tensors of the layout's shapes work); a layout whose capture fails
+        runs eagerly after one WARNING line. Inside the caller's own graph capture the step
+        runs eagerly (it is capturable: no host sync).
     :returns: the local output rows, padding rows zero.
     :raises ValueError: when shapes, devices or the group do not match the metadata.
     """
     cfg = CPConfig(group, comm, causal, softmax_scale, broken_identity_padding,
-                   broken_always_zero_fill, backend, save_remote_kv)
+                   broken_always_zero_fill, backend, save_remote_kv, graphs)
     _validate(q, k, v, meta, cfg)
     return _CPAttention.apply(q, k, v, meta, cfg)
 

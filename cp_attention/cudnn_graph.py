@@ -121,6 +121,8 @@ class CudnnGraphAttention:
         self._graphs: dict[tuple, tuple[Any, int, list[int]]] = {}
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
+        #: Device index -> the stream its handle was last bound to.
+        self._streams: dict[int, int] = {}
         self._ragged_stats_bwd: bool | None = None
         #: Graph key -> the engine that serves it ("cudnn backend" or a frontend engine name).
         self.engines: dict[tuple, str] = {}
@@ -136,6 +138,7 @@ class CudnnGraphAttention:
             self._graphs.clear()
             self.engines.clear()
             handles, self._handles = list(self._handles.values()), {}
+            self._streams.clear()
         gc.collect()
         for handle in handles:
             try:
@@ -155,12 +158,18 @@ class CudnnGraphAttention:
 
     # -- host-side plumbing -------------------------------------------------------------
     def _handle(self, device: torch.device) -> Any:
+        """The device's handle, bound to the current stream (one frontend call per execute
+        instead of two: ``set_stream`` only when the stream changed since the last call)."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self._handles:
             with torch.cuda.device(index):
                 self._handles[index] = self._cudnn.create_handle()
+            self._streams.pop(index, None)
         handle = self._handles[index]
-        self._cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if self._streams.get(index) != stream:
+            self._cudnn.set_stream(handle=handle, stream=stream)
+            self._streams[index] = stream
         return handle
 
     def _graph(self, key: tuple, build) -> tuple[Any, int, list[int]]:

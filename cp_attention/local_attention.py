@@ -327,7 +327,11 @@ _CACHE: dict[tuple[str, str], LocalAttention] = {}
 
 
 def release_cached_kernels() -> None:
-    """Drop the cached kernel objects and the cuDNN graphs and handles they hold."""
+    """Drop the cached kernel objects and the cuDNN graphs and handles they hold (captured
+    CUDA graphs first: they launch those kernels)."""
+    from cp_attention.graphs import release_all
+
+    release_all()
     kernels = list(_CACHE.values())
     _CACHE.clear()
     for kernel in kernels:

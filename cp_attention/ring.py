@@ -140,6 +140,17 @@ class LoopbackRing:
         self._next_kv = 0
         self.sent: list[tuple[list[torch.Tensor], int]] = []
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor handed in (KV blocks, then dK/dV), flat, as :meth:`from_tensors`
+        takes them."""
+        return [t for block in (*self._kv, *self._dkv) for t in block]
+
+    @classmethod
+    def from_tensors(cls, rank: int, size: int, flat: Sequence[torch.Tensor]) -> LoopbackRing:
+        """A ring over :meth:`tensors`' output (two tensors per block and per dK/dV pair)."""
+        pairs = [list(flat[i : i + 2]) for i in range(0, len(flat), 2)]
+        return cls(rank, size, pairs[: size - 1], pairs[size - 1 :])
+
     def exchange(self, send: Sequence[torch.Tensor], recv_like: Sequence[torch.Tensor]) -> Pending:
         """The next KV block of the ring (forward); ``send`` is what would leave."""
         with phase("comm_send_recv"):

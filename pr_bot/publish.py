@@ -1,7 +1,9 @@
 """Post a rendered comparison to a pull request: one comment per suite, plus an optional status.
 
 Shared by ``cptrace pr-comment --post`` and the service endpoint, so both find and update the
-same comment. Rendering is :mod:`pr_bot.comment` (pure); HTTP is :mod:`pr_bot.github`.
+same comment. Rendering is :mod:`pr_bot.comment` (pure); HTTP is :mod:`pr_bot.github`. The
+status is the loop's gate (:func:`pr_bot.policy.judge` with the default thresholds), so a
+slowdown too few samples cannot decide is never posted as success.
 """
 
 from __future__ import annotations
@@ -11,17 +13,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from analyzers.failure import failure_headline
 from analyzers.report import ComparisonReport
 from pr_bot.comment import CommentContext, render_comment, suite_marker
 from pr_bot.deltas import HostTimeRow
-from pr_bot.github import (
-    CommentResult,
-    GitHubClient,
-    GitHubConfig,
-    GitHubError,
-    status_for_verdict,
-    upsert_comment,
-)
+from pr_bot.github import CommentResult, GitHubClient, GitHubConfig, GitHubError, upsert_comment
+from pr_bot.policy import Thresholds, judge
+from pr_bot.suite_comment import github_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +66,17 @@ def publish(
         comment = upsert_comment(client, repo, pr, marker, body)
         if head_sha is None:
             return Published(body, comment)
-        state = status_for_verdict(report.verdict)
+        state = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
+        description = status_description(report)
+        failure = context.head_failure or context.base_failure
+        if failure is not None:  # a failed or hung job is red, whatever its figures say
+            state, description = "failure", f"a job failed: {failure_headline(failure)}"
         client.create_commit_status(
             repo,
             head_sha,
             state,
             context=f"cptrace/{context.suite}",
-            description=status_description(report),
+            description=description,
             target_url=context.comparison_url,
         )
     return Published(body, comment, state)

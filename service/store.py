@@ -82,7 +82,14 @@ class RunSummary(BaseModel):
     implementation: str | None = None
     """The manifest's ``workload.implementation``."""
     verdict: str = "pending"
-    """failed, pending (not analysed yet), clean (no findings), findings, or unknown."""
+    """failed (the job failed or hung, or its analysis failed), pending (not analysed yet),
+    clean (no findings), findings, or unknown."""
+    repo: str | None = None
+    """The loop's tags from the manifest ``run`` block (``cptrace agent``): repository, pull
+    request, suite and spec or command entry name; None for runs from elsewhere."""
+    pr: int | None = None
+    suite: str | None = None
+    spec_name: str | None = None
 
 
 class RunDetail(RunSummary):
@@ -106,6 +113,36 @@ class HistoryPoint(BaseModel):
     commit: str | None
     label: str
     value: float
+    failed: bool = False
+    """The run's job failed or hung, or its analysis failed."""
+    implementation: str | None = None
+    """The implementation(s) the run's variants ran, e.g. "te, te-adapter" (manifest
+    ``workload.implementation`` with each variant's override): runs of one configuration hash
+    that ran different code are different series."""
+    workload: dict[str, Any] | None = None
+    """The manifest's workload block (what the configuration hash is made from)."""
+
+
+def _run_implementation(workload: object, variants: object) -> str | None:
+    """The distinct implementations of a run's variants (the run's own without variants)."""
+    own = workload.get("implementation") if isinstance(workload, dict) else None
+    found = {
+        (v.get("workload") or {}).get("implementation") or own
+        for v in (variants if isinstance(variants, list) else [])
+        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
+    } or {own}
+    names = sorted(str(i) for i in found if i)
+    return ", ".join(names) or None
+
+
+def _history_point(row: dict[str, Any]) -> HistoryPoint:
+    workload = json.loads(row.pop("workload_json") or "null")
+    variants = json.loads(row.pop("variants_json") or "null")
+    return HistoryPoint(
+        **row,
+        implementation=_run_implementation(workload, variants),
+        workload=workload if isinstance(workload, dict) else None,
+    )
 
 
 class ComparisonSummary(BaseModel):
@@ -404,4 +441,4 @@ def metric_history(
             c, config_key=config_key, metric=str(metric), label=label, limit=limit
         )
     )
-    return [HistoryPoint.model_validate(r) for r in found]
+    return [_history_point(dict(r)) for r in found]

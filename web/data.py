@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -18,6 +19,8 @@ from analyzers.catalog import Catalog
 from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
 from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
+from analyzers.failure import failure_headline, failure_of, rank_stacks
+from analyzers.manifest import FailureRecord
 from analyzers.report import (
     AnalysisReport,
     ComparisonReport,
@@ -70,6 +73,9 @@ class RunsQuery(BaseModel):
     verdict: str | None = None  # one of VERDICTS; "" (the form's "any") means no filter
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    repo: str | None = Field(default=None, max_length=200, description="the loop's repository")
+    pr: int | None = Field(default=None, ge=1, le=2**31, description="the loop's pull request")
+    suite: str | None = Field(default=None, max_length=200, description="the loop's suite")
     sort: str = "created_at"
     order: Literal["asc", "desc"] = "desc"
     page: int = Field(default=1, ge=1)
@@ -77,7 +83,7 @@ class RunsQuery(BaseModel):
 
     @field_validator(
         "implementation", "config_key", "branch", "commit", "status", "verdict", "date_from",
-        "date_to", mode="before",
+        "date_to", "repo", "pr", "suite", mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
@@ -109,6 +115,7 @@ def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
         commit=query.commit or None, status=query.status or None,
         implementation=query.implementation or None, verdict=verdict,
         date_from=query.date_from or None, date_to=query.date_to or None,
+        repo=query.repo or None, pr=query.pr, suite=query.suite or None,
     )  # fmt: skip
     start = (query.page - 1) * query.per_page
     rows = store.list_runs(filters, query.per_page, start, query.sort, query.order)
@@ -145,8 +152,39 @@ class ArmComparison(BaseModel):
     url: str
 
 
+class RankStackView(BaseModel):
+    """One rank's Python stack from the watchdog's ``faulthandler`` dump."""
+
+    rank: str
+    waiting_at: str | None  # "train.py:30 in step": the innermost frame of user code
+    text: str
+
+
+class FailureView(BaseModel):
+    """How the run's job failed or hung: the headline every surface leads with, the record."""
+
+    headline: str
+    record: FailureRecord
+    stacks: list[RankStackView]
+
+
+def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
+    """The run's failure (manifest ``failure``), None for a run whose job ended cleanly."""
+    record = failure_of(manifest)
+    if record is None:
+        return None
+    stacks = [
+        RankStackView(rank=s.rank, waiting_at=s.waiting_at.where() if s.waiting_at else None,
+                      text=s.text)
+        for s in rank_stacks(record)
+    ]  # fmt: skip
+    return FailureView(headline=failure_headline(record), record=record, stacks=stacks)
+
+
 class RunPage(BaseModel):
     run: RunDetail
+    failure: FailureView | None = None
+    """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
     implementation: str | None
     verdict: str
     helpers: list[HelperRow]
@@ -344,6 +382,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
+        failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
         helpers=helpers,
@@ -406,6 +445,9 @@ class ComparePage(BaseModel):
     figures: dict[str, Figure]
     host: ComparisonHostTime | None = None
     """Per-helper host time when a side has no GPU activity (None: the GPU tables apply)."""
+    base_failure: FailureView | None = None
+    """How the base run's job failed or hung (its verdict: failed), None when it ended well."""
+    head_failure: FailureView | None = None
 
 
 def comparison_host_time(
@@ -459,7 +501,15 @@ def compare_page(
         comparison_url=page_url,
     )
     host = comparison_host_time(store, base_id, head_id, report)
+    base_failure, head_failure = failure_view(base.manifest), failure_view(head.manifest)
+    context = replace(
+        context,
+        base_failure=base_failure.record if base_failure else None,
+        head_failure=head_failure.record if head_failure else None,
+    )
     return ComparePage(
+        base_failure=base_failure,
+        head_failure=head_failure,
         base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
         head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
         base_window=base_window,
@@ -485,6 +535,17 @@ class HistoryRow(BaseModel):
     change_point: str | None = None  # "+10.1% (20.01 -> 22.04, p=0.0013)" at a new level
 
 
+class HistoryGroup(BaseModel):
+    """One series the history page offers: the runs of one configuration hash that ran the
+    same implementation(s)."""
+
+    config_key: str
+    implementation: str | None
+    name: str  # readable: implementation, run names and workload, the hash last
+    runs: int
+    commits: int  # distinct commits among the runs
+
+
 class HistoryPage(BaseModel):
     config_key: str | None
     metric: str
@@ -495,6 +556,92 @@ class HistoryPage(BaseModel):
     figures: dict[str, Figure]
     change_point_branch: str = MAIN_BRANCH
     change_point_method: str = CHANGE_POINT_METHOD
+    implementation: str | None = None
+    groups: list[HistoryGroup] = Field(default_factory=list)
+    """Every series, grouped by implementation then configuration (the selector's options)."""
+    title: str = "History"
+    """What the page shows: the metric, the window, the implementation and the configuration."""
+    series: str | None = None
+    """The shown series' readable name (``HistoryGroup.name``)."""
+
+
+_WORKLOAD_WORDS = (
+    ("cp_comm", "{}"),
+    ("strategy", "{}"),
+    ("cp_size", "cp {}"),
+    ("heads", "{} heads"),
+    ("head_dim", "x {}"),
+    ("dtype", "{}"),
+    ("layers", "{} layers"),
+    ("metadata", "metadata {}"),
+)
+
+
+def configuration_name(
+    config_key: str, implementation: str | None, workload: dict[str, Any] | None, names: set[str]
+) -> str:
+    """A configuration people can read: "te · te-reference-3arms · p2p dual_chunk_swap cp 2
+    16 heads x 128 bf16 4 layers seqlens 8192/4096/2048/2048 · 9899d0ce"."""
+    work = workload or {}
+    words = [text.format(work[key]) for key, text in _WORKLOAD_WORDS if work.get(key) is not None]
+    seqlens = work.get("seqlens")
+    if isinstance(seqlens, list) and seqlens:
+        shown = "/".join(str(n) for n in seqlens[:6]) + ("/..." if len(seqlens) > 6 else "")
+        words.append(f"seqlens {shown}")
+    parts = [implementation or "implementation not recorded", ", ".join(sorted(names)[:3])]
+    return " · ".join(p for p in [*parts, " ".join(words), config_key[:8]] if p)
+
+
+def history_groups(store: WebStore, configs: Sequence[str]) -> list[HistoryGroup]:
+    """The series of every configuration hash, split by the implementation(s) its runs ran,
+    sorted by implementation then name (every analysed run has a findings count)."""
+    groups = []
+    for config in configs:
+        by_impl: dict[str | None, list[HistoryPoint]] = {}
+        for p in store.metric_history(config, Metric.FINDINGS, ""):
+            by_impl.setdefault(p.implementation, []).append(p)
+        for impl, points in by_impl.items():
+            newest = points[-1]
+            names = {p.name for p in points}
+            groups.append(
+                HistoryGroup(
+                    config_key=config,
+                    implementation=impl,
+                    name=configuration_name(config, impl, newest.workload, names),
+                    runs=len(points),
+                    commits=len({p.commit for p in points if p.commit}),
+                )
+            )
+    return sorted(groups, key=lambda g: (g.implementation or "~", g.name))
+
+
+IMPLEMENTATION_NOT_RECORDED = "(not recorded)"
+"""The implementation selector's value for runs whose manifest names no implementation."""
+
+
+def _pick_group(
+    groups: Sequence[HistoryGroup], config_key: str | None, implementation: str | None
+) -> HistoryGroup | None:
+    """The series asked for: configuration and implementation; else the implementation's first
+    (the implementation selector changed); else the configuration's first; else the first."""
+    def impl(g: HistoryGroup) -> str:
+        return g.implementation or IMPLEMENTATION_NOT_RECORDED
+
+    tests = (
+        lambda g: g.config_key == config_key and impl(g) == implementation,
+        lambda g: impl(g) == implementation,
+        lambda g: g.config_key == config_key,
+        lambda g: True,
+    )
+    return next((g for test in tests for g in groups if test(g)), None)
+
+
+def _history_title(metric: str, label: str | None, group: HistoryGroup | None) -> str:
+    window = f" ({label})" if label else ""
+    if group is None:
+        return f"History of {metric}{window}"
+    runs = f"{group.implementation} runs" if group.implementation else "runs"
+    return f"History of {metric}{window}: {runs} of configuration {group.config_key[:8]}"
 
 
 def mark_history_change_points(rows: list[HistoryRow], branch: str = MAIN_BRANCH) -> None:
@@ -532,11 +679,21 @@ def noise_band(values: Sequence[float]) -> list[tuple[float, float] | None]:
 
 
 def history_page(
-    store: WebStore, config_key: str | None, metric: str, label: str | None
+    store: WebStore,
+    config_key: str | None,
+    metric: str,
+    label: str | None,
+    implementation: str | None = None,
 ) -> HistoryPage:
+    """One metric over the runs of one series: a configuration hash and the implementation(s)
+    its runs ran (``implementation`` None: the configuration's first series)."""
     configs = store.run_list_options()["config_key"]
-    config_key = config_key or (configs[0] if configs else None)
+    groups = history_groups(store, configs)
+    group = _pick_group(groups, config_key, implementation)
+    config_key = group.config_key if group else config_key or (configs[0] if configs else None)
     all_points = store.metric_history(config_key, metric, None) if config_key else []
+    if group is not None:
+        all_points = [p for p in all_points if p.implementation == group.implementation]
     labels = sorted({p.label for p in all_points})
     if label is None and labels:
         label = "" if "" in labels else labels[0]
@@ -583,6 +740,10 @@ def history_page(
         options={"config_key": configs, "metric": sorted({*KNOWN_METRICS, metric})},
         points=rows,
         figures=figs,
+        implementation=group.implementation if group else None,
+        groups=groups,
+        title=_history_title(metric, label, group),
+        series=group.name if group else None,
     )
 
 

@@ -528,7 +528,8 @@ class SeriesPoint:
 
 
 def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -> Figure:
-    """A metric over commits with its noise band (shaded between ``low`` and ``high``).
+    """A metric run by run (x: the commit, else the run's name) with its noise band (shaded
+    between ``low`` and ``high``).
 
     Points are drawn in the order given (the store returns them oldest first), on a category
     axis so equal timestamps and re-runs of one commit stay distinct.
@@ -577,8 +578,12 @@ def history_figure(points: Iterable[SeriesPoint], metric: str, unit: str = "") -
         }
     ytitle = f"{metric} ({unit})" if unit else metric
     layout = _layout(
-        f"{metric} over commits",
-        xaxis={"title": {"text": "run (oldest first)"}, "type": "category", "automargin": True},
+        f"{metric} run by run",
+        xaxis={
+            "title": {"text": "commit, else run (oldest first)"},
+            "type": "category",
+            "automargin": True,
+        },
         yaxis={"title": {"text": svg_text(ytitle)}, "automargin": True},
         hovermode="closest",
     )

@@ -284,6 +284,8 @@ def _export_facts(src: NsysSource) -> dict[str, object]:
         rows = dict(src.conn.execute('SELECT "name", "value" FROM META_DATA_EXPORT').fetchall())
         facts["nsys_version"] = rows.get("EXPORT_PRODUCT_VERSION")
         facts["export_schema_version"] = rows.get("EXPORT_SCHEMA_VERSION")
+        # ``nsys export --times``: the export holds only these time ranges of the capture
+        facts["export_times"] = rows.get("EXPORT_PARAM_TIMES_TO_EXPORT") or None
     if src.schema.has("TARGET_INFO_GPU", "name"):
         facts["gpus"] = [str(r[0]) for r in src.conn.execute('SELECT "name" FROM TARGET_INFO_GPU')]
     return facts

@@ -13,6 +13,10 @@ command entry (the repository's own script under ``cptrace profile``) adds its `
 the same command line and profiler settings (``contracts.profile_entry.CommandEntry``), since
 a different command or profiler schedule measures something else; the script's code at the
 commit is what is being measured.
+
+History (:func:`baseline_history`): the chosen baseline and the same-stack runs before it,
+newest first. The publisher pools the iteration times of the last K of them (the noise of the
+base comes from history, not from one run) and looks for change points in the longer series.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ ENVIRONMENT_KEYS = (
     "driver",
 )
 CANDIDATE_LIMIT = 200
+HISTORY_LIMIT = 20
+"""Base-branch runs read for change points (the last K of them are pooled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +92,9 @@ def run_tags(conn: sqlite3.Connection, run_id: int) -> RunTags | None:
     return None if row is None else _tags(row)
 
 
-def choose_baseline(
-    conn: sqlite3.Connection, head: RunTags, base_ref: str, merge_base: str | None
-) -> ChosenBaseline | None:
-    """The baseline run for ``head`` on ``base_ref``; None when no run qualifies."""
+def _same_stack(conn: sqlite3.Connection, head: RunTags, base_ref: str) -> list[RunTags]:
+    """The candidates on ``base_ref`` measured on ``head``'s GPU model and versions, newest
+    first."""
     candidates = runs.loop_baseline_candidates(
         conn,
         branch=base_ref,
@@ -101,7 +106,14 @@ def choose_baseline(
         limit=CANDIDATE_LIMIT,
     )
     key = head.environment_key()
-    same_stack = [t for t in map(_tags, candidates) if t.environment_key() == key]
+    return [t for t in map(_tags, candidates) if t.environment_key() == key]
+
+
+def choose_baseline(
+    conn: sqlite3.Connection, head: RunTags, base_ref: str, merge_base: str | None
+) -> ChosenBaseline | None:
+    """The baseline run for ``head`` on ``base_ref``; None when no run qualifies."""
+    same_stack = _same_stack(conn, head, base_ref)
     if not same_stack:
         return None
     if merge_base:
@@ -109,3 +121,16 @@ def choose_baseline(
             if tags.commit == merge_base:
                 return ChosenBaseline(tags, "merge-base")
     return ChosenBaseline(same_stack[0], "newest")
+
+
+def baseline_history(
+    conn: sqlite3.Connection,
+    head: RunTags,
+    base_ref: str,
+    chosen: ChosenBaseline,
+    limit: int = HISTORY_LIMIT,
+) -> list[RunTags]:
+    """``chosen`` and the same-stack runs of ``base_ref`` before it, newest first (at most
+    ``limit``): runs after the chosen one may hold changes the pull request does not."""
+    older = [t for t in _same_stack(conn, head, base_ref) if t.run_id <= chosen.run.run_id]
+    return older[:limit]

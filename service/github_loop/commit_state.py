@@ -1,9 +1,11 @@
 """The commit's cptrace state on GitHub: a commit status, or a check run where the token may.
 
 Commit statuses know success / failure / error / pending only, so "no baseline" is posted as
-success with "no baseline" in the description. Check runs (Checks API) have a ``neutral``
-conclusion, which branch protection treats as passing while the checks list shows it apart;
-but only a GitHub App installation token may create them. With ``CPTRACE_GITHUB_CHECK_RUNS``
+success with "no baseline" in the description, and "inconclusive" (the data cannot decide) as
+pending: yellow, never green, so a required check stays unmet until a push decides. Check runs
+(Checks API) have a ``neutral`` conclusion, used for both (the title says which), which branch
+protection treats as passing while the checks list shows it apart from success; but only a
+GitHub App installation token may create them. With ``CPTRACE_GITHUB_CHECK_RUNS``
 set, the loop posts check runs and falls back to a commit status when GitHub refuses (403/404:
 a personal access token, or an App without ``checks: write``), so the gate never goes silent.
 
@@ -25,6 +27,7 @@ log = logging.getLogger("cptrace.github_loop")
 CHECK_CONCLUSION: dict[StatusState, CheckConclusion] = {
     StatusState.SUCCESS: "success",
     StatusState.NEUTRAL: "neutral",
+    StatusState.INCONCLUSIVE: "neutral",  # grey, apart from success; its title says why
     StatusState.FAILURE: "failure",
     StatusState.ERROR: "failure",  # a job failed: nothing was measured, the gate must not pass
 }

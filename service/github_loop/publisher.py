@@ -6,6 +6,13 @@ ready when every job ended and every produced run's analysis ended. A pull reque
 that a newer push superseded is not published (its comment would overwrite the newer one).
 A transient GitHub failure leaves the batch queued for the next tick; a permanent one marks it
 ``error`` with the reason.
+
+What is compared with what (:meth:`Publisher._result`): the head run with the chosen baseline
+(``baseline.choose_baseline``), window group by window group: a spec run with variants has one
+group per arm (``arm:NAME``, each with its ABBA-timed iterations) and gets one verdict per arm;
+else the single step group (or the whole trace). The time gate's base samples are the
+iteration times of the last K base-branch runs (``thresholds.baseline_runs``) pooled, after
+the newest change point of that history (``pr_bot.history``).
 """
 
 from __future__ import annotations
@@ -17,10 +24,14 @@ from typing import Any
 
 import httpx
 
-from analyzers.compare import CompareError
+from analyzers.compare import CompareError, default_window
+from analyzers.failure import failure_headline, failure_of
+from analyzers.report import AnalysisReport
+from analyzers.windows import WHOLE_TRACE
 from pr_bot.comment import CommentContext
 from pr_bot.deltas import host_rows_for
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
+from pr_bot.history import HistoryRun, iteration_samples, pool_history
 from pr_bot.labels import compare_url, run_label
 from pr_bot.policy import StatusState, Thresholds, judge
 from pr_bot.suite_comment import (
@@ -35,7 +46,13 @@ from pr_bot.suite_comment import (
 )
 from service import jobs, store
 from service.auth import now_iso
-from service.github_loop.baseline import choose_baseline, run_tags
+from service.github_loop.baseline import (
+    ChosenBaseline,
+    RunTags,
+    baseline_history,
+    choose_baseline,
+    run_tags,
+)
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.storage.database import Database, one, rows
@@ -130,7 +147,7 @@ class Publisher:
             return [FailedSpec(spec="(suite)", reason=batch["reason"])]
         thresholds = Thresholds.model_validate(json.loads(batch["config_json"])["thresholds"])
         merge_base = self._merge_base(client, batch)
-        return [self._result(job, batch, thresholds, merge_base) for job in job_rows]
+        return [r for job in job_rows for r in self._result(job, batch, thresholds, merge_base)]
 
     def _merge_base(self, client: GitHubClient, batch: dict[str, Any]) -> str | None:
         if batch["pr_number"] is None or not batch["base_sha"]:
@@ -147,38 +164,44 @@ class Publisher:
         batch: dict[str, Any],
         thresholds: Thresholds,
         merge_base: str | None,
-    ) -> SpecResult:
+    ) -> list[SpecResult]:
+        """One job's results: a failure, no baseline, or one comparison per window group."""
         name = str(job["name"])
+        head = None if job["run_id"] is None else store.get_run(self.db, job["run_id"])
+        failure = failure_of(head.manifest) if head is not None else None
+        if failure is not None:  # the job failed or hung and left its bundle: say how
+            return [FailedSpec(name, failure_headline(failure), job["log_tail"] or "", failure)]
         if job["status"] == "failed":
-            return FailedSpec(name, job["reason"] or "failed", job["log_tail"] or "")
-        if job["run_id"] is None:
-            return FailedSpec(name, "the job completed without a run")
-        head = store.get_run(self.db, job["run_id"], include_report=True)
+            return [FailedSpec(name, job["reason"] or "failed", job["log_tail"] or "")]
+        if head is None:
+            return [FailedSpec(name, "the job completed without a run")]
         if head.status != "analysed" or head.report is None:
-            return FailedSpec(name, f"analysis of run #{head.id} {head.status}: {head.error or ''}")
+            why = f"analysis of run #{head.id} {head.status}: {head.error or ''}"
+            return [FailedSpec(name, why)]
         head_label = run_label(head.id, head.name, head.commit)
         base_ref = batch["base_ref"] or batch["head_ref"] or "main"
         tags = self.db.read(lambda c: run_tags(c, head.id))
         chosen = (
             self.db.read(lambda c: choose_baseline(c, tags, base_ref, merge_base)) if tags else None
         )
-        if chosen is None:
-            return UnbaselinedSpec(
-                spec=name,
-                head_name=head_label,
-                reason=(
-                    f"no analysed run of this suite and spec on {base_ref} with the same GPU "
-                    "model and software versions"
-                ),
-                findings=list(head.report.findings),
-                head_url=self._link(f"/runs/{head.id}"),
-            )
+        if chosen is None or tags is None:
+            return [
+                UnbaselinedSpec(
+                    spec=name,
+                    head_name=head_label,
+                    reason=(
+                        f"no analysed run of this suite and spec on {base_ref} with the same GPU "
+                        "model and software versions"
+                    ),
+                    findings=list(head.report.findings),
+                    head_url=self._link(f"/runs/{head.id}"),
+                )
+            ]
         base = chosen.run
-        try:
-            report = store.get_comparison(self.db, base.run_id, head.id)
-        except CompareError as exc:
-            return FailedSpec(name, f"comparison with run #{base.run_id} failed: {exc}")
-        host_rows = host_rows_for(store.get_report(self.db, base.run_id), head.report, report)
+        base_report = store.get_report(self.db, base.run_id)
+        if base_report is None:
+            return [FailedSpec(name, f"run #{base.run_id} has no stored analysis")]
+        history = self._history(tags, base_ref, chosen, thresholds)
         base_label = run_label(base.run_id, base.name, base.commit)
         context = CommentContext(
             suite=batch["suite"],
@@ -186,20 +209,69 @@ class Publisher:
             head_name=head_label,
             comparison_url=self._link(compare_url(base.run_id, head.id)),
         )
-        return ComparedSpec(
-            spec=name,
-            report=report,
-            verdict=judge(report, thresholds),
-            context=context,
-            host_rows=host_rows,
-            baseline=Baseline(
-                run_id=base.run_id,
-                label=base_label,
-                how=chosen.how,
-                merge_base=merge_base,
-                base_ref=base_ref,
-            ),
+        baseline = Baseline(
+            run_id=base.run_id,
+            label=base_label,
+            how=chosen.how,
+            merge_base=merge_base,
+            base_ref=base_ref,
         )
+        out: list[SpecResult] = []
+        groups = compared_groups(base_report, head.report)
+        for group in groups:
+            try:
+                report = store.get_comparison(
+                    self.db, base.run_id, head.id, base_window=group, head_window=group
+                )
+            except CompareError as exc:
+                out.append(FailedSpec(name, f"comparison with run #{base.run_id} failed: {exc}"))
+                continue
+            host_rows = host_rows_for(base_report, head.report, report)
+            pooled = None
+            if report.iterations is not None:
+                label, source = report.base_label, report.iterations.head.source
+                runs = [
+                    HistoryRun(run_id, text, iteration_samples(r, label, source))
+                    for run_id, text, r in history
+                ]
+                pooled = pool_history(
+                    runs,
+                    thresholds.baseline_runs,
+                    min_shift_pct=thresholds.threshold_pct,
+                    base_ref=base_ref,
+                )
+            several = pooled is not None and len(pooled.run_ids) > 1
+            verdict = judge(
+                report,
+                thresholds,
+                base_samples=pooled.samples if pooled is not None and several else None,
+                host_rows=host_rows,
+            )
+            out.append(
+                ComparedSpec(
+                    spec=name,
+                    report=report,
+                    verdict=verdict,
+                    context=context,
+                    host_rows=host_rows,
+                    baseline=baseline,
+                    arm=group if len(groups) > 1 else None,
+                    history=pooled.lines if pooled is not None else [],
+                )
+            )
+        return out
+
+    def _history(
+        self, tags: RunTags, base_ref: str, chosen: ChosenBaseline, thresholds: Thresholds
+    ) -> list[tuple[int, str, AnalysisReport]]:
+        """The baseline's history (newest first) with its reports: (run id, label, report)."""
+        runs = self.db.read(lambda c: baseline_history(c, tags, base_ref, chosen))
+        out = []
+        for t in runs:
+            report = store.get_report(self.db, t.run_id)
+            if report is not None:
+                out.append((t.run_id, run_label(t.run_id, t.name, t.commit), report))
+        return out
 
     # -- posting --------------------------------------------------------------------------------
     def _mark(self, batch_id: int, **fields: Any) -> None:
@@ -263,6 +335,18 @@ class Publisher:
         )
         log.info("batch %s (%s %s): %s", batch["id"], batch["repo"], batch["suite"], state.value)
         return 1
+
+
+def compared_groups(base: AnalysisReport, head: AnalysisReport) -> list[str]:
+    """The window groups compared: every step or arm group both reports hold (one verdict
+    each), else each report's default group (its single group, or the whole trace)."""
+    head_groups = head.groups or sorted({s.window for s in head.rank_summaries})
+    base_groups = set(base.groups or {s.window for s in base.rank_summaries})
+    shared = [g for g in head_groups if g in base_groups and g != WHOLE_TRACE]
+    if shared:
+        return shared
+    window = default_window(head)
+    return [window if window == default_window(base) else WHOLE_TRACE]
 
 
 def pending_description(jobs_queued: int) -> str:

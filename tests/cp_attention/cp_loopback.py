@@ -11,27 +11,35 @@ import torch
 
 from cp_attention import PackedBatch, partition_for_rank, unpartition
 from cp_attention.attention import Tuning, rank_local_work
+from cp_attention.graphs import StepGraphs
 from cp_attention.merge import add_block_rows
 from cp_attention.ring import LoopbackRing
 
 
 def run_all_ranks(meta: PackedBatch, full: dict, causal: bool, tuning: Tuning,
-                  backend: str | None = None) -> dict:
-    """Full-batch out, dq, dk, dv from running every rank's local work in turn."""
+                  backend: str | None = None, graphs: StepGraphs | None = None,
+                  local: dict | None = None) -> dict:
+    """Full-batch out, dq, dk, dv from running every rank's local work in turn.
+
+    ``graphs``: through CUDA graphs bound to the tensors of ``local`` (each rank's parts of
+    ``full``; pass the same ``local`` again to replay them).
+    """
     cp = meta.cp_size
-    local = {n: [partition_for_rank(t, meta, r) for r in range(cp)] for n, t in full.items()}
+    if local is None:
+        local = local_parts(meta, full)
     results, sent = [], []
     for rank in range(cp):
         kv_blocks = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
                      for i in range(1, cp)]
-        zeros = [[torch.zeros_like(local["k"][rank]), torch.zeros_like(local["v"][rank])]
-                 for _ in range(1, cp)]
+        zeros = local["zeros"][rank]
         ring = LoopbackRing(rank, cp, kv_blocks, zeros) if cp > 1 else None
         out, _, dq, dk, dv = rank_local_work(local["q"][rank], local["k"][rank],
                                              local["v"][rank], local["dout"][rank], meta, rank,
                                              ring, causal=causal, tuning=tuning,
-                                             backend=backend)
-        results.append({"out": out, "dq": dq, "dk": dk.clone(), "dv": dv.clone()})
+                                             backend=backend, graphs=graphs)
+        # Cloned: a graph's outputs are overwritten by its next replay.
+        results.append({"out": out.clone(), "dq": dq.clone(), "dk": dk.clone(),
+                        "dv": dv.clone()})
         sent.append(ring.sent if ring is not None else [])
     for rank in range(cp):
         for (dk, dv), owner in sent[rank]:  # dK/dV of remote blocks, back to their owners
@@ -42,3 +50,13 @@ def run_all_ranks(meta: PackedBatch, full: dict, causal: bool, tuning: Tuning,
             add_block_rows(results[owner]["dk"], dk, rows)
             add_block_rows(results[owner]["dv"], dv, rows)
     return {n: unpartition([r[n] for r in results], meta) for n in ("out", "dq", "dk", "dv")}
+
+
+def local_parts(meta: PackedBatch, full: dict) -> dict:
+    """Each rank's parts of ``full`` and the zero dK/dV its peers hand in (loopback)."""
+    cp = meta.cp_size
+    local = {n: [partition_for_rank(t, meta, r).contiguous() for r in range(cp)]
+             for n, t in full.items()}
+    local["zeros"] = [[[torch.zeros_like(local["k"][r]), torch.zeros_like(local["v"][r])]
+                       for _ in range(1, cp)] for r in range(cp)]
+    return local

@@ -29,6 +29,7 @@ TUNINGS = {
     "joint, whole blocks": Tuning(remote_rows=False, dq_rows=False, joint_bwd=True),
     "dq fp32": Tuning(dq_fp32=True),
     "dq fp32, not in place": Tuning(dq_fp32=True, in_place=False),
+    "peers' dK/dV added one by one": Tuning(peer_sum=False),
 }
 
 

@@ -107,7 +107,7 @@ class LoopRepo:
                     "gpus": 0,
                     "specs": entries,
                     "thresholds": {
-                        "min_effect_pct": 5,
+                        "threshold_pct": 5,
                         "max_launch_increase": 0,
                         "fail_on_new_findings": "info",
                     },

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         state = batch.get("state") or batch["status"]
         where = batch.get("comment_url") or ""
         print(f"cptrace: {batch['suite']}: {state} {where}".rstrip())
-        bad = bad or state in ("failure", "error")
+        bad = bad or state in ("failure", "error", "inconclusive")  # never green
     return 1 if bad and args.fail_on_regression else 0
 
 
