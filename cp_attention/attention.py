@@ -488,7 +488,8 @@ def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
     blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
     if len(blocks) == len(s.calls):
         return _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
-    return _ring_backward(s, dout, q, *blocks[0], out, lse, ring)
+    k0, v0 = blocks[0]
+    return _ring_backward(s, dout, q, k0, v0, out, lse, ring)
 
 
 class _CPAttention(torch.autograd.Function):
@@ -507,7 +508,8 @@ class _CPAttention(torch.autograd.Function):
             # Static graph outputs are overwritten by the next replay (another layer of the
             # same layout): what outlives this call is cloned out of them.
             res = [t.clone() for t in GRAPHS.run(
-                _layout(step, "fwd", ring), lambda xs: _forward(step, *xs, ring, gather),
+                _layout(step, "fwd", ring),
+                lambda xs: _forward(step, xs[0], xs[1], xs[2], ring, gather),
                 [q, k, v])]
             out, lse, rest = res[0], res[1], res[2:]
         else:
@@ -575,7 +577,7 @@ def rank_local_work(
 
     def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         loop = LoopbackRing.from_tensors(rank, cp, xs[4:]) if ring is not None else None
-        res = _local_work(step, *xs[:4], loop)
+        res = _local_work(step, xs[0], xs[1], xs[2], xs[3], loop)
         sent = sorted(loop.sent, key=lambda item: item[1]) if loop is not None else []
         return (*res, *[t for tensors, _ in sent for t in tensors])
 
