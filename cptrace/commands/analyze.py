@@ -325,6 +325,8 @@ def render_report(report: Any) -> None:
     (devices, kernels), iterations and findings."""
     from rich.table import Table
 
+    from cptrace.commands._summary_tables import render_do_first, render_summary
+
     console = _console()
     if report.failure is not None:  # the traces cover only what ran before the failure
         render_failure(console, report.failure)
@@ -336,6 +338,7 @@ def render_report(report: Any) -> None:
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
+    render_do_first(console, report.summary)
     for group in report.groups:
         per, unit = _per(group)
         rows = [h for h in report.helpers if h.window == group]
@@ -409,6 +412,7 @@ def render_report(report: Any) -> None:
         render_account(console, report, group)
     _render_devices(console, report.devices)
     _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    render_summary(console, report.summary)
     _render_host_time(console, report)
     _render_iterations(console, report.iterations)
     _render_findings(console, report.findings, "Findings")
@@ -782,12 +786,18 @@ def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) 
     the tail of every comparison, with or without GPU activity."""
     from rich.markup import escape
 
+    from analyzers.stats import NO_INTERVAL
+
     it = result.iterations
     if it is not None:
+        ci = (
+            f"{it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, {it.ci_high_ms:+.3f}] ms"
+            if it.interval
+            else NO_INTERVAL.format(n=min(it.base.n, it.head.n))
+        )
         console.print(
             f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
-            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
-            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
+            f"({it.delta_median_pct:+.1f}%), {ci}, p={it.p_value:.3g}: {it.verdict}",
             highlight=False,
         )
         if method:
