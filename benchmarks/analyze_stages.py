@@ -26,12 +26,13 @@ total minus the account stage (what ``analyze`` costs without it), ``account add
 Inputs (``--input``, repeatable): ``pair`` (the real TE 2.20.2 Kineto pair, the HTA comparison
 traces), ``x10`` (the pair with its events written 10 times, as ``hta_compare.py --scale 10``
 builds it), ``nsys`` (the real 3-arm nsys export), ``nsys2m`` (``--large``, default
-``/tmp/cptrace_large_nsys.sqlite``, built by ``make_large_nsys.py --kernels 2000000``).
+``cptrace_large_nsys.sqlite`` in the temp folder, built by
+``make_large_nsys.py --kernels 2000000``).
 
 Usage::
 
-    git -C /work/main worktree add /tmp/base ee57ffc
-    .venv/bin/python benchmarks/analyze_stages.py --base /tmp/base --input pair --repeat 3
+    git worktree add ../cptrace-base ee57ffc
+    .venv/bin/python benchmarks/analyze_stages.py --base ../cptrace-base --input pair --repeat 3
 
 Prints a table per input (medians); it asserts nothing (benchmarks are not tests).
 """
@@ -54,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TE = ROOT / "tests/data/te-2.20.2-h200x2"
 PAIR = [TE / "kineto_3arms_rank0.json.gz", TE / "kineto_3arms_rank1.json.gz"]
 NSYS = TE / "nsys_3arms.sqlite.gz"
-LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
+LARGE = Path(tempfile.gettempdir()) / "cptrace_large_nsys.sqlite"
 STAGES: dict[str, tuple[str, ...]] = {
     "read": ("_read",),
     "attribute": ("match_ranges", "attribute", "find_windows"),

@@ -8,7 +8,7 @@ without a query while nothing was written.
 from __future__ import annotations
 
 import sqlite3
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
@@ -68,7 +68,9 @@ def create_run(body: RunCreate, db: DbDep, principal: RunnerPrincipal) -> RunSum
 
 
 _CACHE_HEADERS = {"Cache-Control": "no-cache"}  # may be stored, but revalidated every time
-_NOT_MODIFIED = {304: {"description": "Unchanged since the `ETag` sent in `If-None-Match`."}}
+_NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Unchanged since the `ETag` sent in `If-None-Match`."}
+}
 
 IfNoneMatch = Annotated[
     str | None,
