@@ -268,6 +268,8 @@ _POW10 = 10 ** np.arange(_MAX_DIGITS + 1, dtype=np.int64)
 _COLUMNS = np.arange(_WIDTH)
 _PLACE = 10 ** np.arange(_WIDTH - 1, -1, -1, dtype=np.int64)
 """Place value of each right-aligned column: 10**17 ... 10**0 (int64 holds up to 10**18)."""
+_NS_LIMIT = _INT64_MAX // _POW10[3 - np.arange(4)]
+"""Largest mantissa whose ns fit in int64, by digits after the dot (0..3; more: no scaling)."""
 SHORT_WIDTH = 12
 """Window of the numbers that are short in practice (pid, tid, correlation id, dur: up to 11
 characters, i.e. a duration below 10**8 µs with three decimals); a longer one is not ``ok``
@@ -377,8 +379,7 @@ def _fits_ns(
     mantissa: npt.NDArray[np.int64], fraction: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.bool_]:
     """Whether ``_ns`` of the number stays within int64 (else the JSON path decides)."""
-    scale = _POW10[np.maximum(3 - fraction, 0)]
-    out: npt.NDArray[np.bool_] = mantissa <= _INT64_MAX // scale
+    out: npt.NDArray[np.bool_] = mantissa <= _NS_LIMIT[np.minimum(fraction, 3)]
     return out
 
 
@@ -390,15 +391,16 @@ def _chunk(text: bytes, sink: RowSink) -> tuple[int, int]:
     newlines = np.flatnonzero(data.arr == 10)
     if not len(newlines) or newlines[-1] != data.size - 1 or not text.startswith(b"  {\n"):
         raise LayoutMismatch("chunk does not hold whole events")
-    # An event opens with a line "  {" and closes with "  }," (or "  }" for the last one).
-    braces = np.flatnonzero(data.arr == 123)
-    braces = braces[braces >= 3]
-    opens = np.concatenate(([0], braces[data.has(braces - 3, b"\n  {\n")] - 2))
-    braces = np.flatnonzero(data.arr == 125)
-    braces = braces[braces >= 3]
-    at_indent = data.has(braces - 3, b"\n  }")
-    at_indent &= (data.arr[braces + 1] == 10) | data.has(braces + 1, b",\n")
-    closes = braces[at_indent] - 2
+    # An event opens with a line "  {" and closes with "  }," (or "  }" for the last one):
+    # found among the lines of three or four bytes, from the newlines alone (no other pass over
+    # the text).
+    starts = np.concatenate(([0], newlines[:-1] + 1))
+    size = newlines - starts
+    three = starts[size == 3]
+    opens = three[data.has(three, b"  {\n")]
+    four = starts[size == 4]
+    closes = np.concatenate((three[data.has(three, b"  }\n")], four[data.has(four, b"  },\n")]))
+    closes.sort()
     if (
         len(opens) != len(closes)
         or not text.endswith((b"\n  },\n", b"\n  }\n"))
