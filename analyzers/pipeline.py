@@ -29,7 +29,7 @@ from analyzers.findings import evaluate
 from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
 from analyzers.host_time import host_time
-from analyzers.manifest import RunManifest, load_manifest
+from analyzers.manifest import FailureRecord, RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
 from analyzers.model import (
     ACTIVITY_DTYPE,
@@ -87,9 +87,15 @@ class FailedRunError(TraceError):
     take, the usual cause of such a failure), for the caller to show next to the error.
     """
 
-    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        findings: Sequence[Finding] = (),
+        failure: FailureRecord | None = None,
+    ) -> None:
         super().__init__(message)
         self.findings = list(findings)
+        self.failure = failure
 
 
 def _expand(
@@ -132,6 +138,7 @@ def _refuse_empty_bundle(path: Path, manifest: RunManifest | None) -> None:
     raise FailedRunError(
         f"{path}: no traces: the job failed before writing any ({what})",
         manifest_findings(manifest),
+        failure,
     )
 
 
@@ -209,12 +216,17 @@ def _iterations(manifest: RunManifest | None, metrics: Metrics) -> list[Iteratio
     several-fold slower with Python stacks, so rules never take savings from them.
     The all-ranks row (``rank=None``) takes the slowest rank per iteration when every rank has
     the same number of samples (a step ends when its slowest rank does); else it pools them.
+    A variant without a window is the whole job (``cptrace profile`` times every step of it):
+    its timed iterations belong to the trace's one step group, or to the whole trace when the
+    trace marks no steps.
     """
+    steps = [g for g in metrics.groups if g != WHOLE_TRACE]
+    whole_job = steps[0] if len(steps) == 1 else WHOLE_TRACE if not steps else None
     measured: dict[str, dict[int, list[float]]] = {}
     if manifest is not None:
         for variant in manifest.variants:
             if variant.iteration_ms:
-                group = variant.window or variant.name
+                group = variant.window or whole_job or variant.name
                 measured[group] = {int(r): list(v) for r, v in variant.iteration_ms.items()}
     from_windows: dict[str, dict[int, list[float]]] = {}
     for (rank, group), durations in metrics.durations_ms.items():
@@ -461,6 +473,7 @@ def _analyze_trace(
         devices=metrics.devices,
         kernels=metrics.kernels,
         environment=_environment(trace, manifest, ranks, sources, metrics.devices),
+        failure=manifest.failure if manifest else None,
     )
     if progress:
         progress("done", 1.0)

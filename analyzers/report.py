@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from analyzers.manifest import Workload
+from analyzers.manifest import FailureRecord, Workload
 
 REPORT_SCHEMA_VERSION = 3
 """2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
@@ -521,6 +521,9 @@ class AnalysisReport(_Model):
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
     """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
+    failure: FailureRecord | None = None
+    """The manifest's failure record when the run's job failed or hung: the traces cover only
+    what ran before it (``analyzers.failure`` words it)."""
 
 
 class HelperDelta(_Model):

@@ -3,8 +3,14 @@
 ``.cptrace.yml`` lists workload specs or commands; a command entry is::
 
     - name: train
-      command: torchrun --nproc-per-node 2 train.py --steps 20
+      command: torchrun --nproc-per-node 2 train.py --steps 30
       profile: {torch: true, torch_active: 5}
+
+Every step of the job is timed (``cptrace profile``): the run's iteration times are the steps
+after the first ``time_warmup`` ones, less the steps the PyTorch profiler recorded (its
+``torch_warmup`` + ``torch_active`` steps run with tracing on). With the defaults a job of S
+optimizer steps (S - 1 step intervals) gives n = S - 1 - 1 - (1 + torch_active): the 30 steps
+above give n = 22, enough for the gate's 5% threshold to decide (n >= 20).
 
 The command runs in the checked-out workspace of the job's commit, so it is the repository's
 own training script at that commit. The model lives here, below the service (which validates
@@ -54,6 +60,13 @@ class ProfileSettings(_Strict):
     watchdog_s: float = Field(
         default=60.0, gt=0, le=3600, description="stop the job this long after a rank fails"
     )
+    hang_timeout_s: float = Field(
+        default=300.0, gt=0, le=86_400,
+        description="a rank waiting this long in one collective: hung (stacks dumped, stopped)",
+    )
+    time_warmup: int = Field(
+        default=1, ge=0, le=10_000, description="steps left out of the iteration times first"
+    )
     timeout_s: float | None = Field(
         default=None, gt=0, le=7 * 86_400, description="stop the job after this long"
     )
@@ -93,9 +106,17 @@ class CommandEntry(_Strict):
         return shlex.split(self.command)
 
     def config_key(self) -> str:
-        """Same command line (token by token) and same profiler settings -> same key."""
+        """Same command line (token by token) and same profiler settings -> same key.
+
+        Settings added later count only when they differ from their default, so existing
+        entries keep their key (and their baselines); the hang timeout never changes what is
+        measured and never counts.
+        """
+        profile = self.profile.model_dump(mode="json", exclude={"hang_timeout_s"})
+        if self.profile.time_warmup == 1:
+            del profile["time_warmup"]
         canonical = json.dumps(
-            {"argv": self.argv, "profile": self.profile.model_dump(mode="json")},
+            {"argv": self.argv, "profile": profile},
             sort_keys=True,
             separators=(",", ":"),
         )

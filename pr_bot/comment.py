@@ -13,6 +13,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from analyzers.failure import failure_headline, rank_stacks
+from analyzers.manifest import FailureRecord
 from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
 from pr_bot import labels
 from pr_bot.deltas import HostTimeRow, metric_rows
@@ -42,6 +44,9 @@ class CommentContext:
     base_name: str = "base"
     head_name: str = "head"
     comparison_url: str | None = None
+    base_failure: FailureRecord | None = None
+    """The base run's failure record when its job failed or hung (manifest ``failure``)."""
+    head_failure: FailureRecord | None = None
 
 
 def suite_marker(suite: str) -> str:
@@ -231,6 +236,43 @@ def _findings_section(report: ComparisonReport) -> list[str]:
     return lines or ["No findings on either run."]
 
 
+LOG_TAIL_LINES = 40
+"""Lines of a failed job's log shown in a comment (the run page shows the whole tail)."""
+STACK_LINES = 40
+"""Lines of each rank's stack shown in a comment."""
+_FAILED_ICON = ":x:"
+
+
+def fenced(summary: str, lines: Sequence[str], limit: int) -> list[str]:
+    """A collapsed, fenced block of the last ``limit`` lines (fences inside are defused)."""
+    kept = list(lines)[-limit:]
+    body = "\n".join(kept).replace("```", "'''")
+    note = f" (last {len(kept)} of {len(lines)} lines)" if len(kept) < len(lines) else ""
+    return [
+        f"<details><summary>{md_text(summary)}{note}</summary>", "", "```text", body, "```", "",
+        "</details>",
+    ]  # fmt: skip
+
+
+def failure_lines(failure: FailureRecord, *, log_tail: Sequence[str] = ()) -> list[str]:
+    """A failed or hung job: which rank raised what where (or where each rank was waiting),
+    then each rank's stack, the traceback and the log tail, each bounded and collapsed.
+
+    ``log_tail`` stands in when the record has none (the job's own tail from the agent).
+    """
+    lines = [f"{_FAILED_ICON} **The job failed**: {md_text(failure_headline(failure))}", ""]
+    for s in rank_stacks(failure):
+        where = f" waiting at {s.waiting_at.where()}" if s.waiting_at else ""
+        lines += fenced(f"rank {s.rank}{where}", s.text.rstrip().splitlines(), STACK_LINES)
+    traceback = (failure.exception or {}).get("traceback")
+    if isinstance(traceback, list) and traceback:
+        lines += fenced("traceback", [str(t) for t in traceback], STACK_LINES)
+    tail = list(failure.log_tail) or list(log_tail)
+    if tail:
+        lines += fenced("log tail", tail, LOG_TAIL_LINES)
+    return [*lines, ""]
+
+
 def comparison_lines(
     report: ComparisonReport,
     context: CommentContext,
@@ -248,7 +290,12 @@ def comparison_lines(
     launch table, which is empty then.
     """
     heading = "#" * level
-    lines = [
+    lines: list[str] = []
+    for side, failure in (("head", context.head_failure), ("base", context.base_failure)):
+        if failure is not None:
+            lines += [f"The {side} run's job failed; its figures cover only what ran before.", ""]
+            lines += failure_lines(failure)
+    lines += [
         md_text(report.summary),
         "",
         f"Base: {md_code(context.base_name)} ({md_text(report.base_label)}) · "
@@ -317,9 +364,12 @@ def render_comment(
     """The full comment body, capped at :data:`MAX_COMMENT_CHARS` by :func:`cap_length`."""
     marker = suite_marker(context.suite)
     icon = _VERDICT_ICON.get(report.verdict, ":grey_question:")
+    verdict = report.verdict
+    if context.head_failure is not None or context.base_failure is not None:
+        icon, verdict = _FAILED_ICON, "failed"  # never a green verdict over a failed job
     lines = [
         marker,
-        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(report.verdict)}",
+        f"### cptrace · {md_text(context.suite)}: {icon} {md_text(verdict)}",
         "",
         *comparison_lines(report, context, helper_limit=helper_limit, host_rows=host_rows),
     ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from analyzers.failure import failure_headline
 from analyzers.report import ComparisonReport
 from pr_bot.comment import CommentContext, render_comment, suite_marker
 from pr_bot.deltas import HostTimeRow
@@ -66,12 +67,16 @@ def publish(
         if head_sha is None:
             return Published(body, comment)
         state = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
+        description = status_description(report)
+        failure = context.head_failure or context.base_failure
+        if failure is not None:  # a failed or hung job is red, whatever its figures say
+            state, description = "failure", f"a job failed: {failure_headline(failure)}"
         client.create_commit_status(
             repo,
             head_sha,
             state,
             context=f"cptrace/{context.suite}",
-            description=status_description(report),
+            description=description,
             target_url=context.comparison_url,
         )
     return Published(body, comment, state)

@@ -12,11 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from analyzers.manifest import FailureRecord
 from analyzers.report import ComparisonReport, Finding
 from pr_bot.comment import (
+    LOG_TAIL_LINES,
     CommentContext,
     cap_length,
     comparison_lines,
+    failure_lines,
+    fenced,
     finding_lines,
     host_time_headline,
     md_code,
@@ -27,7 +31,6 @@ from pr_bot.deltas import HostTimeRow
 from pr_bot.github import StatusState as GitHubState
 from pr_bot.policy import StatusState, Thresholds, Verdict, combine, method_text
 
-LOG_TAIL_LINES = 40
 _STATE_TEXT = {
     StatusState.SUCCESS: (":white_check_mark:", "no regression"),
     StatusState.FAILURE: (":x:", "regression"),
@@ -97,6 +100,9 @@ class FailedSpec:
     spec: str
     reason: str
     log_tail: str = ""
+    failure: FailureRecord | None = None
+    """The run's failure record when the failed job left a bundle (which rank raised what
+    where, or each rank's stack of a hung job)."""
 
 
 SpecResult = ComparedSpec | UnbaselinedSpec | FailedSpec
@@ -124,7 +130,7 @@ def github_state(state: StatusState) -> GitHubState:
         StatusState.NEUTRAL: "success",
         StatusState.INCONCLUSIVE: "pending",
         StatusState.FAILURE: "failure",
-        StatusState.ERROR: "error",
+        StatusState.ERROR: "failure",  # a job failed or hung: red, like a regression
     }[state]  # type: ignore[return-value]
 
 
@@ -147,12 +153,6 @@ def status_description(results: Sequence[SpecResult]) -> str:
             else "no regression beyond the suite's thresholds"
         ]
     return f"{_STATE_TEXT[state][1]}: " + "; ".join(parts)
-
-
-def _tail(text: str) -> list[str]:
-    lines = text.rstrip().splitlines()[-LOG_TAIL_LINES:]
-    body = "\n".join(lines).replace("```", "'''")
-    return ["<details><summary>log tail</summary>", "", "```text", body, "```", "", "</details>"]
 
 
 def _section(result: SpecResult) -> list[str]:
@@ -185,10 +185,12 @@ def _section(result: SpecResult) -> list[str]:
         ]
         if result.head_url:
             lines += ["", f"[Head run]({result.head_url})"]
+    elif result.failure is not None:
+        lines += failure_lines(result.failure, log_tail=result.log_tail.splitlines())
     else:
         lines += [f"The job failed: {md_text(result.reason)}", ""]
         if result.log_tail.strip():
-            lines += _tail(result.log_tail)
+            lines += fenced("log tail", result.log_tail.rstrip().splitlines(), LOG_TAIL_LINES)
     return [*lines, ""]
 
 
@@ -221,3 +223,33 @@ def render_suite_comment(
     for result in results:
         lines += _section(result)
     return cap_length("\n".join(lines) + "\n", link)
+
+
+SUITE_FILE_MARKER = "<!-- cptrace:suite-file -->"
+"""The marker of the comment that reports an invalid suite file (one per pull request)."""
+
+
+def render_suite_file_error(where: str, field: str, problem: str, fix: str) -> str:
+    """The comment for an invalid ``.cptrace.yml``: the file, the field, what is wrong, the fix.
+
+    Nothing ran: the suites could not be read, so there is no per-suite comment either.
+    """
+    lines = [
+        SUITE_FILE_MARKER,
+        f"### cptrace: {_STATE_TEXT[StatusState.ERROR][0]} invalid suite file",
+        "",
+        "Nothing was measured: the suite file could not be read.",
+        "",
+        f"- **File**: {md_code(where)}",
+        f"- **Field**: {md_code(field)}",
+        f"- **Problem**: {md_text(problem)}",
+        f"- **Fix**: {md_text(fix)}",
+        "",
+        "Push a commit with the fix; its suites run then.",
+    ]
+    return cap_length("\n".join(lines) + "\n")
+
+
+def suite_file_status(field: str, problem: str) -> str:
+    """The commit status description (GitHub keeps 140 characters)."""
+    return f"invalid .cptrace.yml: {field}: {problem}"[:140]

@@ -213,11 +213,22 @@ class Agent:
             out["error"] = (str(exc).split("\n--- log tail ---")[0], exc.log_tail)
         except LaunchError as exc:
             out["error"] = (str(exc).split("\n--- log tail ---")[0], exc.log_tail)
+            if exc.bundle is not None and not cancel.is_set():
+                out["failed_upload"] = self._upload_failed(exc.bundle)
         except Exception as exc:  # any failure is the job's failure, reported, not fatal
             out["error"] = (f"{type(exc).__name__}: {exc}", "")
         finally:
             if workspace is not None:  # clean: the next job never sees this one's files
                 shutil.rmtree(workspace, ignore_errors=True)
+
+    def _upload_failed(self, bundle: Path) -> UploadResult | None:
+        """Upload a failed job's bundle (the failure record is the result); None if it cannot
+        be sent: the job's failure is reported either way."""
+        try:
+            return self.upload_fn(bundle, self.client)
+        except Exception as exc:  # the failure report must not depend on this upload
+            log.warning("could not upload the failed job's bundle %s: %s", bundle, exc)
+            return None
 
     def _heartbeat(
         self, job_id: int, done: threading.Event, lost: threading.Event, cancel: threading.Event
@@ -244,7 +255,12 @@ class Agent:
                 self._post(f"/jobs/{job_id}/complete", {"run_id": outcome["upload"].run_id})
                 return "completed"
             reason, tail = outcome.get("error", ("the job ended without a result", ""))
-            self._post(f"/jobs/{job_id}/fail", {"reason": reason[:2000], "log_tail": tail})
+            failed: dict[str, Any] = {}
+            if outcome.get("failed_upload") is not None:
+                failed["run_id"] = outcome["failed_upload"].run_id
+            self._post(
+                f"/jobs/{job_id}/fail", {"reason": reason[:2000], "log_tail": tail, **failed}
+            )
             return "failed"
         except ApiError as exc:
             log.error("job %s: could not report to the service: %s", job_id, exc)

@@ -87,6 +87,8 @@ def run_command_entry(
         with_stack=settings.with_stack,
         record_shapes=settings.record_shapes,
         watchdog_s=settings.watchdog_s,
+        hang_timeout_s=settings.hang_timeout_s,
+        time_warmup=settings.time_warmup,
         timeout_s=_timeout(entry, launch),
         name=entry.name,
         include_hostname=launch.include_hostname,

@@ -134,6 +134,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Trace analysis for context-parallel attention on packed (THD) sequences.",
         lifespan=lifespan,
+        # /docs is served by the pages (web.routes) with Swagger UI from a package: no CDN
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = db

@@ -82,7 +82,14 @@ class RunSummary(BaseModel):
     implementation: str | None = None
     """The manifest's ``workload.implementation``."""
     verdict: str = "pending"
-    """failed, pending (not analysed yet), clean (no findings), findings, or unknown."""
+    """failed (the job failed or hung, or its analysis failed), pending (not analysed yet),
+    clean (no findings), findings, or unknown."""
+    repo: str | None = None
+    """The loop's tags from the manifest ``run`` block (``cptrace agent``): repository, pull
+    request, suite and spec or command entry name; None for runs from elsewhere."""
+    pr: int | None = None
+    suite: str | None = None
+    spec_name: str | None = None
 
 
 class RunDetail(RunSummary):
@@ -106,6 +113,8 @@ class HistoryPoint(BaseModel):
     commit: str | None
     label: str
     value: float
+    failed: bool = False
+    """The run's job failed or hung, or its analysis failed."""
     implementation: str | None = None
     """The implementation(s) the run's variants ran, e.g. "te, te-adapter" (manifest
     ``workload.implementation`` with each variant's override): runs of one configuration hash

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -18,6 +19,8 @@ from analyzers.catalog import Catalog
 from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
 from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
+from analyzers.failure import failure_headline, failure_of, rank_stacks
+from analyzers.manifest import FailureRecord
 from analyzers.report import (
     AnalysisReport,
     ComparisonReport,
@@ -70,6 +73,9 @@ class RunsQuery(BaseModel):
     verdict: str | None = None  # one of VERDICTS; "" (the form's "any") means no filter
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    repo: str | None = Field(default=None, max_length=200, description="the loop's repository")
+    pr: int | None = Field(default=None, ge=1, le=2**31, description="the loop's pull request")
+    suite: str | None = Field(default=None, max_length=200, description="the loop's suite")
     sort: str = "created_at"
     order: Literal["asc", "desc"] = "desc"
     page: int = Field(default=1, ge=1)
@@ -77,7 +83,7 @@ class RunsQuery(BaseModel):
 
     @field_validator(
         "implementation", "config_key", "branch", "commit", "status", "verdict", "date_from",
-        "date_to", mode="before",
+        "date_to", "repo", "pr", "suite", mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
@@ -109,6 +115,7 @@ def runs_page(store: WebStore, query: RunsQuery) -> RunsPage:
         commit=query.commit or None, status=query.status or None,
         implementation=query.implementation or None, verdict=verdict,
         date_from=query.date_from or None, date_to=query.date_to or None,
+        repo=query.repo or None, pr=query.pr, suite=query.suite or None,
     )  # fmt: skip
     start = (query.page - 1) * query.per_page
     rows = store.list_runs(filters, query.per_page, start, query.sort, query.order)
@@ -145,8 +152,39 @@ class ArmComparison(BaseModel):
     url: str
 
 
+class RankStackView(BaseModel):
+    """One rank's Python stack from the watchdog's ``faulthandler`` dump."""
+
+    rank: str
+    waiting_at: str | None  # "train.py:30 in step": the innermost frame of user code
+    text: str
+
+
+class FailureView(BaseModel):
+    """How the run's job failed or hung: the headline every surface leads with, the record."""
+
+    headline: str
+    record: FailureRecord
+    stacks: list[RankStackView]
+
+
+def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
+    """The run's failure (manifest ``failure``), None for a run whose job ended cleanly."""
+    record = failure_of(manifest)
+    if record is None:
+        return None
+    stacks = [
+        RankStackView(rank=s.rank, waiting_at=s.waiting_at.where() if s.waiting_at else None,
+                      text=s.text)
+        for s in rank_stacks(record)
+    ]  # fmt: skip
+    return FailureView(headline=failure_headline(record), record=record, stacks=stacks)
+
+
 class RunPage(BaseModel):
     run: RunDetail
+    failure: FailureView | None = None
+    """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
     implementation: str | None
     verdict: str
     helpers: list[HelperRow]
@@ -344,6 +382,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
+        failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
         helpers=helpers,
@@ -406,6 +445,9 @@ class ComparePage(BaseModel):
     figures: dict[str, Figure]
     host: ComparisonHostTime | None = None
     """Per-helper host time when a side has no GPU activity (None: the GPU tables apply)."""
+    base_failure: FailureView | None = None
+    """How the base run's job failed or hung (its verdict: failed), None when it ended well."""
+    head_failure: FailureView | None = None
 
 
 def comparison_host_time(
@@ -459,7 +501,15 @@ def compare_page(
         comparison_url=page_url,
     )
     host = comparison_host_time(store, base_id, head_id, report)
+    base_failure, head_failure = failure_view(base.manifest), failure_view(head.manifest)
+    context = replace(
+        context,
+        base_failure=base_failure.record if base_failure else None,
+        head_failure=head_failure.record if head_failure else None,
+    )
     return ComparePage(
+        base_failure=base_failure,
+        head_failure=head_failure,
         base=RunSummary(**base.model_dump(include=set(RunSummary.model_fields))),
         head=RunSummary(**head.model_dump(include=set(RunSummary.model_fields))),
         base_window=base_window,

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from analyzers.compare import CompareError
+from analyzers.failure import failure_of
 from pr_bot.comment import CommentContext, CommentError, render_comment
 from pr_bot.github import GitHubConfig, GitHubError, GitHubInputError
 from pr_bot.labels import compare_url, run_label
@@ -95,6 +96,8 @@ def pr_comment(
         base_name=run_label(base.id, base.name, base.commit, body.base_window),
         head_name=run_label(head.id, head.name, head.commit, body.head_window),
         comparison_url=str(request.base_url).rstrip("/") + path,
+        base_failure=failure_of(base.manifest),
+        head_failure=failure_of(head.manifest),
     )
     host = comparison_host_time(store, base_id, head_id, report)
     host_rows = host.rows if host else None

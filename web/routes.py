@@ -17,15 +17,17 @@ from urllib.parse import urlencode
 
 import jinja2
 from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ValidationError
 
 from service.api.deps import ReadAccess
 from service.core.errors import ApiError, BadRequest, NotFound
-from web import data
+from web import data, loop_data
 from web.pr_routes import router as pr_router
-from web.store import RunId, StoreDep
+from web.store import LoopStoreDep, RunId, StoreDep
 
 WEB_DIR = Path(__file__).parent
 STATIC_DIR = WEB_DIR / "static"
@@ -112,6 +114,39 @@ def static_file(filename: str) -> FileResponse:
     else:
         raise NotFound(f"no static file {filename!r}")
     return FileResponse(path, headers={"Cache-Control": "public, max-age=3600"})
+
+
+SWAGGER_UI = "/static/swagger-ui"
+
+
+def swagger_ui_dir() -> Path:
+    """Swagger UI 5 (it reads FastAPI's OpenAPI 3.1) as shipped in the ``fastapi-offline``
+    package's ``static`` folder: no CDN. ``find_spec`` locates it without importing it."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the fastapi-offline package is not installed; /docs needs its assets")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
+
+
+@router.get(SWAGGER_UI + "/{filename}", include_in_schema=False)
+def swagger_ui_file(filename: str) -> FileResponse:
+    """The Swagger UI script, stylesheet and icon for ``/docs``."""
+    folder = swagger_ui_dir()
+    if filename not in {p.name for p in folder.iterdir() if p.is_file()}:
+        raise NotFound(f"no Swagger UI file {filename!r}")
+    return FileResponse(folder / filename, headers={"Cache-Control": "public, max-age=3600"})
+
+
+@router.get("/docs", include_in_schema=False)
+def api_docs(request: Request) -> HTMLResponse:
+    """The OpenAPI contract in Swagger UI, served from this app alone (works offline)."""
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url or "/openapi.json",
+        title="cptrace API",
+        swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+        swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+        swagger_favicon_url=f"{SWAGGER_UI}/favicon.png",
+    )
 
 
 @router.get("/", include_in_schema=False)
@@ -259,6 +294,83 @@ def catalog_json(store: StoreDep, _: ReadAccess) -> data.CatalogPage:
 @router.get("/catalog", response_class=HTMLResponse, include_in_schema=False)
 def catalog_html(request: Request, store: StoreDep, _: ReadAccess) -> Response:
     return _page(request, "catalog.html", data.catalog_page(store.catalog()))
+
+
+# ----------------------------------------------------------------- the pull-request loop's pages
+
+Owner = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}$")]
+Name = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9._-]{1,100}$")]
+Number = Annotated[int, PathParam(ge=1, le=2**31)]
+ItemId = Annotated[int, PathParam(ge=1, le=2**62)]
+JobsQueryDep = Annotated[loop_data.JobsQuery, Query()]
+
+
+@router.get("/pulls.json", response_model=loop_data.PullsPage)
+def pulls_json(store: LoopStoreDep, _: ReadAccess) -> loop_data.PullsPage:
+    """Pull requests the loop measured (the verdict per suite of each newest head) and the
+    newest batches."""
+    return loop_data.pulls_page(store)
+
+
+@router.get("/pulls", response_class=HTMLResponse, include_in_schema=False)
+def pulls_html(request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
+    return _page(request, "pulls.html", loop_data.pulls_page(store))
+
+
+@router.get("/pulls/{owner}/{name}/{number}.json", response_model=loop_data.PullPage)
+def pull_json(
+    owner: Owner, name: Name, number: Number, store: LoopStoreDep, _: ReadAccess
+) -> loop_data.PullPage:
+    """One pull request: the verdict per suite, every batch, its runs."""
+    return _checked(lambda: loop_data.pull_page(store, f"{owner}/{name}", number))
+
+
+@router.get("/pulls/{owner}/{name}/{number}", response_class=HTMLResponse, include_in_schema=False)
+def pull_html(
+    owner: Owner, name: Name, number: Number, request: Request, store: LoopStoreDep,
+    _: ReadAccess,
+) -> Response:  # fmt: skip
+    built = _html(request, lambda: loop_data.pull_page(store, f"{owner}/{name}", number))
+    return built if isinstance(built, Response) else _page(request, "pull.html", built)
+
+
+@router.get("/batches/{batch_id}.json", response_model=loop_data.BatchPage)
+def batch_json(batch_id: ItemId, store: LoopStoreDep, _: ReadAccess) -> loop_data.BatchPage:
+    """One batch (a commit and a suite): state, comment, jobs with runner, lease and run."""
+    return loop_data.batch_page(store, batch_id)
+
+
+@router.get("/batches/{batch_id}", response_class=HTMLResponse, include_in_schema=False)
+def batch_html(batch_id: ItemId, request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
+    built = _html(request, lambda: loop_data.batch_page(store, batch_id))
+    return built if isinstance(built, Response) else _page(request, "batch.html", built)
+
+
+@router.get("/jobs.json", response_model=loop_data.JobsPage)
+def jobs_json(store: LoopStoreDep, query: JobsQueryDep, _: ReadAccess) -> loop_data.JobsPage:
+    """Jobs, newest first (``status`` filters)."""
+    return loop_data.jobs_page(store, query)
+
+
+@router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
+def jobs_html(request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
+    try:
+        query = loop_data.JobsQuery.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        return _error(request, 400, str(exc))
+    return _page(request, "jobs.html", loop_data.jobs_page(store, query))
+
+
+@router.get("/jobs/{job_id}.json", response_model=loop_data.JobPage)
+def job_json(job_id: ItemId, store: LoopStoreDep, _: ReadAccess) -> loop_data.JobPage:
+    """One job: state, runner, lease, attempts, reason, log tail, spec, its run and failure."""
+    return loop_data.job_page(store, job_id)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+def job_html(job_id: ItemId, request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
+    built = _html(request, lambda: loop_data.job_page(store, job_id))
+    return built if isinstance(built, Response) else _page(request, "job.html", built)
 
 
 # The PR-comment endpoint rides along, so including this router is all ``create_app`` needs.

@@ -2,8 +2,9 @@
 
 The pages to shoot are discovered from the server's own JSON twins: the newest analysed run,
 a comparison (two arms of that run when it has them, else the two newest analysed runs), the
-history of its configuration, the run list and the catalog. Debian's Chromium is driven through
-Playwright; nothing but the given server is contacted.
+history of its configuration, the run list and the catalog; the newest failed run, and the
+loop's pages (pull requests, one pull request, a batch, a job, the jobs) when there are any.
+Debian's Chromium is driven through Playwright; nothing but the given server is contacted.
 """
 
 from __future__ import annotations
@@ -100,10 +101,33 @@ def discover_pages(server: str, client: httpx.Client | None = None) -> list[Shot
         config = run["run"].get("config_key")
         history = f"/history?config_key={quote(config)}" if config else "/history"
         shots += [Shot("history", history), Shot("catalog", "/catalog")]
-        return shots
+        return shots + _failure_and_loop_shots(server, client)
     finally:
         if own:
             client.close()
+
+
+def _failure_and_loop_shots(server: str, client: httpx.Client) -> list[Shot]:
+    """The newest failed run's page, and the loop's pages when the loop has measured a pull
+    request (a pull request, its newest batch, that batch's first job)."""
+    shots = []
+    failed = _get(client, f"{server}/runs.json?verdict=failed&per_page=1")["runs"]
+    if failed:
+        shots.append(Shot("run-failed", f"/runs/{failed[0]['id']}"))
+    pulls = _get(client, f"{server}/pulls.json")
+    if pulls["pulls"]:
+        pull = pulls["pulls"][0]
+        shots += [
+            Shot("pulls", "/pulls"),
+            Shot("pull", f"/pulls/{pull['repo']}/{pull['pr_number']}"),
+        ]
+        batch = next((b for b in pull["suites"] if b["jobs"]), None)
+        if batch is not None:
+            shots.append(Shot("batch", f"/batches/{batch['id']}"))
+            jobs = _get(client, f"{server}/batches/{batch['id']}.json")["jobs"]
+            shots.append(Shot("job", f"/jobs/{jobs[-1]['id']}"))
+        shots.append(Shot("jobs", "/jobs"))
+    return shots
 
 
 def _get(client: httpx.Client, url: str) -> dict[str, Any]:

@@ -13,9 +13,10 @@ from fastapi import Depends
 
 from analyzers.catalog import Catalog, load_catalog
 from analyzers.report import ComparisonReport
-from service import store
+from service import loop_store, store
 from service.api.deps import DbDep
 from service.api.schemas import RunId as RunId
+from service.loop_store import BatchSummary, JobDetail, JobSummary, PullSummary
 from service.storage.database import Database
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 
@@ -96,3 +97,66 @@ def get_store(db: DbDep) -> WebStore:
 
 
 StoreDep = Annotated[WebStore, Depends(get_store)]
+
+
+class LoopStore(Protocol):
+    """The pull-request loop's reads the loop pages use (``service.loop_store``)."""
+
+    def list_pulls(self, limit: int, offset: int) -> list[PullSummary]: ...
+
+    def list_batches(
+        self, repo: str | None, pr: int | None, limit: int, offset: int
+    ) -> list[BatchSummary]: ...
+
+    def count_batches(self, repo: str | None, pr: int | None) -> int: ...
+
+    def get_batch(self, batch_id: int) -> BatchSummary: ...
+
+    def list_jobs(
+        self, batch_id: int | None, status: str | None, limit: int, offset: int
+    ) -> list[JobSummary]: ...
+
+    def get_job(self, job_id: int) -> JobDetail: ...
+
+    def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail: ...
+
+    def list_runs(
+        self, filters: RunFilters, limit: int, offset: int, sort: str = "id",
+        order: Literal["asc", "desc"] = "desc",
+    ) -> list[RunSummary]: ...  # fmt: skip
+
+
+class ServiceLoopStore(ServiceStore):
+    """:class:`LoopStore` over the service's SQLite database."""
+
+    def list_pulls(self, limit: int, offset: int) -> list[PullSummary]:
+        return loop_store.list_pulls(self.db, limit=limit, offset=offset)
+
+    def list_batches(
+        self, repo: str | None, pr: int | None, limit: int, offset: int
+    ) -> list[BatchSummary]:
+        return loop_store.list_batches(self.db, repo=repo, pr=pr, limit=limit, offset=offset)
+
+    def count_batches(self, repo: str | None, pr: int | None) -> int:
+        return loop_store.count_batches(self.db, repo=repo, pr=pr)
+
+    def get_batch(self, batch_id: int) -> BatchSummary:
+        return loop_store.get_batch(self.db, batch_id)
+
+    def list_jobs(
+        self, batch_id: int | None, status: str | None, limit: int, offset: int
+    ) -> list[JobSummary]:
+        return loop_store.list_jobs(
+            self.db, batch_id=batch_id, status=status, limit=limit, offset=offset
+        )
+
+    def get_job(self, job_id: int) -> JobDetail:
+        return loop_store.get_job(self.db, job_id)
+
+
+def get_loop_store(db: DbDep) -> LoopStore:
+    """The store the loop pages read."""
+    return ServiceLoopStore(db)
+
+
+LoopStoreDep = Annotated[LoopStore, Depends(get_loop_store)]

@@ -112,6 +112,11 @@ def analyze(
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
 
+    The bundle of a job that failed or hung leads with the failure: which rank raised what
+    where, or where each rank was waiting (its stack), and the log's tail (--json: the
+    "failure" key first; a bundle without traces exits 1 with {failure_headline, failure,
+    findings}).
+
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     from analyzers.pipeline import FailedRunError
@@ -121,27 +126,70 @@ def analyze(
             traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
         )
     except FailedRunError as exc:
-        # the bundle of a job that failed: the one-line error, then what the manifest shows
+        # the bundle of a job that failed: the one-line error, how it failed, what the manifest
+        # shows
         failed = _fail(exc)
-        _render_manifest_findings(exc.findings, as_json)
+        _render_manifest_findings(exc.failure, exc.findings, as_json)
         raise failed from exc
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
-        typer.echo(report.model_dump_json(indent=2))
+        if report.failure is None:
+            typer.echo(report.model_dump_json(indent=2))
+            return
+        payload = json.loads(report.model_dump_json())  # the failure leads, as in the text
+        typer.echo(json.dumps({"failure": payload.pop("failure"), **payload}, indent=2))
         return
     render_report(report)
 
 
-def _render_manifest_findings(findings: list[Any], as_json: bool) -> None:
-    """Findings from a failed run's manifest alone (``--json``: a JSON list on stdout)."""
-    if as_json:
-        typer.echo(json.dumps([f.model_dump(mode="json") for f in findings], indent=2))
-        return
-    if findings:
-        from rich.console import Console
+def _render_manifest_findings(failure: Any, findings: list[Any], as_json: bool) -> None:
+    """A failed run's failure and the findings of its manifest alone (``--json``: one object,
+    ``{failure_headline, failure, findings}``, on stdout)."""
+    from analyzers.failure import failure_headline
 
-        _render_findings(Console(), findings, "Findings from the run manifest (no trace)")
+    if as_json:
+        payload = {
+            "failure_headline": failure_headline(failure) if failure is not None else None,
+            "failure": failure.model_dump(mode="json") if failure is not None else None,
+            "findings": [f.model_dump(mode="json") for f in findings],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    console = _console()
+    if failure is not None:
+        render_failure(console, failure)
+    if findings:
+        _render_findings(console, findings, "Findings from the run manifest (no trace)")
+
+
+FAILURE_LOG_LINES = 20
+"""Lines of the job's log tail ``cptrace analyze`` prints (the bundle has the whole tail)."""
+
+
+def render_failure(console: Any, failure: Any) -> None:
+    """How the job failed, first: the headline, each rank's stack, the log tail."""
+    from rich.markup import escape
+
+    from analyzers.failure import failure_headline, rank_stacks
+
+    console.print(
+        f"[bold red]FAILED[/] the job failed: {escape(failure_headline(failure))}",
+        highlight=False,
+        soft_wrap=True,  # one line, greppable in CI logs
+    )
+    for stack in rank_stacks(failure):
+        where = f": waiting at {stack.waiting_at.where()}" if stack.waiting_at else ""
+        console.print(
+            f"[bold]rank {escape(stack.rank)} stack{escape(where)}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+        console.print(escape(stack.text.rstrip()), highlight=False)
+    if failure.log_tail:
+        tail = failure.log_tail[-FAILURE_LOG_LINES:]
+        console.print(f"[bold]log tail[/] (last {len(tail)} of {len(failure.log_tail)} lines):")
+        console.print(escape("\n".join(tail)), highlight=False)
 
 
 def compare(
@@ -278,6 +326,8 @@ def render_report(report: Any) -> None:
     from rich.table import Table
 
     console = _console()
+    if report.failure is not None:  # the traces cover only what ran before the failure
+        render_failure(console, report.failure)
     console.print(
         f"[bold]cptrace analysis[/] catalog {report.catalog_version}, ranks {report.ranks}"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -47,6 +48,14 @@ def profile(
     watchdog: float = typer.Option(
         60.0, "--watchdog", min=0, help="Stop the job this long after a rank fails (s)."
     ),
+    hang_timeout: float = typer.Option(
+        300.0, "--hang-timeout", min=0,
+        help="Hung: a rank waits this long in one collective (stacks, then stop; 0: off).",
+    ),
+    time_warmup: int = typer.Option(
+        1, "--time-warmup", min=0, help="Steps left out of the iteration times at the start."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="Do not echo the job's output (log only)."),
     timeout: float | None = typer.Option(None, "--timeout", min=0, help="Stop the job after (s)."),
     name: str | None = typer.Option(None, "--name", help="Run name (default from the script)."),
     hostname: bool = typer.Option(False, "--hostname", help="Record the host name."),
@@ -55,8 +64,9 @@ def profile(
     """Profile your own job (python, torchrun, srun) without editing it; write a run bundle.
 
     Each rank gets its own nsys report and/or PyTorch-profiler trace; --probe records the
-    packed-metadata facts TE and cp_attn saw. A failed or hung job still gets a bundle, with
-    the failing rank, its exception and what the other ranks were waiting in.
+    packed-metadata facts TE and cp_attn saw. Every step is timed (the run's iteration times).
+    The job's output streams to the terminal and into logs/profile.log. A failed or hung job
+    still gets a bundle, with the failing rank, its exception and every rank's Python stack.
 
     Example: cptrace profile --torch --probe --out runs/mine -- torchrun --nproc-per-node 2 train.py
     """
@@ -92,9 +102,12 @@ def profile(
         probe_first=probe_first,
         probe_every=probe_every,
         watchdog_s=watchdog,
+        hang_timeout_s=hang_timeout or None,
+        time_warmup=time_warmup,
         timeout_s=timeout,
         name=name,
         include_hostname=hostname,
+        echo=None if quiet else lambda text: typer.echo(text, nl=False),
     )
     target = out or Path("runs") / f"profile-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     try:
@@ -108,8 +121,38 @@ def profile(
         archive = result.bundle.with_name(result.bundle.name + ".tar.gz")
         digest = pack_bundle(result.bundle, archive)
         typer.echo(f"archive: {archive} sha256 {digest}")
+    if result.iterations or result.failure is None:
+        typer.echo(_timing_line(result.iterations))
     if result.failure is not None:
+        for line in failure_lines(result.failure):
+            typer.echo(line, err=True)
         _fail(f"the job failed: {result.failure['summary']} (recorded in {result.bundle})")
+
+
+def _timing_line(iterations: dict[int, list[float]]) -> str:
+    if not iterations:
+        return ("steps: none timed (fewer steps than the warm-up and the profiled ones, or no "
+                "step boundary seen: see --step-function, --time-warmup)")
+    import statistics
+
+    per_rank = ", ".join(
+        f"rank {r}: n={len(v)} median {statistics.median(v):.3f} ms"
+        for r, v in sorted(iterations.items())
+    )
+    return f"steps timed: {per_rank}"
+
+
+def failure_lines(failure: dict[str, Any]) -> list[str]:
+    """The failure record for a terminal: each rank's stack, then the end of the log."""
+    lines: list[str] = []
+    for rank, stack in (failure.get("stacks") or {}).items():
+        lines.append(f"--- rank {rank}: Python stacks when the job was stopped ---")
+        lines += stack.rstrip().splitlines()
+    exc = failure.get("exception") or {}
+    if exc.get("traceback"):
+        lines.append(f"--- rank {failure.get('failed_rank')}: traceback ---")
+        lines += [str(x) for x in exc["traceback"]]
+    return lines
 
 
 def register(app: typer.Typer) -> None:

@@ -89,6 +89,8 @@ def pr_comment(
         base_name=_label(page["base"], base_window),
         head_name=_label(page["head"], head_window),
         comparison_url=link_root + compare_url(base, head, base_window, head_window),
+        base_failure=_failure(page.get("base_failure")),
+        head_failure=_failure(page.get("head_failure")),
     )
     try:
         if not post:
@@ -107,6 +109,13 @@ def pr_comment(
     typer.echo(f"{published.comment.action} {where} on {repo}#{pr}")
     if published.status_state:
         typer.echo(f"commit status {published.status_state} on {head_sha}")
+
+
+def _failure(view: dict[str, Any] | None) -> Any:
+    """A side's failure record from the comparison twin (``base_failure``/``head_failure``)."""
+    from analyzers.manifest import FailureRecord
+
+    return None if not view else FailureRecord.model_validate(view["record"])
 
 
 def _label(run: dict[str, Any], window: str | None) -> str:

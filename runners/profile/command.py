@@ -35,6 +35,8 @@ _SRUN_FLAGS = frozenset(
 )
 _SECRET_OPTION = re.compile(r"(token|password|passwd|secret|api[-_]?key|credential)", re.I)
 REDACTED = "***"
+MIN_SECRET_CHARS = 4
+"""Shorter values are not scrubbed from text (a 1-character secret would blank every letter)."""
 
 
 class ProfileCommandError(ValueError):
@@ -159,6 +161,23 @@ def wrapped_command(launch: Launch, nsys: NsysPlan | None) -> list[str]:
     if nsys is None:
         return [*launch.launcher, *launch.program]
     return [*launch.launcher, *nsys_profile_args(nsys, launch), *launch.program]
+
+
+def secret_values(argv: list[str]) -> list[str]:
+    """The values :func:`redact_argv` hides (to scrub them from text the job printed too)."""
+    hidden = []
+    for arg, shown in zip(argv, redact_argv(argv), strict=True):
+        if arg != shown:
+            hidden.append(arg.partition("=")[2] if shown.endswith(f"={REDACTED}") else arg)
+    return hidden
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every value of ``secrets`` (longest first) replaced by ``***``."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len,
+                         reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def redact_argv(argv: list[str]) -> list[str]:

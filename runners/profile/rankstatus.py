@@ -12,15 +12,24 @@ launcher's watchdog (``runners/profile/supervise.py``) reads:
   ``interval_s`` (the collectives are wrapped to set one variable; a daemon thread writes);
 * ``running`` / ``exited``.
 
+It also arms Python's ``faulthandler`` on ``SIGUSR1`` (:data:`STACKS_SIGNAL`): the watchdog sends
+it to every rank before it stops a failed or hung job, and each rank writes the Python stack of
+every thread to ``stacks_rank<r>.txt`` beside its status file (from the signal handler, in C, so
+a rank blocked inside a collective, or holding the GIL, answers too). A rank the launcher cannot
+signal (its own pid namespace) is asked by a request file instead, which the status thread
+answers with ``faulthandler.dump_traceback``.
+
 Nothing here reads environment variables other than the rank and the status directory.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import functools
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -39,6 +48,19 @@ COLLECTIVES = (
     "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv",
 )
 TRACEBACK_LINES = 30
+STACKS_SIGNAL = signal.SIGUSR1
+"""The signal on which every rank dumps its threads' Python stacks (``faulthandler``)."""
+
+
+def stacks_path(directory: Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its stacks when asked (the launcher reads it)."""
+    return directory / f"stacks_rank{rank}.txt"
+
+
+def stacks_request_path(directory: Path, rank: int) -> Path:
+    """The file whose appearance asks rank ``rank`` for its stacks: for a rank the launcher
+    cannot signal (a job in a sandbox with its own pid namespace)."""
+    return directory / f"stacks_rank{rank}.request"
 
 
 def exception_record(
@@ -64,6 +86,9 @@ class RankReporter:
 
     def __init__(self, directory: Path, rank: int, *, interval_s: float = 0.25) -> None:
         self.path = directory / f"rank{rank}.json"
+        self.stacks = stacks_path(directory, rank)
+        self.stacks_request = stacks_request_path(directory, rank)
+        self._stacks_file: Any = None
         self.rank = rank
         self.interval_s = interval_s
         self.state = "running"
@@ -108,9 +133,15 @@ class RankReporter:
         self.state = "failed"
         self.write(force=True)
 
+    def _answer_stacks_request(self) -> None:
+        if self._stacks_file is not None and self.stacks_request.exists():
+            faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
+            self.stacks_request.unlink(missing_ok=True)
+
     def _heartbeat(self) -> None:
         while True:
             time.sleep(self.interval_s)
+            self._answer_stacks_request()
             if self.state in ("failed", "exited"):
                 continue
             name, since = self.collective, self.collective_since
@@ -139,7 +170,15 @@ class RankReporter:
             if fn is not None and not getattr(fn, "__cptrace_status__", False):
                 setattr(module, name, self._wrap_collective(fn, name))
 
+    def arm_stack_dump(self) -> None:
+        """``faulthandler`` writes every thread's stack to :attr:`stacks` on STACKS_SIGNAL."""
+        self.stacks.parent.mkdir(parents=True, exist_ok=True)
+        # Kept open for the life of the process: faulthandler writes to its descriptor.
+        self._stacks_file = self.stacks.open("w", encoding="utf-8")
+        faulthandler.register(STACKS_SIGNAL, file=self._stacks_file, all_threads=True)
+
     def install(self) -> RankReporter:
+        self.arm_stack_dump()
         previous_hook = sys.excepthook
         previous_thread_hook = threading.excepthook
 

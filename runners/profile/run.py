@@ -10,6 +10,7 @@ probe's facts, the environment, the command line without secrets, the exit statu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,14 @@ from runners.profile.command import (
     find_nsys,
     parse_launch,
     redact_argv,
+    scrub,
+    secret_values,
     wrapped_command,
 )
 from runners.profile.facts import observed_facts, read_probe_files
 from runners.profile.rankstatus import STATUS_ENV
+from runners.profile.steps import STEPS_ENV, StepsConfig
+from runners.profile.steptimes import iteration_times, read_step_files
 from runners.profile.supervise import Supervised, failure_record, supervise
 from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
 
@@ -72,6 +77,10 @@ class ProfileOptions:
     probe_first: int = 16
     probe_every: int = 50
     watchdog_s: float = 60.0
+    hang_timeout_s: float | None = 300.0
+    """A rank waiting this long in one collective makes the job hung (stacks, then stop)."""
+    time_warmup: int = 1
+    """Steps left out of the iteration times at the start of each rank."""
     timeout_s: float | None = None
     name: str | None = None
     include_hostname: bool = False
@@ -82,6 +91,8 @@ class ProfileOptions:
     """The job's base environment instead of ours (the agent removes its credentials)."""
     run_tags: dict[str, Any] | None = None
     """Extra manifest ``run`` fields (the agent's pull-request jobs: repo, commit, suite, ...)."""
+    echo: Callable[[str], None] | None = None
+    """Gets the job's output as it comes (``cptrace profile``: the terminal); the log keeps it."""
 
 
 @dataclass(slots=True)
@@ -90,6 +101,8 @@ class ProfileResult:
     supervised: Supervised
     failure: dict[str, Any] | None
     traces: list[dict[str, Any]] = field(default_factory=list)
+    iterations: dict[int, list[float]] = field(default_factory=dict)
+    """rank -> the timed steps' ms (the manifest's ``iteration_ms``)."""
 
     @property
     def ok(self) -> bool:
@@ -114,6 +127,7 @@ def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[STATUS_ENV] = str(scratch / "status")
+    env[STEPS_ENV] = StepsConfig(out_dir=scratch / "steps", step_on=opts.step_on).to_env()
     if opts.torch:
         env[TORCH_PROFILE_ENV] = TorchProfileConfig(
             out_dir=scratch / "torch",
@@ -127,8 +141,6 @@ def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
     else:
         env.pop(TORCH_PROFILE_ENV, None)
     if opts.probe:
-        import json
-
         env[PROBE_ENV] = json.dumps(
             {"out_dir": str(scratch / "probe"), "first": opts.probe_first,
              "every": opts.probe_every}
@@ -199,6 +211,16 @@ def _export_nsys(out: Path, scratch: Path, opts: ProfileOptions, log: Path) -> l
     return traces
 
 
+def _scrubbed(record: dict[str, Any] | None, cmd: list[str]) -> dict[str, Any] | None:
+    """The failure record without the secret values of the command line (a job that prints its
+    arguments, an exception message quoting one), as the recorded command line is."""
+    secrets = secret_values(cmd)
+    if record is None or not secrets:
+        return record
+    escaped = [json.dumps(s)[1:-1] for s in secrets]
+    return dict(json.loads(scrub(json.dumps(record), escaped)))
+
+
 def _run_name(opts: ProfileOptions, launch: Launch) -> str:
     if opts.name:
         return opts.name
@@ -225,10 +247,10 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
         env = child_environment(opts, scratch)
         result = supervise(
             command, log=log, env=env, status_dir=scratch / "status",
-            watchdog_s=opts.watchdog_s, timeout_s=opts.timeout_s, cancel=opts.cancel,
-            cwd=opts.cwd,
+            watchdog_s=opts.watchdog_s, hang_s=opts.hang_timeout_s, timeout_s=opts.timeout_s,
+            cancel=opts.cancel, cwd=opts.cwd, echo=opts.echo,
         )
-        failure = failure_record(result, watchdog_s=opts.watchdog_s)
+        failure = _scrubbed(failure_record(result, watchdog_s=opts.watchdog_s), cmd)
         traces = _collect_traces(out, scratch, opts, log)
         if not traces and failure is None:
             raise ProfileError(
@@ -236,8 +258,8 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
                 "the steps are optimizer.step calls: give --step-function MODULE:FUNC if the job "
                 "has none, or lower --torch-wait/--torch-warmup"
             )
-        _finalize(out, scratch, cmd, opts, launch, result, failure, traces, extra)
-        return ProfileResult(out, result, failure, traces)
+        times = _finalize(out, scratch, cmd, opts, launch, result, failure, traces, extra)
+        return ProfileResult(out, result, failure, traces, times)
     except BaseException:
         # Leave the logs for diagnosis, but never a manifest the reader would refuse.
         (out / MANIFEST_NAME).unlink(missing_ok=True)
@@ -256,9 +278,10 @@ def _finalize(
     failure: dict[str, Any] | None,
     traces: list[dict[str, Any]],
     extra: dict[str, Any],
-) -> None:
+) -> dict[int, list[float]]:
     probes = read_probe_files(scratch / "probe")
     observed = observed_facts(probes) if probes else None
+    times, step_summary = iteration_times(read_step_files(scratch / "steps"), opts.time_warmup)
     environment = capture_environment(include_hostname=opts.include_hostname)
     ranks = sorted(set(result.statuses) | set(probes))
     environment["world_size"] = len(ranks) or None
@@ -268,6 +291,9 @@ def _finalize(
         "probe": opts.probe,
         "launcher": launch.kind,
         "watchdog_s": opts.watchdog_s,
+        "hang_timeout_s": opts.hang_timeout_s,
+        "step_on": opts.step_on,
+        "time_warmup": opts.time_warmup,
         "torch_schedule": {"wait": opts.torch_wait, "warmup": opts.torch_warmup,
                            "active": opts.torch_active, "step_on": opts.step_on}
         if opts.torch else None,
@@ -285,10 +311,16 @@ def _finalize(
         **(opts.run_tags or {}),
     )
     variants = []
-    workload: dict[str, Any] = {}
-    if observed is not None:
-        workload = observed["workload"]
-        variants.append({"name": "profiled", "window": None, "facts": observed["facts"]})
+    workload: dict[str, Any] = {} if observed is None else observed["workload"]
+    if observed is not None or times:
+        # No window: the variant is the whole job, and its timed steps are the trace's steps.
+        variants.append({
+            "name": "profiled",
+            "window": None,
+            "facts": {} if observed is None else observed["facts"],
+            "iteration_ms": {str(r): v for r, v in sorted(times.items())},
+        })
+    extra["step_times"] = step_summary
     if probes:
         extra["probe"] = {str(r): probes[r] for r in sorted(probes)}
     if failure is not None:
@@ -297,3 +329,4 @@ def _finalize(
         out, run=run, traces=traces, workload=workload, variants=variants,
         environment=environment, extra=extra,
     )
+    return times

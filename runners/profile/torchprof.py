@@ -2,7 +2,8 @@
 
 The job is not edited, so there is no ``prof.step()`` in its loop: a *step* is one call of
 ``torch.optim.Optimizer.step`` (a global post-hook, every optimizer class) or of a function the
-user names (``module:qualname``, wrapped right after its module is imported). The profiler
+user names (``module:qualname``): the boundaries ``runners/profile/steps.py`` finds, the same
+ones the step clock times. The profiler
 starts at the first step boundary and follows ``schedule(wait, warmup, active)``; the active
 steps are exported to ``kineto_rank<r>.json`` in the profile directory, one file per rank. If the
 job fails (or exits) while steps are being recorded, what was recorded is exported then.
@@ -12,21 +13,19 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import json
 import os
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from cptrace.probe import rank_from_environment
-from cptrace.probe.hooks import when_imported
+from runners.profile import steps
 
 TORCH_PROFILE_ENV = "CPTRACE_TORCH_PROFILE"
-OPTIMIZER_STEP = "optimizer"
+OPTIMIZER_STEP = steps.OPTIMIZER_STEP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,7 +57,16 @@ class StepProfiler:
         self.prof: Any = None
         self.done = False
         self.exported: Path | None = None
+        self._idle: Any = None
+        """``ProfilerAction.NONE``, bound when the profiler starts (a step reads it)."""
         self._lock = threading.Lock()
+
+    def recording(self) -> bool:
+        """Whether the profiler is tracing now (its warm-up and active steps)."""
+        prof = self.prof
+        if prof is None or self.done:
+            return False
+        return bool(prof.current_action != self._idle)
 
     @property
     def total_steps(self) -> int:
@@ -66,8 +74,9 @@ class StepProfiler:
 
     def _start(self) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+        self._idle = ProfilerAction.NONE
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
@@ -110,35 +119,14 @@ class StepProfiler:
             self._finish()
 
 
-def _wrap_step_function(profiler: StepProfiler, module: ModuleType, qualname: str) -> None:
-    owner: Any = module
-    *path, name = qualname.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def stepped(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        finally:
-            profiler.step()
-
-    setattr(owner, name, stepped)
-
-
 def install(config: TorchProfileConfig, rank: int | None = None) -> StepProfiler:
     profiler = StepProfiler(config, rank_from_environment() if rank is None else rank)
-    if config.step_on == OPTIMIZER_STEP:
-        def hook_optimizer(module: ModuleType) -> None:
-            module.register_optimizer_step_post_hook(lambda *_: profiler.step())
-
-        when_imported("torch.optim.optimizer", hook_optimizer)
-    else:
-        module_name, _, qualname = config.step_on.partition(":")
-        if not qualname:
-            raise ValueError(f"step function {config.step_on!r}: expected module:qualname")
-        when_imported(module_name, lambda m: _wrap_step_function(profiler, m, qualname))
+    boundaries = steps.boundaries_for(config.step_on)
+    # optimizer: every boundary (the first starts the profiler); a function: after each call
+    (boundaries.begin if config.step_on == OPTIMIZER_STEP else boundaries.end).append(
+        profiler.step
+    )
+    boundaries.recording = profiler.recording
     previous_hook = sys.excepthook
 
     def excepthook(*exc: Any) -> None:

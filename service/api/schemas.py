@@ -140,6 +140,8 @@ class JobFail(BaseModel):
 
     reason: str = Field(default="failed", max_length=10_000)
     log_tail: str | None = Field(default=None, max_length=1_000_000)
+    run_id: int | None = Field(default=None, ge=1, le=2**63 - 1)
+    """The failed job's uploaded bundle (its failure record, stacks and log tail), if any."""
 
 
 class Runner(BaseModel):

@@ -115,9 +115,8 @@ class SuiteFile(_Strict):
 _ENTRY_TAGS = frozenset({"command", "spec"})
 
 
-def first_error(exc: ValidationError) -> str:
-    """``suites.smoke.specs.1.profile.torch_active: Input should be ...``: the first error's
-    field path (the entry kind pydantic adds after a list index left out) and its message."""
+def first_error_parts(exc: ValidationError) -> tuple[str, str, str]:
+    """``(field path, message, how to fix it)`` of the first validation error."""
     first = exc.errors()[0]
     parts: list[str] = []
     loc = list(first["loc"])
@@ -125,8 +124,34 @@ def first_error(exc: ValidationError) -> str:
         if part in _ENTRY_TAGS and i and isinstance(loc[i - 1], int):
             continue
         parts.append(str(part))
+    field = ".".join(parts) or "(top level)"
     message = str(first["msg"]).removeprefix("Value error, ")
-    return f"{'.'.join(parts) or '(top level)'}: {message}"
+    return field, message, _fix(str(first["type"]), parts, message)
+
+
+def _fix(kind: str, parts: list[str], message: str) -> str:
+    """A one-line fix for a pydantic error type (the message says what was wrong)."""
+    name = parts[-1] if parts else "the file"
+    parent = ".".join(parts[:-1]) or "the top level"
+    if kind == "extra_forbidden":
+        return (
+            f"remove {name!r} from {parent} or correct its spelling "
+            "(unknown keys are refused so that a typo is not silently ignored)"
+        )
+    if kind == "missing":
+        return f"add {name!r} to {parent}"
+    if kind in ("too_short", "too_long"):
+        return f"change the number of entries in {'.'.join(parts)}: {message.lower()}"
+    if kind == "model_type" or kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"give {'.'.join(parts) or 'the file'} the expected type: {message.lower()}"
+    return f"change {'.'.join(parts) or 'the file'}: {message}"
+
+
+def first_error(exc: ValidationError) -> str:
+    """``suites.smoke.specs.1.profile.torch_active: Input should be ...``: the first error's
+    field path (the entry kind pydantic adds after a list index left out) and its message."""
+    field, message, _ = first_error_parts(exc)
+    return f"{field}: {message}"
 
 
 class RepoConfig(_Strict):

@@ -24,16 +24,19 @@ import yaml
 from pydantic import ValidationError
 
 from contracts.profile_entry import CommandEntry
-from pr_bot.github import GitHubClient
+from pr_bot.github import GitHubClient, upsert_comment
+from pr_bot.policy import StatusState
+from pr_bot.suite_comment import SUITE_FILE_MARKER, render_suite_file_error, suite_file_status
 from service import jobs
 from service.auth import now_iso
+from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.github_loop.models import (
     SUITE_FILE,
     JobCheckout,
     RepoConfig,
     SuiteFile,
-    first_error,
+    first_error_parts,
 )
 
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
@@ -44,6 +47,18 @@ _NULL_SHA = "0" * 40
 
 class PlanError(ValueError):
     """The suite file or a spec file is unusable (the message says which and why)."""
+
+
+class SuiteFileError(PlanError):
+    """``.cptrace.yml`` is invalid: which file, which field, what is wrong and how to fix it
+    (the pull request gets these in a comment and a failing status)."""
+
+    def __init__(self, where: str, field: str, problem: str, fix: str) -> None:
+        super().__init__(f"{where}: {field}: {problem}")
+        self.where = where
+        self.field = field
+        self.problem = problem
+        self.fix = fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +184,22 @@ def _yaml(text: str, where: str) -> Any:
 
 
 def load_suite_file(text: str, where: str) -> SuiteFile:
-    """Parse ``.cptrace.yml``; :raises PlanError: naming the file and the first bad field."""
+    """Parse ``.cptrace.yml``; :raises SuiteFileError: naming the file, the first bad field
+    and its fix."""
     try:
-        return SuiteFile.model_validate(_yaml(text, where))
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(YAML)"
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise SuiteFileError(
+            where, at, f"not valid YAML: {problem}", f"fix the YAML syntax at {at}"
+        ) from exc
+    try:
+        return SuiteFile.model_validate(raw)
     except ValidationError as exc:
-        raise PlanError(f"{where}: {first_error(exc)}") from exc
+        field, problem, fix = first_error_parts(exc)
+        raise SuiteFileError(where, field, problem, fix) from exc
 
 
 def suites_for(
@@ -188,6 +214,28 @@ def suites_for(
     if text is None:
         return None
     return load_suite_file(text, f"{SUITE_FILE} at {target.head_sha[:12]}")
+
+
+def report_suite_file_error(
+    client: GitHubClient, loop: LoopSettings, target: Target, error: SuiteFileError
+) -> None:
+    """Tell the commit and its pull request why nothing runs: a failing ``cptrace`` status,
+    and (for a pull request) a comment naming the file, the field and the fix.
+
+    :raises GitHubError: GitHub refused or was unreachable (the delivery is then retried).
+    """
+    if target.pr is not None:
+        body = render_suite_file_error(error.where, error.field, error.problem, error.fix)
+        upsert_comment(client, target.repo, target.pr, SUITE_FILE_MARKER, body)
+    post_commit_state(
+        client,
+        loop,
+        target.repo,
+        target.head_sha,
+        context="cptrace",
+        state=StatusState.ERROR,
+        description=suite_file_status(error.field, error.problem),
+    )
 
 
 def _add(plan: BatchPlan, suite: str, entry_name: str, spec: dict[str, Any]) -> None:

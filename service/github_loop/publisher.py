@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from analyzers.compare import CompareError, default_window
+from analyzers.failure import failure_headline, failure_of
 from analyzers.report import AnalysisReport
 from analyzers.windows import WHOLE_TRACE
 from pr_bot.comment import CommentContext
@@ -166,11 +167,14 @@ class Publisher:
     ) -> list[SpecResult]:
         """One job's results: a failure, no baseline, or one comparison per window group."""
         name = str(job["name"])
+        head = None if job["run_id"] is None else store.get_run(self.db, job["run_id"])
+        failure = failure_of(head.manifest) if head is not None else None
+        if failure is not None:  # the job failed or hung and left its bundle: say how
+            return [FailedSpec(name, failure_headline(failure), job["log_tail"] or "", failure)]
         if job["status"] == "failed":
             return [FailedSpec(name, job["reason"] or "failed", job["log_tail"] or "")]
-        if job["run_id"] is None:
+        if head is None:
             return [FailedSpec(name, "the job completed without a run")]
-        head = store.get_run(self.db, job["run_id"], include_report=True)
         if head.status != "analysed" or head.report is None:
             why = f"analysis of run #{head.id} {head.status}: {head.error or ''}"
             return [FailedSpec(name, why)]

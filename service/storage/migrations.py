@@ -173,6 +173,20 @@ def m020_github_loop(db: sqlite_utils.Database) -> None:
     db.table("jobs").create_index(["batch_id"])
 
 
+@migrations()
+def m025_run_job_failed(db: sqlite_utils.Database) -> None:
+    """Whether a run's job failed or hung (its manifest has a ``failure`` record), stored, so
+    the run list's verdict ("failed", never "clean") reads no manifest JSON."""
+    db.execute("ALTER TABLE runs ADD COLUMN job_failed INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        "UPDATE runs SET job_failed = 1 WHERE coalesce(json_valid(manifest_json)"
+        " AND json_type(manifest_json, '$.failure') = 'object', 0)"
+    )
+    # The verdict's columns apart from the manifest (a row's later columns sit behind its
+    # manifest's overflow pages): counting runs by verdict scans this index, not the table.
+    db.execute("CREATE INDEX runs_verdict ON runs (status, job_failed)")
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

@@ -64,6 +64,9 @@ class RunFilters(BaseModel):
     verdict: Verdict | None = None
     date_from: str | None = Field(default=None, description="ISO date, inclusive")
     date_to: str | None = Field(default=None, description="ISO date, inclusive")
+    repo: str | None = Field(default=None, description="the loop's repository tag (owner/name)")
+    pr: int | None = Field(default=None, ge=1, le=2**31, description="the pull request tag")
+    suite: str | None = Field(default=None, description="the loop's suite tag")
 
 
 # One row per run: the two metrics the list shows are joined once (primary-key lookups), so the
@@ -74,21 +77,60 @@ SUMMARY_FROM = (
     " LEFT JOIN run_metrics mm ON mm.run_id = r.id AND mm.metric = 'iteration_median_ms'"
     " AND mm.label = ''"
 )
+# A run whose job failed or hung (its manifest has a ``failure`` record) is ``failed`` whatever
+# its analysis found: traces of the steps before the failure must never make it look clean.
+# Stored at insert (``create_run``; migration m025 filled it for older runs), so the verdict
+# reads no manifest: the run list's count and sort stay on the runs table's own pages.
+_JOB_FAILED = "r.job_failed = 1"
 _VERDICT = (
-    "CASE WHEN r.status = 'failed' THEN 'failed' WHEN r.status != 'analysed' THEN 'pending' "
+    f"CASE WHEN r.status = 'failed' OR {_JOB_FAILED} THEN 'failed' "
+    "WHEN r.status != 'analysed' THEN 'pending' "
     "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
 )
 _IMPLEMENTATION = (
     "CASE WHEN json_valid(r.manifest_json) "
     "THEN CAST(json_extract(r.manifest_json, '$.workload.implementation') AS TEXT) END"
 )
+
+
+def _run_tag(path: str, kind: Literal["text", "integer"] = "text") -> str:
+    """A manifest ``run`` tag the loop writes (``cptrace agent``); NULL when absent or not of
+    ``kind`` (the manifest is the uploader's JSON)."""
+    at = f"r.manifest_json, '$.run.{path}'"
+    return (
+        f"CASE WHEN json_valid(r.manifest_json) AND json_type({at}) = '{kind}' "
+        f"THEN json_extract({at}) END"
+    )
+
+
+# One extraction of the manifest's ``run`` block per row (SQLite 3.40 re-parses the JSON for
+# every json_* call: four tags read one by one cost a sort by verdict over 10,000 runs 2x).
+_RUN_BLOCK = (
+    "CASE WHEN json_valid(r.manifest_json) AND json_type(r.manifest_json, '$.run') = 'object'"
+    " THEN json_extract(r.manifest_json, '$.run') END"
+)
 SUMMARY_COLUMNS = f"""
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
        fm.value AS findings, mm.value AS median_ms, {_IMPLEMENTATION} AS implementation,
-       {_VERDICT} AS verdict"""
-"""The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
+       {_VERDICT} AS verdict, {_RUN_BLOCK} AS run_tags"""
+"""The ``RunSummary`` columns (``run_tags`` is split by :func:`summary_fields`); append
+``SUMMARY_FROM`` (and any extra columns before it)."""
+_TAG_TYPES: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
+
+
+def summary_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``SUMMARY_COLUMNS`` row as ``RunSummary`` fields: findings as an int (metrics are
+    REAL), the loop's tags out of the manifest's ``run`` block (each None unless its type)."""
+    if row["findings"] is not None:
+        row["findings"] = int(row["findings"])
+    block = row.pop("run_tags", None)
+    tags = json.loads(block) if isinstance(block, str) else {}
+    for key, kind in _TAG_TYPES.items():
+        value = tags.get(key)
+        row[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+    return row
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
 _SORT_SQL.update(median_ms="mm.value", findings="fm.value")
@@ -107,6 +149,9 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
         ("r.config_key", filters.config_key),
         (_IMPLEMENTATION, filters.implementation),
         (_VERDICT, filters.verdict),
+        (_run_tag("repo"), filters.repo),
+        (_run_tag("pr", "integer"), filters.pr),
+        (_run_tag("suite"), filters.suite),
     ):
         if value:
             clauses.append(f"{column} = ?")
@@ -149,11 +194,17 @@ def list_runs(
         else f"({key}) IS NULL, {key} {direction}, r.id {direction}"
     )
     sql = f"{SUMMARY_COLUMNS}{SUMMARY_FROM}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"
-    found = rows(conn, sql, [*params, int(limit), int(offset)])
-    for row in found:
-        if row["findings"] is not None:  # metrics are stored as REAL
-            row["findings"] = int(row["findings"])
-    return found
+    return [summary_fields(r) for r in rows(conn, sql, [*params, int(limit), int(offset)])]
+
+
+def summaries_by_id(conn: sqlite3.Connection, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """The ``RunSummary`` rows of these runs (the loop's pages: a batch's or a job's runs)."""
+    ids = sorted({int(i) for i in run_ids})
+    if not ids:
+        return []
+    marks = ", ".join("?" * len(ids))
+    found = rows(conn, f"{SUMMARY_COLUMNS}{SUMMARY_FROM} WHERE r.id IN ({marks})", ids)
+    return [summary_fields(r) for r in found]
 
 
 def count_runs(conn: sqlite3.Connection, *, filters: RunFilters) -> int:
@@ -183,12 +234,7 @@ def summary_with_texts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, An
         f"{SUMMARY_COLUMNS}, r.manifest_json, r.spec_json{SUMMARY_FROM} WHERE r.id = ?",
         (run_id,),
     )
-    if not found:
-        return None
-    row = found[0]
-    if row["findings"] is not None:
-        row["findings"] = int(row["findings"])
-    return row
+    return summary_fields(found[0]) if found else None
 
 
 def run_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:
@@ -275,7 +321,7 @@ def metric_history(
     and variants as JSON texts), oldest first."""
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
-        "m.value, "
+        f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed, "
         "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.workload') "
         "END AS workload_json, "
         "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.variants') "
@@ -325,10 +371,11 @@ def create_run(
     now = now_iso()
     cur = conn.execute(
         "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
-        "manifest_json, spec_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        "manifest_json, spec_json, created_at, updated_at, job_failed)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             name, branch, commit, host, source, status, config_key, _dump(manifest),
-            _dump(spec), now, now,
+            _dump(spec), now, now, int(isinstance((manifest or {}).get("failure"), dict)),
         ),
     )  # fmt: skip
     return int(cur.lastrowid or 0)

@@ -87,5 +87,8 @@ def test_failed_bundle_still_prints_what_the_manifest_shows(
     assert "the run failed" in text  # the finding cites the failure record
     as_json = CliRunner().invoke(app, ["analyze", str(path), "--json"])
     assert as_json.exit_code == 1
-    findings = json.loads(as_json.stdout)
-    assert [f["rule"] for f in findings] == ["token-alignment"]
+    payload = json.loads(as_json.stdout)
+    assert list(payload) == ["failure_headline", "failure", "findings"]  # the failure leads
+    assert payload["failure_headline"].startswith("rank 1 raised ValueError: packed token count")
+    assert payload["failure"]["failed_rank"] == 1
+    assert [f["rule"] for f in payload["findings"]] == ["token-alignment"]

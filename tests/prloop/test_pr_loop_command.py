@@ -9,6 +9,7 @@ watchdog stops it), each failing with the failure summary and the log's tail. Th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import textwrap
 import time
@@ -38,7 +39,7 @@ suites:
     specs:
       - {name: inline-smoke, implementation: bundled, device: cpu, ranks: 2, seqlens: [16, 8, 8]}
       - name: train
-        command: torchrun --nproc-per-node 2 train.py --steps 20
+        command: torchrun --nproc-per-node 2 train.py --steps 30
         profile: {torch: true, torch_active: 5}
 """
 TARGET = Target("octo/model", "file:///tmp/x.git", "a" * 40, "feature", pr=3, base_sha="b" * 40)
@@ -145,6 +146,16 @@ def test_the_configuration_key_is_the_command_and_the_profiler_settings() -> Non
     assert base != key("torchrun --nproc-per-node 2 train.py --steps 40")
     assert base != key("torchrun --nproc-per-node 2 train.py --steps 20", torch_active=5)
     assert base.startswith("cmd-")
+    # The hang timeout changes nothing measured; a non-default timing warm-up does.
+    assert base == key("torchrun --nproc-per-node 2 train.py --steps 20", hang_timeout_s=30)
+    assert base != key("torchrun --nproc-per-node 2 train.py --steps 20", time_warmup=3)
+    # Settings added later left the key of an entry that does not use them as it was, so its
+    # runs on the base branch stay its baselines: the key before they existed, recomputed.
+    entry = _entry("torchrun --nproc-per-node 2 train.py --steps 20")
+    before = entry.profile.model_dump(mode="json", exclude={"hang_timeout_s", "time_warmup"})
+    canonical = json.dumps({"argv": entry.argv, "profile": before}, sort_keys=True,
+                           separators=(",", ":"))
+    assert base == "cmd-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def test_a_job_spec_that_is_a_broken_command_entry_fails_with_the_field() -> None:

@@ -185,7 +185,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
                 lambda: [s for s in github.statuses_for(broken_setup) if s["state"] != "pending"],
                 30,
             )
-            assert setup_status[-1]["state"] == "error"
+            assert setup_status[-1]["state"] == "failure"
 
             def main_uploaded() -> bool:
                 got = httpx.get(f"{server.url}/api/v1/runs?branch=main", timeout=10).json()

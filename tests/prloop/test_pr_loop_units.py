@@ -110,7 +110,8 @@ def test_comment_has_verdict_baseline_helper_deltas_and_findings(reports) -> Non
     assert all(f.title in body for f in report.findings)
     assert "The job failed: setup command failed (exited with status 3)" in body
     assert "error: no such package" in body and "```\n$ rm" not in body  # fence kept closed
-    assert suite_state(results) == StatusState.ERROR and github_state(StatusState.ERROR) == "error"
+    assert suite_state(results) == StatusState.ERROR
+    assert github_state(StatusState.ERROR) == "failure"  # a failed job is red, never "error"
     assert suite_state([none]) == StatusState.NEUTRAL
     assert github_state(StatusState.NEUTRAL) == "success"
     assert status_description([none]) == (

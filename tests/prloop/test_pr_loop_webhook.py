@@ -311,4 +311,53 @@ def test_with_check_runs_on_pending_and_results_are_check_runs(tmp_path, github,
             gh, LoopSettings(), REPO, head, context="cptrace/smoke", state=StatusState.ERROR,
             description="a job failed",
         )  # fmt: skip
-        assert how == "status" and github.statuses_for(head)[-1]["state"] == "error"
+        assert how == "status" and github.statuses_for(head)[-1]["state"] == "failure"
+
+
+def test_a_bad_suite_file_on_a_pull_request_posts_the_fix_and_a_failing_status(
+    tmp_path, github, repo
+) -> None:
+    base = repo.git("rev-parse", "HEAD")
+    repo.git("checkout", "-qb", "topic")
+    (repo.work / ".cptrace.yml").write_text(
+        "suites:\n  smoke:\n    specs: [bench/smoke.yaml]\n    gpuz: 2\n"
+    )
+    repo.git("commit", "-qam", "typo in the suite file")
+    head = repo.git("rev-parse", "HEAD")
+    repo.push("topic")
+    github.git_dirs[REPO] = repo.bare
+    app = _app(tmp_path, github)
+    with TestClient(app) as client:
+        answer = _deliver(client, "pull_request", _pr("opened", head, base, repo.clone_url))
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["outcome"].startswith("not queued: .cptrace.yml at ")
+        again = _deliver(client, "pull_request", _pr("synchronize", head, base, repo.clone_url),
+                         delivery="d2")  # fmt: skip
+        assert again.status_code == 202
+    assert _jobs(app) == []
+    (body,) = github.bodies(REPO, 5)  # the second delivery updated the same comment
+    assert body.startswith("<!-- cptrace:suite-file -->")
+    assert f"**File**: `.cptrace.yml at {head[:12]}`" in body
+    assert "**Field**: `suites.smoke.gpuz`" in body
+    assert "Extra inputs are not permitted" in body
+    assert "**Fix**: remove 'gpuz' from suites.smoke or correct its spelling" in body
+    status = github.statuses_for(head)[-1]
+    assert status["state"] == "failure" and status["context"] == "cptrace"
+    assert status["description"].startswith("invalid .cptrace.yml: suites.smoke.gpuz:")
+
+
+def test_a_suite_file_that_is_not_yaml_names_line_and_column(tmp_path, github, repo) -> None:
+    base = repo.git("rev-parse", "HEAD")
+    repo.git("checkout", "-qb", "topic")
+    (repo.work / ".cptrace.yml").write_text("suites:\n  smoke: [unclosed\n")
+    repo.git("commit", "-qam", "broken yaml")
+    head = repo.git("rev-parse", "HEAD")
+    repo.push("topic")
+    github.git_dirs[REPO] = repo.bare
+    with TestClient(_app(tmp_path, github)) as client:
+        answer = _deliver(client, "pull_request", _pr("opened", head, base, repo.clone_url))
+    assert answer.status_code == 202, answer.text
+    (body,) = github.bodies(REPO, 5)
+    assert "**Field**: `line 3, column 1`" in body and "not valid YAML" in body
+    assert "**Fix**: fix the YAML syntax at line 3, column 1" in body
+    assert github.statuses_for(head)[-1]["state"] == "failure"

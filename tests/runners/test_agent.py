@@ -168,3 +168,31 @@ def test_sigterm_releases_the_running_job(fresh_service: LiveService, tmp_path: 
     assert job["attempts"] == 0, "a released job does not use up an attempt"
     time.sleep(0.5)
     assert _children_running(str(work)) == [], "the ranks must be stopped with the agent"
+
+
+def test_failed_job_uploads_its_bundle_and_names_the_run(
+    fresh_service: LiveService, tmp_path: Path
+) -> None:
+    """A job that raises still has a bundle (its failure record): the agent uploads it and the
+    job's failure names that run, so the service can show who raised what where."""
+    from runners.profile.run import ProfileOptions, profile_job
+
+    job_id = _submit(fresh_service, SMOKE)
+
+    def raising_run(spec: RunSpec, out: Path, options: LaunchOptions) -> Path:
+        job = [sys.executable, "-c", "import torch\nraise ValueError('tokens not a multiple of 8')"]
+        result = profile_job(job, out, ProfileOptions(torch=True, watchdog_s=1, timeout_s=60))
+        assert result.failure is not None
+        error = LaunchError(result.failure["summary"], log_tail=result.supervised.tail())
+        error.bundle = result.bundle
+        raise error
+
+    client = ServiceClient(fresh_service.url, fresh_service.tokens["runner"])
+    Agent(client, _config(tmp_path), run_fn=raising_run).serve()
+    job = _api(fresh_service, "GET", f"/jobs/{job_id}")
+    assert job["status"] == "failed" and "raised ValueError" in job["reason"]
+    assert job["run_id"] is not None
+    failure = _api(fresh_service, "GET", f"/runs/{job['run_id']}")["manifest"]["failure"]
+    assert failure["failed_rank"] == 0 and failure["exception"]["type"] == "ValueError"
+    assert failure["exception"]["where"] == {"file": "<string>", "line": 2, "function": "<module>"}
+    assert any("ValueError: tokens not a multiple of 8" in line for line in failure["log_tail"])

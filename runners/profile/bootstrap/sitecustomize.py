@@ -5,7 +5,9 @@
 torchrun's workers, srun's tasks) imports it before the job's code. It only installs hooks; what
 they do is configured by environment variables set for the children:
 
-* ``CPTRACE_STATUS_DIR``: rank status for failure diagnosis (``runners.profile.rankstatus``);
+* ``CPTRACE_STATUS_DIR``: rank status for failure diagnosis, and ``faulthandler`` armed so the
+  watchdog can ask for every thread's stack (``runners.profile.rankstatus``);
+* ``CPTRACE_STEPS``: every step of the job timed (``runners.profile.steps``);
 * ``CPTRACE_TORCH_PROFILE``: the PyTorch profiler stepped by the job
   (``runners.profile.torchprof``);
 * ``CPTRACE_PROBE``: the metadata probe (``cptrace.probe``).
@@ -72,9 +74,10 @@ def _install_hooks() -> None:
     sys.path.insert(0, _ROOT)
     try:
         import cptrace.probe
-        from runners.profile import rankstatus, torchprof
+        from runners.profile import rankstatus, steps, torchprof
 
         rankstatus.install_from_environment()
+        steps.install_from_environment()
         torchprof.install_from_environment()
         cptrace.probe.install_from_environment()
     finally:

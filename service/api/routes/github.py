@@ -128,7 +128,12 @@ def _queue(
     client: GitHubClient | None,
 ) -> tuple[list[int], str]:
     """Plan (GitHub reads) and queue (one transaction); post pending statuses."""
-    suites = planner.suites_for(target, repo_config, client)
+    try:
+        suites = planner.suites_for(target, repo_config, client)
+    except planner.SuiteFileError as exc:
+        if client is not None:  # the precise error goes to the pull request, not only here
+            planner.report_suite_file_error(client, loop, target, exc)
+        raise
     if suites is None:
         return [], f"no {planner.SUITE_FILE} at {target.head_sha[:12]}: nothing to run"
     plans = planner.plan_batches(target, suites, client)

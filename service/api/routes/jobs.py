@@ -192,6 +192,7 @@ def fail(job_id: JobId, body: JobFail, db: DbDep, principal: JobPrincipal) -> Ok
             c,
             job_id,
             status="failed",
+            run_id=body.run_id,
             reason=body.reason,
             log_tail=body.log_tail,
             owner=_owner(principal),
