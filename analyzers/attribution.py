@@ -423,6 +423,8 @@ def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None
 
     # Precedence, lowest first, each step overwriting: container, kernel name, specific range.
     helper = np.where(container >= 0, container_helper, np.int32(-1)).astype(np.int32)
+    blocks = catalog.block_helpers()
+    container_row = container.copy() if blocks else container[:0]
     del container_helper
     claimed_range = container
     use_kernel = kernel_helper >= 0
@@ -439,14 +441,87 @@ def attribute(trace: Trace, catalog: Catalog, ranges: RangeHelpers | None = None
     range_python = np.append(ranges.via_python, False)
     matched_by[by_range & range_python[claimed_range]] = MatchedBy.PYTHON
     matched_by[use_kernel & ~by_range] = MatchedBy.KERNEL_NAME
+    claimed_range = claimed_range.astype(np.int64, copy=False)
+    for block in blocks:
+        _claim_block(trace, catalog, block, launch, container_row, range_helper, helper)
+    if blocks:
+        # launches a block took from its container: matched by their kernel names' sequence
+        taken = np.isin(helper, blocks) & (matched_by == MatchedBy.RANGE)
+        taken &= ~np.isin(range_helper[claimed_range], blocks)
+        matched_by[taken] = MatchedBy.KERNEL_NAME
+        claimed_range[taken] = -1
     return Attribution(
         helper=helper,
         matched_by=matched_by,
         launch=launch,
-        range_row=claimed_range.astype(np.int64, copy=False),
+        range_row=claimed_range,
         helper_names=tuple(h.name for h in catalog.helpers),
         categories=tuple(h.category for h in catalog.helpers),
     )
+
+
+def _block_positions(
+    group: IntArray, opens: npt.NDArray[np.bool_], closes: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """Positions (rows sorted by group, then launch time) inside an opened and closed block.
+
+    Position ``p`` is inside when, within its group, the latest opening at or before ``p``
+    comes after the latest closing before ``p``, and the next closing at or after ``p`` comes
+    before the next opening after ``p``: a block left open at the end of its group claims
+    nothing.
+    """
+    n = len(group)
+    pos = np.arange(n, dtype=np.int64)
+    new = np.ones(n, dtype=bool)
+    new[1:] = group[1:] != group[:-1]
+    start = np.maximum.accumulate(np.where(new, pos, 0))
+    last = np.append(np.flatnonzero(new)[1:], n) - 1  # group end per group, spread below
+    end = last[np.cumsum(new) - 1]
+    last_open = np.maximum.accumulate(np.where(opens, pos, -1))
+    last_close = np.maximum.accumulate(np.where(closes, pos, -1))
+    close_before = np.concatenate(([-1], last_close[:-1]))
+    big = np.int64(n)
+    next_close = np.minimum.accumulate(np.where(closes, pos, big)[::-1])[::-1]
+    next_open = np.minimum.accumulate(np.where(opens, pos, big)[::-1])[::-1]
+    open_after = np.append(next_open[1:], big)
+    inside: npt.NDArray[np.bool_] = (
+        (last_open >= start)
+        & (last_open > close_before)
+        & (next_close <= end)
+        & (next_close < open_after)
+    )
+    return inside
+
+
+def _claim_block(
+    trace: Trace,
+    catalog: Catalog,
+    block: int,
+    launch: IntArray,
+    container_row: IntArray,
+    range_helper: npt.NDArray[np.int32],
+    helper: npt.NDArray[np.int32],
+) -> None:
+    """Give ``block`` the container-claimed launches of its blocks (``Helper.block_from``).
+
+    Affects: ``helper`` in place, only rows whose helper is the container's.
+    """
+    allowed = [catalog.index(name) for name in catalog.helpers[block].within]
+    container_helper = range_helper[container_row]
+    rows = np.flatnonzero(np.isin(container_helper, allowed) & (launch >= 0))
+    if len(rows) == 0:
+        return
+    names = trace.activities["name"][rows]
+    size = len(trace.strings)
+    edges = {s: catalog.block_edge(block, trace.strings[s]) for s in np.unique(names).tolist()}
+    opening = symbol_table(names, size, lambda s: int(edges[s][0]))
+    closing = symbol_table(names, size, lambda s: int(edges[s][1]))
+    start = trace.launches["start"][launch[rows]]
+    order = np.lexsort((start, container_row[rows]))
+    rows, names = rows[order], names[order]
+    inside = _block_positions(container_row[rows], opening[names] == 1, closing[names] == 1)
+    take = rows[inside & (helper[rows] == container_helper[rows])]
+    helper[take] = block
 
 
 __all__ = [

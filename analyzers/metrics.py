@@ -510,6 +510,9 @@ def _host_syncs(
             mask = (w_rank == rank) & (helper == h)
             sel = rows[mask]
             api = Counter(label[mask].tolist()).most_common(1)[0][0]
+            kinds = Counter(trace.strings[int(a)] for a in launches["api"][sel].tolist())
+            op_rows = np.unique(op[mask][named[mask]]).tolist()
+            op_calls = Counter(trace.strings[int(trace.ranges["name"][r])] for r in op_rows)
             out.append(
                 HostSyncStat(
                     rank=rank,
@@ -519,6 +522,8 @@ def _host_syncs(
                     calls=len(sel),
                     blocked_ns=int((launches["end"][sel] - launches["start"][sel]).sum()),
                     api=trace.strings[int(api)],
+                    apis=dict(kinds.most_common()),
+                    ops=dict(op_calls.most_common()),
                 )
             )
     return out

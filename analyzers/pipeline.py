@@ -28,6 +28,7 @@ from analyzers.errors import (
 from analyzers.findings import evaluate
 from analyzers.findings.observed import uncited_observations
 from analyzers.findings.padding import idle_statement
+from analyzers.findings.summary import summarize
 from analyzers.host_time import host_time
 from analyzers.manifest import FailureRecord, RunManifest, load_manifest
 from analyzers.metrics import Metrics, compute_metrics
@@ -57,7 +58,7 @@ from analyzers.run_identity import (
 )
 from analyzers.stats import iteration_stats
 from analyzers.timeline_gaps import drawn_windows, timeline_gaps
-from analyzers.windows import WHOLE_TRACE, find_windows
+from analyzers.windows import WHOLE_TRACE, choose_steps, find_windows
 
 if TYPE_CHECKING:
     from analyzers.bundle import Bundle
@@ -404,7 +405,8 @@ def _analyze_trace(
     ranges = match_ranges(trace, catalog)
     att = attribute(trace, catalog, ranges)
     window_names = [v.window for v in manifest.variants if v.window] if manifest else []
-    windows = find_windows(trace, step_pattern, window_names)
+    steps = choose_steps(trace, step_pattern, exclude=lambda n: catalog.match_range(n)[0] >= 0)
+    windows = find_windows(trace, step_pattern, window_names, steps=steps)
     if progress:
         progress("metrics", 0.8)
     steps_per_window = {
@@ -461,11 +463,13 @@ def _analyze_trace(
         timeline=drawn[0] if drawn else None,
         other_timelines=drawn[1:],
         notes=_notes(trace, manifest, metrics, iterations)
+        + ([steps.note] if steps.note else [])
         + accounts.notes
         + uncited_observations(manifest, findings),
         host_syncs=metrics.host_syncs,
         groups=metrics.groups,
         host_time=hosted,
+        summary=summarize(trace, att, ranges, catalog, findings),
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
         accounts=accounts.groups,

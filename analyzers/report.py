@@ -122,7 +122,12 @@ class HostSyncStat(_Model):
     helper: str  # the catalogued range the calls were made in, or UNATTRIBUTED
     calls: int
     blocked_ns: int  # summed duration of the synchronising API calls
-    api: str  # the most frequent API name among the calls
+    api: str  # the most frequent label among the calls (the sync op around it, else the API)
+    apis: dict[str, int] = Field(default_factory=dict)
+    """Blocking calls per API kind (``cudaStreamSynchronize``, ``cudaMemcpyAsync``, a D2H copy)."""
+    ops: dict[str, int] = Field(default_factory=dict)
+    """Host-sync operator calls (``aten::_local_scalar_dense``, ...) the blocking calls sat in,
+    per operator: one op can make several blocking calls, so these counts differ from ``apis``."""
 
 
 class RankSummary(_Model):
@@ -149,8 +154,13 @@ class WindowBasis(StrEnum):
     """Kineto ``gpu_user_annotation`` of the step (first to last GPU activity the step's
     annotation enclosed, on any stream), extended to the end of the work launched inside the CPU
     step on any thread, never into the next window (``analyzers.timeline``)."""
+    GPU_PROJECTION = "gpu projection"
+    """nsys: the step's CPU range projected onto the GPU, as ``nsys stats``' NVTX GPU
+    projection does: from the start of the first GPU activity launched inside the CPU range
+    (on any thread of the rank) to the end of the last, never into the next window."""
     CPU_RANGE = "cpu range"
-    """The step's (or variant's) CPU range: nsys, or Kineto without a GPU annotation."""
+    """The step's (or variant's) CPU range: a variant window on nsys, Kineto without a GPU
+    annotation, a step that launched nothing."""
     TRACE = "trace span"
     """The rank's whole trace."""
 
@@ -180,6 +190,9 @@ class WindowTimeline(GpuTimeParts):
     basis: WindowBasis
     start_ns: int
     end_ns: int
+    cpu_start_ns: int | None = None
+    """The window's CPU range, beside the interval measured (``start_ns``/``end_ns``)."""
+    cpu_end_ns: int | None = None
 
 
 class GroupTimeline(GpuTimeParts):
@@ -485,6 +498,73 @@ class RunEnvironment(_Model):
     window, kernels without their launch): per-window counts there are not comparable."""
 
 
+class KernelFamily(StrEnum):
+    """What a GPU activity does, by library: the summary's first table."""
+
+    GEMM = "GEMM"
+    ATTENTION = "attention"
+    COMMUNICATION = "communication"
+    CONVOLUTION = "convolution / normalisation"
+    EMBEDDING = "embedding / quantize"
+    OPTIMIZER = "optimizer"
+    ELEMENTWISE = "elementwise / reduction"
+    MEMORY = "memory (memcpy / memset)"
+    OTHER = "other"
+
+
+class FamilyRow(_Model):
+    """GPU activities of one family and library (catalog entry) over the whole trace."""
+
+    family: KernelFamily
+    library: str  # the catalog entry claiming them (``gemm``, ``nccl_all_reduce``) or UNATTRIBUTED
+    activities: int
+    gpu_time_ns: int
+    share: float  # of the trace's summed GPU activity time
+
+
+class OpRow(_Model):
+    """One name of CPU operator or annotation range, over the whole trace and all ranks."""
+
+    name: str
+    calls: int
+    inclusive_ns: int  # summed durations of its ranges
+    self_ns: int  # inclusive minus the time of the ranges directly inside them
+
+
+class SyncPointer(_Model):
+    """Where in the user's code the host blocked on the GPU (traces with Python stacks)."""
+
+    frame: str  # ``train.py:50 in zero_tail`` (the innermost frame outside torch / libraries)
+    op: str  # the host-sync operator called there (``aten::_local_scalar_dense``)
+    calls: int
+
+
+class Action(_Model):
+    """One entry of "do this first": a change, what it saves, and the evidence."""
+
+    action: str
+    saving_ms: float | None = None
+    saving_basis: str | None = None  # "measured", "estimate", or None when not quantified
+    evidence: str
+    rule: str | None = None
+
+
+class TraceSummary(_Model):
+    """Something to say about any trace, TE or not: whole trace, all ranks (totals)."""
+
+    families: list[FamilyRow] = Field(default_factory=list)
+    cpu_ops: list[OpRow] = Field(default_factory=list)
+    """Top CPU operators (``aten::*``) by self time."""
+    ranges: list[OpRow] = Field(default_factory=list)
+    """NVTX / ``record_function`` ranges no catalog entry names, by inclusive time."""
+    communication_share: float | None = None
+    """Communication's share of GPU activity time; on a run without GPU activity, of the
+    host time of operators (gloo collectives run on the CPU)."""
+    sync_pointers: list[SyncPointer] = Field(default_factory=list)
+    do_first: list[Action] = Field(default_factory=list)
+    """At most three actions, the largest saving first."""
+
+
 class AnalysisReport(_Model):
     """Everything ``analyze`` knows about one set of traces (one run)."""
 
@@ -520,6 +600,8 @@ class AnalysisReport(_Model):
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
+    summary: TraceSummary | None = None
+    """Top kernels by family, top CPU ops, uncatalogued ranges, sync pointers, do this first."""
     """Host time per helper from the ranges (the only per-helper figures of a CPU-only trace)."""
     failure: FailureRecord | None = None
     """The manifest's failure record when the run's job failed or hung: the traces cover only
@@ -599,6 +681,9 @@ class IterationComparison(_Model):
     ci_low_ms: float  # confidence interval of the median difference (head - base)
     ci_high_ms: float
     confidence: float  # e.g. 0.95
+    interval: bool = True
+    """False when a side has one sample: no interval exists (``ci_*`` are then the point
+    difference), and text says ``NO_INTERVAL`` instead of a zero-width interval."""
     p_value: float  # Mann-Whitney U, two-sided
     method: str
     verdict: str  # "faster" | "slower" | "no significant change"

@@ -129,6 +129,10 @@ def bootstrap_median_diff_ci(
     return float(low), float(high)
 
 
+NO_INTERVAL = "n={n}: no interval"
+"""What a comparison with a one-sample side says instead of its (zero-width) interval."""
+
+
 def compare_samples(
     base: IterationStats,
     head: IterationStats,
@@ -149,9 +153,14 @@ def compare_samples(
     if significant:
         verdict = "faster" if delta < 0 else "slower"
     n_resamples = max(1, min(resamples, MAX_RESAMPLES))
+    interval = min(base.n, head.n) > 1
+    ci = (
+        f"{confidence:.0%} percentile-bootstrap CI ({n_resamples} resamples, seed {seed})"
+        if interval
+        else NO_INTERVAL.format(n=min(base.n, head.n))
+    )
     method = (
-        f"difference of medians (Hodges-Lehmann shift {shift:+.3f} ms); {confidence:.0%} "
-        f"percentile-bootstrap CI ({n_resamples} resamples, seed {seed}); Mann-Whitney U "
+        f"difference of medians (Hodges-Lehmann shift {shift:+.3f} ms); {ci}; Mann-Whitney U "
         f"two-sided, normal approximation with tie correction (n={base.n} vs {head.n})"
     )
     return IterationComparison(
@@ -162,6 +171,7 @@ def compare_samples(
         ci_low_ms=low,
         ci_high_ms=high,
         confidence=confidence,
+        interval=interval,
         p_value=p_value,
         method=method,
         verdict=verdict,
@@ -329,6 +339,7 @@ def relative_shift(
 
 __all__ = [
     "EXACT_MAX_PAIRS",
+    "NO_INTERVAL",
     "RelativeShift",
     "bootstrap_median_diff_ci",
     "compare_samples",

@@ -24,8 +24,10 @@ launched on its own thread) to the end of the last GPU activity *launched inside
 on any thread of the rank* (the backward kernels the autograd thread launches run after the
 annotation ends), or the annotation's end if that is later; the extension stops at the start
 of the next window of the same (rank, group), so windows never overlap. A CPU range ends when
-the CPU has *queued* the step, its GPU work runs later. nsys exports (and Kineto without GPU
-annotations) use the CPU range; the whole-trace window is the rank's trace span.
+the CPU has *queued* the step, its GPU work runs later. On nsys exports a step is its CPU range
+projected onto the GPU (first to last activity launched inside it, ``_projected``), as
+``nsys stats`` projects NVTX ranges; variant windows, Kineto ranges without GPU annotations and
+steps that launched nothing use the CPU range; the whole-trace window is the rank's trace span.
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ def decompose(
                 basis=w.basis,
                 start_ns=w.start_ns,
                 end_ns=w.end_ns,
+                cpu_start_ns=w.window.start_ns,
+                cpu_end_ns=w.window.end_ns,
                 total_ns=total,
                 computation_ns=int(comp[i]),
                 busy_ns=int(busy[i]),
@@ -280,7 +284,50 @@ def timeline_windows(
         else:
             basis = WindowBasis.TRACE if w.kind == "trace" else WindowBasis.CPU_RANGE
             out.append(TimelineWindow(w, w.start_ns, w.end_ns, basis))
-    return _launched_extension(out, sorted(gpu), acts), notes
+    out = _launched_extension(out, sorted(gpu), acts)
+    return (_projected(out, acts) if trace.format == "nsys" else out), notes
+
+
+def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[TimelineWindow]:
+    """nsys step windows projected onto the GPU (``WindowBasis.GPU_PROJECTION``).
+
+    Step ``i`` (CPU range ``[cs, ce]`` on rank ``r``) becomes ``[first, min(last, next))``:
+    ``first``/``last`` the earliest start and latest end of the rank's activities whose launch
+    started in ``[cs, ce]``, ``next`` the projected start of the next step of the same (rank,
+    group). Why: a CPU range ends when the CPU has queued the step; on an eager job the GPU can
+    run a whole step behind, and the CPU range would measure the previous step's kernels. A
+    step that launched nothing keeps its CPU range.
+    """
+    has_launch = acts.launched >= 0
+    by_rank: dict[int, tuple[IntArray, IntArray, IntArray]] = {}
+    spans: dict[int, tuple[int, int]] = {}
+    for i, m in enumerate(measured):
+        if m.window.kind != "step" or m.basis != WindowBasis.CPU_RANGE:
+            continue
+        rank = m.window.rank
+        if rank not in by_rank:
+            mine = np.flatnonzero(has_launch & (acts.rank == rank))
+            order = mine[np.argsort(acts.launched[mine], kind="stable")]
+            ends = acts.end[order]
+            by_rank[rank] = (acts.launched[order], acts.start[order], ends)
+        launched, starts, ends = by_rank[rank]
+        lo = int(np.searchsorted(launched, m.window.start_ns, side="left"))
+        hi = int(np.searchsorted(launched, m.window.end_ns, side="right"))
+        if hi > lo:
+            spans[i] = (int(starts[lo:hi].min()), int(ends[lo:hi].max()))
+    out = list(measured)
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i in spans:
+        w = measured[i].window
+        groups.setdefault((w.rank, w.group or w.name), []).append(i)
+    for ids in groups.values():
+        ids.sort(key=lambda i: spans[i][0])
+        limits = [spans[b][0] for b in ids[1:]] + [np.iinfo(np.int64).max]
+        for i, limit in zip(ids, limits, strict=True):
+            first, last = spans[i]
+            end = max(first, min(last, int(limit)))
+            out[i] = TimelineWindow(measured[i].window, first, end, WindowBasis.GPU_PROJECTION)
+    return out
 
 
 def _launched_extension(

@@ -5,8 +5,13 @@ only mean something per step of one variant. Sources, per rank, in this order:
 
 * variant windows named by the manifest (``window_names``, e.g. ``"arm:auto_clone"``): every
   range with exactly that name;
-* steps: ranges named ``ProfilerStep#N`` or, when ``step_pattern`` is given, ranges whose name
-  the regular expression finds. A step is grouped under the variant that encloses it or, when
+* steps (``choose_steps``): ranges whose name ``step_pattern`` finds when it is given; else
+  ``ProfilerStep#N``; else NVTX / ``record_function`` ranges named like steps (``step 3``,
+  ``Step 3``, ``iteration 3``, ``iter 3``, ``train_step``, ``training_step 3``); else the
+  uncatalogued top-level range of a launching thread that repeats at least
+  ``REPEATED_STEPS`` times and covers at least half of its rank's launch span (a training
+  loop's own ``record_function("train")``). The last two are stated in a report note. A step
+  is grouped under the variant that encloses it or, when
   the step encloses the variant instead (``ProfilerStep#4`` around ``arm:explicit_false``, as
   ``runners`` records profiled A/B steps), under the one variant it wraps; otherwise under its
   name with the trailing step number removed ("ProfilerStep"). A step wrapping windows of two
@@ -22,16 +27,131 @@ anything while the same name also occurs on a launching thread.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.model import Trace, launch_calls
+from analyzers.model import RangeKind, Trace, launch_calls
 from analyzers.report import Window
 
 WHOLE_TRACE = "whole trace"
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+NAMED_STEP = re.compile(
+    r"^(?:train(?:ing)?[_ ]?)?(?:step|iter(?:ation)?)(?:[\s#:_\-]*\d+)?$", re.IGNORECASE
+)
+"""Names people give their step ranges: ``step 3``, ``Step_3``, ``iteration 3``, ``iter 3``,
+``train_step``, ``training step 3``."""
+REPEATED_STEPS = 3
+"""A top-level range must repeat this many times on one launching thread to be a step."""
+REPEATED_COVERAGE = 0.5
+"""... and its repeats must cover this share of its rank's launch span (first to last launch):
+a short helper range repeated every step is not the step."""
+_ANNOTATION_KINDS = (RangeKind.NVTX, RangeKind.RECORD_FUNCTION, RangeKind.STEP)
+
+
+class StepSource(StrEnum):
+    """Where the step ranges of an analysis came from."""
+
+    PATTERN = "--step-pattern"
+    PROFILER_STEP = "ProfilerStep#N"
+    NAMED = "ranges named like steps"
+    REPEATED = "a top-level range repeated on the launching thread"
+    NONE = "no step ranges"
+
+
+@dataclass(frozen=True, slots=True)
+class StepChoice:
+    """The symbols of the step ranges and why they were chosen."""
+
+    symbols: frozenset[int]
+    source: StepSource
+    names: tuple[str, ...] = ()
+
+    @property
+    def note(self) -> str | None:
+        """The report note stating a choice made without flags (None for the defaults)."""
+        if self.source not in (StepSource.NAMED, StepSource.REPEATED):
+            return None
+        shown = ", ".join(repr(n) for n in self.names[:4])
+        more = f" and {len(self.names) - 4} more" if len(self.names) > 4 else ""
+        return (
+            f"steps: the trace has no ProfilerStep#N; measured per {shown}{more} range "
+            f"({self.source.value}); pass --step-pattern REGEX to choose other ranges"
+        )
+
+
+def choose_steps(
+    trace: Trace,
+    step_pattern: str | None = None,
+    exclude: Callable[[str], bool] | None = None,
+) -> StepChoice:
+    """The step ranges of ``trace`` (see the module docstring for the order of sources).
+
+    Args:
+        step_pattern: a regular expression for step names; overrides everything else.
+        exclude: names that are never steps (the pipeline passes catalogued helper ranges).
+
+    :raises re.error: when ``step_pattern`` is not a valid regular expression.
+    """
+    present = np.unique(trace.ranges["name"]).tolist()
+    if step_pattern:
+        regex = re.compile(step_pattern)
+        found = {s for s in present if regex.search(trace.strings[s])}
+        return StepChoice(frozenset(found), StepSource.PATTERN, _names(trace, found))
+    found = {s for s in present if PROFILER_STEP.search(trace.strings[s])}
+    if found:
+        return StepChoice(frozenset(found), StepSource.PROFILER_STEP, _names(trace, found))
+    annotation = np.isin(trace.ranges["kind"], np.array(_ANNOTATION_KINDS, dtype=np.int8))
+    kinds_present = set(np.unique(trace.ranges["name"][annotation]).tolist())
+    skip = exclude or (lambda _: False)
+    found = {
+        s
+        for s in kinds_present
+        if NAMED_STEP.match(trace.strings[s]) and not skip(trace.strings[s])
+    }
+    if found:
+        return StepChoice(frozenset(found), StepSource.NAMED, _names(trace, found))
+    repeated = _repeated_top_level(trace, annotation, skip)
+    if repeated is not None:
+        return StepChoice(frozenset({repeated}), StepSource.REPEATED, (trace.strings[repeated],))
+    return StepChoice(frozenset(), StepSource.NONE)
+
+
+def _names(trace: Trace, symbols: set[int]) -> tuple[str, ...]:
+    return tuple(sorted(trace.strings[s] for s in symbols))
+
+
+def _repeated_top_level(
+    trace: Trace, annotation: npt.NDArray[np.bool_], skip: Callable[[str], bool]
+) -> int | None:
+    """The symbol of the longest-covering uncatalogued top-level range repeated on a launching
+    thread (None when no range qualifies)."""
+    table = trace.ranges
+    calls = trace.launches[launch_calls(trace.launches)]
+    if len(calls) == 0:
+        return None
+    spans = {}
+    for r in np.unique(calls["rank"]).tolist():
+        mine = calls[calls["rank"] == r]
+        spans[int(r)] = int(mine["end"].max() - mine["start"].min())
+    top = annotation & (table["depth"] == 0) & np.isin(table["thread"], np.unique(calls["thread"]))
+    rows = table[top]
+    best: tuple[int, int] | None = None
+    for symbol in np.unique(rows["name"]).tolist():
+        mine = rows[rows["name"] == symbol]
+        _, per_thread = np.unique(mine["thread"], return_counts=True)
+        if per_thread.max() < REPEATED_STEPS or skip(trace.strings[symbol]):
+            continue
+        covered = int((mine["end"] - mine["start"]).sum())
+        span = sum(spans.get(int(r), 0) for r in np.unique(mine["rank"]).tolist())
+        if span <= 0 or covered < REPEATED_COVERAGE * span:
+            continue
+        if best is None or covered > best[0]:
+            best = (covered, int(symbol))
+    return best[1] if best else None
 _STEP_NUMBER = re.compile(r"\s*[#:_\- ]?\d+$")
 
 
@@ -69,12 +189,6 @@ def _rows_named(trace: Trace, symbols: set[int]) -> npt.NDArray[np.int64]:
         return np.empty(0, dtype=np.int64)
     mask = np.isin(trace.ranges["name"], np.fromiter(symbols, dtype=np.int64))
     return _cpu_rows(trace, np.flatnonzero(mask).astype(np.int64))
-
-
-def _step_symbols(trace: Trace, step_pattern: str | None) -> set[int]:
-    regex = re.compile(step_pattern) if step_pattern else PROFILER_STEP
-    present = np.unique(trace.ranges["name"]).tolist()
-    return {s for s in present if regex.search(trace.strings[s])}
 
 
 def _rank_extents(trace: Trace) -> dict[int, tuple[int, int]]:
@@ -131,12 +245,19 @@ def _variant_of(variants: list[Window], rank: int, start: int, end: int) -> str 
 
 
 def find_windows(
-    trace: Trace, step_pattern: str | None = None, window_names: Sequence[str] = ()
+    trace: Trace,
+    step_pattern: str | None = None,
+    window_names: Sequence[str] = (),
+    steps: StepChoice | None = None,
 ) -> list[Window]:
     """Windows of every rank, ordered by group, rank and time (see the module docstring).
 
+    ``steps``: the step ranges already chosen (``choose_steps``); by default chosen here from
+    ``step_pattern``.
+
     :raises re.error: when ``step_pattern`` is not a valid regular expression.
     """
+    steps = steps if steps is not None else choose_steps(trace, step_pattern)
     ranks = _range_ranks(trace)
     variant_symbols = {s for n in window_names if (s := trace.strings.lookup(n)) is not None}
     variants = [
@@ -150,7 +271,7 @@ def find_windows(
         )
         for r in _rows_named(trace, variant_symbols)
     ]
-    step_rows = _rows_named(trace, _step_symbols(trace, step_pattern) - variant_symbols)
+    step_rows = _rows_named(trace, set(steps.symbols) - variant_symbols)
     windows: list[Window] = []
     seen: set[tuple[int, int, int]] = set()
     for r in step_rows[np.argsort(trace.ranges["start"][step_rows], kind="stable")]:
@@ -205,4 +326,14 @@ def group_names(windows: Sequence[Window]) -> list[str]:
     return names
 
 
-__all__ = ["PROFILER_STEP", "WHOLE_TRACE", "find_windows", "group_names", "step_group_name"]
+__all__ = [
+    "NAMED_STEP",
+    "PROFILER_STEP",
+    "WHOLE_TRACE",
+    "StepChoice",
+    "StepSource",
+    "choose_steps",
+    "find_windows",
+    "group_names",
+    "step_group_name",
+]

@@ -670,8 +670,9 @@ def account_bars(accounts: Sequence[GroupAccount], lines_in_hover: int = 5) -> F
                 f"{svg_text(p.label)}: {p.time_ns / steps / NS_PER_MS:.3f} ms ({p.gaps})"
                 for p in mine[:lines_in_hover]
             ]
+            per = "ms/step" if a.window != "whole trace" else "ms in the whole trace"
             hover.append(
-                f"<b>{svg_text(part)}</b> {total / NS_PER_MS:.3f} ms/step ({pct:.1f}%)<br>"
+                f"<b>{svg_text(part)}</b> {total / NS_PER_MS:.3f} {per} ({pct:.1f}%)<br>"
                 + "<br>".join(lines)
             )
         if any(x):
@@ -687,10 +688,12 @@ def account_bars(accounts: Sequence[GroupAccount], lines_in_hover: int = 5) -> F
                     "hoverinfo": "text",
                 }
             )
+    # only the whole trace: its bar is a total, not a step
+    unit = "ms per step" if any(a.window != "whole trace" for a in rows) else "ms, whole trace"
     layout = _layout(
-        "Where the step went (ms per step)",
+        f"Where the step went ({unit})",
         barmode="stack",
-        xaxis={"title": {"text": "ms per step"}},
+        xaxis={"title": {"text": unit}},
         yaxis={"automargin": True, "type": "category"},
         height=max(260, 36 * len(rows) + 140),
         legend={"orientation": "h", "y": -0.25},

@@ -38,8 +38,10 @@ _HELPER_KEYS = {
     "kernels",
     "within",
     "fallback",
+    "block_from",
+    "block_to",
 }
-_PATTERN_KEYS = ("ranges", "python", "kernels", "within", "te_versions")
+_PATTERN_KEYS = ("ranges", "python", "kernels", "within", "te_versions", "block_from", "block_to")
 
 
 class CatalogError(ValueError):
@@ -64,6 +66,13 @@ class Helper:
     """Container helper names the kernel patterns are restricted to (empty: anywhere)."""
     fallback: bool = False
     """A container: claims an activity only when nothing more specific does."""
+    block_from: tuple[str, ...] = ()
+    block_to: tuple[str, ...] = ()
+    """Kernel patterns opening and closing a *block*: on one launching thread inside one
+    ``within`` container range, every launch from a ``block_from`` kernel through the next
+    ``block_to`` kernel that only the container claimed belongs to this helper too. Why: a
+    helper without a frame of its own in the trace (TE 2.20's zero-fill without Python frames)
+    launches generic kernels (copy, index, add) that no kernel pattern may claim alone."""
     source: str = BUILTIN_CATALOG
 
 
@@ -151,11 +160,18 @@ class Catalog:
     host_sync_ops: tuple[str, ...] = ()
     host_sync_memcpy: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    fp8_alignment_default: int = 8
+    """Token multiple FP8 GEMMs need on a TE version the catalog does not list."""
+    fp8_alignment: tuple[tuple[str, int], ...] = ()
+    """(TE version prefix, e.g. ``"2.20"``, token multiple its FP8 GEMMs need)."""
     _ranges: _Matcher = field(init=False, repr=False, compare=False)
     _python: _Matcher = field(init=False, repr=False, compare=False)
     _kernels: _Matcher = field(init=False, repr=False, compare=False)
     _kernels_anywhere: _Matcher = field(init=False, repr=False, compare=False)
     _sync: dict[str, tuple[_Pattern, ...]] = field(init=False, repr=False, compare=False)
+    _blocks: dict[int, tuple[tuple[_Pattern, ...], tuple[_Pattern, ...]]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_ranges", _matcher(self.helpers, "ranges"))
@@ -169,6 +185,12 @@ class Catalog:
             "memcpy": tuple(_compile(p) for p in self.host_sync_memcpy),
         }
         object.__setattr__(self, "_sync", sync)
+        blocks = {
+            i: (tuple(map(_compile, h.block_from)), tuple(map(_compile, h.block_to)))
+            for i, h in enumerate(self.helpers)
+            if h.block_from
+        }
+        object.__setattr__(self, "_blocks", blocks)
 
     def index(self, name: str) -> int:
         """Index of the helper called ``name``; -1 when the catalog has none."""
@@ -194,6 +216,34 @@ class Catalog:
         """Like ``match_kernel`` among helpers without ``within``: the claim for a kernel
         launched outside the containers a restricted helper needs (-1 when none)."""
         return self._kernels_anywhere.first(name)
+
+    def block_helpers(self) -> list[int]:
+        """Indexes of the helpers that claim blocks (``block_from`` / ``block_to``)."""
+        return sorted(self._blocks)
+
+    def block_edge(self, helper_index: int, name: str) -> tuple[bool, bool]:
+        """Whether a kernel ``name`` opens and whether it closes a block of that helper."""
+        opening, closing = self._blocks[helper_index]
+        return any(p.match(name) for p in opening), any(p.match(name) for p in closing)
+
+    def fp8_multiple(self, te_version: str | None) -> int | None:
+        """Token multiple TE ``te_version``'s FP8 GEMMs need (None: version unknown).
+
+        The longest listed prefix that matches at a version-part boundary wins (``"2.20"``
+        matches ``2.20.2``, not ``2.200``).
+        """
+        if not te_version:
+            return None
+        found = [
+            (len(prefix), multiple)
+            for prefix, multiple in self.fp8_alignment
+            if te_version == prefix or te_version.startswith(prefix + ".")
+        ]
+        return max(found)[1] if found else self.fp8_alignment_default
+
+    def fp8_strictest(self) -> int:
+        """The largest multiple any listed TE version needs: a pad safe on all of them."""
+        return max([self.fp8_alignment_default, *(m for _, m in self.fp8_alignment)])
 
     def is_sync(self, kind: str, name: str) -> bool:
         """Whether ``name`` is a host-synchronising API ('apis'), op ('ops') or copy ('memcpy')."""
@@ -241,6 +291,10 @@ def _parse_helper(entry: object, where: str, source: str) -> Helper:
     fallback = entry.get("fallback", False)
     if not isinstance(fallback, bool):
         raise CatalogError(f"{where}: field 'fallback' must be true or false")
+    if bool(patterns["block_from"]) != bool(patterns["block_to"]):
+        raise CatalogError(f"{where}: 'block_from' and 'block_to' go together")
+    if patterns["block_from"] and not patterns["within"]:
+        raise CatalogError(f"{where}: a block ('block_from') needs 'within' (its container)")
     return Helper(
         name=name,
         category=category,
@@ -267,6 +321,7 @@ def parse_catalog(raw: dict[str, object], *, source: str) -> Catalog:
     sync = raw.get("host_sync", {})
     if not isinstance(sync, dict):
         raise CatalogError(f"{source}: [host_sync] must be a table")
+    default, versions = _fp8_alignment(raw.get("fp8_alignment", {}), source)
     return Catalog(
         name=str(meta.get("name", Path(source).stem)),
         version=str(meta.get("version", "0")),
@@ -275,7 +330,30 @@ def parse_catalog(raw: dict[str, object], *, source: str) -> Catalog:
         host_sync_ops=_tuple_of_str(sync, "ops", f"{source}: [host_sync]"),
         host_sync_memcpy=_tuple_of_str(sync, "memcpy", f"{source}: [host_sync]"),
         sources=(source,),
+        fp8_alignment_default=default,
+        fp8_alignment=versions,
     )
+
+
+def _fp8_alignment(table: object, source: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """``[fp8_alignment]``: ``default = N`` and ``versions = {"2.20" = 16, ...}``."""
+    where = f"{source}: [fp8_alignment]"
+    if not isinstance(table, dict):
+        raise CatalogError(f"{where} must be a table")
+    unknown = set(table) - {"default", "versions"}
+    if unknown:
+        raise CatalogError(
+            f"{where}: unknown field(s) {sorted(unknown)}; allowed default, versions"
+        )
+    default = table.get("default", 8)
+    versions = table.get("versions", {})
+    if not isinstance(default, int) or isinstance(default, bool) or default < 1:
+        raise CatalogError(f"{where}: 'default' must be a positive integer")
+    if not isinstance(versions, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in versions.values()
+    ):
+        raise CatalogError(f"{where}: 'versions' must map TE versions to positive integers")
+    return default, tuple((str(k), int(v)) for k, v in versions.items())
 
 
 def _read(path: Path) -> Catalog:
@@ -311,6 +389,8 @@ def combine(base: Catalog, extras: Iterable[Catalog]) -> Catalog:
         host_sync_memcpy=base.host_sync_memcpy
         + tuple(a for e in extras for a in e.host_sync_memcpy),
         sources=base.sources + tuple(s for e in extras for s in e.sources),
+        fp8_alignment_default=base.fp8_alignment_default,
+        fp8_alignment=tuple(a for e in extras for a in e.fp8_alignment) + base.fp8_alignment,
     )
 
 

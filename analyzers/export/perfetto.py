@@ -37,6 +37,10 @@ from analyzers.compare import CompareError
 from analyzers.model import ActivityKind, Trace
 from analyzers.report import AccountPartKind, Window
 
+CORRELATION_STRIDE = 1 << 40
+"""Added ``rank`` times to every correlation id of a file holding several ranks: each rank's
+ids count from 1, and one file needs them distinct for its launches and activities to pair up
+again when the file is read back."""
 IDLE_TID = 1_000_000
 """Track id of the idle-gap track inside each rank's GPU process."""
 IDLE_CATEGORY = "cptrace_idle"
@@ -122,6 +126,7 @@ def perfetto_trace(
     threads: dict[tuple[int, int], int] = {}
     acts, launches, strings = trace.activities, trace.launches, trace.strings
     ranks = [w.window.rank for w in pieces.windows]
+    stride = CORRELATION_STRIDE if len(set(ranks)) > 1 else 0
 
     def slice_(
         name: str, cat: str, pid: int, tid: int, lo: int, hi: int, args: dict[str, Any]
@@ -158,13 +163,15 @@ def perfetto_trace(
             args: dict[str, Any] = {
                 "device": int(acts["device"][row]),
                 "stream": stream,
-                "correlation": int(acts["correlation"][row]),
+                "correlation": int(acts["correlation"][row]) + stride * rank,
                 "rank": rank,
                 "helper": att.name_of(helper),
                 "category": att.category_of(helper).value,
                 "account part": parts[0][0] if parts else "overlapped",
                 "account": {f"{p} ({label})": ns for p, label, ns in parts},
             }
+            if int(acts["bytes"][row]) >= 0:  # memcpy / memset: what it moved or set
+                args["bytes"] = int(acts["bytes"][row])
             if (lo, hi) != (int(acts["start"][row]), int(acts["end"][row])):
                 args["clipped from"] = [
                     _us(int(acts["start"][row]) - origin),
@@ -193,7 +200,7 @@ def perfetto_trace(
                 cpu_tid(rank, int(launches["thread"][lrow])),
                 lo,
                 hi,
-                {"correlation": int(launches["correlation"][lrow]), "rank": rank},
+                {"correlation": int(launches["correlation"][lrow]) + stride * rank, "rank": rank},
             )
         _ranges(trace, att, ranges, rank, lo_w, hi_w, slice_, cpu_pid, cpu_tid)
         idle = np.flatnonzero((pieces.seg == seg) & (pieces.unit >= pieces.activities))
@@ -248,6 +255,8 @@ def perfetto_trace(
                     for w in pieces.windows
                 ],
                 "parts": [k.value for k in AccountPartKind],
+                # read back by analyzers.readers.kineto: one file, several ranks
+                "process_ranks": {str(2 * r + 2): r for r in sorted(set(ranks))},
             }
         },
     }

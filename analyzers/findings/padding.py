@@ -29,6 +29,7 @@ from analyzers.report import (
     GroupAccount,
     Severity,
 )
+from analyzers.windows import WHOLE_TRACE
 
 PADDED_PATH = "padded-path-without-padding"
 ZERO_FILL = "zero-fill-without-padding"
@@ -352,16 +353,19 @@ def idle_statement(
         if finding.rule != PADDED_PATH or finding.window is None:
             out.append(finding)
             continue
+        mine = [g for g in accounts if g.window == finding.window]
+        # whole-trace totals stay totals: "per step" only where the figure is one
+        whole = finding.window == WHOLE_TRACE
+        per = "in the whole trace" if whole else "per step"
         per_rank = {
             g.rank: sum(
                 p.time_ns
                 for p in g.parts
                 if p.part == AccountPartKind.IDLE_HOST and p.label in helpers
             )
-            / max(g.steps, 1)
+            / (1 if whole else max(g.steps, 1))
             / 1e6
-            for g in accounts
-            if g.window == finding.window
+            for g in mine
         }
         if not per_rank or max(per_rank.values()) <= 0:
             out.append(finding)
@@ -369,7 +373,7 @@ def idle_statement(
         names = ", ".join(sorted(helpers & {finding.helper or ""}) or sorted(helpers))
         evidence = [
             Evidence(
-                name=f"GPU idle per step because of {names} on the host",
+                name=f"GPU idle {per} because of {names} on the host",
                 value=round(ms, 4),
                 unit="ms",
                 rank=rank,
@@ -381,8 +385,8 @@ def idle_statement(
         out.append(
             finding.model_copy(
                 update={
-                    "title": f"{finding.title}: the GPU was idle {worst:.2f} ms per step because "
-                    f"of {names} on the host",
+                    "title": f"{finding.title}: the GPU was idle {worst:.2f} ms {per} "
+                    f"because of {names} on the host",
                     "evidence": [*finding.evidence, *evidence],
                 }
             )

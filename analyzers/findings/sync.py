@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzers.findings.context import NOT_OBSERVED, RuleContext, Target, per_step_basis
-from analyzers.report import UNATTRIBUTED, Evidence, Finding, Severity
+from analyzers.report import UNATTRIBUTED, Evidence, Finding, HostSyncStat, Severity
 from analyzers.windows import WHOLE_TRACE
 
 HOST_SYNC = "host-sync-in-step"
@@ -23,12 +23,7 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
         per_rank = {s.rank: (s.calls / steps, s.blocked_ns / steps / 1e6) for s in mine}
         blocked = max(ms for _, ms in per_rank.values())
         known = helper != UNATTRIBUTED
-        evidence = [
-            Evidence(
-                name=f"{mine[0].api} calls {basis}", value=round(c, 2), rank=r, window=target.group
-            )
-            for r, (c, _) in sorted(per_rank.items())
-        ]
+        evidence = _kind_evidence(mine, steps, basis, target.group)
         evidence += [
             Evidence(
                 name=f"host blocked {basis}",
@@ -68,6 +63,36 @@ def host_syncs(ctx: RuleContext, target: Target) -> list[Finding]:
                 saving_basis="estimate" if known else None,
             )
         )
+    return out
+
+
+def _kind_evidence(
+    mine: list[HostSyncStat], steps: int, basis: str, group: str
+) -> list[Evidence]:
+    """Blocking calls per API kind and host-sync operator calls per operator, counted apart
+    (five ``.item()`` ops can make twenty blocking CUDA calls: neither count names the other).
+    A row from a report without the split falls back to its one label."""
+    out = []
+    for s in sorted(mine, key=lambda s: s.rank):
+        apis = s.apis or {s.api: s.calls}
+        out += [
+            Evidence(
+                name=f"blocking {api} calls {basis}",
+                value=round(n / steps, 2),
+                rank=s.rank,
+                window=group,
+            )
+            for api, n in apis.items()
+        ]
+        out += [
+            Evidence(
+                name=f"{op} calls that blocked {basis}",
+                value=round(n / steps, 2),
+                rank=s.rank,
+                window=group,
+            )
+            for op, n in s.ops.items()
+        ]
     return out
 
 

@@ -63,15 +63,21 @@ def token_alignment(ctx: RuleContext, target: Target) -> list[Finding]:
         ]
     cp = target.workload.cp_size or 1
     local = tokens // cp
-    required = facts.token_alignment or 8
-    checks = [(8, Severity.ERROR), (16, Severity.WARNING)] + (
+    te_version = _te_version(ctx, target)
+    known = ctx.catalog.fp8_multiple(te_version) if facts.fp8 else None
+    required = max(known or 8, facts.token_alignment or 8)
+    # the pad must run on this TE version; on an unknown one, on every version catalogued
+    safe = required if known or not facts.fp8 else max(required, ctx.catalog.fp8_strictest())
+    checks = [(required, Severity.ERROR), (16, Severity.WARNING)] + (
         [(128, Severity.INFO)] if facts.fp8 else []
     )
     for multiple, severity in checks:
-        multiple = max(multiple, required) if severity is Severity.ERROR else multiple
+        if severity is not Severity.ERROR and multiple <= required:
+            continue  # the error check already asked for it
         if tokens % (multiple * cp) == 0:
             continue
-        target_tokens = -(-tokens // (multiple * cp)) * multiple * cp
+        pad = max(multiple, safe)
+        target_tokens = -(-tokens // (pad * cp)) * pad * cp
         return [
             Finding(
                 severity=severity,
@@ -91,18 +97,41 @@ def token_alignment(ctx: RuleContext, target: Target) -> list[Finding]:
                 recommendation=observed_prefix(target, about="tokens") + (
                     f"Pad the packed batch to {target_tokens} tokens "
                     f"({target_tokens - tokens} padding "
-                    f"tokens; cp_attention.pad_to_multiple(..., {multiple * cp})) and "
-                    f"describe the pad in "
-                    "cu_seqlens_padded. FP8 GEMMs need the token dimension divisible by 8 (16 "
-                    "for some "
-                    "layouts, 128 for blockwise scaling); one rank raising while the others "
-                    "wait in a "
-                    "collective looks like a hang."
+                    f"tokens; cp_attention.pad_to_multiple(..., {pad * cp})) and "
+                    "describe the pad in cu_seqlens_padded. "
+                    + _alignment_reason(facts.fp8, te_version, known, safe)
+                    + " One rank raising while the others wait in a collective looks like a "
+                    "hang."
                 ),
                 **common,
             )
         ]
     return []
+
+
+def _te_version(ctx: RuleContext, target: Target) -> str | None:
+    """The TE version the job ran: what the probe saw, else the manifest's environment."""
+    observed = target.facts.observed
+    if observed is not None and observed.transformer_engine:
+        return observed.transformer_engine
+    found = ctx.manifest.environment.get("transformer_engine") if ctx.manifest else None
+    return found if isinstance(found, str) and found else None
+
+
+def _alignment_reason(fp8: bool, te_version: str | None, known: int | None, safe: int) -> str:
+    """Why that multiple: the TE version's FP8 GEMM requirement from the catalog."""
+    if not fp8:
+        return "FSDP shards the token dimension; FP8 GEMMs need it divisible by 8 or more."
+    if known is not None:
+        return (
+            f"TE {te_version}'s FP8 GEMMs need the token dimension divisible by {known} "
+            "(helper catalog, [fp8_alignment]); 128 for blockwise scaling."
+        )
+    return (
+        f"The TE version is unknown: {safe} is the strictest multiple FP8 GEMMs need on any "
+        "catalogued TE version (16 on 2.20.x, whose cuBLASLt GEMMs assert lda % 16 == 0); 128 "
+        "for blockwise scaling."
+    )
 
 
 def _failure_evidence(ctx: RuleContext, target: Target) -> list[Evidence]:

@@ -76,10 +76,45 @@ def read_ranges(src: NsysSource, span: tuple[int, int]) -> npt.NDArray[np.void]:
     # Ranges still open when the capture stopped (NULL end) end at the trace end.
     trace_end = max(span[1], int(raw["start"].max())) if len(raw) else span[1]
     out["end"] = np.where(raw["end"] >= raw["start"], raw["end"], trace_end)
-    out["name"] = names
     out["kind"] = _kinds(src, raw, names, types.get(_DOMAIN_CREATE))
+    out["name"] = emit_nvtx_names(names, src)
     del raw, names  # free the raw rows before nesting allocates its sort keys
     out["parent"], out["depth"] = nest(out["thread"], out["start"], out["end"], family)
+    return out
+
+
+_EMIT_NVTX_COUNTERS = re.compile(r", (?:seq|op_id) = -?\d+|, input_op_ids = .*$", re.DOTALL)
+
+
+def emit_nvtx_label(text: str) -> str:
+    """``torch.autograd.profiler.emit_nvtx``'s label without its per-call numbers.
+
+    emit_nvtx names each op ``aten::mm, seq = 12, op_id = 345, sizes = [[8, 8], [8, 8]],
+    input_op_ids = [(344, 0)]``: the sequence number and op ids count calls, so no two calls
+    (nor two runs) share a name and nothing lines up. Kept: the op and its sizes.
+
+    >>> emit_nvtx_label("aten::mm, seq = 1, op_id = 34, sizes = [[8, 8]], input_op_ids = [(3, 0)]")
+    'aten::mm, sizes = [[8, 8]]'
+    """
+    if ", seq = " not in text and ", op_id = " not in text:
+        return text
+    return _EMIT_NVTX_COUNTERS.sub("", text)
+
+
+def emit_nvtx_names(names: npt.NDArray[np.int32], src: NsysSource) -> npt.NDArray[np.int32]:
+    """``names`` with every emit_nvtx label replaced by its normalised symbol (once per
+    distinct symbol, not per row)."""
+    if len(names) == 0:
+        return names
+    present = np.unique(names).tolist()
+    remap = {s: src.strings.intern(emit_nvtx_label(src.strings[s])) for s in present}
+    changed = {s: t for s, t in remap.items() if s != t}
+    if not changed:
+        return names
+    table = np.arange(max(max(remap.values()), max(present)) + 1, dtype=np.int32)
+    for s, t in changed.items():
+        table[s] = t
+    out: npt.NDArray[np.int32] = table[names]
     return out
 
 

@@ -22,11 +22,17 @@ UNKNOWN = "unknown"
 
 
 def set_rank(trace: Trace, rank: int, source: str) -> None:
-    """Make every row and process of a one-rank trace belong to ``rank``."""
+    """Make every row and process of a one-rank trace belong to ``rank``.
+
+    The GPU annotations too: a step window is measured over its ``gpu_user_annotation`` only
+    when both carry the same rank, so leaving them behind measured single-process Kineto steps
+    over the CPU range (issue 25, defect 1).
+    """
     processes = set(trace.ranks)
     for table in (trace.activities, trace.launches, trace.ranges):
         table["rank"] = rank
         processes.update(int(p) for p in np.unique(table["process"]))
+    trace.gpu_ranges["rank"] = rank
     trace.ranks = dict.fromkeys(sorted(processes), rank)
     trace.metadata["rank_source"] = source
 

@@ -208,7 +208,44 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
     trace = _finish(source, header, tables, rank_found)
     trace.metadata["json_parser"] = parser
     trace.metadata["rank_source"] = rank_source
+    process_ranks = _process_ranks(header)
+    if rank is None and process_ranks:
+        set_process_ranks(trace, process_ranks)
+        trace.metadata["rank_source"] = PROCESS_RANKS_SOURCE
     return trace
+
+
+PROCESS_RANKS_SOURCE = "otherData.cptrace.process_ranks"
+"""``rank_source`` of a cptrace export holding several ranks in one file."""
+
+
+def _process_ranks(header: dict[str, object]) -> dict[int, int]:
+    """CPU process -> rank, as ``cptrace export perfetto`` writes it (empty for other files)."""
+    other = header.get("otherData")
+    ours = other.get("cptrace") if isinstance(other, dict) else None
+    table = ours.get("process_ranks") if isinstance(ours, dict) else None
+    if not isinstance(table, dict):
+        return {}
+    try:
+        return {int(p): int(r) for p, r in table.items()}
+    except (TypeError, ValueError):
+        return {}
+
+
+def set_process_ranks(trace: Trace, process_ranks: dict[int, int]) -> None:
+    """Give every row the rank of its process; activities take their launching process's.
+
+    Affects: the ``rank`` column of every table and ``trace.ranks``. Rows of a process the map
+    does not name keep the file's rank.
+    """
+    for table in (trace.activities, trace.launches, trace.ranges):
+        if len(table) == 0:
+            continue
+        processes = np.unique(table["process"]).tolist()
+        for p in processes:
+            if p in process_ranks:
+                table["rank"][table["process"] == p] = process_ranks[p]
+    trace.ranks = {p: process_ranks.get(p, r) for p, r in trace.ranks.items()}
 
 
 def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:

@@ -120,7 +120,8 @@ def render_account_delta(console: Any, result: Any) -> None:
         return
     table = Table(
         title=f"where the step went: {result.base_label} -> {result.head_label} "
-        f"(ms per step, mean over ranks)",
+        f"(ms {'per step' if result.basis.startswith('per step') else 'in the whole trace'}, "
+        "mean over ranks)",
         title_justify="left",
     )
     for col in ("part", "attributed to", "base", "head", "delta"):

@@ -19,8 +19,8 @@ from cptrace.commands._account_tables import render_account, render_account_delt
 
 
 class Section(StrEnum):
-    """A part of ``analyze``'s text report (``--report``); the sources, a failure and the notes
-    are always printed."""
+    """A part of ``analyze``'s text report (``--report``); the sources, a failure, the "do this
+    first" actions and the notes are always printed."""
 
     HELPERS = "helpers"
     RANKS = "ranks"
@@ -28,6 +28,7 @@ class Section(StrEnum):
     ACCOUNT = "account"
     DEVICES = "devices"
     KERNELS = "kernels"
+    SUMMARY = "summary"
     HOST = "host"
     ITERATIONS = "iterations"
     FINDINGS = "findings"
@@ -143,8 +144,9 @@ def analyze(
     findings}).
 
     --report SECTION (repeatable) prints only those sections of the text report, in its order:
-    helpers, ranks, timeline, account (one table each per window), devices, kernels, host,
-    iterations, findings; the sources, a failure and the notes always.
+    helpers, ranks, timeline, account (one table each per window), devices, kernels, summary,
+    host, iterations, findings; the sources, a failure, the "do this first" actions and the
+    notes always.
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
@@ -351,7 +353,10 @@ def _per(group: str) -> tuple[str, str]:
 
 def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> None:
     """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
-    (devices, kernels), iterations and findings; of those, only ``sections``."""
+    (devices, kernels, summary), iterations and findings; of those, only ``sections`` (the
+    "do this first" actions always, right after the sources)."""
+    from cptrace.commands._summary_tables import render_do_first, render_summary
+
     console = _console()
     if report.failure is not None:  # the traces cover only what ran before the failure
         render_failure(console, report.failure)
@@ -363,6 +368,7 @@ def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> N
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
+    render_do_first(console, report.summary)
     for group in report.groups:
         if Section.HELPERS in sections:
             _render_helpers(console, report, group)
@@ -384,6 +390,8 @@ def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> N
         _render_devices(console, report.devices)
     if Section.KERNELS in sections:
         _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    if Section.SUMMARY in sections:
+        render_summary(console, report.summary)
     if Section.HOST in sections:
         _render_host_time(console, report)
     if Section.ITERATIONS in sections:
@@ -832,12 +840,18 @@ def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) 
     the tail of every comparison, with or without GPU activity."""
     from rich.markup import escape
 
+    from analyzers.stats import NO_INTERVAL
+
     it = result.iterations
     if it is not None:
+        ci = (
+            f"{it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, {it.ci_high_ms:+.3f}] ms"
+            if it.interval
+            else NO_INTERVAL.format(n=min(it.base.n, it.head.n))
+        )
         console.print(
             f"iterations: {it.base.median_ms:.3f} -> {it.head.median_ms:.3f} ms "
-            f"({it.delta_median_pct:+.1f}%), {it.confidence:.0%} CI [{it.ci_low_ms:+.3f}, "
-            f"{it.ci_high_ms:+.3f}] ms, p={it.p_value:.3g}: {it.verdict}",
+            f"({it.delta_median_pct:+.1f}%), {ci}, p={it.p_value:.3g}: {it.verdict}",
             highlight=False,
         )
         if method:

@@ -140,6 +140,13 @@ def test_extra_catalog_goes_first_and_replaces_by_name(tmp_path: Path, monkeypat
         ("[[helper]]\nname = 'x'\n", "needs at least one"),
         ("[[helper]]\nname = 'x'\nranges = 'a'\nkernels = [1]\n", "'kernels'"),
         ("[[helper]]\nname = 'x'\nranges = ['re:(']\n", "bad regex"),
+        ("[[helper]]\nname = 'x'\nkernels = ['a']\nblock_from = ['a']\n", "go together"),
+        (
+            "[[helper]]\nname = 'x'\nkernels = ['a']\nblock_from = ['a']\nblock_to = ['b']\n",
+            "needs 'within'",
+        ),
+        ("[fp8_alignment]\nversions = { '2.20' = 'sixteen' }\n", "'versions'"),
+        ("[fp8_alignment]\ndefault = 0\n", "'default'"),
     ],
 )
 def test_bad_catalog_names_file_and_field(tmp_path: Path, text: str, message: str) -> None:
@@ -150,17 +157,27 @@ def test_bad_catalog_names_file_and_field(tmp_path: Path, text: str, message: st
     assert str(bad) in str(err.value) and message in str(err.value)
 
 
+def test_fp8_alignment_per_te_version() -> None:
+    catalog = builtin_catalog()
+    assert catalog.fp8_multiple("2.20.2") == 16 and catalog.fp8_multiple("2.20") == 16
+    assert catalog.fp8_multiple("2.200.1") == 8  # a prefix only at a version-part boundary
+    assert catalog.fp8_multiple("2.19.1") == 8 and catalog.fp8_multiple(None) is None
+    assert catalog.fp8_strictest() == 16
+
+
 def test_missing_catalog_file(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read catalog"):
         load_catalog([tmp_path / "nope.toml"], use_env=False)
 
 
 def _builtin_patterns() -> list[str]:
+    """Every built-in glob (``re:`` patterns are regular expressions, not globs)."""
     patterns = [
         p
         for h in CATALOG.helpers
-        for kind in ("ranges", "python", "kernels")
+        for kind in ("ranges", "python", "kernels", "block_from", "block_to")
         for p in getattr(h, kind)
+        if not p.startswith("re:")
     ]
     return [*patterns, *CATALOG.host_sync_apis, *CATALOG.host_sync_ops, *CATALOG.host_sync_memcpy]
 

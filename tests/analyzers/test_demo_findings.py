@@ -162,7 +162,7 @@ def test_bundled_fixed_arm_is_clean_and_broken_arms_compare_to_the_right_arm() -
     assert [(f.rule, f.severity, f.helper) for f in fixed] == [
         ("host-sync-in-step", Severity.INFO, None)
     ]
-    assert fixed[0].evidence[0].name.startswith("cudaStreamSynchronize calls per step")
+    assert fixed[0].evidence[0].name.startswith("blocking cudaStreamSynchronize calls per step")
     assert not [f for f in report.findings if f.rule == "fast-path-with-padding"]
 
     def measured(rule: str, arm: str, other: str) -> None:

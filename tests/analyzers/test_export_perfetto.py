@@ -181,3 +181,37 @@ def test_cli_writes_the_file_and_names_missing_windows(tmp_path: Path) -> None:
 def test_unknown_window_is_an_export_error(nsys_3arms: Analysis) -> None:
     with pytest.raises(ExportError, match=r"window groups: .*nsys_arm:auto_clone"):
         _export(nsys_3arms, "ProfilerStep#9")
+
+
+def test_two_rank_export_reads_back_as_two_ranks_with_memcpy_bytes(
+    nsys_3arms: Analysis, tmp_path: Path
+) -> None:
+    """Issue 25, defect 7: one file holding both ranks was read back as one rank, its memcpy
+    rows without the bytes they moved."""
+    from analyzers.attribution import link_launches
+    from analyzers.pipeline import analyze
+
+    doc = _export(nsys_3arms, "nsys_arm:auto_same")
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    back = read_kineto(path)
+    assert back.rank_list() == [0, 1]
+    origin = doc["otherData"]["cptrace"]["origin_ns"]
+    acts = nsys_3arms.trace.activities
+    want: Counter[tuple[int, str, int, int]] = Counter()
+    for rank, (lo, hi) in _windows(doc).items():
+        rows = acts[(acts["rank"] == rank) & (acts["start"] >= lo + origin)]
+        for r in rows[(rows["end"] <= hi + origin) & (rows["kind"] == 1)]:
+            want[(rank, nsys_3arms.trace.strings[int(r["name"])], int(r["bytes"]),
+                  int(r["start"]) - origin)] += 1
+    got = Counter(
+        (int(r["rank"]), back.strings[int(r["name"])], int(r["bytes"]), int(r["start"]))
+        for r in back.activities[back.activities["kind"] == 1]
+    )
+    assert got == want and sum(got.values()) > 0 and all(b > 0 for _, _, b, _ in got)
+    # every activity finds its own rank's launch again (correlation ids of the ranks collide)
+    launch = link_launches(back)
+    joined = launch >= 0
+    assert joined.sum() > 100
+    assert (back.launches["rank"][launch[joined]] == back.activities["rank"][joined]).all()
+    assert analyze(path).ranks == [0, 1]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from analyzers.findings import evaluate
 from analyzers.manifest import parse_manifest
 from analyzers.metrics import Metrics
-from analyzers.report import Category, HelperStat
+from analyzers.report import Category, HelperStat, Severity
 
 EQUAL = [0, 8192, 12288, 14336, 16384]
 
@@ -54,7 +56,8 @@ def test_token_alignment_cites_the_probe_and_the_failure() -> None:
     workload = {"implementation": "te", "cp_size": 1}
     findings = evaluate(_attention("arm:x", (0,)), _manifest(facts, workload, failure=failure))
     finding = next(f for f in findings if f.rule == "token-alignment")
-    assert "Pad the packed batch to 8152 tokens (6 padding tokens" in finding.recommendation
+    # TE version unknown: the pad is a multiple of 16, safe on every catalogued TE version
+    assert "Pad the packed batch to 8160 tokens (14 padding tokens" in finding.recommendation
     assert finding.recommendation.startswith("Observed in the job: per-rank token count")
     cited = {e.name: e.value for e in finding.evidence}
     assert "FP8 recipe DelayedScaling" in str(
@@ -62,6 +65,44 @@ def test_token_alignment_cites_the_probe_and_the_failure() -> None:
               "(transformer_engine.DotProductAttention.forward on ranks [0, 1])"]
     )
     assert cited["the run failed"] == failure["summary"]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "te", "title", "pad"),
+    [
+        # TE 2.20.2's FP8 GEMMs assert lda % 16 == 0 in cuBLASLt: 8152 would still crash
+        (8146, "2.20.2", "not a multiple of 16", 8160),
+        (1000, "2.20.2", "not a multiple of 16", 1008),  # passes TE's own check, then crashes
+        (8146, "2.19.0", "not a multiple of 8", 8152),  # not listed: the catalog's default, 8
+        (8146, None, "not a multiple of 8", 8160),  # unknown: the strictest catalogued pad
+    ],
+)
+def test_fp8_alignment_comes_from_the_catalog_per_te_version(
+    tokens: int, te: str | None, title: str, pad: int
+) -> None:
+    observed = {**OBSERVED, "transformer_engine": te}
+    facts = {"total_tokens": tokens, "fp8": True, "observed": observed}
+    findings = evaluate(_attention("arm:x", (0,)), _manifest(facts, {"cp_size": 1}))
+    finding = next(f for f in findings if f.rule == "token-alignment")
+    assert finding.severity is Severity.ERROR and title in finding.title
+    assert f"Pad the packed batch to {pad} tokens ({pad - tokens} padding" in (
+        finding.recommendation
+    )
+    if te == "2.20.2":
+        assert "TE 2.20.2's FP8 GEMMs need the token dimension divisible by 16" in (
+            finding.recommendation
+        )
+
+
+def test_fp8_alignment_reads_the_te_version_of_the_environment() -> None:
+    facts = {"total_tokens": 8152, "fp8": True}  # a multiple of 8, not 16
+    manifest = _manifest(facts, {"cp_size": 1}, environment={"transformer_engine": "2.20.2"})
+    finding = next(
+        f for f in evaluate(_attention("arm:x", (0,)), manifest) if f.rule == "token-alignment"
+    )
+    assert finding.severity is Severity.ERROR and "Pad the packed batch to 8160" in (
+        finding.recommendation
+    )
 
 
 def test_declared_facts_read_as_before() -> None:

@@ -72,7 +72,7 @@ def _x(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any
     return event
 
 
-def _trace(inside: str | None, steps: int = 3) -> dict[str, Any]:
+def _trace(inside: str | None, steps: int = 3, kernels: dict[str, str] = KERNELS) -> dict[str, Any]:
     """A one-GPU Kineto trace: ``steps`` ProfilerSteps, each launching every kernel once, all
     of them inside a Python frame ``inside`` (or none)."""
     events: list[dict[str, Any]] = []
@@ -81,8 +81,8 @@ def _trace(inside: str | None, steps: int = 3) -> dict[str, Any]:
     for step in range(steps):
         start = t
         if inside:
-            events.append(_x("python_function", inside, t, 50.0 * len(KERNELS)))
-        for key, kernel in KERNELS.items():
+            events.append(_x("python_function", inside, t, 50.0 * len(kernels)))
+        for key, kernel in kernels.items():
             if key in ENCLOSING:
                 cat = "user_annotation" if ENCLOSING[key].startswith("nccl") else "cpu_op"
                 events.append(_x(cat, ENCLOSING[key], t + 1, 10))
@@ -218,3 +218,69 @@ def test_single_gpu_kineto_without_distributed_info_is_rank_0() -> None:
     report = json.loads(RUNNER.invoke(app, ["analyze", str(path), "--json"]).output)
     assert report["ranks"] == [0]
     assert any("analysed as rank 0" in n for n in report["notes"])
+
+
+# ---------------------------------------- one family, one label (issue 25, defect 2)
+
+FAMILIES = {
+    "fbgemm_embedding": [
+        "void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float, float, "
+        "at::BFloat16, int, 4ul>(at::PackedTensorAccessor64<float, 1, at::RestrictPtrTraits>)",
+        "split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1",
+        "void fbgemm_gpu::bounds_check_indices_kernel<long, 1>(long*, long*)",
+        "void fbgemm_gpu::_permute_2D_indices_weights_kernel<32, 32, long, float>(int, int, "
+        "int, long const*, float const*, int const*, long const*, long const*, long*, float*)",
+        "void fbgemm_gpu::linearize_index_kernel<long, int>(int*, long*)",
+        "void fbgemm_gpu::_block_bucketize_sparse_features_cuda_kernel1<int, long>(int, long)",
+    ],
+    "fbgemm_quantize": [
+        "void fbgemm_gpu::_float_to_FP8rowwise_cuda_kernel<float>(float const*, int, int, "
+        "unsigned char*, bool)",
+        "void fbgemm_gpu::_FP8rowwise_to_float_cuda_kernel<float>(unsigned char const*, int)",
+        "void fbgemm_gpu::_float_to_fused8bitrowwise_cuda_kernel<float>(float const*, int)",
+        "void fbgemm_gpu::_float_to_bfloat16_cuda_kernel(float const*, int, int, unsigned short*)",
+    ],
+    "cudnn_convolution": [
+        "sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_"
+        "stage4_warpsize2x2x1_g1_tensor16x8x16_kernel_cudnn",
+        "sm90_xmma_dgrad_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_"
+        "warpgroupsize1x1x1_g1_execute_segment_k_off_kernel__5x_cudnn",
+        "sm86_xmma_wgrad_implicit_gemm_indexed_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_"
+        "stage4_warpsize2x2x1_g1_tensor16x8x16_kernel_cudnn",
+        "void cutlass_cudnn_train::Kernel<cutlass_cudnn_train::conv::kernel::"
+        "ImplicitGemmConvolution<cutlass_cudnn_train::conv::threadblock::"
+        "ImplicitGemmMultistage<float>>>(cutlass_cudnn_train::conv::kernel::Params)",
+        "void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, "
+        "false, true>(int, int, int, float const*, int, float*, float const*)",
+        "void cudnn::cnn::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int)",
+        "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(float const*)",
+        "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, "
+        "(cudnnKernelDataType_t)2>(cudnn::ops::nchw2nhwc_params_t<float>, float const*, float*)",
+    ],
+    "cudnn_batch_norm": [
+        "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(float, float)",
+        "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float, float)",
+        "void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, true, 1>(float, float)",
+        "batchnorm_fwtr_nhwc_semiPersist_kernel",
+    ],
+    "gemm": [
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1",
+        "volta_sgemm_128x64_nn",
+        "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
+        "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)",
+        "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<float>>(float)",
+    ],
+}
+
+
+def test_every_kernel_of_a_family_gets_the_family_label(tmp_path: Path) -> None:
+    """fbgemm and cuDNN implicit-GEMM convolutions say "gemm" in their names and are not
+    GEMMs: each family, whatever its kernels are called, gets its own one label."""
+    kernels = {f"{family}{i}": n for family, names in FAMILIES.items() for i, n in enumerate(names)}
+    report = _analyse(tmp_path, _trace(inside="model.py(12): forward", kernels=kernels))
+    whole = [h for h in report["helpers"] if h["window"] == "whole trace"]
+    launches = {h["helper"]: h["launches"] for h in whole}
+    assert launches == {family: 3 * len(names) for family, names in FAMILIES.items()}
+    assert {h["matched_by"] for h in whole} == {"kernel-name"}
