@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA_DIR ?= var
 
-.PHONY: run test setup lint browser clean
+.PHONY: run test setup lint browser sandbox clean
 
 # The CPU torch build must go in first: any other torch spec pulls a multi-GB CUDA build.
 $(BIN)/.installed: pyproject.toml
@@ -22,6 +22,11 @@ setup: $(BIN)/.installed
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
+# The agent runs pull-request code only inside bubblewrap (runners/sandbox.py); it refuses to
+# start without it, and the security tests start it.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+
 run: setup
 	$(BIN)/cptrace serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --seed-demo
 
@@ -30,7 +35,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy analyzers
 
-test: setup browser lint
+test: setup browser sandbox lint
 	$(BIN)/python -m pytest -q
 
 clean:
