@@ -9,12 +9,32 @@ from __future__ import annotations
 import json
 import re
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from cptrace.commands._account_tables import render_account, render_account_delta
+
+
+class Section(StrEnum):
+    """A part of ``analyze``'s text report (``--report``); the sources, a failure, the "do this
+    first" actions and the notes are always printed."""
+
+    HELPERS = "helpers"
+    RANKS = "ranks"
+    TIMELINE = "timeline"
+    ACCOUNT = "account"
+    DEVICES = "devices"
+    KERNELS = "kernels"
+    SUMMARY = "summary"
+    HOST = "host"
+    ITERATIONS = "iterations"
+    FINDINGS = "findings"
+
+
+ALL_SECTIONS = frozenset(Section)
 
 LARGE_INPUT_BYTES = 32 * 1024 * 1024
 """Show a progress bar when the inputs add up to more than this."""
@@ -109,6 +129,12 @@ def analyze(
         "--rank",
         help="Rank of a single trace file that does not say its own (default: rank 0, noted).",
     ),
+    report_sections: list[Section] | None = typer.Option(
+        None,
+        "--report",
+        help="Print only these sections of the text report (repeatable; default all). The "
+        "per-window sections (helpers, ranks, timeline, account) are most of its length.",
+    ),
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
 
@@ -116,6 +142,11 @@ def analyze(
     where, or where each rank was waiting (its stack), and the log's tail (--json: the
     "failure" key first; a bundle without traces exits 1 with {failure_headline, failure,
     findings}).
+
+    --report SECTION (repeatable) prints only those sections of the text report, in its order:
+    helpers, ranks, timeline, account (one table each per window), devices, kernels, summary,
+    host, iterations, findings; the sources, a failure, the "do this first" actions and the
+    notes always.
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
@@ -140,7 +171,7 @@ def analyze(
         payload = json.loads(report.model_dump_json())  # the failure leads, as in the text
         typer.echo(json.dumps({"failure": payload.pop("failure"), **payload}, indent=2))
         return
-    render_report(report)
+    render_report(report, frozenset(report_sections) if report_sections else ALL_SECTIONS)
 
 
 def _render_manifest_findings(failure: Any, findings: list[Any], as_json: bool) -> None:
@@ -320,11 +351,10 @@ def _per(group: str) -> tuple[str, str]:
     return "per step (total / steps)", "/step"
 
 
-def render_report(report: Any) -> None:
+def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> None:
     """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
-    (devices, kernels), iterations and findings."""
-    from rich.table import Table
-
+    (devices, kernels, summary), iterations and findings; of those, only ``sections`` (the
+    "do this first" actions always, right after the sources)."""
     from cptrace.commands._summary_tables import render_do_first, render_summary
 
     console = _console()
@@ -340,84 +370,108 @@ def render_report(report: Any) -> None:
         )
     render_do_first(console, report.summary)
     for group in report.groups:
-        per, unit = _per(group)
-        rows = [h for h in report.helpers if h.window == group]
-        table = Table(title=f"{group}: helpers, {per}", title_justify="left")
-        for col in (
-            "rank",
-            "helper",
-            "category",
-            f"launches{unit}",
-            f"activities{unit}",
-            f"GPU ms{unit}",
-            f"host ms{unit}",
-            "first call ms",
-            "matched by",
-        ):
-            table.add_column(
-                col, justify="left" if col in ("helper", "category", "matched by") else "right"
-            )
-        for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
-            : TOP_HELPERS * max(1, len(report.ranks))
-        ]:
-            steps = 1 if group == "whole trace" else max(h.steps, 1)
-            table.add_row(
-                str(h.rank),
-                h.helper,
-                h.category.value,
-                f"{h.launches / steps:g}",
-                f"{h.activities / steps:g}",
-                _ms(h.gpu_time_ns / steps),
-                _ms((h.host_time_ns - h.first_call_host_ns) / steps),
-                _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
-                h.matched_by,
-            )
-        if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
-            console.print(table)
-            console.print(
-                "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
-                "excludes the first call (compilation, warm-up), shown apart[/]"
-            )
-        totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
-        for col in (
-            "rank",
-            "steps",
-            f"span ms{unit}",
-            f"kernels{unit}",
-            f"launches{unit}",
-            f"activities{unit}",
-            "attributed",
-        ):
-            totals.add_column(col, justify="right")
-        for r in (r for r in report.rank_summaries if r.window == group):
-            steps = 1 if group == "whole trace" else max(r.steps, 1)
-            totals.add_row(
-                str(r.rank),
-                "-" if group == "whole trace" else str(r.steps),
-                _ms(r.span_ns / steps),
-                f"{r.kernels / steps:g}",
-                f"{r.launches / steps:g}",
-                f"{r.activities / steps:g}",
-                f"{r.attributed_fraction:.1%}",
-            )
-        console.print(totals)
+        if Section.HELPERS in sections:
+            _render_helpers(console, report, group)
+        if Section.RANKS in sections:
+            _render_ranks(console, report, group)
         if _cpu_only(report):  # no GPU: its timeline and account would be all "idle"
-            console.print(
-                f"{group}: GPU timeline and where the step went: not observed: no GPU activity "
-                "in this trace",
-                highlight=False,
-            )
+            if sections & {Section.TIMELINE, Section.ACCOUNT}:
+                console.print(
+                    f"{group}: GPU timeline and where the step went: not observed: no GPU "
+                    "activity in this trace",
+                    highlight=False,
+                )
             continue
-        _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
-        render_account(console, report, group)
-    _render_devices(console, report.devices)
-    _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
-    render_summary(console, report.summary)
-    _render_host_time(console, report)
-    _render_iterations(console, report.iterations)
-    _render_findings(console, report.findings, "Findings")
+        if Section.TIMELINE in sections:
+            _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
+        if Section.ACCOUNT in sections:
+            render_account(console, report, group)
+    if Section.DEVICES in sections:
+        _render_devices(console, report.devices)
+    if Section.KERNELS in sections:
+        _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    if Section.SUMMARY in sections:
+        render_summary(console, report.summary)
+    if Section.HOST in sections:
+        _render_host_time(console, report)
+    if Section.ITERATIONS in sections:
+        _render_iterations(console, report.iterations)
+    if Section.FINDINGS in sections:
+        _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _render_helpers(console: Any, report: Any, group: str) -> None:
+    from rich.table import Table
+
+    per, unit = _per(group)
+    rows = [h for h in report.helpers if h.window == group]
+    table = Table(title=f"{group}: helpers, {per}", title_justify="left")
+    for col in (
+        "rank",
+        "helper",
+        "category",
+        f"launches{unit}",
+        f"activities{unit}",
+        f"GPU ms{unit}",
+        f"host ms{unit}",
+        "first call ms",
+        "matched by",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("helper", "category", "matched by") else "right"
+        )
+    for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
+        : TOP_HELPERS * max(1, len(report.ranks))
+    ]:
+        steps = 1 if group == "whole trace" else max(h.steps, 1)
+        table.add_row(
+            str(h.rank),
+            h.helper,
+            h.category.value,
+            f"{h.launches / steps:g}",
+            f"{h.activities / steps:g}",
+            _ms(h.gpu_time_ns / steps),
+            _ms((h.host_time_ns - h.first_call_host_ns) / steps),
+            _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
+            h.matched_by,
+        )
+    if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
+        console.print(table)
+        console.print(
+            "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
+            "excludes the first call (compilation, warm-up), shown apart[/]"
+        )
+
+
+def _render_ranks(console: Any, report: Any, group: str) -> None:
+    from rich.table import Table
+
+    per, unit = _per(group)
+    totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
+    for col in (
+        "rank",
+        "steps",
+        f"span ms{unit}",
+        f"kernels{unit}",
+        f"launches{unit}",
+        f"activities{unit}",
+        "attributed",
+    ):
+        totals.add_column(col, justify="right")
+    for r in (r for r in report.rank_summaries if r.window == group):
+        steps = 1 if group == "whole trace" else max(r.steps, 1)
+        totals.add_row(
+            str(r.rank),
+            "-" if group == "whole trace" else str(r.steps),
+            _ms(r.span_ns / steps),
+            f"{r.kernels / steps:g}",
+            f"{r.launches / steps:g}",
+            f"{r.activities / steps:g}",
+            f"{r.attributed_fraction:.1%}",
+        )
+    console.print(totals)
 
 
 def _cpu_only(report: Any) -> bool:
