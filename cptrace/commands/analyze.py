@@ -15,9 +15,14 @@ from typing import Any
 import typer
 
 from cptrace.commands._account_tables import render_account, render_account_delta
+from cptrace.commands._report_output import (
+    OutputFormat,
+    Section,
+    chosen,
+    report_csv,
+    report_json,
+)
 
-LARGE_INPUT_BYTES = 32 * 1024 * 1024
-"""Show a progress bar when the inputs add up to more than this."""
 TOP_HELPERS = 15
 TOP_KERNELS = 15
 
@@ -60,18 +65,11 @@ def _run_analyze(
     if step_pattern:
         re.compile(step_pattern)  # fail before reading gigabytes
     cat = _catalog(catalog)
-    size = sum(p.stat().st_size for p in paths if p.is_file())
-    if not show_progress or size < LARGE_INPUT_BYTES:
+    if not show_progress or not sys.stderr.isatty():
         return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, rank=rank)
-    from rich.console import Console
-    from rich.progress import Progress
+    from cptrace.commands._progress import LateProgress
 
-    with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("analyzing", total=1.0)
-
-        def update(stage: str, fraction: float) -> None:
-            bar.update(task, completed=fraction, description=stage)
-
+    with LateProgress() as update:
         return run(
             paths,
             manifest=manifest,
@@ -103,11 +101,26 @@ def analyze(
     catalog: list[Path] | None = typer.Option(
         None, "--catalog", help="Extra helper catalog TOML (repeatable)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the AnalysisReport as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     rank: int | None = typer.Option(
         None,
         "--rank",
         help="Rank of a single trace file that does not say its own (default: rank 0, noted).",
+    ),
+    report_sections: list[Section] | None = typer.Option(
+        None,
+        "--report",
+        help="Print only this section (repeatable; default: all).",
+        case_sensitive=False,
+    ),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.TABLE,
+        "--format",
+        help="table, csv (one row per table row) or json.",
+        case_sensitive=False,
+    ),
+    full: bool = typer.Option(
+        False, "--full", help="JSON: keep the timelines (left out by default: they are large)."
     ),
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
@@ -117,14 +130,24 @@ def analyze(
     "failure" key first; a bundle without traces exits 1 with {failure_headline, failure,
     findings}).
 
+    "Do this first" (at most three actions, their saving and evidence) leads. ``--report NAME``
+    (repeatable) prints only those sections: summary, helpers, kernels, timeline, account,
+    findings. ``--format table|csv|json``: csv is one row per table row, with ``section`` and
+    ``table`` columns; json leaves out the timelines (``--full`` keeps them) and, with
+    ``--report``, keeps only those sections' keys. Sources in a bundle are named by bundle and
+    member (``run.tar.gz:traces/rank0.json.gz``). An analysis over a second shows a progress
+    bar on stderr when it is a terminal.
+
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     from analyzers.pipeline import FailedRunError
 
+    if as_json:
+        output_format = OutputFormat.JSON
+    as_json = output_format is OutputFormat.JSON
     try:
-        report = _run_analyze(
-            traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
-        )
+        report = _run_analyze(traces, manifest, step_pattern, catalog, show_progress=True,
+                              rank=rank)  # fmt: skip
     except FailedRunError as exc:
         # the bundle of a job that failed: the one-line error, how it failed, what the manifest
         # shows
@@ -134,13 +157,12 @@ def analyze(
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
-        if report.failure is None:
-            typer.echo(report.model_dump_json(indent=2))
-            return
-        payload = json.loads(report.model_dump_json())  # the failure leads, as in the text
-        typer.echo(json.dumps({"failure": payload.pop("failure"), **payload}, indent=2))
+        typer.echo(json.dumps(report_json(report, report_sections, full=full), indent=2))
         return
-    render_report(report)
+    if output_format is OutputFormat.CSV:
+        typer.echo(report_csv(report, report_sections), nl=False)
+        return
+    render_report(report, chosen(report_sections))
 
 
 def _render_manifest_findings(failure: Any, findings: list[Any], as_json: bool) -> None:
@@ -320,9 +342,9 @@ def _per(group: str) -> tuple[str, str]:
     return "per step (total / steps)", "/step"
 
 
-def render_report(report: Any) -> None:
+def render_report(report: Any, sections: set[Section] | None = None) -> None:
     """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
-    (devices, kernels), iterations and findings."""
+    (devices, kernels), iterations and findings; only the ``sections`` given (default all)."""
     from rich.table import Table
 
     from cptrace.commands._summary_tables import render_do_first, render_summary
@@ -338,7 +360,9 @@ def render_report(report: Any) -> None:
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
-    render_do_first(console, report.summary)
+    show = sections if sections is not None else set(Section)
+    if Section.SUMMARY in show:
+        render_do_first(console, report.summary)
     for group in report.groups:
         per, unit = _per(group)
         rows = [h for h in report.helpers if h.window == group]
@@ -372,7 +396,8 @@ def render_report(report: Any) -> None:
                 _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
                 h.matched_by,
             )
-        if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
+        helpers_shown = Section.HELPERS in show and (rows or not _cpu_only(report))
+        if helpers_shown:  # a CPU-only trace gets its host-time tables instead
             console.print(table)
             console.print(
                 "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
@@ -400,22 +425,31 @@ def render_report(report: Any) -> None:
                 f"{r.activities / steps:g}",
                 f"{r.attributed_fraction:.1%}",
             )
-        console.print(totals)
+        if Section.HELPERS in show:
+            console.print(totals)
         if _cpu_only(report):  # no GPU: its timeline and account would be all "idle"
-            console.print(
-                f"{group}: GPU timeline and where the step went: not observed: no GPU activity "
-                "in this trace",
-                highlight=False,
-            )
+            if show & {Section.TIMELINE, Section.ACCOUNT}:
+                console.print(
+                    f"{group}: GPU timeline and where the step went: not observed: no GPU "
+                    "activity in this trace",
+                    highlight=False,
+                )
             continue
-        _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
-        render_account(console, report, group)
-    _render_devices(console, report.devices)
-    _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
-    render_summary(console, report.summary)
-    _render_host_time(console, report)
-    _render_iterations(console, report.iterations)
-    _render_findings(console, report.findings, "Findings")
+        if Section.TIMELINE in show:
+            _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
+        if Section.ACCOUNT in show:
+            render_account(console, report, group)
+    if Section.KERNELS in show:
+        _render_devices(console, report.devices)
+        _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
+    if Section.SUMMARY in show:
+        render_summary(console, report.summary)
+    if Section.HELPERS in show:
+        _render_host_time(console, report)
+    if Section.TIMELINE in show:
+        _render_iterations(console, report.iterations)
+    if Section.FINDINGS in show:
+        _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
 
