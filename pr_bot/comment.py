@@ -355,8 +355,8 @@ def do_first_lines(actions: Sequence[Action], heading: str) -> list[str]:
         return []
     lines = [f"{heading} Do this first (head)", ""]
     for i, a in enumerate(actions, 1):
-        saving = f" ({md_text(a.saving_text)})" if a.saving_text else ""
-        lines.append(f"{i}. **{md_text(a.action)}**{saving}. Evidence: {md_text(a.evidence)}")
+        saving = f" {md_text(a.saving_text.capitalize())}." if a.saving_text else ""
+        lines.append(f"{i}. **{md_text(a.action)}**{saving} Evidence: {md_text(a.evidence)}")
     return [*lines, ""]
 
 

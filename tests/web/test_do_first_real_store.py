@@ -29,6 +29,7 @@ from service.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+TE_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
 BASE_WINDOW, HEAD_WINDOW = "arm:fixed", "arm:broken"
 
 
@@ -100,9 +101,13 @@ def test_pr_comment_preview_carries_the_heads_do_this_first(stored: Stored) -> N
 
 
 def test_comment_render_names_saving_and_evidence() -> None:
-    """The comment of a comparison of two real reports: one line per action, in order."""
-    report = analyze(CPU_BUNDLE)
-    comparison = compare_reports(report, report, base_window=BASE_WINDOW, head_window=HEAD_WINDOW)
+    """The comment of a comparison of two windows of a real TE 2.20.2 nsys capture: one line
+    per action, in order, with its estimated saving."""
+    report = analyze(TE_BUNDLE)
+    comparison = compare_reports(
+        report, report, base_window="nsys_arm:auto_clone", head_window="nsys_arm:explicit_false"
+    )
+    assert any(a.saving_ms for a in comparison.do_first_head)
     assert comparison.do_first_head == _actions(report)
     context = CommentContext(suite="smoke", base_name="base", head_name="head")
     lines = render_comment(comparison, context).splitlines()
@@ -110,8 +115,10 @@ def test_comment_render_names_saving_and_evidence() -> None:
     items = [line for line in lines[start + 1 : start + 6] if line[:2] in ("1.", "2.", "3.")]
     assert len(items) == len(comparison.do_first_head)
     for line, a in zip(items, comparison.do_first_head, strict=True):
-        assert ("(" + a.saving_text + ")" in line) == bool(a.saving_text)
-        assert "Evidence: " in line
+        assert line.startswith(f"{line[0]}. **{a.action}**")
+        if a.saving_ms is not None:
+            assert f"Saves ~{a.saving_ms:.2f} ms per iteration ({a.saving_basis})." in line
+        assert line.endswith(f"Evidence: {a.evidence}")
     # a head without a summary (a report stored before it existed) renders no block
     bare = comparison.model_copy(update={"do_first_head": []})
     assert "Do this first" not in render_comment(bare, context)
