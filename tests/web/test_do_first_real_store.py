@@ -1,4 +1,4 @@
-""""Do this first" on the run page, its JSON twin and the PR comment (issue 25).
+"""The "do this first" block on the run page, its JSON twin and the PR comment (issue 25).
 
 The real CPU gloo bundle (``cpu_smoke``: its ``broken`` arm runs the padded path without
 padding) uploaded to the real service and analysed by the real worker. The run page, its JSON
