@@ -2,19 +2,14 @@
 #   service: the API and the analysis worker (no torch, no GPU)
 #   runner:  the GPU agent that executes workloads (CUDA build of torch from the base image)
 # Build: docker compose build   (see docs/service.md)
+# Both copy the whole build context; .dockerignore keeps it to the product (every package that
+# pyproject.toml lists, their data, the demo bundles): tests/service/test_image_tree.py checks it.
 
 FROM python:3.11-slim AS service
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY analyzers ./analyzers
-COPY service ./service
-COPY web ./web
-COPY runners ./runners
-COPY cp_attention ./cp_attention
-COPY cptrace ./cptrace
-COPY demo ./demo
-RUN pip install . && useradd --uid 10001 --create-home cptrace \
+COPY . .
+RUN pip install '.[fast]' && useradd --uid 10001 --create-home cptrace \
     && mkdir -p /data && chown cptrace /data
 USER cptrace
 VOLUME ["/data"]
@@ -25,12 +20,6 @@ CMD ["cptrace", "serve", "--host", "0.0.0.0", "--port", "8000", "--data-dir", "/
 FROM pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime AS runner
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY analyzers ./analyzers
-COPY service ./service
-COPY web ./web
-COPY runners ./runners
-COPY cp_attention ./cp_attention
-COPY cptrace ./cptrace
+COPY . .
 RUN pip install '.[runner]'
 CMD ["cptrace", "agent", "--server", "http://api:8000", "--gpus", "2"]

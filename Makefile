@@ -5,33 +5,54 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA_DIR ?= var
+# pytest-xdist workers. --dist loadfile: the tests of one file run on one worker, in order, so a
+# module's shared server or database is built once (xdist 3.8's loadgroup cannot group under
+# pytest 9: it renames a node id attribute pytest 9 no longer reads).
+TEST_WORKERS ?= auto
+PYTEST_ARGS ?=
 
-.PHONY: run test setup lint browser clean
+.PHONY: run test setup setup-run lint browser sandbox clean
 
-# The CPU torch build must go in first: any other torch spec pulls a multi-GB CUDA build.
-$(BIN)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+# Runtime only: the packages and the fast nsys reader, no test tools, no torch.
+$(BIN)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[fast]'
+	touch $@
+
+# Development: the CPU torch build must go in first (any other torch spec pulls a multi-GB
+# CUDA build), then the test and lint tools.
+$(BIN)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 setup: $(BIN)/.installed
 
+setup-run: $(BIN)/.installed-run
+
 # Debian's Chromium drives the page tests (a test tool's own browser download cannot work here).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-run: setup
+# The agent runs pull-request code only inside bubblewrap (runners/sandbox.py); it refuses to
+# start without it, and the security tests start it.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+
+run: setup-run
 	$(BIN)/cptrace serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --seed-demo
 
-# The analysis library is typed strictly (pyproject [tool.mypy]); the rest is linted.
+# Every package is type-checked: analyzers strictly (pyproject [tool.mypy]), the rest as configured.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy analyzers
+	$(BIN)/mypy service web pr_bot contracts runners cptrace cp_attention
 
-test: setup browser lint
-	$(BIN)/python -m pytest -q
+test: setup browser sandbox lint
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache

@@ -44,8 +44,11 @@ MAX_MANIFEST_BYTES = 16 * 1024**2
 """Largest manifest file accepted (a long run's iteration times stay far below)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in a manifest (the schema itself nests 4 levels)."""
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+# A string (unrolled, possessive: linear time and constant regex memory however long it is), or a
+# bracket outside strings; the depth check walks these without copying the text.
+MAX_INT_DIGITS = 40
+"""Longest integer a manifest may hold (128-bit values fit; each field checks its own range)."""
+_DEPTH_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
 
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name people read (variant, window, implementation): capped so no page or report balloons."""
@@ -227,7 +230,8 @@ def load_manifest(path: str | Path) -> RunManifest:
 
 def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSON_DEPTH) -> object:
     """Decode JSON strictly: UTF-8, no NaN/Infinity (not JSON; they would be stored and served
-    back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError).
+    back as invalid JSON), nesting at most ``max_depth`` (deeper would be a RecursionError),
+    integers of at most ``MAX_INT_DIGITS`` digits (never a 4,300-digit conversion).
 
     :raises ManifestError: naming ``source`` and what is wrong.
     """
@@ -236,8 +240,11 @@ def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSO
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{source}: is not valid JSON (not UTF-8: {exc})") from exc
     depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub("", text)):
-        depth += 1 if match.group() in "[{" else -1
+    for match in _DEPTH_TOKEN.finditer(text):
+        char = text[match.start()]
+        if char == '"':
+            continue
+        depth += 1 if char in "[{" else -1
         if depth > deepest:
             deepest = depth
             if deepest > max_depth:
@@ -248,9 +255,21 @@ def load_json_strict(data: bytes | str, *, source: str, max_depth: int = MAX_JSO
     def refuse(constant: str) -> object:
         raise ManifestError(f"{source}: is not valid JSON: {constant} is not a JSON number")
 
+    def bounded(digits: str) -> int:
+        # Fields check their own ranges (a rank of 2^63 is that field's 422); this only keeps
+        # Python from converting a 4,300-digit number (slow, then a ValueError).
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            raise ManifestError(
+                f"{source}: integer {digits[:24]}... is out of range (at most "
+                f"{MAX_INT_DIGITS} digits)"
+            )
+        return int(digits)
+
     try:
-        return json.loads(text, parse_constant=refuse)
-    except json.JSONDecodeError as exc:
+        return json.loads(text, parse_constant=refuse, parse_int=bounded)
+    except ManifestError:
+        raise
+    except ValueError as exc:  # JSONDecodeError, and int conversions Python refuses
         raise ManifestError(f"{source}: is not valid JSON: {exc}") from exc
 
 

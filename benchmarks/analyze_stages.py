@@ -26,19 +26,30 @@ total minus the account stage (what ``analyze`` costs without it), ``account add
 Inputs (``--input``, repeatable): ``pair`` (the real TE 2.20.2 Kineto pair, the HTA comparison
 traces), ``x10`` (the pair with its events written 10 times, as ``hta_compare.py --scale 10``
 builds it), ``nsys`` (the real 3-arm nsys export), ``nsys2m`` (``--large``, default
-``/tmp/cptrace_large_nsys.sqlite``, built by ``make_large_nsys.py --kernels 2000000``).
+``cptrace_large_nsys.sqlite`` in the temp folder, built by
+``make_large_nsys.py --kernels 2000000``).
+
+Guard mode (``--guard COMMIT``): the base tree is a temporary detached worktree of ``COMMIT``
+(removed afterwards), paired with the current tree as above; after the tables, every stage and
+the total is checked, and the script exits 1 when one's median CPU time grows by more than
+``--threshold`` (default 10%) against the base. A growth below ``--floor`` seconds (default
+0.005) is not counted: a stage of a few milliseconds moves by more than 10% between two fresh
+processes on a shared machine. The closing note of a change to ``analyzers/`` carries this table.
 
 Usage::
 
-    git -C /work/main worktree add /tmp/base ee57ffc
-    .venv/bin/python benchmarks/analyze_stages.py --base /tmp/base --input pair --repeat 3
+    git worktree add ../cptrace-base ee57ffc
+    .venv/bin/python benchmarks/analyze_stages.py --base ../cptrace-base --input pair --repeat 3
+    .venv/bin/python benchmarks/analyze_stages.py --guard main --input pair --repeat 5
 
-Prints a table per input (medians); it asserts nothing (benchmarks are not tests).
+Prints a table per input (medians); only the guard mode has an exit status of its own (1: a
+stage grew), it asserts nothing else (benchmarks are not tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -46,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TE = ROOT / "tests/data/te-2.20.2-h200x2"
 PAIR = [TE / "kineto_3arms_rank0.json.gz", TE / "kineto_3arms_rank1.json.gz"]
 NSYS = TE / "nsys_3arms.sqlite.gz"
-LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
+LARGE = Path(tempfile.gettempdir()) / "cptrace_large_nsys.sqlite"
 STAGES: dict[str, tuple[str, ...]] = {
     "read": ("_read",),
     "attribute": ("match_ranges", "attribute", "find_windows"),
@@ -207,10 +218,62 @@ def _inputs(which: list[str], large: Path, tmp: Path) -> list[tuple[str, list[Pa
     return out
 
 
+GUARDED = [*STAGES, "total"]
+"""Rows the guard mode checks (``other`` and ``w/o account`` are derived from them)."""
+
+
+def guard_failures(
+    runs: dict[str, list[dict[str, Any]]], threshold: float, floor: float
+) -> list[str]:
+    """The guarded rows whose median CPU time grew past ``threshold`` (and ``floor`` seconds)
+    from the ``base`` runs to the ``current`` ones, each as a readable line."""
+    failures = []
+    for row in GUARDED:
+        base, current = _median(runs["base"], "cpu", row), _median(runs["current"], "cpu", row)
+        if current - base > floor and current > base * (1 + threshold):
+            failures.append(
+                f"{row}: {base:.3f} s -> {current:.3f} s cpu ({_delta(base, current)}, "
+                f"limit +{100 * threshold:.0f}%)"
+            )
+    return failures
+
+
+@contextlib.contextmanager
+def _commit_tree(commit: str) -> Iterator[Path]:
+    """A detached worktree of ``commit`` of this repository, removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="cptrace-guard-") as tmp:
+        tree = Path(tmp) / "base"
+        added = subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit],
+            capture_output=True,
+            text=True,
+        )
+        if added.returncode != 0:
+            raise SystemExit(f"--guard {commit}: git worktree add failed: {added.stderr.strip()}")
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--base", type=Path, help="source tree to pair against (a worktree)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--base", type=Path, help="source tree to pair against (a worktree)")
+    where.add_argument(
+        "--guard",
+        metavar="COMMIT",
+        help="pair against a worktree of COMMIT; exit 1 when a stage's median CPU time grows "
+        "by more than --threshold",
+    )
+    parser.add_argument("--threshold", type=float, default=0.10, help="guard: growth limit")
+    parser.add_argument(
+        "--floor", type=float, default=0.005, help="guard: growth in seconds never counted"
+    )
     parser.add_argument(
         "--input",
         action="append",
@@ -223,8 +286,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.child[1:], args.child[0])))
         return 0
-    trees = {"base": args.base.resolve()} if args.base else {}
+    if args.guard:
+        with _commit_tree(args.guard) as tree:
+            failures = _measure(args, tree, guard=True)
+        print(f"guard against {args.guard}: " + ("FAIL" if failures else "pass"))
+        for line in failures:
+            print(f"  {line}")
+        return 1 if failures else 0
+    _measure(args, args.base.resolve() if args.base else None, guard=False)
+    return 0
+
+
+def _measure(args: argparse.Namespace, base: Path | None, *, guard: bool) -> list[str]:
+    """Run and print every input's table; with ``guard``, the guard's failures per input."""
+    trees = {"base": base} if base else {}
     trees["current"] = ROOT
+    failures: list[str] = []
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     with tempfile.TemporaryDirectory(prefix="cptrace-stages-") as tmp:
         for label, paths, pattern in _inputs(args.input or ["pair", "nsys"], args.large, Path(tmp)):
@@ -233,8 +310,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, tree in trees.items():
                     runs[name].append(_run_child(tree, paths, pattern))
             _table(label, runs)
+            if guard:
+                found = guard_failures(runs, args.threshold, args.floor)
+                failures += [f"{label}: {line}" for line in found]
     print(f"load average after: {os.getloadavg()[0]:.1f}")
-    return 0
+    return failures
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import baseline dominate peak memory, the scaled pair shows the data-dependent p
 
 HTA lives in its own virtual environment so the project's stays untouched::
 
-    python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis
-    .venv/bin/python benchmarks/hta_compare.py --hta-python /tmp/hta-venv/bin/python --scale 10
+    python3 -m venv ../hta-venv && ../hta-venv/bin/pip install HolisticTraceAnalysis
+    .venv/bin/python benchmarks/hta_compare.py --hta-python ../hta-venv/bin/python --scale 10
 
 Prints a table; it asserts nothing (benchmarks are not tests).
 """
@@ -217,7 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--hta-python",
-        default="/tmp/hta-venv/bin/python",
+        required=True,
         help="python of a venv with HolisticTraceAnalysis installed",
     )
     parser.add_argument(

@@ -8,7 +8,7 @@ replicated, including ones the reader ignores, so the file size is realistic.
 
 Usage::
 
-    python benchmarks/make_large_nsys.py --kernels 2000000 --out /tmp/cptrace_large.sqlite
+    python benchmarks/make_large_nsys.py --kernels 2000000 --out cptrace_large_nsys.sqlite
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def build(source: Path, out: Path, kernels: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/cptrace_large_nsys.sqlite"))
+    default_out = Path(tempfile.gettempdir()) / "cptrace_large_nsys.sqlite"
+    parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--kernels", type=int, default=2_000_000)
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -32,6 +32,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 SMALL = REPO / "tests/data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"
-LARGE = Path("/tmp/cptrace_large_nsys.sqlite")
+LARGE = Path(tempfile.gettempdir()) / "cptrace_large_nsys.sqlite"
 COLUMNS = (
     "export",
     "backend",

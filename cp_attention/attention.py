@@ -193,7 +193,7 @@ class _Step:
         return None if call is None else call.k_rows
 
 
-def _ring_forward(s: _Step, q, k, v, ring: Ring | None):
+def _ring_forward(s: _Step, q, k, v, ring: Ring | LoopbackRing | None):
     """Returns ``(out, lse, kv blocks held at each step)``."""
     merger = s.merger(q)
     kv = [k, v]
@@ -213,7 +213,7 @@ def _ring_forward(s: _Step, q, k, v, ring: Ring | None):
     return out, lse, blocks
 
 
-def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
+def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | LoopbackRing | None):
     """P2P backward over the KV blocks saved in forward.
 
     Remote blocks go first; their dK/dV go straight back to their owners while the local
@@ -246,17 +246,19 @@ def _saved_kv_backward(s: _Step, dout, q, blocks, out, lse, ring: Ring | None):
         grads = (s.bwd(call, dout, q, bk, bv, out, lse, zero, zero_q, dq_dtype)
                  if call is not None else None)
         with phase("grad_reduce"):
-            if grads is not None and fp32:
+            # grads is None exactly when call is None (the step has no work on this rank)
+            if grads is not None and call is not None and fp32:
                 dq_parts.append(_dq_part(grads[0], call, s.calls[index], q, grads[3]))
-            elif grads is not None and grads[3] and s.tuning.dq_rows \
+            elif grads is not None and call is not None and grads[3] and s.tuning.dq_rows \
                     and not call.q_rows.covers(q.shape[0]):
                 partial_dq.append((grads[0], call.q_rows))
-            elif grads is not None:
+            elif grads is not None and call is not None:
                 dq = add_rows(dq, call.q_rows, grads[0], q, q.dtype, grads[3])
             block = [_block_grad(None, call.k_rows if call else None,
                                  grads[1 + i] if grads else None, (bk, bv)[i],
                                  bool(grads and grads[3])) for i in range(2)]
         if index > 0:
+            assert ring is not None  # steps past the first exist only with peers
             sends.append((block, (ring.rank - index) % ring.size))
     if ring is not None and ring.size > 1:
         received = pending.wait()
@@ -306,7 +308,9 @@ def _dq_part(dq: torch.Tensor, call: AttnCall, planned: AttnCall | None, q: torc
     return add_rows(None, rows, dq, q, dq.dtype), None, None
 
 
-def _joint_backward(s: _Step, j: JointBwd, dout, q, blocks, out, lse, ring: Ring | None):
+def _joint_backward(
+    s: _Step, j: JointBwd, dout, q, blocks, out, lse, ring: Ring | LoopbackRing | None
+):
     """P2P backward of a rank whose steps are one call (:class:`~cp_attention.plan.JointBwd`).
 
     The rows every step read are packed into one KV buffer, one backward call runs over it,
@@ -345,8 +349,8 @@ def _joint_backward(s: _Step, j: JointBwd, dout, q, blocks, out, lse, ring: Ring
         steps = list(range(1, size)) if received else []
         rows = {step: s.peer_rows(step) if s.tuning.remote_rows else Rows(0, k.shape[0])
                 for step in steps}
-        base = next((st for st in steps if rows[st] is not None
-                     and rows[st].covers(k.shape[0])), None)
+        base = next((st for st in steps if (r := rows[st]) is not None
+                     and r.covers(k.shape[0])), None)
         block = [torch.empty_like(k), torch.empty_like(v)]
         for t in range(2):
             other = None if base is None else received[2 * (base - 1) + t]
@@ -484,7 +488,8 @@ def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
     blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
     if len(blocks) == len(s.calls):
         return _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
-    return _ring_backward(s, dout, q, *blocks[0], out, lse, ring)
+    k0, v0 = blocks[0]
+    return _ring_backward(s, dout, q, k0, v0, out, lse, ring)
 
 
 class _CPAttention(torch.autograd.Function):
@@ -503,7 +508,8 @@ class _CPAttention(torch.autograd.Function):
             # Static graph outputs are overwritten by the next replay (another layer of the
             # same layout): what outlives this call is cloned out of them.
             res = [t.clone() for t in GRAPHS.run(
-                _layout(step, "fwd", ring), lambda xs: _forward(step, *xs, ring, gather),
+                _layout(step, "fwd", ring),
+                lambda xs: _forward(step, xs[0], xs[1], xs[2], ring, gather),
                 [q, k, v])]
             out, lse, rest = res[0], res[1], res[2:]
         else:
@@ -571,7 +577,7 @@ def rank_local_work(
 
     def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         loop = LoopbackRing.from_tensors(rank, cp, xs[4:]) if ring is not None else None
-        res = _local_work(step, *xs[:4], loop)
+        res = _local_work(step, xs[0], xs[1], xs[2], xs[3], loop)
         sent = sorted(loop.sent, key=lambda item: item[1]) if loop is not None else []
         return (*res, *[t for tensors, _ in sent for t in tensors])
 

@@ -291,7 +291,7 @@ class CudnnGraphAttention:
             return g, g.get_workspace_size(), uids
         start = time.perf_counter()
         space = self._add_knob_plans(g)
-        built = []
+        built: list[int] = []
         for i in range(g.get_execution_plan_count()):
             # Knob variants may each compile a kernel: bounded per graph and per process.
             spent = time.perf_counter() - start
@@ -330,8 +330,9 @@ class CudnnGraphAttention:
         except Exception as exc:  # older frontends, or a plan without an explicit engine
             _LOG.info("knob sweep skipped: %s", exc)
             return []
-        space = [(str(k.type), int(k.min_value), int(k.max_value), int(k.stride))
-                 for k in knobs]
+        space: list[tuple[str, int, int, float]] = [
+            (str(k.type), int(k.min_value), int(k.max_value), int(k.stride)) for k in knobs
+        ]
         base = dict(base)
         seen = {_knob_signature(base)}
         added = 0

@@ -237,7 +237,7 @@ def run_case(case: KernelCase, kernel, device: torch.device, dtype: torch.dtype,
             if layout.startswith("packed"):
                 out, lse = kernel.fwd(qp, kp, vp, *args, cache=call.cache)
                 grads = kernel.bwd(dop, qp, kp, vp, out, lse, *args, cache=call.cache, **extra)
-                outside = [None, None, None]
+                outside: list[torch.Tensor | None] = [None, None, None]
             else:
                 if not (call.in_place and hasattr(kernel, "fwd_in_place")):
                     continue

@@ -383,7 +383,10 @@ def _construct(choice: str) -> LocalAttention:
 
         primary = CudnnGraphAttention(autotune=choice == "cudnn_autotune")
         return GuardedAttention(primary, FlashAttention(), known_bad)
-    return {"math": MathAttention, "flash": FlashAttention, "cudnn_op": CudnnOpAttention}[choice]()
+    plain: dict[str, type[LocalAttention]] = {
+        "math": MathAttention, "flash": FlashAttention, "cudnn_op": CudnnOpAttention,
+    }
+    return plain[choice]()
 
 
 def varlen_fwd(

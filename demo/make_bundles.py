@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python demo/make_bundles.py [--traces /work/shared/traces] [--out demo/bundles]
+    .venv/bin/python demo/make_bundles.py [--traces SHARED_TRACES] [--out demo/bundles]
 
 The traces are the ones documented in ``tests/data/README.md`` (a copy of the shared traces'
 README); every fact written into a manifest is taken from that README, nothing is measured or

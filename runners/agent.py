@@ -10,6 +10,12 @@ command entry of the suite that runs in the workspace under ``cptrace profile``
 (``runners.command_job``). If the lease is lost (the service
 gave the job to someone else), the launch is cancelled and nothing is reported.
 
+Pull-request code (setup commands, command entries) runs in the agent's sandbox
+(``runners.sandbox``: bubblewrap; the agent refuses to start when it cannot), never sees the
+agent's token (its environment, its files, its ``/proc`` entries), and every text the agent
+uploads (failure reasons, log tails, the bundle's logs and manifest) is redacted of the agent's
+secrets and of token-shaped strings first (``contracts.redaction``).
+
 SIGTERM (e.g. the node is being drained): the current job may finish within ``term_grace_s``;
 after that its launch is stopped and the job is *released* back to the queue, so another runner
 picks it up without using up an attempt. No new job is claimed after SIGTERM.
@@ -18,9 +24,11 @@ picks it up without using up an attempt. No new job is claimed after SIGTERM.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,12 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from contracts.profile_entry import CommandEntry
+from contracts.redaction import redact_secrets
 from runners.command_job import is_command_job, parse_command_entry, run_command_entry
 from runners.http import ApiError, RetryPolicy, ServiceClient, with_retries
 from runners.launch import LaunchError, LaunchOptions
+from runners.sandbox import Sandbox, check_sandbox
 from runners.spec import RunSpec, SpecError, parse_spec
 from runners.upload import UploadResult
-from runners.workspace import Checkout, CheckoutError, prepare_workspace
+from runners.workspace import SECRET_ENV, Checkout, CheckoutError, prepare_workspace
 
 log = logging.getLogger("cptrace.agent")
 LEASE_LOST = (403, 404, 409, 410)  # 403: the job is held by another runner's token
@@ -61,6 +71,10 @@ class AgentConfig:
     keep_runs: bool = False
     """Keep bundle directories after a successful upload."""
     launch: LaunchOptions = field(default_factory=LaunchOptions)
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    """Where pull-request code runs; the work dir and the token file are hidden in it."""
+    token_file: Path | None = None
+    """The file the token was read from (hidden from jobs)."""
 
 
 RunFn = Callable[[RunSpec, Path, LaunchOptions], Path]
@@ -85,8 +99,12 @@ class Agent:
 
         self.client = client
         self.config = config
+        values = (os.environ.get(k, "") for k in SECRET_ENV if k != "CPTRACE_TOKEN_FILE")
+        self.secrets = (*client.secrets, *values)
+        hidden = (config.work_dir, *([config.token_file] if config.token_file else []))
+        self.sandbox = replace(config.sandbox, hidden=(*config.sandbox.hidden, *hidden))
         self.run_fn: RunFn = run_fn or run_spec
-        self.upload_fn: UploadFn = upload_fn or upload_bundle
+        self.upload_fn: UploadFn = _redacting(upload_fn or upload_bundle, self.secrets)
         self.command_fn: CommandFn = command_fn or run_command_entry
         self.stopping = threading.Event()
         self.jobs_done = 0
@@ -102,8 +120,18 @@ class Agent:
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 
+    def check_sandbox(self) -> None:
+        """Start the sandbox once; :raises SandboxError: it cannot start (fail closed)."""
+        self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".sandbox-check-", dir=self.config.work_dir) as d:
+            check_sandbox(self.sandbox, Path(d))
+
     def serve(self) -> int:
-        """Claim and run jobs until stopped; returns the number of jobs handled."""
+        """Claim and run jobs until stopped; returns the number of jobs handled.
+
+        :raises SandboxError: the job sandbox cannot start on this host.
+        """
+        self.check_sandbox()
         idle = 0
         while not self.stopping.is_set():
             if self.config.max_jobs is not None and self.jobs_done >= self.config.max_jobs:
@@ -183,7 +211,7 @@ class Agent:
                 spec = parse_spec(job.get("spec"), source=source)
                 name = spec.name
             run_dir = self.config.work_dir / f"job{job['id']}-{name}-{int(time.time())}"
-            options = _with_cancel(self.config.launch, cancel)
+            options = replace(_with_cancel(self.config.launch, cancel), sandbox=self.sandbox)
             if job.get("checkout") is not None:
                 checkout = Checkout.from_job(job["checkout"])
                 workspace = self.config.work_dir / f"job{job['id']}-workspace"
@@ -191,6 +219,7 @@ class Agent:
                     checkout,
                     workspace,
                     log=self.config.work_dir / f"job{job['id']}-checkout.log",
+                    sandbox=self.sandbox,
                     timeout_s=self.config.launch.timeout_s or 900.0,
                     cancel=cancel,
                 )
@@ -255,6 +284,7 @@ class Agent:
                 self._post(f"/jobs/{job_id}/complete", {"run_id": outcome["upload"].run_id})
                 return "completed"
             reason, tail = outcome.get("error", ("the job ended without a result", ""))
+            reason, tail = (redact_secrets(t, self.secrets) for t in (reason, tail))
             failed: dict[str, Any] = {}
             if outcome.get("failed_upload") is not None:
                 failed["run_id"] = outcome["failed_upload"].run_id
@@ -272,3 +302,26 @@ class Agent:
 
 def _with_cancel(options: LaunchOptions, cancel: threading.Event) -> LaunchOptions:
     return replace(options, cancel=cancel)
+
+
+def redact_bundle(bundle: Path, secrets: tuple[str, ...]) -> None:
+    """Rewrite the bundle's texts (``manifest.json``, ``logs/*``) without secrets, in place."""
+    if not bundle.is_dir():
+        return
+    for path in [bundle / "manifest.json", *sorted((bundle / "logs").glob("**/*"))]:
+        if not path.is_file() or path.is_symlink():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        clean = redact_secrets(text, secrets)
+        if clean != text:
+            path.write_text(clean, encoding="utf-8")
+
+
+def _redacting(upload: UploadFn, secrets: tuple[str, ...]) -> UploadFn:
+    """``upload`` of a bundle redacted first: every bundle the agent sends goes through it."""
+
+    def send(bundle: Path, client: ServiceClient) -> UploadResult:
+        redact_bundle(bundle, secrets)
+        return upload(bundle, client)
+
+    return send

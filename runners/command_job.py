@@ -96,6 +96,7 @@ def run_command_entry(
         cwd=workspace,
         env=job_environment(),
         run_tags=launch.run_tags,
+        sandbox=launch.sandbox,
     )
     log = out / "logs" / "profile.log"
     try:

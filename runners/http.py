@@ -100,10 +100,15 @@ class ServiceClient:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"server must be an http(s) URL, got {server!r}")
         if not token:
-            raise ValueError("a token is needed (--token or CPTRACE_TOKEN)")
+            raise ValueError("a token is needed (CPTRACE_TOKEN or a token file)")
         self.base = server.rstrip("/") + API_PREFIX
         self._token = token
         self.timeout_s = timeout_s
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values that must never leave this host in a text (``contracts.redaction``)."""
+        return (self._token,)
 
     def _send(self, req: urllib.request.Request, timeout: float | None = None) -> Response:
         req.add_header("Authorization", f"Bearer {self._token}")

@@ -35,6 +35,7 @@ from runners import nsys as nsys_cmds
 from runners.manifest import build_manifest_parts
 from runners.profile.rankstatus import STATUS_ENV
 from runners.profile.supervise import Supervised, failure_record, supervise
+from runners.sandbox import Sandbox
 from runners.spec import RunSpec, parse_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +73,8 @@ class LaunchOptions:
     run_tags: dict[str, Any] | None = None
     """Manifest ``run`` fields that replace the runner checkout's own git facts (the agent's
     pull-request jobs: branch, commit, repo, pr, suite, spec_name of the measured checkout)."""
+    sandbox: Sandbox | None = None
+    """The agent's sandbox: a command entry (pull-request code) runs inside it."""
 
 
 def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:

@@ -47,6 +47,7 @@ def prepare_archive(path: Path, work_dir: Path) -> Path:
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
             return path
         target = work_dir / f"{bundle.run.name or 'bundle'}.tar.gz"  # RunInfo, a model
+        assert bundle.root is not None  # read_bundle of a path always has a root on disk
         pack_bundle(bundle.root, target)
         return target
 

@@ -8,8 +8,10 @@ out detached, verifies ``HEAD`` is the commit asked for, and runs the setup comm
 Every step runs under the launch's timeout and cancel event, logged, so a failure fails the job
 with the log's tail.
 
-The setup command and the workload run the pull request's code: the runner's own credentials
-(``CPTRACE_TOKEN``, ``GITHUB_TOKEN``) are removed from the setup command's environment.
+The setup command and the workload run the pull request's code: the setup runs in the agent's
+sandbox (``runners.sandbox``: its own namespaces, the host read-only, only the checkout
+writable), and the runner's credentials (``CPTRACE_TOKEN``, ``GITHUB_TOKEN``, any variable named
+like a secret or holding a token-shaped value) are removed from its environment.
 """
 
 from __future__ import annotations
@@ -24,11 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.redaction import looks_secret
 from runners.launch import LaunchError, run_logged
+from runners.sandbox import Sandbox
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _URL = re.compile(r"^(?:https://|http://|ssh://|git@|file://)[^\s]+$")
-SECRET_ENV = ("CPTRACE_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "CPTRACE_GITHUB_WEBHOOK_SECRET")
+SECRET_ENV = (
+    "CPTRACE_TOKEN",
+    "CPTRACE_TOKEN_FILE",
+    "GITHUB_TOKEN",
+    "GH_TOKEN",
+    "CPTRACE_GITHUB_WEBHOOK_SECRET",
+)
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY", re.I)
 
 
 class CheckoutError(LaunchError):
@@ -94,8 +105,13 @@ class Checkout:
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the runner's credentials (what the pull request's code sees)."""
-    return {k: v for k, v in environ.items() if k not in SECRET_ENV}
+    """``environ`` without the runner's credentials (what the pull request's code sees): the
+    known names, any name that says secret, any value shaped like a token."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in SECRET_ENV and not _SECRET_NAME.search(k) and not looks_secret(v)
+    }
 
 
 def _git_env() -> dict[str, str]:
@@ -109,10 +125,12 @@ def prepare_workspace(
     root: Path,
     *,
     log: Path,
+    sandbox: Sandbox,
     timeout_s: float | None = 900.0,
     cancel: threading.Event | None = None,
 ) -> Path:
-    """Fetch and check out ``checkout.sha`` into a fresh ``root``, then run the setup there.
+    """Fetch and check out ``checkout.sha`` into a fresh ``root``, then run the setup there,
+    inside ``sandbox`` with only ``root`` writable.
 
     :raises CheckoutError: a git step or the setup command failed (with the log's tail).
     """
@@ -143,7 +161,7 @@ def prepare_workspace(
     if checkout.setup:
         try:
             run_logged(
-                ["bash", "-c", checkout.setup],
+                sandbox.wrap(["bash", "-c", checkout.setup], writable=[root], cwd=root),
                 log=log,
                 env=env,
                 timeout=timeout_s,
@@ -151,6 +169,6 @@ def prepare_workspace(
                 cwd=root,
             )
         except LaunchError as exc:
-            first = str(exc).split("\n", 1)[0].split(" ... ", 1)[-1]
+            first = str(exc).split("\n", 1)[0].rsplit(" ... ", 1)[-1]
             raise CheckoutError(f"setup command failed ({first})", log_tail=exc.log_tail) from exc
     return root

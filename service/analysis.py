@@ -9,6 +9,7 @@ the reason).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -73,6 +74,37 @@ def _expire_leases(conn: sqlite3.Connection, now: float, max_attempts: int) -> N
                 progress="requeued after a lost worker",
                 touch=False,
             )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def expire_orphaned_leases(conn: sqlite3.Connection, *, host: str) -> list[int]:
+    """End now the leases of running tasks whose worker (``host:pid``) was on this host and
+    is gone (a SIGKILLed API takes its worker along): the next claim requeues them at once
+    instead of after the whole lease. Returns the task ids; other hosts' tasks keep theirs.
+    """
+    with immediate(conn):
+        running = conn.execute(
+            "SELECT id, worker FROM analysis_tasks WHERE status = 'running'"
+        ).fetchall()
+        gone = []
+        for task_id, worker in running:
+            name, sep, pid = str(worker or "").rpartition(":")
+            if sep and name == host and pid.isdigit() and not _pid_alive(int(pid)):
+                gone.append(int(task_id))
+        for task_id in gone:
+            conn.execute(
+                "UPDATE analysis_tasks SET lease_expires_at = 0 WHERE id = ?", (task_id,)
+            )
+    return gone
 
 
 def claim_analysis(

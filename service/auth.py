@@ -1,6 +1,8 @@
-"""Bearer tokens: random secrets shown once, stored only as their sha256; three roles.
+"""Bearer tokens: random secrets shown once, stored only as their sha256; four roles.
 
-``admin`` may do everything, ``runner`` may upload and work jobs, ``viewer`` may only read.
+``admin`` may do everything, ``runner`` may work jobs (claim, heartbeat, upload their bundles,
+report) and nothing else, ``viewer`` may only read, ``ci`` may read and queue pull-request loop
+batches for the one repository it is scoped to (``--repo OWNER/NAME``; the composite action).
 A token is 32 random bytes (url-safe base64) behind a ``cpt_`` prefix, so a leaked database
 holds no usable credential and a token in a log is easy to recognise.
 
@@ -12,22 +14,32 @@ runner token acting on it gets 403; admins may act on any job.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from service.core.errors import Forbidden
+
+TOKEN_PREFIX = "cpt_"
+"""Every token starts with it (``contracts.redaction`` hides ``cpt_`` strings in logs)."""
+REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
+
 
 class Role(StrEnum):
     """What a token may do. Order matters: each role includes the ones below it."""
 
     VIEWER = "viewer"
+    CI = "ci"
     RUNNER = "runner"
     ADMIN = "admin"
 
 
-_RANK = {Role.VIEWER: 0, Role.RUNNER: 1, Role.ADMIN: 2}
+# CI ranks with viewers: it reads, and its one extra right (batches of its repository) is checked
+# by that route against the token's scope, never by rank.
+_RANK = {Role.VIEWER: 0, Role.CI: 0, Role.RUNNER: 1, Role.ADMIN: 2}
 
 
 def role_allows(role: Role, needed: Role) -> bool:
@@ -47,11 +59,13 @@ def now_iso() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who presented a token: its row id, role and (runner tokens) bound runner identity."""
+    """Who presented a token: its row id, role, (runner tokens) bound runner identity and (CI
+    tokens) the repository it may queue batches for."""
 
     token_id: int
     role: Role
     runner: str | None = None
+    repo: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -59,31 +73,67 @@ class Principal:
 
 
 def create_token(
-    conn: sqlite3.Connection, *, role: Role, name: str = "", runner: str | None = None
+    conn: sqlite3.Connection,
+    *,
+    role: Role,
+    name: str = "",
+    runner: str | None = None,
+    repo: str | None = None,
 ) -> str:
     """Insert a new token and return its secret (the only time it exists in clear).
 
     ``runner`` binds a runner token to that runner identity (claims under another name are
-    refused); only runner tokens can be bound.
+    refused); only runner tokens can be bound. ``repo`` (``OWNER/NAME``) is the one repository
+    a CI token queues batches for (a CI token without one queues nothing; the CLI requires it);
+    no other role takes it.
     """
     if runner is not None and role is not Role.RUNNER:
         raise ValueError("only runner tokens are bound to a runner identity")
     if runner is not None and not runner.strip():
         raise ValueError("the runner identity must not be empty")
-    token = "cpt_" + secrets.token_urlsafe(32)
+    if repo is not None and role is not Role.CI:
+        raise ValueError("only CI tokens are scoped to a repository")
+    if repo is not None and not REPO_NAME.match(repo):
+        raise ValueError(f"repository {repo!r}: expected OWNER/NAME")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     conn.execute(
-        "INSERT INTO tokens (name, role, token_hash, created_at, runner) VALUES (?, ?, ?, ?, ?)",
-        (name or runner or role.value, role.value, hash_token(token), now_iso(), runner),
-    )
+        "INSERT INTO tokens (name, role, token_hash, created_at, runner, repo)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (name or runner or repo or role.value, role.value, hash_token(token), now_iso(), runner,
+         repo),
+    )  # fmt: skip
     return token
+
+
+def bind_runner(conn: sqlite3.Connection, principal: Principal, runner: str) -> None:
+    """Bind a runner token to ``runner`` on its first claim (or check its binding).
+
+    :raises Forbidden: the token is bound to another name, or another token to this one.
+    """
+    if principal.runner is not None:
+        if principal.runner != runner:
+            raise Forbidden(
+                f"this token is bound to runner {principal.runner!r}; it cannot claim as "
+                f"{runner!r}"
+            )
+        return
+    other = conn.execute(
+        "SELECT id FROM tokens WHERE runner = ? AND id != ?", (runner, principal.token_id)
+    ).fetchone()
+    if other is not None:
+        raise Forbidden(f"runner name {runner!r} belongs to another token")
+    conn.execute(
+        "UPDATE tokens SET runner = ? WHERE id = ? AND runner IS NULL",
+        (runner, principal.token_id),
+    )
 
 
 def lookup_principal(conn: sqlite3.Connection, token: str) -> Principal | None:
     """The presented token's id, role and runner identity, or None when it is unknown."""
     row = conn.execute(
-        "SELECT id, role, runner FROM tokens WHERE token_hash = ?", (hash_token(token),)
+        "SELECT id, role, runner, repo FROM tokens WHERE token_hash = ?", (hash_token(token),)
     ).fetchone()
-    return Principal(int(row[0]), Role(row[1]), row[2]) if row else None
+    return Principal(int(row[0]), Role(row[1]), row[2], row[3]) if row else None
 
 
 def lookup_token(conn: sqlite3.Connection, token: str) -> Role | None:
@@ -106,10 +156,11 @@ def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
 def list_tokens(conn: sqlite3.Connection) -> list[dict[str, object]]:
     """Every token's id, name, role and creation time (never its hash)."""
     rows = conn.execute(
-        "SELECT id, name, role, created_at, runner FROM tokens ORDER BY id"
+        "SELECT id, name, role, created_at, runner, repo FROM tokens ORDER BY id"
     ).fetchall()
     return [
-        {"id": r[0], "name": r[1], "role": r[2], "created_at": r[3], "runner": r[4]} for r in rows
+        {"id": r[0], "name": r[1], "role": r[2], "created_at": r[3], "runner": r[4], "repo": r[5]}
+        for r in rows
     ]
 
 

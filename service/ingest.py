@@ -36,6 +36,8 @@ class Limits:
 
     max_decompressed_bytes: int
     max_members: int
+    max_stored_bytes: int | None = None
+    """What the bundle's members may store together (None: ``max_decompressed_bytes``)."""
 
 
 @dataclass(slots=True)
@@ -178,8 +180,8 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
                 fh,
                 sink=sink,
                 source="bundle",
-                max_member_bytes=limits.max_decompressed_bytes,
-                max_total_bytes=limits.max_decompressed_bytes,
+                max_member_bytes=limits.max_stored_bytes or limits.max_decompressed_bytes,
+                max_total_bytes=limits.max_stored_bytes or limits.max_decompressed_bytes,
                 max_members=limits.max_members,
             )
         phases.lap("read")
@@ -245,9 +247,16 @@ def stage_trace(
 
 
 def record_run(
-    conn: sqlite3.Connection, staged: StagedRun, *, key: str, source: str, run_id: int | None = None
+    conn: sqlite3.Connection,
+    staged: StagedRun,
+    *,
+    key: str,
+    source: str,
+    run_id: int | None = None,
+    token_id: int | None = None,
 ) -> tuple[int, bool]:
     """Insert the run (or add files to ``run_id``) plus an analysis task; one transaction.
+    ``token_id``: the uploading token (whose runner may then complete a job with this run).
 
     Returns ``(run_id, created)``; ``created`` is False when ``key`` was seen before.
     :raises NotFound: ``run_id`` is given and does not exist.
@@ -283,7 +292,7 @@ def record_run(
             format=_file_format(f),
             rank=f.rank,
         )
-    runs.record_upload(conn, key=key, run_id=run_id)
+    runs.record_upload(conn, key=key, run_id=run_id, token_id=token_id)
     enqueue_analysis(conn, run_id)
     return run_id, True
 

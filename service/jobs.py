@@ -240,7 +240,7 @@ def finish_job(
     with immediate(conn):
         job = _held(conn, job_id, runner, owner)
         if run_id is not None:
-            runs.require_run(conn, run_id=run_id)
+            _check_result(conn, job_id, run_id, owner)
         conn.execute(
             "UPDATE jobs SET status = ?, run_id = ?, reason = ?, log_tail = ?, "
             "lease_expires_at = NULL, updated_at = ? WHERE id = ?",
@@ -251,6 +251,22 @@ def finish_job(
         touch_runner(conn, job["runner"], job_id=None)
 
 
+def _check_result(conn: sqlite3.Connection, job_id: int, run_id: int, owner: int | None) -> None:
+    """A job's run exists, is no other job's, and (``owner``: a runner token) was uploaded by
+    that token."""
+    runs.require_run(conn, run_id=run_id)
+    other = runs.run_job(conn, run_id=run_id)
+    if other is not None and other != job_id:
+        raise Conflict(f"run {run_id} is the result of job {other}")
+    if owner is not None and not runs.uploaded_by(conn, run_id=run_id, token_id=owner):
+        raise Forbidden(f"run {run_id} was not uploaded by this runner's token")
+
+
+MAX_FREE_RELEASES = 3
+"""Releases a job gets without using up an attempt; later ones count (claim/release cycles
+end when ``max_attempts`` is used)."""
+
+
 def release_job(
     conn: sqlite3.Connection, job_id: int, *, runner: str | None = None, owner: int | None = None
 ) -> None:
@@ -258,8 +274,11 @@ def release_job(
     with immediate(conn):
         job = _held(conn, job_id, runner, owner)
         conn.execute(
-            "UPDATE jobs SET status = 'queued', runner = NULL, lease_expires_at = NULL, "
-            "attempts = max(attempts - 1, 0), reason = ?, updated_at = ? WHERE id = ?",
-            (f"released by runner {job['runner']!r}", now_iso(), job_id),
-        )
+            "UPDATE jobs SET status = CASE WHEN releases >= ? AND attempts >= max_attempts"
+            " THEN 'failed' ELSE 'queued' END, runner = NULL, lease_expires_at = NULL,"
+            " attempts = CASE WHEN releases >= ? THEN attempts ELSE max(attempts - 1, 0) END,"
+            " releases = releases + 1, reason = ?, updated_at = ? WHERE id = ?",
+            (MAX_FREE_RELEASES, MAX_FREE_RELEASES, f"released by runner {job['runner']!r}",
+             now_iso(), job_id),
+        )  # fmt: skip
         touch_runner(conn, job["runner"], job_id=None)

@@ -10,6 +10,7 @@ that is served is assembled above both, in ``cptrace.app.create_app`` (the compo
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
@@ -54,20 +55,36 @@ def _status_of(exc: Exception) -> tuple[int, str]:
         return status, str(exc)
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return 503, "the database is busy; retry"
+    if _disk_full(exc):
+        return 507, "the server's disk is full: nothing was stored; retry once space is freed"
     return 500, "internal server error"
 
 
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT anywhere in the chain, or SQLite's own "disk is full"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.OperationalError) and "disk is full" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _handled_classes() -> list[type[Exception]]:
-    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError]
+    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, OSError]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
         status, message = _status_of(exc)
-        if status >= 500 and not isinstance(exc, ApiError):
+        if status >= 500 and status != 507 and not isinstance(exc, ApiError):
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if isinstance(exc, ApiError) and exc.headers:
+            headers = {**headers, **exc.headers}
         return JSONResponse(
             error_body(status, message, errors), status_code=status, headers=headers
         )

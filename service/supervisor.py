@@ -136,6 +136,10 @@ class WorkerStatus:
     name: str | None  # the worker's name in worker_heartbeats (host:pid); never shown
 
 
+STARTUP_GRACE_S = 60.0
+"""How long a new worker may take to record its first heartbeat before it counts as hung."""
+
+
 class WorkerSupervisor:
     """Starts ``python -m service.worker`` and keeps it running (bounded restarts)."""
 
@@ -165,10 +169,14 @@ class WorkerSupervisor:
 
     def _loop(self) -> None:
         self._spawn()
+        next_check = time.monotonic()
         while not self._stop.wait(0.2):
             assert self.proc is not None
             code = self.proc.poll()
             if code is None:
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 1.0
+                    self._kill_if_silent()
                 continue
             self.last_exit = describe_exit(code)
             self._release_leases(self.proc.pid)
@@ -188,6 +196,35 @@ class WorkerSupervisor:
                 return
             self._spawn()
         self._terminate()
+
+    def _kill_if_silent(self) -> None:
+        """A worker alive but silent past ``health_worker_stale_s`` (stopped with SIGSTOP, hung
+        in the kernel) is killed, so the loop restarts it like one that died."""
+        from service.storage.database import connect
+
+        proc, started = self.proc, self.started_at
+        stale_s = self.settings.health_worker_stale_s
+        if proc is None or started is None or time.time() - started <= stale_s:
+            return
+        try:
+            conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
+            try:
+                row = conn.execute(
+                    "SELECT beat_at FROM worker_heartbeats WHERE name = ?",
+                    (f"{socket.gethostname()}:{proc.pid}",),
+                ).fetchone()
+            finally:
+                conn.close()
+        except Exception as exc:  # cannot tell: leave it to the next check
+            log.warning("could not read the worker's heartbeat: %s", exc)
+            return
+        if row is None:  # not beating yet: a slow start (imports on a loaded host) gets longer
+            if time.time() - started <= max(3 * stale_s, STARTUP_GRACE_S):
+                return
+        elif time.time() - float(row[0]) <= stale_s:
+            return
+        log.error("analysis worker silent for over %.0f s; killing it to restart it", stale_s)
+        proc.kill()
 
     def _release_leases(self, pid: int) -> None:
         """The dead worker's tasks need not wait for their lease: expire it now, so the next

@@ -66,6 +66,9 @@ class AnalysisWorker:
         commit statuses) when ``GITHUB_TOKEN`` is set: right after the analysis they wait for.
         """
         log.info("analysis worker %s started on %s", self.name, self.settings.db_path)
+        orphans = analysis.expire_orphaned_leases(self.conn, host=socket.gethostname())
+        if orphans:
+            log.warning("tasks %s: their worker on this host is gone; requeued now", orphans)
         alive = _Alive(self.settings, self.name)
         alive.start()
         publisher = _pr_publisher(self.settings)

@@ -273,14 +273,14 @@ def timeline_zoom(
     if window not in drawn:
         return None, None
     chart, timeline = drawn[window]
-    drawn = next((s.window for s in timeline.steps if s.rank == rank), None)
+    drawn_window = next((s.window for s in timeline.steps if s.rank == rank), None)
     gaps = [
         g
         for g in timeline.gaps
         if g.rank == rank and g.part.value == part and g.label == label
     ]
     if not gaps:
-        return None, drawn
+        return None, drawn_window
     g = max(gaps, key=lambda g: g.end_ns - g.start_ns)
     x0, x1 = g.start_ns / 1e6, g.end_ns / 1e6
     margin = max(x1 - x0, 0.01) * 4  # the gap and the kernels around it
@@ -297,7 +297,7 @@ def timeline_zoom(
             ),
             text=figures.gap_text(g),
         ),
-        drawn,
+        drawn_window,
     )
 
 

@@ -34,8 +34,8 @@ MAX_PREFIX_BYTES = 8 << 20
 _READ = 64 << 10
 
 _TOKEN = re.compile(
-    r'"(?:[^"\\\x00-\x1f]|\\.)*"'  # a string
-    r'|"(?:[^"\\\x00-\x1f]|\\.)*\\?\Z'  # a string cut by the end of the chunk
+    r'"[^"\\\x00-\x1f]*+(?:\\.[^"\\\x00-\x1f]*+)*+"'  # a string (possessive: no backtracking)
+    r'|(?P<cut>"[^"\\\x00-\x1f]*+(?:\\.[^"\\\x00-\x1f]*+)*+(?P<esc>\\?)\Z)'  # cut by the end
     r'|[\[\]{},:]|[^\s\[\]{},:"]+|\S'
 )
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
@@ -69,18 +69,55 @@ def _texts(stream: IO[bytes], label: str) -> Iterator[str]:
             )
 
 
+_STRING_REST = re.compile(r'[^"\\\x00-\x1f]*+(?:\\.[^"\\\x00-\x1f]*+)*+(\\?)')
+"""The rest of a string cut by a chunk boundary: its characters up to the closing quote (or the
+chunk's end; group 1 is a trailing backslash whose escaped character is in the next chunk)."""
+MAX_BARE_TOKEN = 4096
+"""Longest number or literal accepted (a longer run of bare characters is no JSON value)."""
+
+
 def _tokens(texts: Iterator[str]) -> Iterator[str]:
-    """JSON tokens across chunk boundaries (a token cut by a boundary is re-read whole)."""
+    """JSON tokens across chunk boundaries, linear in the text.
+
+    A short token cut by a boundary (a number, a literal) is re-read whole with the next chunk;
+    a string cut by one is continued where it stopped (its parts kept, never re-scanned), so a
+    string of many chunks costs one pass, not one pass per chunk.
+    """
     carry = ""
+    parts: list[str] = []  # an open string's text so far (from its quote)
+    escaped = False  # that text ends inside an escape (its escaped character comes next)
     for text in texts:
-        buf = carry + text
-        end = 0
+        start = 0
+        if parts:
+            if escaped:
+                parts.append(text[:1])
+                start = 1
+            rest = _STRING_REST.match(text, start)
+            assert rest is not None  # the pattern matches the empty string
+            stop = rest.end()
+            if stop == len(text):
+                parts.append(text[start:])
+                escaped = bool(rest.group(1))
+                continue
+            if text[stop] != '"':
+                raise _Invalid("a control character inside a string")
+            yield "".join([*parts, text[start : stop + 1]])
+            parts, escaped = [], False
+            start = stop + 1
+        buf = carry + text[start:]
+        carry = ""  # whitespace between tokens is never carried
         for match in _TOKEN.finditer(buf):
             if match.end() == len(buf):  # may continue in the next chunk
+                if match.lastgroup == "cut":
+                    parts, escaped = [match.group()], bool(match.group("esc"))
+                else:
+                    carry = match.group()
                 break
-            end = match.end()
             yield match.group()
-        carry = buf[end:]
+        if len(carry) > MAX_BARE_TOKEN:
+            raise _Invalid(f"a bare token longer than {MAX_BARE_TOKEN} characters")
+    if parts:
+        yield "".join(parts)  # an unterminated string: the grammar reports the early end
     for match in _TOKEN.finditer(carry):
         yield match.group()
 

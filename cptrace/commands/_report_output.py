@@ -4,51 +4,33 @@ the JSON without timelines unless ``--full``."""
 from __future__ import annotations
 
 import csv
-import enum
 import io
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-
-class Section(enum.StrEnum):
-    """A part of the analysis output (``--report NAME``, repeatable; default: all)."""
-
-    SUMMARY = "summary"  # "do this first" and the whole-trace summary
-    HELPERS = "helpers"  # per-group helper and rank tables (host time on a CPU run)
-    KERNELS = "kernels"  # GPU devices and the per-kernel-name table
-    TIMELINE = "timeline"  # GPU timelines and iteration times
-    ACCOUNT = "account"  # where the step went
-    FINDINGS = "findings"
-
-
-class OutputFormat(enum.StrEnum):
-    TABLE = "table"
-    CSV = "csv"
-    JSON = "json"
-
+from cptrace.commands.analyze import ALL_SECTIONS, Section
 
 TIMELINE_KEYS = ("timeline", "other_timelines", "gpu_timeline", "window_timelines")
 """The report's timeline fields: left out of the JSON unless ``--full``."""
 
 SECTION_KEYS: dict[Section, tuple[str, ...]] = {
-    Section.SUMMARY: ("summary",),
-    Section.HELPERS: ("helpers", "rank_summaries", "streams", "imbalance", "host_time"),
-    Section.KERNELS: ("devices", "kernels"),
-    Section.TIMELINE: ("iterations", *TIMELINE_KEYS),
+    Section.HELPERS: ("helpers", "streams", "imbalance"),
+    Section.RANKS: ("rank_summaries",),
+    Section.TIMELINE: TIMELINE_KEYS,
     Section.ACCOUNT: ("accounts", "step_accounts"),
-    Section.FINDINGS: ("findings", "host_syncs"),
+    Section.DEVICES: ("devices",),
+    Section.KERNELS: ("kernels",),
+    Section.SUMMARY: ("summary",),
+    Section.HOST: ("host_time", "host_syncs"),
+    Section.ITERATIONS: ("iterations",),
+    Section.FINDINGS: ("findings",),
 }
 """The report keys of each section in the JSON (``--report`` given)."""
 
 ALWAYS_KEYS = ("schema_version", "catalog_version", "sources", "ranks", "windows", "groups",
                "notes", "environment", "failure")  # fmt: skip
 """Keys every JSON keeps: what was analysed (``--report`` selects only the rest)."""
-
-
-def chosen(sections: Sequence[Section] | None) -> set[Section]:
-    """The sections to print: all when none is named."""
-    return set(sections) if sections else set(Section)
 
 
 def report_json(report: Any, sections: Sequence[Section] | None, *, full: bool) -> dict[str, Any]:
@@ -68,26 +50,24 @@ def report_json(report: Any, sections: Sequence[Section] | None, *, full: bool) 
 
 def _rows(report: Any, section: Section) -> Iterable[tuple[str, Any]]:
     """(table, row model) of a section, for CSV."""
-    if section is Section.SUMMARY:
-        summary = report.summary
-        if summary is not None:
-            for table in ("do_first", "families", "cpu_ops", "ranges", "sync_pointers"):
-                yield from ((table, r) for r in getattr(summary, table))
-    elif section is Section.HELPERS:
-        yield from (("helpers", h) for h in report.helpers)
-        yield from (("ranks", r) for r in report.rank_summaries)
-        if report.host_time is not None:
-            yield from (("host_time", h) for h in report.host_time.helpers)
-    elif section is Section.KERNELS:
-        yield from (("devices", d) for d in report.devices)
-        yield from (("kernels", k) for k in report.kernels)
-    elif section is Section.TIMELINE:
-        yield from (("iterations", i) for i in report.iterations)
-        yield from (("gpu_timeline", t) for t in report.gpu_timeline)
-    elif section is Section.ACCOUNT:
-        yield from (("accounts", a) for a in report.accounts)
-    else:
-        yield from (("findings", f) for f in report.findings)
+    summary, host = report.summary, report.host_time
+    tables: dict[Section, list[tuple[str, Sequence[Any]]]] = {
+        Section.HELPERS: [("helpers", report.helpers)],
+        Section.RANKS: [("ranks", report.rank_summaries)],
+        Section.TIMELINE: [("gpu_timeline", report.gpu_timeline)],
+        Section.ACCOUNT: [("accounts", report.accounts)],
+        Section.DEVICES: [("devices", report.devices)],
+        Section.KERNELS: [("kernels", report.kernels)],
+        Section.SUMMARY: [
+            (t, getattr(summary, t) if summary is not None else [])
+            for t in ("do_first", "families", "cpu_ops", "ranges", "sync_pointers")
+        ],
+        Section.HOST: [("host_time", host.helpers if host is not None else [])],
+        Section.ITERATIONS: [("iterations", report.iterations)],
+        Section.FINDINGS: [("findings", report.findings)],
+    }
+    for table, rows in tables[section]:
+        yield from ((table, row) for row in rows)
 
 
 def _cell(value: Any) -> Any:
@@ -104,7 +84,8 @@ def report_csv(report: Any, sections: Sequence[Section] | None) -> str:
     the rows' fields in first-seen order (a row leaves the others empty)."""
     rows: list[dict[str, Any]] = []
     columns: dict[str, None] = {"section": None, "table": None}
-    for section in (s for s in Section if s in chosen(sections)):
+    wanted = set(sections) if sections else ALL_SECTIONS
+    for section in (s for s in Section if s in wanted):
         for table, model in _rows(report, section):
             row = {"section": section.value, "table": table}
             row.update((k, _cell(v)) for k, v in model.model_dump(mode="json").items())
@@ -121,9 +102,6 @@ __all__ = [
     "ALWAYS_KEYS",
     "SECTION_KEYS",
     "TIMELINE_KEYS",
-    "OutputFormat",
-    "Section",
-    "chosen",
     "report_csv",
     "report_json",
 ]

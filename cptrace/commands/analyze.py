@@ -9,19 +9,41 @@ from __future__ import annotations
 import json
 import re
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from cptrace.commands._account_tables import render_account, render_account_delta
-from cptrace.commands._report_output import (
-    OutputFormat,
-    Section,
-    chosen,
-    report_csv,
-    report_json,
-)
+
+
+class Section(StrEnum):
+    """A part of ``analyze``'s text report (``--report``); the sources, a failure, the "do this
+    first" actions and the notes are always printed."""
+
+    HELPERS = "helpers"
+    RANKS = "ranks"
+    TIMELINE = "timeline"
+    ACCOUNT = "account"
+    DEVICES = "devices"
+    KERNELS = "kernels"
+    SUMMARY = "summary"
+    HOST = "host"
+    ITERATIONS = "iterations"
+    FINDINGS = "findings"
+
+
+ALL_SECTIONS = frozenset(Section)
+
+
+class OutputFormat(StrEnum):
+    """``analyze --format``: rich tables, one CSV (a row per table row) or the report's JSON."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
 
 TOP_HELPERS = 15
 TOP_KERNELS = 15
@@ -110,14 +132,11 @@ def analyze(
     report_sections: list[Section] | None = typer.Option(
         None,
         "--report",
-        help="Print only this section (repeatable; default: all).",
-        case_sensitive=False,
+        help="Print only these sections of the text report (repeatable; default all). The "
+        "per-window sections (helpers, ranks, timeline, account) are most of its length.",
     ),
     output_format: OutputFormat = typer.Option(
-        OutputFormat.TABLE,
-        "--format",
-        help="table, csv (one row per table row) or json.",
-        case_sensitive=False,
+        OutputFormat.TABLE, "--format", help="table, csv (one row per table row) or json."
     ),
     full: bool = typer.Option(
         False, "--full", help="JSON: keep the timelines (left out by default: they are large)."
@@ -130,11 +149,14 @@ def analyze(
     "failure" key first; a bundle without traces exits 1 with {failure_headline, failure,
     findings}).
 
-    "Do this first" (at most three actions, their saving and evidence) leads. ``--report NAME``
-    (repeatable) prints only those sections: summary, helpers, kernels, timeline, account,
-    findings. ``--format table|csv|json``: csv is one row per table row, with ``section`` and
-    ``table`` columns; json leaves out the timelines (``--full`` keeps them) and, with
-    ``--report``, keeps only those sections' keys. Sources in a bundle are named by bundle and
+    --report SECTION (repeatable) prints only those sections of the text report, in its order:
+    helpers, ranks, timeline, account (one table each per window), devices, kernels, summary,
+    host, iterations, findings; the sources, a failure, the "do this first" actions and the
+    notes always.
+
+    --format table|csv|json: csv is one row per table row of the sections, with ``section``
+    and ``table`` columns; json (also --json) leaves out the timelines (--full keeps them) and,
+    with --report, keeps only those sections' keys. Sources in a bundle are named by bundle and
     member (``run.tar.gz:traces/rank0.json.gz``). An analysis over a second shows a progress
     bar on stderr when it is a terminal.
 
@@ -142,12 +164,9 @@ def analyze(
     """
     from analyzers.pipeline import FailedRunError
 
-    if as_json:
-        output_format = OutputFormat.JSON
-    as_json = output_format is OutputFormat.JSON
+    as_json = as_json or output_format is OutputFormat.JSON
     try:
-        report = _run_analyze(traces, manifest, step_pattern, catalog, show_progress=True,
-                              rank=rank)  # fmt: skip
+        report = _run_analyze(traces, manifest, step_pattern, catalog, True, rank=rank)
     except FailedRunError as exc:
         # the bundle of a job that failed: the one-line error, how it failed, what the manifest
         # shows
@@ -156,13 +175,15 @@ def analyze(
         raise failed from exc
     except _library_errors() as exc:
         raise _fail(exc) from exc
-    if as_json:
-        typer.echo(json.dumps(report_json(report, report_sections, full=full), indent=2))
+    if as_json or output_format is OutputFormat.CSV:
+        from cptrace.commands._report_output import report_csv, report_json
+
+        if as_json:
+            typer.echo(json.dumps(report_json(report, report_sections, full=full), indent=2))
+        else:
+            typer.echo(report_csv(report, report_sections), nl=False)
         return
-    if output_format is OutputFormat.CSV:
-        typer.echo(report_csv(report, report_sections), nl=False)
-        return
-    render_report(report, chosen(report_sections))
+    render_report(report, frozenset(report_sections) if report_sections else ALL_SECTIONS)
 
 
 def _render_manifest_findings(failure: Any, findings: list[Any], as_json: bool) -> None:
@@ -342,11 +363,10 @@ def _per(group: str) -> tuple[str, str]:
     return "per step (total / steps)", "/step"
 
 
-def render_report(report: Any, sections: set[Section] | None = None) -> None:
+def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> None:
     """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
-    (devices, kernels), iterations and findings; only the ``sections`` given (default all)."""
-    from rich.table import Table
-
+    (devices, kernels, summary), iterations and findings; of those, only ``sections`` (the
+    "do this first" actions always, right after the sources)."""
     from cptrace.commands._summary_tables import render_do_first, render_summary
 
     console = _console()
@@ -360,98 +380,110 @@ def render_report(report: Any, sections: set[Section] | None = None) -> None:
             f"  {src.path} ({src.format}, ranks {src.ranks}): {src.activities} GPU activities, "
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
-    show = sections if sections is not None else set(Section)
-    if Section.SUMMARY in show:
-        render_do_first(console, report.summary)
+    render_do_first(console, report.summary)
     for group in report.groups:
-        per, unit = _per(group)
-        rows = [h for h in report.helpers if h.window == group]
-        table = Table(title=f"{group}: helpers, {per}", title_justify="left")
-        for col in (
-            "rank",
-            "helper",
-            "category",
-            f"launches{unit}",
-            f"activities{unit}",
-            f"GPU ms{unit}",
-            f"host ms{unit}",
-            "first call ms",
-            "matched by",
-        ):
-            table.add_column(
-                col, justify="left" if col in ("helper", "category", "matched by") else "right"
-            )
-        for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
-            : TOP_HELPERS * max(1, len(report.ranks))
-        ]:
-            steps = 1 if group == "whole trace" else max(h.steps, 1)
-            table.add_row(
-                str(h.rank),
-                h.helper,
-                h.category.value,
-                f"{h.launches / steps:g}",
-                f"{h.activities / steps:g}",
-                _ms(h.gpu_time_ns / steps),
-                _ms((h.host_time_ns - h.first_call_host_ns) / steps),
-                _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
-                h.matched_by,
-            )
-        helpers_shown = Section.HELPERS in show and (rows or not _cpu_only(report))
-        if helpers_shown:  # a CPU-only trace gets its host-time tables instead
-            console.print(table)
-            console.print(
-                "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
-                "excludes the first call (compilation, warm-up), shown apart[/]"
-            )
-        totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
-        for col in (
-            "rank",
-            "steps",
-            f"span ms{unit}",
-            f"kernels{unit}",
-            f"launches{unit}",
-            f"activities{unit}",
-            "attributed",
-        ):
-            totals.add_column(col, justify="right")
-        for r in (r for r in report.rank_summaries if r.window == group):
-            steps = 1 if group == "whole trace" else max(r.steps, 1)
-            totals.add_row(
-                str(r.rank),
-                "-" if group == "whole trace" else str(r.steps),
-                _ms(r.span_ns / steps),
-                f"{r.kernels / steps:g}",
-                f"{r.launches / steps:g}",
-                f"{r.activities / steps:g}",
-                f"{r.attributed_fraction:.1%}",
-            )
-        if Section.HELPERS in show:
-            console.print(totals)
+        if Section.HELPERS in sections:
+            _render_helpers(console, report, group)
+        if Section.RANKS in sections:
+            _render_ranks(console, report, group)
         if _cpu_only(report):  # no GPU: its timeline and account would be all "idle"
-            if show & {Section.TIMELINE, Section.ACCOUNT}:
+            if sections & {Section.TIMELINE, Section.ACCOUNT}:
                 console.print(
                     f"{group}: GPU timeline and where the step went: not observed: no GPU "
                     "activity in this trace",
                     highlight=False,
                 )
             continue
-        if Section.TIMELINE in show:
+        if Section.TIMELINE in sections:
             _render_timeline(console, [t for t in report.gpu_timeline if t.window == group], group)
-        if Section.ACCOUNT in show:
+        if Section.ACCOUNT in sections:
             render_account(console, report, group)
-    if Section.KERNELS in show:
+    if Section.DEVICES in sections:
         _render_devices(console, report.devices)
+    if Section.KERNELS in sections:
         _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
-    if Section.SUMMARY in show:
+    if Section.SUMMARY in sections:
         render_summary(console, report.summary)
-    if Section.HELPERS in show:
+    if Section.HOST in sections:
         _render_host_time(console, report)
-    if Section.TIMELINE in show:
+    if Section.ITERATIONS in sections:
         _render_iterations(console, report.iterations)
-    if Section.FINDINGS in show:
+    if Section.FINDINGS in sections:
         _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _render_helpers(console: Any, report: Any, group: str) -> None:
+    from rich.table import Table
+
+    per, unit = _per(group)
+    rows = [h for h in report.helpers if h.window == group]
+    table = Table(title=f"{group}: helpers, {per}", title_justify="left")
+    for col in (
+        "rank",
+        "helper",
+        "category",
+        f"launches{unit}",
+        f"activities{unit}",
+        f"GPU ms{unit}",
+        f"host ms{unit}",
+        "first call ms",
+        "matched by",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("helper", "category", "matched by") else "right"
+        )
+    for h in sorted(rows, key=lambda h: (h.rank, -h.gpu_time_ns))[
+        : TOP_HELPERS * max(1, len(report.ranks))
+    ]:
+        steps = 1 if group == "whole trace" else max(h.steps, 1)
+        table.add_row(
+            str(h.rank),
+            h.helper,
+            h.category.value,
+            f"{h.launches / steps:g}",
+            f"{h.activities / steps:g}",
+            _ms(h.gpu_time_ns / steps),
+            _ms((h.host_time_ns - h.first_call_host_ns) / steps),
+            _ms(h.first_call_host_ns) if h.first_call_host_ns else "-",
+            h.matched_by,
+        )
+    if rows or not _cpu_only(report):  # a CPU-only trace gets its host-time tables instead
+        console.print(table)
+        console.print(
+            "[dim]launches = CPU launch calls, activities = kernels + memcpy + memset; host ms "
+            "excludes the first call (compilation, warm-up), shown apart[/]"
+        )
+
+
+def _render_ranks(console: Any, report: Any, group: str) -> None:
+    from rich.table import Table
+
+    per, unit = _per(group)
+    totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
+    for col in (
+        "rank",
+        "steps",
+        f"span ms{unit}",
+        f"kernels{unit}",
+        f"launches{unit}",
+        f"activities{unit}",
+        "attributed",
+    ):
+        totals.add_column(col, justify="right")
+    for r in (r for r in report.rank_summaries if r.window == group):
+        steps = 1 if group == "whole trace" else max(r.steps, 1)
+        totals.add_row(
+            str(r.rank),
+            "-" if group == "whole trace" else str(r.steps),
+            _ms(r.span_ns / steps),
+            f"{r.kernels / steps:g}",
+            f"{r.launches / steps:g}",
+            f"{r.activities / steps:g}",
+            f"{r.attributed_fraction:.1%}",
+        )
+    console.print(totals)
 
 
 def _cpu_only(report: Any) -> bool:

@@ -54,6 +54,7 @@ def perfetto(
     from analyzers.export.perfetto import ExportError, perfetto_trace
     from analyzers.pipeline import run_analysis
 
+    expected: tuple[type[BaseException], ...] = (*_library_errors(), ExportError)
     try:
         if step_pattern:
             re.compile(step_pattern)
@@ -61,7 +62,7 @@ def perfetto(
         an = run_analysis(traces, manifest=manifest, step_pattern=step_pattern, catalog=cat)
         doc = perfetto_trace(an.trace, an.attribution, an.ranges, cat, an.report.windows, window)
         output.write_text(json.dumps(doc), encoding="utf-8")
-    except (*_library_errors(), ExportError) as exc:
+    except expected as exc:
         raise _fail(exc) from exc
     slices = sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
     typer.echo(f"wrote {output}: {slices} slices of window {window!r}")

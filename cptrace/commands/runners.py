@@ -109,9 +109,27 @@ def upload(
     typer.echo(f"run {result.run_id} ({state}) sha256 {result.sha256}")
 
 
+def _agent_token(token_file: Path | None) -> str:
+    """The agent's token: from a file only its owner can read, else ``$CPTRACE_TOKEN``; the
+    variable is then removed from this process's environment (children never inherit it)."""
+    from runners.sandbox import SandboxError, read_token_file
+
+    from_env = os.environ.pop("CPTRACE_TOKEN", "")
+    if token_file is None:
+        return from_env
+    try:
+        return read_token_file(token_file)
+    except SandboxError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 def agent(
     server: str = typer.Option(..., "--server", help="Service URL."),
-    token: str | None = TokenOpt,
+    token: str | None = typer.Option(None, "--token", hidden=True),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="File holding the runner token (mode 0600; default: "
+        "$CPTRACE_TOKEN_FILE, else $CPTRACE_TOKEN).", envvar="CPTRACE_TOKEN_FILE",
+    ),
     gpus: int = typer.Option(1, "--gpus", min=0, help="GPUs this runner offers."),
     name: str | None = typer.Option(None, "--name", help="Runner name (default: host name)."),
     work_dir: Path = typer.Option(Path("runs"), "--work-dir", help="Where bundles are made."),
@@ -123,15 +141,30 @@ def agent(
     nsys_cmd: str = typer.Option("nsys", "--nsys-cmd", help="How to call Nsight Systems."),
     keep_runs: bool = typer.Option(False, "--keep-runs", help="Keep bundles after upload."),
 ) -> None:
-    """Take jobs from the service, run them, upload their bundles (until SIGTERM).
+    """Take jobs from the service, run them (pull-request code in a sandbox), upload their
+    bundles (until SIGTERM). The token comes from the environment or a 0600 file, never from
+    the command line (any process on the host can read a command line).
 
-    Example: cptrace agent --server http://127.0.0.1:8000 --token $CPTRACE_TOKEN --gpus 2
+    Example: cptrace agent --server http://127.0.0.1:8000 --token-file /etc/cptrace/token --gpus 2
     """
     import logging
 
     from runners.agent import Agent, AgentConfig
     from runners.http import ApiError
     from runners.launch import LaunchOptions
+    from runners.sandbox import SandboxError, make_undumpable
+    from runners.workspace import SECRET_ENV
+
+    if token is not None:
+        raise typer.BadParameter(
+            "the agent takes no token on the command line (other processes can read it): "
+            "set CPTRACE_TOKEN or give --token-file (mode 0600)", param_hint="--token"
+        )
+    try:
+        make_undumpable()
+    except SandboxError as exc:
+        _fail(str(exc))
+    secret = _agent_token(token_file)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = AgentConfig(
@@ -144,14 +177,17 @@ def agent(
         max_idle_polls=max_idle_polls,
         keep_runs=keep_runs,
         launch=LaunchOptions(nsys_cmd=tuple(shlex.split(nsys_cmd))),
+        token_file=token_file,
     )
     if name:
         config.runner = name
-    runner = Agent(_client(server, token), config)
+    runner = Agent(_client(server, secret), config)
+    for key in SECRET_ENV:  # the runner needs no GitHub token; no child inherits one
+        os.environ.pop(key, None)
     runner.install_signal_handlers()
     try:
         done = runner.serve()
-    except ApiError as exc:
+    except (ApiError, SandboxError) as exc:
         _fail(str(exc))
     typer.echo(f"agent {config.runner}: {done} job(s) handled")
 

@@ -100,13 +100,18 @@ def worker(
 
 
 def token_create(
-    role: str = typer.Option(..., "--role", help="admin, runner or viewer."),
+    role: str = typer.Option(..., "--role", help="admin, runner, ci or viewer."),
     name: str = typer.Option("", "--name", help="A label for the token."),
     runner: str | None = typer.Option(
         None,
         "--runner",
         help="Runner tokens: bind the token to this runner identity (it may claim jobs only "
         "under this name). Jobs always belong to the token that claimed them.",
+    ),
+    repo: str | None = typer.Option(
+        None,
+        "--repo",
+        help="CI tokens: the one repository (OWNER/NAME) whose batches it may queue.",
     ),
     data_dir: Path = DataDir,
 ) -> None:
@@ -121,15 +126,21 @@ def token_create(
         parsed = Role(role)
     except ValueError:
         raise typer.BadParameter(
-            f"role must be one of admin, runner, viewer (got {role!r})"
+            f"role must be one of admin, runner, ci, viewer (got {role!r})"
         ) from None
     if runner is not None and parsed is not Role.RUNNER:
         raise typer.BadParameter("--runner binds a runner token; use it with --role runner")
     if runner is not None and not runner.strip():
         raise typer.BadParameter("--runner needs a name (the agent's --runner / host name)")
+    if (repo is not None) != (parsed is Role.CI):
+        raise typer.BadParameter("a ci token needs --repo OWNER/NAME; other roles take none")
     db = open_database(_settings(data_dir))
     try:
-        token = db.write_tx(lambda c: create_token(c, role=parsed, name=name, runner=runner))
+        token = db.write_tx(
+            lambda c: create_token(c, role=parsed, name=name, runner=runner, repo=repo)
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     except Exception as exc:
         raise CommandError(f"cannot create the token: {exc}") from exc
     finally:
@@ -152,6 +163,7 @@ def token_list(data_dir: Path = DataDir) -> None:
         db.close()
     for token in tokens:
         bound = f"\trunner={token['runner']}" if token.get("runner") else ""
+        bound += f"\trepo={token['repo']}" if token.get("repo") else ""
         typer.echo(f"{token['id']}\t{token['role']}\t{token['name']}\t{token['created_at']}{bound}")
 
 

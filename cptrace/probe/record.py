@@ -119,7 +119,8 @@ class SignatureRecord:
             if cu is not None:
                 ok = all((b - a) % two_cp == 0 for a, b in itertools.pairwise(cu))
                 getattr(self, name)[_key(ok)] += 1
-        total = (facts.cu_seqlens_padded or facts.cu_seqlens or [None])[-1]
+        offsets = facts.cu_seqlens_padded or facts.cu_seqlens
+        total = offsets[-1] if offsets else None
         if total is not None:
             if total in self.total_tokens or len(self.total_tokens) < MAX_DISTINCT_TOKENS:
                 self.total_tokens[total] += 1

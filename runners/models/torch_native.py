@@ -7,7 +7,7 @@ with gloo (tests, laptops) and on CUDA. Optional FSDP over the same ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +57,9 @@ class TorchTransformerLayer(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def _shard(model: nn.Module, layers: list[nn.Module], mode: str, ctx: RankContext) -> nn.Module:
+def _shard(
+    model: nn.Module, layers: Sequence[nn.Module], mode: str, ctx: RankContext
+) -> nn.Module:
     if mode == "fully_shard":
         from torch.distributed.fsdp import fully_shard
 

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = _init_distributed(spec)
     name = args.variant or spec.variant_names()[0]
     workload = spec.variant_workload(name)
+    assert spec.model is not None  # checked above: the spec has a model: section
     arm = build_model_arm(name, spec.model, workload, layout_for(workload, spec.ranks), ctx)
     cuda = ctx.device.type == "cuda"
     times: list[float] = []

@@ -46,6 +46,7 @@ from runners.profile.steps import STEPS_ENV, StepsConfig
 from runners.profile.steptimes import iteration_times, read_step_files
 from runners.profile.supervise import Supervised, failure_record, supervise
 from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
+from runners.sandbox import Sandbox, remove_special_files
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 PROBE_ENV = "CPTRACE_PROBE"
@@ -93,6 +94,9 @@ class ProfileOptions:
     """The job's base environment instead of ours (the agent removes its credentials)."""
     run_tags: dict[str, Any] | None = None
     """Extra manifest ``run`` fields (the agent's pull-request jobs: repo, commit, suite, ...)."""
+    sandbox: Sandbox | None = None
+    """Run the command in this sandbox (``cptrace agent``: pull-request code), with only its
+    checkout (``cwd``), the bundle and the scratch directory writable."""
     echo: Callable[[str], None] | None = None
     """Gets the job's output as it comes (``cptrace profile``: the terminal); the log keeps it."""
 
@@ -242,7 +246,8 @@ def _export_nsys(out: Path, scratch: Path, opts: ProfileOptions, log: Path) -> l
         rank = int(m["rank"]) if m and m["rank"] else 0
         sqlite = rep.with_suffix(".sqlite")
         export = nsys_cmds.export_command(list(opts.nsys_cmd), report=rep, sqlite=sqlite)
-        done = supervise(export, log=log, env=dict(os.environ), timeout_s=opts.timeout_s)
+        base = os.environ if opts.env is None else opts.env  # never the agent's credentials
+        done = supervise(export, log=log, env=dict(base), timeout_s=opts.timeout_s)
         if not done.ok or not sqlite.is_file():
             continue  # the failure record and the log say the export failed
         gz = bundle_writer.gzip_file(sqlite)
@@ -285,11 +290,16 @@ def profile_job(cmd: list[str], out: Path, opts: ProfileOptions) -> ProfileResul
         launch, command = profile_command(cmd, opts, scratch, extra)
         log = out / "logs" / "profile.log"
         env = child_environment(opts, scratch)
+        if opts.sandbox is not None:
+            writable = [out, scratch, *([opts.cwd] if opts.cwd is not None else [])]
+            command = opts.sandbox.wrap(command, writable=writable, cwd=opts.cwd)
         result = supervise(
             command, log=log, env=env, status_dir=scratch / "status",
             watchdog_s=opts.watchdog_s, hang_s=opts.hang_timeout_s, timeout_s=opts.timeout_s,
             cancel=opts.cancel, cwd=opts.cwd, echo=opts.echo,
         )
+        if opts.sandbox is not None:  # what the job wrote is read out here: no planted links
+            remove_special_files(out, scratch)
         failure = _scrubbed(failure_record(result, watchdog_s=opts.watchdog_s), cmd)
         traces = _collect_traces(out, scratch, opts, log)
         if not traces and failure is None:

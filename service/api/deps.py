@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.auth import Role, hash_token, lookup_token, role_allows
+from service.auth import Principal, Role, hash_token, lookup_principal, lookup_token, role_allows
 from service.core.config import Settings
 from service.core.errors import Forbidden, Unauthorized
 from service.storage.blobs import BlobStore
@@ -152,6 +152,16 @@ async def admin_access(role: TokenRole) -> Role:
     return require_role(Role.ADMIN, role, action="this write")
 
 
+async def runner_principal(db: DbDep, credentials: Credentials, _: RunnerAccess) -> Principal:
+    """The token behind a runner's write (its role already checked by ``RunnerAccess``)."""
+    assert credentials is not None  # RunnerAccess refused anonymous calls
+    principal = db.read(lambda c: lookup_principal(c, credentials.credentials))
+    if principal is None:  # revoked since the role check's cache entry
+        raise Unauthorized("the bearer token is not valid")
+    return principal
+
+
 ReadAccess = Annotated[Role | None, Depends(read_access)]
 RunnerAccess = Annotated[Role, Depends(runner_access)]
 AdminAccess = Annotated[Role, Depends(admin_access)]
+RunnerPrincipal = Annotated[Principal, Depends(runner_principal)]

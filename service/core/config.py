@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         4096, "Largest total size a gzip upload may expand to (gzip-bomb guard)."
     )
     max_bundle_members: int = _count(512, "Most files a run bundle may hold.")
+    max_stored_ratio: float = Field(
+        default=100.0,
+        ge=1,
+        description="Most bytes a bundle may store per byte uploaded (its members as stored, "
+        "after the archive's own gzip), above a floor of 64 MiB.",
+    )
     read_time_limit_ms: int = _count(2000, "Time limit of one read query (progress handler).")
     busy_timeout_ms: int = _count(10000, "SQLite busy timeout for every connection.", minimum=0)
     job_lease_s: float = _seconds(120.0, "Lease a runner gets on claim; heartbeats extend it.")
@@ -111,7 +117,7 @@ class Settings(BaseSettings):
         2.0, "How often an analysis worker records that it is alive."
     )
     health_worker_stale_s: float = _seconds(
-        30.0, "A supervised worker silent this long is reported down."
+        30.0, "A supervised worker silent this long is reported down, then restarted."
     )
     health_queue_stall_s: float = _seconds(
         900.0,

@@ -35,6 +35,8 @@ class ApiError(Exception):
     """Base class: an error answer with ``status`` and a human-readable message."""
 
     status = 500
+    headers: dict[str, str] | None = None
+    """Extra response headers (``Retry-After``, ``Connection: close``)."""
 
     def __init__(self, message: str, *, errors: list[str] | None = None) -> None:
         super().__init__(message)

@@ -47,7 +47,18 @@ class LoopSettings(BaseSettings):
         description="post check runs (Checks API: GitHub App tokens) instead of commit "
         "statuses, so no baseline is 'neutral'; a token that may not falls back to statuses",
     )
-    max_payload_bytes: int = Field(default=25 * MiB, ge=1024)
+    max_payload_bytes: int = Field(
+        default=25 * MiB, ge=1024, description="largest webhook body (GitHub sends <= 25 MB)"
+    )
+    webhook_max_bodies: int = Field(
+        default=8, ge=1, description="webhook bodies received at once, before their signature"
+    )
+    webhook_max_inflight_bytes: int = Field(
+        default=64 * MiB, ge=1024, description="bytes those bodies may hold together"
+    )
+    webhook_body_deadline_s: float = Field(
+        default=10.0, gt=0, description="time for a whole webhook body, however it trickles"
+    )
     job_max_attempts: int = Field(default=2, ge=1)
     publish_interval_s: float = Field(
         default=2.0, gt=0, description="how often the worker looks for finished batches"

@@ -99,6 +99,16 @@ def _get(payload: Any, *path: str) -> Any:
     return payload
 
 
+MAX_PR_NUMBER = 2**31 - 1
+
+
+def _pr_number(value: Any, where: str) -> int:
+    """A pull request number from a payload: an integer 1..2^31-1, else a ``PlanError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PR_NUMBER:
+        raise PlanError(f"{where}: expected a pull request number 1..{MAX_PR_NUMBER}")
+    return value
+
+
 def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
     head_sha = str(_get(pull, "head", "sha") or "")
     if not _SHA.match(head_sha):
@@ -109,7 +119,7 @@ def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
         clone_url=clone_url,
         head_sha=head_sha,
         head_ref=_get(pull, "head", "ref"),
-        pr=int(pull["number"]),
+        pr=_pr_number(_get(pull, "number"), "pull_request.number"),
         base_sha=_get(pull, "base", "sha"),
         base_ref=_get(pull, "base", "ref"),
         fork=head_repo != repo,
@@ -154,16 +164,39 @@ def intent_from_event(
     if event == "issue_comment":
         body = str(_get(payload, "comment", "body") or "").strip()
         is_pr = _get(payload, "issue", "pull_request") is not None
-        if action != "created" or not is_pr or body.splitlines()[:1] != [settings.approval_command]:
+        command = _approval_command(body, settings.approval_command)
+        if action != "created" or not is_pr or command is None:
             return Intent(reason="comment: not an approval command on a pull request")
         if client is None:
             raise PlanError("approving by comment needs GITHUB_TOKEN (to read the pull request)")
-        number = int(_get(payload, "issue", "number"))
-        return _approved(
-            repo, _get(payload, "comment", "user", "login"), client, clone_url,
-            client.get_pull(repo, number),
-        )  # fmt: skip
+        number = _pr_number(_get(payload, "issue", "number"), "issue.number")
+        pull = client.get_pull(repo, number)
+        head = str(_get(pull, "head", "sha") or "")
+        if command and not head.startswith(command):
+            return Intent(
+                reason=f"approval names {command[:12]}, but the head is {head[:12]}: not queued "
+                "(a new push needs its own approval)"
+            )
+        return _approved(repo, _get(payload, "comment", "user", "login"), client, clone_url, pull)
     return Intent(reason=f"event {event!r} is not handled")
+
+
+_APPROVED_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _approval_command(body: str, command: str) -> str | None:
+    """The SHA an approval comment names ("" when it names none); None: not an approval.
+
+    ``/cptrace run <sha>`` approves exactly that commit (checked against the head when the
+    comment is processed); a bare ``/cptrace run`` approves the head at that moment.
+    """
+    first = body.splitlines()[0].strip() if body else ""
+    if first == command:
+        return ""
+    rest = first.removeprefix(command + " ").strip().lower()
+    if first.startswith(command + " ") and _APPROVED_SHA.match(rest):
+        return rest
+    return None
 
 
 def _approved(
@@ -176,9 +209,30 @@ def _approved(
     return Intent(_pr_target(repo, clone_url, pull), f"approved by {user}")
 
 
+MAX_SUITE_FILE_BYTES = 64 * 1024
+"""Largest ``.cptrace.yml`` or spec file read from a repository."""
+MAX_JOB_SPEC_BYTES = 64 * 1024
+"""Largest job spec (as JSON) a suite entry may become."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: a 504-byte alias bomb expands to gigabytes; suite files need none."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted in suite files", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
 def _yaml(text: str, where: str) -> Any:
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SUITE_FILE_BYTES:
+        raise PlanError(f"{where}: {size} bytes, over the {MAX_SUITE_FILE_BYTES}-byte limit")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as exc:
         raise PlanError(f"{where}: not valid YAML ({exc})") from exc
 
@@ -186,8 +240,14 @@ def _yaml(text: str, where: str) -> Any:
 def load_suite_file(text: str, where: str) -> SuiteFile:
     """Parse ``.cptrace.yml``; :raises SuiteFileError: naming the file, the first bad field
     and its fix."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SUITE_FILE_BYTES:
+        raise SuiteFileError(
+            where, "(file)", f"{size} bytes, over the {MAX_SUITE_FILE_BYTES}-byte limit",
+            f"keep {SUITE_FILE} under {MAX_SUITE_FILE_BYTES} bytes (name spec files by path)",
+        )  # fmt: skip
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_NoAliasLoader)  # no aliases: no alias bomb
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(YAML)"
@@ -240,6 +300,12 @@ def report_suite_file_error(
 
 def _add(plan: BatchPlan, suite: str, entry_name: str, spec: dict[str, Any]) -> None:
     """One job of the batch; entry names are the comment's sections and the baseline's key."""
+    size = len(json.dumps(spec))
+    if size > MAX_JOB_SPEC_BYTES:
+        raise PlanError(
+            f"suite {suite}: {entry_name[:100]!r} is {size} bytes as a job spec, over the "
+            f"{MAX_JOB_SPEC_BYTES}-byte limit"
+        )
     if any(entry_name == other for other, _ in plan.specs):
         raise PlanError(f"suite {suite}: two specs or commands are named {entry_name!r}")
     plan.specs.append((entry_name, spec))

@@ -24,6 +24,22 @@ from service.core.errors import PayloadTooLarge
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+STAGING_PREFIX = "stage-"
+
+
+@contextlib.contextmanager
+def staging_dir(tmp: Path) -> Iterator[Path]:
+    """A fresh folder in ``tmp/`` for one upload's validation, removed afterwards however it
+    ended: a validation process killed at its time or memory limit leaves its partial files
+    there, and the parent (this) removes them, not the next restart."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=tmp))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredBlob:
     """A blob that is complete on disk."""
@@ -125,7 +141,7 @@ class BlobStore:
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += 1
-        for folder in self.tmp.glob("cptrace-bundle-*"):
+        for folder in [*self.tmp.glob("cptrace-bundle-*"), *self.tmp.glob(f"{STAGING_PREFIX}*")]:
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
         return removed

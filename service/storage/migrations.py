@@ -187,6 +187,16 @@ def m025_run_job_failed(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_verdict ON runs (status, job_failed)")
 
 
+@migrations()
+def m030_token_scopes(db: sqlite_utils.Database) -> None:
+    """CI tokens are scoped to one repository: the only one they may queue batches for. An
+    upload records the token that sent it (a runner completes a job only with its own run);
+    a job counts its releases (a claim/release cycle cannot hold it forever)."""
+    db.execute("ALTER TABLE tokens ADD COLUMN repo TEXT")
+    db.execute("ALTER TABLE uploads ADD COLUMN token_id INTEGER")
+    db.execute("ALTER TABLE jobs ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

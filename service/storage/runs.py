@@ -136,6 +136,16 @@ _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=
 _SORT_SQL.update(median_ms="mm.value", findings="fm.value")
 
 
+
+MAX_ROWS = 2**53 - 1
+"""Any limit or offset past it means "past the end": SQLite's INTEGER is 64-bit, callers' ints
+are not (a page number of 2^63 from a URL)."""
+
+
+def page_bounds(limit: int, offset: int) -> tuple[int, int]:
+    """``LIMIT`` and ``OFFSET`` values SQLite can bind, same answer: clamped to ``MAX_ROWS``."""
+    return max(0, min(int(limit), MAX_ROWS)), max(0, min(int(offset), MAX_ROWS))
+
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -194,7 +204,7 @@ def list_runs(
         else f"({key}) IS NULL, {key} {direction}, r.id {direction}"
     )
     sql = f"{SUMMARY_COLUMNS}{SUMMARY_FROM}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"
-    return [summary_fields(r) for r in rows(conn, sql, [*params, int(limit), int(offset)])]
+    return [summary_fields(r) for r in rows(conn, sql, [*params, *page_bounds(limit, offset)])]
 
 
 def summaries_by_id(conn: sqlite3.Connection, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
@@ -311,7 +321,7 @@ def list_comparisons(
         "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
         f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
     )
-    return rows(conn, sql, [*params, limit, offset])
+    return rows(conn, sql, [*params, *page_bounds(limit, offset)])
 
 
 def metric_history(
@@ -410,18 +420,40 @@ def find_upload(conn: sqlite3.Connection, *, key: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def record_upload(conn: sqlite3.Connection, *, key: str, run_id: int) -> None:
+def record_upload(
+    conn: sqlite3.Connection, *, key: str, run_id: int, token_id: int | None = None
+) -> None:
+    """Remember the upload ``key`` made ``run_id``, sent with token ``token_id``."""
     conn.execute(
-        "INSERT INTO uploads (key, run_id, created_at) VALUES (?, ?, ?)", (key, run_id, now_iso())
+        "INSERT INTO uploads (key, run_id, created_at, token_id) VALUES (?, ?, ?, ?)",
+        (key, run_id, now_iso(), token_id),
     )
 
 
-def delete_run(conn: sqlite3.Connection, *, run_id: int) -> None:
-    """Delete a run with its files, report, metrics, tasks and comparisons (blobs stay: shared).
+def uploaded_by(conn: sqlite3.Connection, *, run_id: int, token_id: int) -> bool:
+    """Whether token ``token_id`` uploaded (some of) run ``run_id``."""
+    sql = "SELECT 1 FROM uploads WHERE run_id = ? AND token_id = ? LIMIT 1"
+    return conn.execute(sql, (run_id, token_id)).fetchone() is not None
+
+
+def run_job(conn: sqlite3.Connection, *, run_id: int) -> int | None:
+    """The job that produced ``run_id``, if one did."""
+    row = conn.execute("SELECT job_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
+    """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
+    blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller
+    removes their files once the transaction committed.
 
     :raises NotFound: no such run.
     """
     require_run(conn, run_id=run_id)
+    digests = [
+        str(r[0])
+        for r in conn.execute("SELECT DISTINCT sha256 FROM run_files WHERE run_id = ?", (run_id,))
+    ]
     for sql in (
         "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
         "DELETE FROM run_metrics WHERE run_id = ?1",
@@ -433,6 +465,15 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> None:
         "DELETE FROM runs WHERE id = ?1",
     ):
         conn.execute(sql, (run_id,))
+    unreferenced = [
+        d
+        for d in digests
+        if conn.execute("SELECT 1 FROM run_files WHERE sha256 = ? LIMIT 1", (d,)).fetchone()
+        is None
+    ]
+    for digest in unreferenced:
+        conn.execute("DELETE FROM blobs WHERE sha256 = ?", (digest,))
+    return unreferenced
 
 
 def record_report(

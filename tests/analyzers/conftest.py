@@ -12,11 +12,12 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 import pytest  # noqa: E402
+from testkit import DATA_DIR  # noqa: E402
 
 from analyzers.manifest import RunManifest, parse_manifest  # noqa: E402
 from analyzers.pipeline import Analysis, run_analysis  # noqa: E402
 
-TE_DIR = _ROOT / "tests" / "data" / "te-2.20.2-h200x2"
+TE_DIR = DATA_DIR / "te-2.20.2-h200x2"
 KINETO_3ARMS = [TE_DIR / "kineto_3arms_rank0.json.gz", TE_DIR / "kineto_3arms_rank1.json.gz"]
 NSYS_3ARMS = TE_DIR / "nsys_3arms.sqlite.gz"
 EQUAL_CU = [0, 8192, 12288, 14336, 16384]

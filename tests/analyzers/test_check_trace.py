@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from analyzers import analyze
@@ -22,7 +23,7 @@ from analyzers.readers import _check as check_module
 from analyzers.readers import check_trace, sniff
 from cptrace.cli import app as cli_app
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 KINETO = DATA / "te-2.20.2-h200x2" / "kineto_3arms_rank0.json.gz"
 NSYS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
 SYNTH = Path(__file__).resolve().parents[2] / "demo" / "bundles"
@@ -137,3 +138,21 @@ def test_a_damaged_report_is_a_corrupt_trace(tmp_path: Path) -> None:
     path.write_text('{"schema_version": 1, "catalog_version": "x", "sources": 5}')
     with pytest.raises(CorruptTraceError, match="not a valid cptrace report"):
         analyze(path)
+
+
+def test_tokens_across_any_chunk_boundaries_equal_one_pass() -> None:
+    """Long whitespace runs and long strings cut anywhere give the tokens of one whole pass
+    (the tokenizer carries neither whitespace nor re-reads an open string per chunk)."""
+    import random
+
+    rng = random.Random(7)
+    pieces = [
+        "{", '"traceEvents"', ":", "[", " " * 7000, '"' + "x" * 20000 + '"', ",",
+        '{"ph": "X", "ts": 12.5, "name": "a\\"b"}', "\n\t " * 3000, "true", "null", "-1.5e3",
+        '"' + "y\\\\" * 5000 + '"', "]", "}", "\u00a0", " ",
+    ]
+    for trial in range(30):
+        text = "".join(rng.choice(pieces) for _ in range(30))
+        cuts = sorted(rng.sample(range(1, len(text)), min(60, len(text) - 1)))
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert list(check_module._tokens(iter(chunks))) == check_module._TOKEN.findall(text), trial

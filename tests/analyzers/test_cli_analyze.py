@@ -9,13 +9,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 from tests.analyzers.conftest import KINETO_3ARMS, NSYS_3ARMS, WORKLOAD, te_manifest
 
 RUNNER = CliRunner()
-SYNTHETIC = Path(__file__).resolve().parents[1] / "data" / "synthetic-h200x2"
+SYNTHETIC = DATA_DIR / "synthetic-h200x2"
 
 
 def _invoke(*args: str):

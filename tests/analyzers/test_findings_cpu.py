@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 
 RUNNER = CliRunner()
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SMOKE = DATA / "cpu-gloo" / "cpu_smoke.tar.gz"
 NSYS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
 NOT_OBSERVED = "not observed: no GPU activity in this trace"

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 
 RUNNER = CliRunner()
-DATA = Path(__file__).resolve().parents[1] / "data" / "synthetic-h200x2"
+DATA = DATA_DIR / "synthetic-h200x2"
 STEPS = 3
 HELPERS = ("cp_attention.metadata", "cp_attention.attn_fwd_step", "cp_attention.merge")
 

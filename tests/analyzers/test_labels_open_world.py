@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from cptrace.cli import app
@@ -153,7 +154,7 @@ def test_te_p2p_frame_claims_send_recv_by_python_frame(tmp_path: Path) -> None:
 
 # ---------------------------------------- real traces of other shapes (tests/data/openworld)
 
-OPEN_WORLD = Path(__file__).resolve().parents[1] / "data" / "openworld"
+OPEN_WORLD = DATA_DIR / "openworld"
 OPEN_WORLD_TRACES = sorted(OPEN_WORLD.glob("*.gz"))
 CP_RULES = {
     "padded-path-without-padding",

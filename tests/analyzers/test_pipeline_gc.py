@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.errors import TraceError
 from analyzers.pipeline import run_analysis
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 NSYS_SINGLE = DATA / "synthetic-h200x2" / "nsys_single.sqlite.gz"
 
 

@@ -9,15 +9,14 @@ make the token-alignment finding cite the probe instead.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.bundle import read_bundle
 from analyzers.findings import evaluate
 from analyzers.pipeline import run_analysis
 
-BUNDLE = Path(__file__).resolve().parents[1] / "data" / "te-2.20.2-h200-profile"
+BUNDLE = DATA_DIR / "te-2.20.2-h200-profile"
 OBSERVED_SENTENCE = (
     "value-equal clone in 16 of 16 sampled calls; TE resolved pad_between_seqs=True (16 calls)"
 )

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.errors import (
     CorruptTraceError,
@@ -22,7 +23,7 @@ from analyzers.errors import (
 )
 from analyzers.readers import read_kineto, read_nsys, read_trace, read_traces
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SINGLE = DATA / "synthetic-h200x2" / "nsys_single.sqlite.gz"
 KINETO0 = DATA / "synthetic-h200x2" / "kineto_rank0.json.gz"
 KINETO1 = DATA / "synthetic-h200x2" / "kineto_rank1.json.gz"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import ACTIVITY_DTYPE, LAUNCH_DTYPE, ActivityKind, RangeKind, Trace
@@ -23,7 +24,7 @@ from analyzers.readers import (
 )
 from analyzers.readers.kineto import read_kineto_files
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 ARMS = [DATA / "te-2.20.2-h200x2" / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 SYNTH = [DATA / "synthetic-h200x2" / f"kineto_rank{r}.json.gz" for r in (0, 1)]
 HELPER_FRAME = "context_parallel.py(214): get_cu_seqlens_on_cp_rank"

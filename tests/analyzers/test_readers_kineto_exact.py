@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.model import ActivityKind
 from analyzers.readers import _json_chunks, kineto
 from analyzers.readers.kineto import read_kineto
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SYNTH = sorted((DATA / "synthetic-h200x2").glob("kineto_rank*.json.gz"))
 TE0 = DATA / "te-2.20.2-h200x2" / "kineto_3arms_rank0.json.gz"
 ACTIVITY = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
 from analyzers.readers import read_nsys
 from analyzers.readers._nsys_ranges import PYTHON_NVTX_DOMAINS
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 THREE_ARMS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
 SINGLE = DATA / "synthetic-h200x2" / "nsys_single.sqlite.gz"
 HELPER_SUFFIX = ".context_parallel.get_cu_seqlens_on_cp_rank"

@@ -7,11 +7,12 @@ import gzip
 import json
 from pathlib import Path
 
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 
-SYNTH = Path(__file__).resolve().parents[1] / "data" / "synthetic-h200x2" / "kineto_rank0.json.gz"
+SYNTH = DATA_DIR / "synthetic-h200x2" / "kineto_rank0.json.gz"
 RUNNER = CliRunner()
 
 

@@ -23,6 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.model import launch_calls
 from analyzers.pipeline import Analysis, run_analysis
@@ -30,7 +31,7 @@ from analyzers.readers import read_trace
 from analyzers.report import AccountPartKind as K
 from tests.analyzers.test_account_real import Interval, _disjoint, _helper_idle
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 NSYS = [
     DATA / "openworld" / "nsys_plain_cuda.sqlite.gz",
     DATA / "openworld" / "nsys_sdpa_single_gpu.sqlite.gz",

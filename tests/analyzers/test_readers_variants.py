@@ -1,6 +1,7 @@
 """No traceback on any valid trace: every optional table, column and event kind, dropped.
 
-From each real export (``tests/data``, ``../shared/traces``, ``tests/data/openworld``) variants
+From each real export (``tests/data``, ``tests/data/openworld``, and the folder
+``--shared-traces`` / ``$CPTRACE_SHARED_TRACES`` names when given) variants
 are generated that drop one optional piece each:
 
 * nsys: each table the reader reads (one at a time), all ``TARGET_INFO_*`` / ``ENUM_*`` tables
@@ -26,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR, shared_traces_dir
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA_DIRS = [ROOT / "tests" / "data", ROOT.parent / "shared" / "traces"]
+DATA_DIRS = [d for d in (DATA_DIR, shared_traces_dir()) if d is not None]
 SMALL_BYTES = 100 << 10
 """Compressed size up to which a trace gets every variant (the bigger ones get a sample)."""
 KEY_COLUMNS = {

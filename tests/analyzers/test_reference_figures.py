@@ -1,6 +1,7 @@
 """The reference figures equal what the trace itself says, computed here without our code.
 
-For every real trace (``tests/data``, ``tests/data/openworld`` and ``../shared/traces``), the
+For every real trace (``tests/data``, ``tests/data/openworld`` and, when given, the folder
+``--shared-traces`` / ``$CPTRACE_SHARED_TRACES`` names), the
 expected numbers come from plain ``sqlite3`` queries on the nsys export and plain walks over
 the Kineto JSON (times as exact decimals), and must equal the report's figures: exactly for
 counts and integer ns, to floating-point rounding for averages, medians and deviations.
@@ -20,14 +21,14 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR, shared_traces_dir
 
 from analyzers.pipeline import analyze_trace, run_analysis
 from analyzers.readers.kineto import read_kineto
 from analyzers.report import AnalysisReport
 from analyzers.windows import WHOLE_TRACE
 
-ROOT = Path(__file__).resolve().parents[2]
-SEARCHED = [ROOT / "tests" / "data", ROOT.parent / "shared" / "traces", Path("/work/shared/traces")]
+SEARCHED = [d for d in (DATA_DIR, shared_traces_dir()) if d is not None]
 
 
 def _real_traces() -> list[Path]:

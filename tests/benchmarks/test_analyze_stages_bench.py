@@ -22,3 +22,51 @@ def test_paired_run_prints_every_stage_for_both_trees() -> None:
         row = next(line for line in lines if line.startswith(f"| {stage} |"))
         assert len(row.strip("|").split("|")) == 7  # stage, 2 x (cpu, wall), 2 deltas
     assert any(line.startswith("account adds (current):") for line in lines)
+
+
+def _stages_module() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "analyze_stages", ROOT / "benchmarks" / "analyze_stages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runs(cpu: dict[str, float]) -> list[dict[str, object]]:
+    return [{"cpu": dict(cpu)}]
+
+
+def test_guard_flags_only_growth_past_threshold_and_floor() -> None:
+    stages = _stages_module()
+    base = {"read": 1.0, "attribute": 0.05, "metrics": 0.06, "account": 0.09,
+            "findings": 0.002, "report": 0.01, "total": 1.3}  # fmt: skip
+    same = stages.guard_failures({"base": _runs(base), "current": _runs(base)}, 0.10, 0.005)  # type: ignore[attr-defined]
+    assert same == []
+    grown = {**base, "read": 1.2, "findings": 0.004, "metrics": 0.065, "total": 1.5}
+    found = stages.guard_failures({"base": _runs(base), "current": _runs(grown)}, 0.10, 0.005)  # type: ignore[attr-defined]
+    # findings doubled but by 2 ms (under the floor); metrics grew 8%: neither counts
+    assert [line.split(":")[0] for line in found] == ["read", "total"]
+    assert "+20.0%" in found[0]
+
+
+def test_guard_mode_pairs_a_commit_worktree_and_exits_1_on_growth() -> None:
+    # A limit every run exceeds: the exit status and the listing of the failing rows are
+    # checked without depending on the machine's noise; the temporary worktree is removed.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "analyze_stages.py"), "--guard", "HEAD",
+         "--input", "nsys", "--repeat", "1", "--threshold", "-1", "--floor", "-1000"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("| read |") for line in lines)
+    assert "guard against HEAD: FAIL" in lines
+    assert sum(line.startswith("  nsys 3 arms: ") for line in lines) == 7  # 6 stages + total
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True
+    )
+    assert "cptrace-guard-" not in listed.stdout

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from testkit import free_port
 
 from cp_attention import PackedBatch, cp_attn, partition_for_rank
 
@@ -88,13 +88,6 @@ def _worker(rank: int, cp: int, port: int, cases: list[Case], out_dir: str) -> N
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_distributed(

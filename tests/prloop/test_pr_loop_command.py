@@ -42,7 +42,7 @@ suites:
         command: torchrun --nproc-per-node 2 train.py --steps 30
         profile: {torch: true, torch_active: 5}
 """
-TARGET = Target("octo/model", "file:///tmp/x.git", "a" * 40, "feature", pr=3, base_sha="b" * 40)
+TARGET = Target("octo/model", "file:///srv/git/x.git", "a" * 40, "feature", pr=3, base_sha="b" * 40)
 
 
 def test_a_suite_lists_specs_and_commands_and_the_planner_queues_both(tmp_path: Path) -> None:

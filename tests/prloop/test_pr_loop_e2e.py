@@ -130,7 +130,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             for i in range(RUNNERS):
                 args = [
                     sys.executable, "-c", "from cptrace.cli import main; main()", "agent",
-                    "--server", server.url, "--token", server.admin_token or "",
+                    "--server", server.url,
                     "--name", f"cpu-{i}", "--gpus", "0", "--max-idle-polls", "240",
                     "--wait", "1", "--heartbeat", "2", "--work-dir", str(tmp_path / f"agent{i}"),
                 ]  # fmt: skip
@@ -140,7 +140,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
                         args,
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        env={**os.environ, "CPTRACE_TOKEN": ""},
+                        env={**os.environ, "CPTRACE_TOKEN": server.admin_token or ""},
                         start_new_session=True,
                     )
                 )

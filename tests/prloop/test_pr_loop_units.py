@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers import analyze, compare_reports
 from analyzers.bundle import read_bundle
@@ -196,7 +197,7 @@ def test_a_command_entry_baseline_needs_the_same_command_and_profile_key(tmp_pat
         db.close()
 
 
-CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 
 
 def test_a_cpu_comparison_shows_host_time_per_helper_and_names_the_growth() -> None:

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from runner_fixtures import FakeService, LiveService, free_port
+from runner_fixtures import FakeService, LiveService
+from testkit import free_port
 
 from runners.bundle import add_trace, finalize_bundle, run_info, trace_entry
 

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from runner_fixtures import FakeService, LiveService, free_port
+from runner_fixtures import FakeService, LiveService
+from testkit import free_port
 from typer.testing import CliRunner
 
 from analyzers.bundle import BundleError

@@ -11,10 +11,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from testkit import DATA_DIR
+
 from service.core.config import Settings
 from service.worker import AnalysisWorker
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = DATA_DIR
 KINETO_RANK0 = DATA / "synthetic-h200x2" / "kineto_rank0.json.gz"
 KINETO_RANK1 = DATA / "synthetic-h200x2" / "kineto_rank1.json.gz"
 NSYS_SINGLE = DATA / "synthetic-h200x2" / "nsys_single.sqlite.gz"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testkit import DATA_DIR
+
 from analyzers import analyze
 from service.analysis import report_metrics
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "te-2.20.2-h200x2"
+DATA = DATA_DIR / "te-2.20.2-h200x2"
 DEMO = Path(__file__).resolve().parents[2] / "demo" / "bundles"
 
 

@@ -75,4 +75,4 @@ def test_token_create_prints_a_working_token(tmp_path: Path) -> None:
     bad = CliRunner().invoke(
         app, ["token", "create", "--role", "root", "--data-dir", str(tmp_path)]
     )
-    assert bad.exit_code != 0 and "admin, runner, viewer" in bad.output
+    assert bad.exit_code != 0 and "admin, runner, ci, viewer" in bad.output

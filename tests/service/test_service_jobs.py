@@ -26,7 +26,7 @@ def _submit(client: TestClient, admin: dict[str, str], **extra: object) -> dict:
 def _drain(client: TestClient, runner: dict[str, str]) -> None:
     """Finish whatever an earlier test left queued (tests share the module's database)."""
     for _ in range(50):
-        resp = client.post("/api/v1/jobs/claim", json={"runner": "drain"}, headers=runner)
+        resp = client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner)
         if resp.status_code == 204:
             return
         client.post(
@@ -87,14 +87,14 @@ def test_fail_and_release(
 ) -> None:
     _drain(client, runner)
     job = _submit(client, admin)
-    first = client.post("/api/v1/jobs/claim", json={"runner": "r2"}, headers=runner).json()
+    first = client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner).json()
     assert (
         client.post(f"/api/v1/jobs/{first['id']}/release", json={}, headers=runner).status_code
         == 200
     )
     again = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert again["status"] == "queued" and again["attempts"] == 0
-    second = client.post("/api/v1/jobs/claim", json={"runner": "r3"}, headers=runner).json()
+    second = client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner).json()
     assert second["id"] == job["id"]
     fail = client.post(
         f"/api/v1/jobs/{job['id']}/fail",
@@ -110,7 +110,7 @@ def test_fail_and_release(
 def test_long_poll_waits_then_204(client: TestClient, runner: dict[str, str]) -> None:
     _drain(client, runner)
     started = time.monotonic()
-    resp = client.post("/api/v1/jobs/claim", json={"runner": "r4", "wait_s": 0.6}, headers=runner)
+    resp = client.post("/api/v1/jobs/claim", json={"runner": "r1", "wait_s": 0.6}, headers=runner)
     assert resp.status_code == 204
     assert 0.5 <= time.monotonic() - started < 5
 

@@ -257,7 +257,7 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
 @pytest.mark.parametrize(
     ("case", "form"),
     # each case in one body form, the forms alternating: both reach the same reader
-    [(case, FORMS[i % 2]) for i, case in enumerate(_bad_bundles(Path("/tmp")))],
+    [(case, FORMS[i % 2]) for i, case in enumerate(_bad_bundles(Path()))],
 )
 def test_bad_bundle_is_refused_and_nothing_stored(
     case: str,

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from stored_runs import assert_analysed, drain_worker, upload_bundles
+from testkit import DATA_DIR
 from web_server import serve
 
 from cptrace.app import create_app
@@ -37,7 +38,7 @@ from service.core.config import Settings
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_BUNDLE = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 GPU_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
 SPEC = ROOT / "runners" / "examples" / "cpu_smoke.yaml"
 CPTRACE = [str(Path(sys.executable).with_name("cptrace"))]  # the console script

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 import web_factories as f
+from testkit import DATA_DIR
 
 from analyzers.report import HelperDelta, Timeline
 from web import figures
@@ -142,11 +143,10 @@ def test_history_figure_band_and_values() -> None:
 
 @pytest.fixture(scope="module")
 def real_report():
-    from pathlib import Path
 
     from analyzers.pipeline import analyze
 
-    data = Path(__file__).resolve().parents[1] / "data" / "te-2.20.2-h200x2"
+    data = DATA_DIR / "te-2.20.2-h200x2"
     files = [data / "kineto_3arms_rank0.json.gz", data / "kineto_3arms_rank1.json.gz"]
     return analyze(files, step_pattern="^arm:")
 

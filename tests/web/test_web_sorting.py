@@ -3,9 +3,8 @@ drawn and a click on a column header sorts the rows by the exact figure."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from testkit import DATA_DIR
 from web_browser import browser_page, charts, open_page, require_chromium
 from web_fake_store import demo_store, make_app
 from web_server import serve
@@ -13,7 +12,7 @@ from web_server import serve
 from analyzers.pipeline import analyze
 
 pytestmark = pytest.mark.browser
-DATA = Path(__file__).resolve().parents[1] / "data" / "te-2.20.2-h200x2"
+DATA = DATA_DIR / "te-2.20.2-h200x2"
 
 
 def _column(page, table: str, index: int) -> list[float]:

@@ -33,7 +33,7 @@ def _call(server: str, token: str, method: str, path: str, body: Any = None) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", required=True)
-    parser.add_argument("--token", required=True, help="a cptrace runner token")
+    parser.add_argument("--token", required=True, help="a cptrace CI token of the repository")
     parser.add_argument("--repo", required=True)
     parser.add_argument("--sha", required=True)
     parser.add_argument("--pr", type=int, default=None)

@@ -6,8 +6,13 @@
 per suite and answer 202; any other event is ignored with 202; a bad or missing signature is a
 401 and queues nothing; a replayed delivery id answers 200 and queues nothing.
 
-``POST /api/v1/github/batches`` (runner token) queues the same for a commit that CI names (the
-composite action); ``GET /api/v1/github/batches/{id}`` is how it waits for the result.
+``POST /api/v1/github/batches`` queues the same for a commit that CI names (the composite
+action): an admin token, or a CI token scoped to that repository; a runner token never (it runs
+jobs and nothing else). The clone URL is the service's (the repository's configured
+``clone_url``, else ``https://github.com/OWNER/NAME.git``), never the request's. A CI token's
+pull request must be the base repository's own (forks wait for a maintainer's approval through
+the webhook) at the head GitHub reports; a commit without a pull request names a tracked branch.
+``GET /api/v1/github/batches/{id}`` is how it waits for the result.
 """
 
 from __future__ import annotations
@@ -16,22 +21,24 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError
-from service.api.deps import DbDep, ReadAccess, RunnerAccess
+from service.api.deps import Credentials, DbDep, ReadAccess, TokenRole
+from service.auth import Principal, Role, lookup_principal
 from service.core.errors import (
     ApiError,
     BadRequest,
+    Forbidden,
     NotFound,
-    PayloadTooLarge,
     Unauthorized,
     UnprocessableEntity,
 )
 from service.github_loop import planner, webhook
+from service.github_loop.body import gate_for, read_signed_body
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopConfigError, LoopSettings
 from service.github_loop.publisher import pending_description
@@ -100,22 +107,16 @@ class BatchSubmit(BaseModel):
     """A commit for CI to measure: what a ``pull_request`` event would carry."""
 
     repo: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
-    clone_url: str | None = Field(default=None, max_length=2000)
+    clone_url: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="optional; must equal the service's clone URL for the repository",
+    )
     head_sha: str = Field(pattern=r"^[0-9a-f]{40}$")
     head_ref: str | None = Field(default=None, max_length=255)
-    pr: int | None = Field(default=None, ge=1)
+    pr: int | None = Field(default=None, ge=1, le=2**31 - 1)
     base_sha: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
     base_ref: str | None = Field(default=None, max_length=255)
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"webhook body larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _queue(
@@ -214,10 +215,18 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
         raise WebhookNotConfigured(
             "no webhook secret is configured (CPTRACE_GITHUB_WEBHOOK_SECRET)"
         )
-    body = await _body(request, loop.max_payload_bytes)
-    signature = request.headers.get("x-hub-signature-256")
-    if not webhook.signature_ok(loop.webhook_secret.get_secret_value(), body, signature):
-        raise Unauthorized("X-Hub-Signature-256 is missing or does not match the body")
+    gate = gate_for(
+        request, max_bodies=loop.webhook_max_bodies, max_bytes=loop.webhook_max_inflight_bytes
+    )
+    spool = await read_signed_body(
+        request,
+        secret=loop.webhook_secret.get_secret_value(),
+        limit=loop.max_payload_bytes,
+        gate=gate,
+        deadline_s=loop.webhook_body_deadline_s,
+    )
+    with spool:
+        body = spool.read()
     event = request.headers.get("x-github-event", "")
     delivery = request.headers.get("x-github-delivery", "")
     if not event or not delivery or len(delivery) > 100:
@@ -258,13 +267,72 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
     return JSONResponse(answer.model_dump(), status_code=code)
 
 
+async def batch_submitter(db: DbDep, credentials: Credentials, role: TokenRole) -> Principal:
+    """Who may queue batches: admins, and CI tokens (their repository checked by the route)."""
+    if role is None or credentials is None:
+        raise Unauthorized("queueing batches needs a bearer token (an admin or a CI token)")
+    principal = db.read(lambda c: lookup_principal(c, credentials.credentials))
+    if principal is None:
+        raise Unauthorized("the bearer token is not valid")
+    if principal.role not in (Role.ADMIN, Role.CI):
+        raise Forbidden(
+            f"batches are queued by the webhook, an admin or a CI token; this token is "
+            f"{principal.role.value}"
+        )
+    return principal
+
+
+def _check_ci_target(
+    body: BatchSubmit, principal: Principal, loop: LoopSettings, client: GitHubClient | None
+) -> None:
+    """A CI token's commit: its own repository; a pull request of that repository (never a
+    fork's) at its current head (checked with GitHub), or a push to a tracked branch."""
+    if principal.repo != body.repo:
+        raise Forbidden(f"this CI token queues batches for {principal.repo}, not {body.repo}")
+    if client is None:
+        raise GitHubUnavailable("checking a CI token's commit needs GITHUB_TOKEN on the service")
+    if body.pr is not None:
+        pull = client.get_pull(body.repo, body.pr)
+        head = pull.get("head") or {}
+        if ((head.get("repo") or {}).get("full_name")) != body.repo:
+            raise Forbidden(
+                f"pull request {body.pr} comes from a fork: it runs after a maintainer's "
+                f"{loop.approval_label!r} label or {loop.approval_command!r} comment"
+            )
+        if head.get("sha") != body.head_sha:
+            raise UnprocessableEntity(
+                f"head_sha {body.head_sha[:12]} is not pull request {body.pr}'s head"
+            )
+        return
+    tracked = loop.repo_config(body.repo).tracked_branches
+    if body.head_ref not in tracked:
+        raise Forbidden(f"a CI token queues a pull request or a tracked branch ({tracked})")
+
+
+SubmitterDep = Annotated[Principal, Depends(batch_submitter)]
+
+
 @router.post("/batches", response_model=list[Batch], status_code=201)
 def submit_batches(
-    body: BatchSubmit, db: DbDep, loop: LoopDep, config: GitHubDep, _: RunnerAccess
+    body: BatchSubmit, db: DbDep, loop: LoopDep, config: GitHubDep, principal: SubmitterDep
 ) -> list[Batch]:
     """Queue the suites of one commit (CI's trigger); answers the batches, new or existing."""
     repo_config = loop.repo_config(body.repo)
-    clone_url = body.clone_url or repo_config.clone_url or f"https://github.com/{body.repo}.git"
+    clone_url = repo_config.clone_url or f"https://github.com/{body.repo}.git"
+    if body.clone_url is not None and body.clone_url != clone_url:
+        raise UnprocessableEntity(
+            f"clone_url: the service fetches {body.repo} from its own configuration "
+            f"({clone_url}), not from the request"
+        )
+    client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
+    try:
+        if principal.role is Role.CI:
+            _check_ci_target(body, principal, loop, client)
+    except GitHubError as exc:
+        raise GitHubUnavailable(f"GitHub: {exc}") from exc
+    finally:
+        if client is not None:
+            client.close()
     target = planner.Target(
         repo=body.repo,
         clone_url=clone_url,
@@ -296,7 +364,9 @@ def submit_batches(
 
 
 @router.get("/batches/{batch_id}", response_model=Batch)
-def read_batch(batch_id: int, db: DbDep, _: ReadAccess) -> Batch:
+def read_batch(
+    batch_id: Annotated[int, Path(ge=1, le=2**63 - 1)], db: DbDep, _: ReadAccess
+) -> Batch:
     """One batch with its jobs (id, name, status, run id, reason)."""
     row = db.read(lambda c: one(c, "SELECT * FROM pr_batches WHERE id = ?", (batch_id,)))
     if row is None:

@@ -1,9 +1,10 @@
 """Workload jobs: submit a spec; runners claim (long poll), heartbeat, complete, fail, release.
 
 Ownership: a job belongs to the token that claimed it. A runner token acts (heartbeat,
-complete, fail, release) only on its own jobs, else 403; a token bound to a runner identity
-(``cptrace token create --role runner --runner NAME``) claims only under that name; admins may
-act on any job.
+complete, fail, release) only on its own jobs, else 403, and completes a job only with a run it
+uploaded itself; a runner token is bound to a runner identity (``cptrace token create --role
+runner --runner NAME``, else the first name it claims under) and claims only under that name,
+which no other token may use; admins may act on any job.
 """
 
 from __future__ import annotations
@@ -14,18 +15,11 @@ import time
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Query, Response
 
 from contracts.spec import SpecError, parse_spec
 from service import jobs
-from service.api.deps import (
-    AdminAccess,
-    Credentials,
-    DbDep,
-    ReadAccess,
-    RunnerAccess,
-    SettingsDep,
-)
+from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerPrincipal, SettingsDep
 from service.api.schemas import (
     ClaimedJob,
     ClaimRequest,
@@ -38,23 +32,14 @@ from service.api.schemas import (
     Offset,
     OkBody,
 )
-from service.auth import Principal, lookup_principal
-from service.core.errors import BadRequest, Forbidden, NotFound, Unauthorized, UnprocessableEntity
+from service.auth import Principal, bind_runner
+from service.core.errors import BadRequest, NotFound, UnprocessableEntity
 from service.storage.database import one, rows
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-async def job_principal(db: DbDep, credentials: Credentials, _: RunnerAccess) -> Principal:
-    """The token behind a job action (its role already checked by ``RunnerAccess``)."""
-    assert credentials is not None  # RunnerAccess refused anonymous calls
-    principal = db.read(lambda c: lookup_principal(c, credentials.credentials))
-    if principal is None:  # revoked since the role check's cache entry
-        raise Unauthorized("the bearer token is not valid")
-    return principal
-
-
-JobPrincipal = Annotated[Principal, Depends(job_principal)]
+JobPrincipal = RunnerPrincipal
 
 
 def _owner(principal: Principal) -> int | None:
@@ -137,11 +122,8 @@ async def claim(
     body: ClaimRequest, db: DbDep, settings: SettingsDep, principal: JobPrincipal
 ) -> Any:
     """Take the oldest queued job that fits `gpus`, waiting up to `wait_s` (long poll)."""
-    if principal.runner is not None and body.runner != principal.runner:
-        raise Forbidden(
-            f"this token is bound to runner {principal.runner!r}; it cannot claim as "
-            f"{body.runner!r}"
-        )
+    if not principal.is_admin:  # a runner token is bound to the first name it claims under
+        db.write(lambda c: bind_runner(c, principal, body.runner))
     deadline = time.monotonic() + min(body.wait_s, settings.claim_max_wait_s)
     while True:
         claimed = await db.awrite(

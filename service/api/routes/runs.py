@@ -8,12 +8,19 @@ without a query while nothing was written.
 from __future__ import annotations
 
 import sqlite3
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import AdminAccess, DbDep, ReadAccess, RunnerAccess, SettingsDep
+from service.api.deps import (
+    AdminAccess,
+    BlobsDep,
+    DbDep,
+    ReadAccess,
+    RunnerPrincipal,
+    SettingsDep,
+)
 from service.api.schemas import Offset, OkBody, RunCreate, RunId, RunPage
 from service.ingest import config_key
 from service.storage import runs
@@ -32,7 +39,7 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 
 
 @router.post("", response_model=RunSummary, status_code=201)
-def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
+def create_run(body: RunCreate, db: DbDep, principal: RunnerPrincipal) -> RunSummary:
     """Create an empty run; add traces with `POST /uploads/traces?run_id=`."""
     if body.manifest is not None:
         from analyzers.manifest import parse_manifest
@@ -43,7 +50,7 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
         strict_dumps(body.manifest, what="manifest")  # NaN/Infinity -> 422, never stored
 
     def insert(conn: sqlite3.Connection) -> int:
-        return runs.create_run(
+        run_id = runs.create_run(
             conn,
             name=body.name,
             source="api",
@@ -53,13 +60,17 @@ def create_run(body: RunCreate, db: DbDep, _: RunnerAccess) -> RunSummary:
             host=body.host,
             config_key=config_key(body.manifest),
             manifest=body.manifest,
-        )
+        )  # the creator is recorded like an uploader (a job may complete with its run)
+        runs.record_upload(conn, key=f"api:{run_id}", run_id=run_id, token_id=principal.token_id)
+        return run_id
 
     return get_run(db, db.write_tx(insert), include_report=False)
 
 
 _CACHE_HEADERS = {"Cache-Control": "no-cache"}  # may be stored, but revalidated every time
-_NOT_MODIFIED = {304: {"description": "Unchanged since the `ETag` sent in `If-None-Match`."}}
+_NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Unchanged since the `ETag` sent in `If-None-Match`."}
+}
 
 IfNoneMatch = Annotated[
     str | None,
@@ -135,8 +146,9 @@ async def read_run(
 
 
 @router.delete("/{run_id}", response_model=OkBody)
-def delete_run(run_id: RunId, db: DbDep, _: AdminAccess) -> OkBody:
-    """Delete a run with its files, report, metrics and comparisons (blobs stay: shared)."""
-
-    db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id))
+def delete_run(run_id: RunId, db: DbDep, blobs: BlobsDep, _: AdminAccess) -> OkBody:
+    """Delete a run with its files, report, metrics and comparisons; frees the blobs no other
+    run shares."""
+    for digest in db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id)):
+        blobs.path_for(digest).unlink(missing_ok=True)
     return OkBody()

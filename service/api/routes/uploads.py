@@ -8,13 +8,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from service.api.deps import BlobsDep, DbDep, RunnerAccess, SettingsDep
+from service.api.deps import BlobsDep, DbDep, RunnerPrincipal, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
 from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import RAW_TYPES, receive_upload
 from service.storage import runs
+from service.storage.blobs import staging_dir
 from service.storage.database import immediate
 from service.uploads_exec import run_staging
 
@@ -75,7 +76,7 @@ async def upload_bundle(
     db: DbDep,
     blobs: BlobsDep,
     settings: SettingsDep,
-    _: RunnerAccess,
+    principal: RunnerPrincipal,
     idempotency_key: Annotated[str | None, Header(description="sha256 of the bundle bytes")] = None,
 ) -> UploadResult:
     """Upload a run bundle; 201 creates a run, 200 when this content was uploaded before.
@@ -100,18 +101,20 @@ async def upload_bundle(
             response.status_code = 200
             response.headers["Server-Timing"] = clock.header(None)
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
-        staged = await run_staging(
-            request.app,
-            stage_bundle,
-            received.path,
-            settings.blob_dir,
-            settings.tmp_dir,
-            _limits(settings),
-        )
+        with staging_dir(settings.tmp_dir) as scratch:
+            staged = await run_staging(
+                request.app,
+                stage_bundle,
+                received.path,
+                settings.blob_dir,
+                scratch,
+                _limits(settings, received.size),
+            )
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)
-    run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None))
+    token_id = principal.token_id
+    run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.header(staged)
@@ -138,7 +141,7 @@ async def upload_trace(
     db: DbDep,
     blobs: BlobsDep,
     settings: SettingsDep,
-    _: RunnerAccess,
+    principal: RunnerPrincipal,
     run_id: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="add the trace to this run")
     ] = None,
@@ -154,22 +157,24 @@ async def upload_trace(
         name = (received.fields.get("name") or received.filename or "trace")[:200]
         if run_id is not None:
             db.read(lambda c: runs.require_run(c, run_id=run_id))
-        staged = await run_staging(
-            request.app,
-            stage_trace,
-            received.path,
-            received.sha256,
-            name,
-            settings.blob_dir,
-            settings.tmp_dir,
-            _limits(settings),
-            rank,
-        )
+        with staging_dir(settings.tmp_dir) as scratch:
+            staged = await run_staging(
+                request.app,
+                stage_trace,
+                received.path,
+                received.sha256,
+                name,
+                settings.blob_dir,
+                scratch,
+                _limits(settings),
+                rank,
+            )
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)  # (renamed into the store once it passed)
     key = f"trace:{run_id or 'new'}:{received.sha256}"
-    new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id))
+    token_id = principal.token_id
+    new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.header(staged)
@@ -177,11 +182,16 @@ async def upload_trace(
 
 
 def _record(
-    conn: sqlite3.Connection, staged: StagedRun, key: str, source: str, run_id: int | None
+    conn: sqlite3.Connection,
+    staged: StagedRun,
+    key: str,
+    source: str,
+    run_id: int | None,
+    token_id: int,
 ) -> tuple[int, bool]:
     """On the writer: the run (or the files added to ``run_id``), atomically."""
     with immediate(conn):
-        return record_run(conn, staged, key=key, source=source, run_id=run_id)
+        return record_run(conn, staged, key=key, source=source, run_id=run_id, token_id=token_id)
 
 
 def _rank(raw: str | None) -> int | None:
@@ -195,5 +205,14 @@ def _rank(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _limits(settings: Settings) -> Limits:
-    return Limits(settings.max_decompressed_bytes, settings.max_bundle_members)
+STORED_FLOOR_BYTES = 64 * 1024 * 1024
+"""Any bundle may store this much, whatever its upload's size (``max_stored_ratio`` above)."""
+
+
+def _limits(settings: Settings, uploaded_bytes: int | None = None) -> Limits:
+    """The caps of one upload; a bundle's stored bytes are bounded by its upload's size."""
+    stored = None
+    if uploaded_bytes is not None:
+        by_ratio = int(settings.max_stored_ratio * uploaded_bytes)
+        stored = min(settings.max_decompressed_bytes, max(STORED_FLOOR_BYTES, by_ratio))
+    return Limits(settings.max_decompressed_bytes, settings.max_bundle_members, stored)
