@@ -63,4 +63,3 @@ def test_csv_has_one_row_per_table_row(report: AnalysisReport) -> None:
     assert json.loads(findings[0]["evidence"]) == [
         e.model_dump(mode="json") for e in report.findings[0].evidence
     ]
-

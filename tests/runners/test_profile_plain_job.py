@@ -23,8 +23,23 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_torch.py"
 
 def test_probe_of_a_job_without_te_or_cp_attn_says_so(tmp_path: Path) -> None:
     out = tmp_path / "plain"
-    args = ["profile", "--no-nsys", "--torch", "--probe", "--time-warmup", "2", "--name",
-            "plain job", "--out", str(out), "--timeout", "120", "--", sys.executable, str(SCRIPT)]
+    args = [
+        "profile",
+        "--no-nsys",
+        "--torch",
+        "--probe",
+        "--time-warmup",
+        "2",
+        "--name",
+        "plain job",
+        "--out",
+        str(out),
+        "--timeout",
+        "120",
+        "--",
+        sys.executable,
+        str(SCRIPT),
+    ]
     result = CliRunner().invoke(app, args)  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"cptrace: --probe: {NO_CALL}" in result.output
