@@ -411,6 +411,7 @@ def compare_reports(
         iterations=iterations,
         findings_base=[f for f in base.findings if f.window in (None, base_window)],
         findings_head=[f for f in head.findings if f.window in (None, head_window)],
+        do_first_head=list(head.summary.do_first) if head.summary is not None else [],
         summary=summary,
         verdict=verdict,
         account=account_deltas(base, head, base_window, head_window),

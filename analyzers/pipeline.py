@@ -100,11 +100,16 @@ class FailedRunError(TraceError):
 
 
 def _expand(
-    paths: Sequence[PathLike], manifest: RunManifest | PathLike | None, stack: ExitStack
+    paths: Sequence[PathLike],
+    manifest: RunManifest | PathLike | None,
+    stack: ExitStack,
+    labels: dict[Path, str] | None = None,
 ) -> tuple[list[Path], RunManifest | None]:
     """Replace run bundles by their traces; a bundle's manifest is used unless one is given.
 
     Bundles are entered on ``stack`` so a tar's extraction directory is removed afterwards.
+    ``labels`` gets each bundle trace's name for output, ``run.tar.gz:traces/rank0.json.gz``
+    (never the extraction directory, which is gone once the analysis ends).
     """
     files: list[Path] = []
     bundle_manifest = None
@@ -116,6 +121,8 @@ def _expand(
             continue
         stack.enter_context(bundle)
         found = bundle.analysis_paths()
+        if labels is not None:
+            labels.update((t.path, f"{path.name}:{t.member}") for t in bundle.analysis_traces())
         if not found and len(paths) == 1:
             _refuse_empty_bundle(path, bundle.manifest)
         files.extend(found)
@@ -498,8 +505,11 @@ def run_analysis(
     with _cycle_collector_paused():
         catalog = catalog or load_catalog()
         with ExitStack() as stack:
-            files, manifest_obj = _expand(items, manifest, stack)
+            labels: dict[Path, str] = {}
+            files, manifest_obj = _expand(items, manifest, stack, labels)
             trace, sources = _read(files, progress, rank)
+            for source, file in zip(sources, files, strict=True):
+                source.path = labels.get(file, source.path)
         return analyze_trace(
             trace,
             manifest=manifest_obj,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from analyzers.failure import failure_headline, rank_stacks
 from analyzers.manifest import FailureRecord
-from analyzers.report import ComparisonReport, Finding, HelperDelta, Severity
+from analyzers.report import Action, ComparisonReport, Finding, HelperDelta, Severity
 from pr_bot import labels
 from pr_bot.deltas import HostTimeRow, metric_rows
 
@@ -295,9 +295,8 @@ def comparison_lines(
         if failure is not None:
             lines += [f"The {side} run's job failed; its figures cover only what ran before.", ""]
             lines += failure_lines(failure)
+    lines += [md_text(report.summary), "", *do_first_lines(report.do_first_head, heading)]
     lines += [
-        md_text(report.summary),
-        "",
         f"Base: {md_code(context.base_name)} ({md_text(report.base_label)}) · "
         f"head: {md_code(context.head_name)} ({md_text(report.head_label)})",
         "",
@@ -347,6 +346,18 @@ def comparability_section(report: ComparisonReport) -> list[str]:
         for i in report.comparability
     ] + [f"> - {md_text(n)}" for n in report.notes if n not in said]
     return ["> :warning: Comparability:", ">", *items, ""] if items else []
+
+
+def do_first_lines(actions: Sequence[Action], heading: str) -> list[str]:
+    """The head run's "do this first": at most three actions, saving and evidence; empty when
+    it has none."""
+    if not actions:
+        return []
+    lines = [f"{heading} Do this first (head)", ""]
+    for i, a in enumerate(actions, 1):
+        saving = f" {md_text(a.saving_text.capitalize())}." if a.saving_text else ""
+        lines.append(f"{i}. **{md_text(a.action)}**{saving} Evidence: {md_text(a.evidence)}")
+    return [*lines, ""]
 
 
 def finding_lines(findings: Sequence[Finding]) -> list[str]:

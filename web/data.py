@@ -22,6 +22,7 @@ from analyzers.compare import CompareError
 from analyzers.failure import failure_headline, failure_of, rank_stacks
 from analyzers.manifest import FailureRecord
 from analyzers.report import (
+    Action,
     AnalysisReport,
     ComparisonReport,
     Finding,
@@ -29,6 +30,7 @@ from analyzers.report import (
     HelperDelta,
     HelperStat,
     Timeline,
+    TraceSummary,
 )
 from pr_bot.comment import CommentContext, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
@@ -197,6 +199,29 @@ class RunPage(BaseModel):
     gpu_observed: bool = True
     """False for a trace without GPU activity: the GPU timeline and the step account are not
     drawn (they would show nothing but "idle"), the page says "not observed" instead."""
+    do_first: list[Action] = Field(default_factory=list)
+    """The report's "do this first" (at most three actions), shown at the top of the page."""
+    summary: TraceSummary | None = None
+    """The report's whole-trace summary, :data:`SUMMARY_ROWS` rows per table (the full one is
+    in ``run.report.summary``)."""
+
+
+SUMMARY_ROWS = 5
+"""Rows per table of the run page's compact summary."""
+
+
+def compact_summary(summary: TraceSummary | None) -> TraceSummary | None:
+    """``summary`` with :data:`SUMMARY_ROWS` rows per table (None for a report without one)."""
+    if summary is None:
+        return None
+    return summary.model_copy(
+        update={
+            "families": summary.families[:SUMMARY_ROWS],
+            "cpu_ops": summary.cpu_ops[:SUMMARY_ROWS],
+            "ranges": summary.ranges[:SUMMARY_ROWS],
+            "sync_pointers": summary.sync_pointers[:SUMMARY_ROWS],
+        }
+    )
 
 
 class TimelineZoom(BaseModel):
@@ -400,6 +425,8 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             else []
         ),
         gpu_observed=report is None or report.host_time is None or report.host_time.gpu_activity,
+        do_first=list(report.summary.do_first) if report and report.summary else [],
+        summary=compact_summary(report.summary if report else None),
     )
 
 

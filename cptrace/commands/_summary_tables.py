@@ -13,11 +13,7 @@ def render_do_first(console: Any, summary: Any) -> None:
         return
     console.print("[bold]Do this first[/]")
     for i, a in enumerate(summary.do_first, 1):
-        saving = (
-            f" (saves ~{a.saving_ms:.2f} ms per step, {a.saving_basis})"
-            if a.saving_ms is not None
-            else ""
-        )
+        saving = f" ({a.saving_text})" if a.saving_text else ""
         console.print(f"  {i}. {escape(a.action)}{saving}", highlight=False)
         console.print(f"     [dim]{escape(a.evidence)}[/]", highlight=False)
 

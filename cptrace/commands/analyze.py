@@ -36,8 +36,15 @@ class Section(StrEnum):
 
 ALL_SECTIONS = frozenset(Section)
 
-LARGE_INPUT_BYTES = 32 * 1024 * 1024
-"""Show a progress bar when the inputs add up to more than this."""
+
+class OutputFormat(StrEnum):
+    """``analyze --format``: rich tables, one CSV (a row per table row) or the report's JSON."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
 TOP_HELPERS = 15
 TOP_KERNELS = 15
 
@@ -80,18 +87,11 @@ def _run_analyze(
     if step_pattern:
         re.compile(step_pattern)  # fail before reading gigabytes
     cat = _catalog(catalog)
-    size = sum(p.stat().st_size for p in paths if p.is_file())
-    if not show_progress or size < LARGE_INPUT_BYTES:
+    if not show_progress or not sys.stderr.isatty():
         return run(paths, manifest=manifest, step_pattern=step_pattern, catalog=cat, rank=rank)
-    from rich.console import Console
-    from rich.progress import Progress
+    from cptrace.commands._progress import LateProgress
 
-    with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("analyzing", total=1.0)
-
-        def update(stage: str, fraction: float) -> None:
-            bar.update(task, completed=fraction, description=stage)
-
+    with LateProgress() as update:
         return run(
             paths,
             manifest=manifest,
@@ -123,7 +123,7 @@ def analyze(
     catalog: list[Path] | None = typer.Option(
         None, "--catalog", help="Extra helper catalog TOML (repeatable)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the AnalysisReport as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     rank: int | None = typer.Option(
         None,
         "--rank",
@@ -134,6 +134,12 @@ def analyze(
         "--report",
         help="Print only these sections of the text report (repeatable; default all). The "
         "per-window sections (helpers, ranks, timeline, account) are most of its length.",
+    ),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.TABLE, "--format", help="table, csv (one row per table row) or json."
+    ),
+    full: bool = typer.Option(
+        False, "--full", help="JSON: keep the timelines (left out by default: they are large)."
     ),
 ) -> None:
     """Attribute every kernel to a CP helper, measure each step, and report findings.
@@ -148,14 +154,19 @@ def analyze(
     host, iterations, findings; the sources, a failure, the "do this first" actions and the
     notes always.
 
+    --format table|csv|json: csv is one row per table row of the sections, with ``section``
+    and ``table`` columns; json (also --json) leaves out the timelines (--full keeps them) and,
+    with --report, keeps only those sections' keys. Sources in a bundle are named by bundle and
+    member (``run.tar.gz:traces/rank0.json.gz``). An analysis over a second shows a progress
+    bar on stderr when it is a terminal.
+
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
     from analyzers.pipeline import FailedRunError
 
+    as_json = as_json or output_format is OutputFormat.JSON
     try:
-        report = _run_analyze(
-            traces, manifest, step_pattern, catalog, show_progress=not as_json, rank=rank
-        )
+        report = _run_analyze(traces, manifest, step_pattern, catalog, True, rank=rank)
     except FailedRunError as exc:
         # the bundle of a job that failed: the one-line error, how it failed, what the manifest
         # shows
@@ -164,12 +175,13 @@ def analyze(
         raise failed from exc
     except _library_errors() as exc:
         raise _fail(exc) from exc
-    if as_json:
-        if report.failure is None:
-            typer.echo(report.model_dump_json(indent=2))
-            return
-        payload = json.loads(report.model_dump_json())  # the failure leads, as in the text
-        typer.echo(json.dumps({"failure": payload.pop("failure"), **payload}, indent=2))
+    if as_json or output_format is OutputFormat.CSV:
+        from cptrace.commands._report_output import report_csv, report_json
+
+        if as_json:
+            typer.echo(json.dumps(report_json(report, report_sections, full=full), indent=2))
+        else:
+            typer.echo(report_csv(report, report_sections), nl=False)
         return
     render_report(report, frozenset(report_sections) if report_sections else ALL_SECTIONS)
 

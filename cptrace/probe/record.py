@@ -188,6 +188,20 @@ class Site:
         }
 
 
+NO_CALL = "no TE or cp_attn call seen"
+"""What a probe record says when the job never called a probed function (``sites`` empty)."""
+
+
+def no_call_note(installed: list[str]) -> str:
+    """The record's ``note`` for a process that called none of the probed functions."""
+    where = (
+        f"wrapped {', '.join(installed)}, never called"
+        if installed
+        else "neither Transformer Engine nor cp_attention was imported"
+    )
+    return f"{NO_CALL}: {where}; no metadata facts recorded"
+
+
 @dataclass(slots=True)
 class ProbeState:
     """Everything one process observed; written to ``probe_rank<r>.json``."""
@@ -241,6 +255,7 @@ class ProbeState:
             "transformer_engine": transformer_engine_version(),
             "installed": list(self.installed),
             "sites": {name: site.to_json() for name, site in sorted(self.sites.items())},
+            "note": None if self.sites else no_call_note(self.installed),
             "events": self.events,
             "overhead_ms": round(self.overhead_ns / 1e6, 3),
             "host_copy_ms": round(self.host_copy_ns / 1e6, 3),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers.bundle import MANIFEST_NAME
+from cptrace.probe.record import NO_CALL
 from runners import bundle as bundle_writer
 from runners import nsys as nsys_cmds
 from runners.env import capture_environment
@@ -97,6 +99,44 @@ class ProfileOptions:
     checkout (``cwd``), the bundle and the scratch directory writable."""
     echo: Callable[[str], None] | None = None
     """Gets the job's output as it comes (``cptrace profile``: the terminal); the log keeps it."""
+
+
+def options_argv(opts: ProfileOptions) -> list[str]:
+    """The ``cptrace profile`` options that made ``opts``, for ``run.command``: the profilers
+    always, every other option only where it differs from the default (``--nsys-args`` goes
+    through :func:`redact_argv` with the job's command)."""
+    default = ProfileOptions()
+    out = ["--nsys" if opts.nsys else "--no-nsys"]
+    out += [flag for flag, on in (("--torch", opts.torch), ("--probe", opts.probe)) if on]
+    valued: tuple[tuple[str, Any, Any], ...] = (
+        ("--nsys-cmd", " ".join(opts.nsys_cmd), " ".join(default.nsys_cmd)),
+        ("--nsys-trace", opts.nsys_trace, default.nsys_trace),
+        ("--nsys-args", " ".join(opts.nsys_extra), ""),
+        ("--delay", opts.delay_s, default.delay_s),
+        ("--duration", opts.duration_s, default.duration_s),
+        ("--torch-wait", opts.torch_wait, default.torch_wait),
+        ("--torch-warmup", opts.torch_warmup, default.torch_warmup),
+        ("--torch-active", opts.torch_active, default.torch_active),
+        ("--step-function", opts.step_on, default.step_on),
+        ("--probe-first", opts.probe_first, default.probe_first),
+        ("--probe-every", opts.probe_every, default.probe_every),
+        ("--watchdog", opts.watchdog_s, default.watchdog_s),
+        ("--hang-timeout", opts.hang_timeout_s or 0, default.hang_timeout_s),
+        ("--time-warmup", opts.time_warmup, default.time_warmup),
+        ("--timeout", opts.timeout_s, default.timeout_s),
+        ("--name", opts.name, default.name),
+    )
+    for flag, value, usual in valued:
+        if value != usual and value is not None:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    switches = (
+        ("--capture-range", opts.capture_range),
+        ("--no-python-functions-trace", not opts.python_functions_trace),
+        ("--no-stack", not opts.with_stack),
+        ("--record-shapes", opts.record_shapes),
+        ("--hostname", opts.include_hostname),
+    )
+    return out + [flag for flag, on in switches if on]
 
 
 @dataclass(slots=True)
@@ -291,11 +331,15 @@ def _finalize(
 ) -> dict[int, list[float]]:
     probes = read_probe_files(scratch / "probe")
     observed = observed_facts(probes) if probes else None
+    if opts.probe and opts.echo is not None and observed is None:
+        notes = sorted({str(r.get("note") or NO_CALL) for r in probes.values()} or {NO_CALL})
+        opts.echo("".join(f"cptrace: --probe: {n}\n" for n in notes))
     times, step_summary = iteration_times(read_step_files(scratch / "steps"), opts.time_warmup)
     environment = capture_environment(include_hostname=opts.include_hostname)
     ranks = sorted(set(result.statuses) | set(probes))
     environment["world_size"] = len(ranks) or None
     redacted = redact_argv(cmd)
+    own_options = redact_argv(options_argv(opts))
     settings = {
         "profilers": [n for n, on in (("nsys", opts.nsys), ("torch", opts.torch)) if on],
         "probe": opts.probe,
@@ -315,7 +359,7 @@ def _finalize(
         name=_run_name(opts, launch),
         spec={"profile": settings, "command": redacted},
         host=socket.gethostname() if opts.include_hostname else None,
-        command=" ".join(["cptrace", "profile", "--", *redacted]),
+        command=shlex.join(["cptrace", "profile", *own_options, "--", *redacted]),
         exit_status=result.returncode,
         wall_s=result.wall_s,
         **(opts.run_tags or {}),

@@ -126,7 +126,7 @@ def test_a_saved_report_is_recognised_by_content_and_accepted_like_a_trace(
     assert sniff(zipped) == "report" and analyze([zipped]).model_dump_json(indent=2) == text
     with pytest.raises(UnsupportedTraceError, match="give it alone"):
         analyze([path, KINETO])
-    cli = CliRunner().invoke(cli_app, ["analyze", str(path), "--json"])
+    cli = CliRunner().invoke(cli_app, ["analyze", str(path), "--json", "--full"])
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.output) == json.loads(text)
     compared = CliRunner().invoke(cli_app, ["compare", "--base", str(path), "--head", str(zipped)])

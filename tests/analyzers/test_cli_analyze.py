@@ -62,10 +62,15 @@ def test_analyze_tables_show_helpers_and_findings(tmp_path: Path) -> None:
 
 
 def test_analyze_json_is_complete() -> None:
-    result = _invoke("analyze", *map(str, KINETO_3ARMS), "--step-pattern", "^arm:", "--json")
-    report = json.loads(result.output)
+    args = ["analyze", *map(str, KINETO_3ARMS), "--step-pattern", "^arm:", "--json"]
+    report = json.loads(_invoke(*args, "--full").output)
     for key in ("gpu_timeline", "window_timelines", "devices", "kernels", "environment"):
         assert report[key], key
+    # without --full the timelines are left out, everything else is the same
+    lean = json.loads(_invoke(*args).output)
+    timelines = {"timeline", "other_timelines", "gpu_timeline", "window_timelines"}
+    assert timelines <= set(report) and not timelines & set(lean)
+    assert lean == {k: v for k, v in report.items() if k not in timelines}
     assert report["environment"]["gpu_models"] == ["NVIDIA H200"]
     assert {k["rank"] for k in report["kernels"]} == {0, 1, None}
 
@@ -215,26 +220,19 @@ def test_analyze_a_bundle_directory_and_tar(tmp_path: Path) -> None:
     assert report["ranks"] == [0, 1]
 
 
-def test_progress_bar_on_large_inputs_goes_to_stderr(monkeypatch) -> None:
-    import cptrace.commands.analyze as command
+def test_progress_bar_only_on_a_terminal_after_a_second() -> None:
+    """No bar when stderr is not a terminal (CliRunner); the real analysis with the bar's
+    callback: none before ``show_after_s``, shown from the first stage after it."""
+    from analyzers import analyze
+    from cptrace.commands._progress import LateProgress
 
-    stages: list[str] = []
-    monkeypatch.setattr(command, "LARGE_INPUT_BYTES", 0)  # every input counts as large
-    from analyzers import pipeline
-
-    original = pipeline.run_analysis
-
-    def spy(*args, **kwargs):
-        progress = kwargs["progress"]
-        assert progress is not None
-
-        def record(stage: str, fraction: float) -> None:
-            stages.append(stage)
-            progress(stage, fraction)
-
-        return original(*args, **{**kwargs, "progress": record})
-
-    monkeypatch.setattr(pipeline, "run_analysis", spy)
-    result = RUNNER.invoke(app, ["analyze", str(SYNTHETIC / "nsys_single.sqlite.gz")])
+    result = CliRunner().invoke(app, ["analyze", str(SYNTHETIC / "nsys_single.sqlite.gz")])
     assert result.exit_code == 0, result.output
-    assert stages[0].startswith("reading") and stages[-1] == "done"
+    assert result.stderr == ""
+    trace = SYNTHETIC / "nsys_single.sqlite.gz"
+    with LateProgress(show_after_s=3600.0) as late:
+        analyze(trace, progress=late)
+    assert not late.shown
+    with LateProgress(show_after_s=0.0) as early:
+        analyze(trace, progress=early)
+    assert early.shown
