@@ -22,16 +22,16 @@ class Section(StrEnum):
     """A part of ``analyze``'s text report (``--report``); the sources, a failure, the "do this
     first" actions and the notes are always printed."""
 
+    FINDINGS = "findings"
+    SUMMARY = "summary"
     HELPERS = "helpers"
     RANKS = "ranks"
     TIMELINE = "timeline"
     ACCOUNT = "account"
     DEVICES = "devices"
     KERNELS = "kernels"
-    SUMMARY = "summary"
     HOST = "host"
     ITERATIONS = "iterations"
-    FINDINGS = "findings"
 
 
 ALL_SECTIONS = frozenset(Section)
@@ -364,9 +364,9 @@ def _per(group: str) -> tuple[str, str]:
 
 
 def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> None:
-    """Sources, per-group helper, rank and GPU-timeline tables, the whole-trace reference figures
-    (devices, kernels, summary), iterations and findings; of those, only ``sections`` (the
-    "do this first" actions always, right after the sources)."""
+    """Sources, the "do this first" actions (always), findings and the summary, then the
+    per-group helper, rank and GPU-timeline tables, the whole-trace reference figures (devices,
+    kernels), host time and iterations; of those, only ``sections``."""
     from cptrace.commands._summary_tables import render_do_first, render_summary
 
     console = _console()
@@ -381,6 +381,11 @@ def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> N
             f"{src.launches} CPU launch calls, {src.ranges} ranges"
         )
     render_do_first(console, report.summary)
+    # What to do and why first; the tables that back it up follow.
+    if Section.FINDINGS in sections:
+        _render_findings(console, report.findings, "Findings")
+    if Section.SUMMARY in sections:
+        render_summary(console, report.summary)
     for group in report.groups:
         if Section.HELPERS in sections:
             _render_helpers(console, report, group)
@@ -402,14 +407,10 @@ def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> N
         _render_devices(console, report.devices)
     if Section.KERNELS in sections:
         _render_kernels(console, [k for k in report.kernels if k.window == "whole trace"])
-    if Section.SUMMARY in sections:
-        render_summary(console, report.summary)
     if Section.HOST in sections:
         _render_host_time(console, report)
     if Section.ITERATIONS in sections:
         _render_iterations(console, report.iterations)
-    if Section.FINDINGS in sections:
-        _render_findings(console, report.findings, "Findings")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
 
@@ -636,8 +637,10 @@ def _render_kernels(console: Any, rows: list[Any]) -> None:
         f"{len(pooled)} names by total time; ns)",
         title_justify="left",
     )
-    for col in ("time %", "total", "count", "average", "median", "min", "max", "stddev", "name"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+    for col in ("time %", "total", "count", "average", "median", "min", "max", "stddev"):
+        table.add_column(col, justify="right")
+    # Kernel names differ late (template arguments, tile sizes): wrap them, never cut them.
+    table.add_column("name", justify="left", overflow="fold")
     for k in sorted(pooled, key=lambda k: -k.total_ns)[:TOP_KERNELS]:
         table.add_row(
             f"{k.time_pct:.1f}",
@@ -648,7 +651,7 @@ def _render_kernels(console: Any, rows: list[Any]) -> None:
             str(k.min_ns),
             str(k.max_ns),
             f"{k.stddev_ns:.1f}",
-            escape(k.name if len(k.name) <= 90 else k.name[:87] + "..."),
+            escape(k.name),
         )
     console.print(table)
 
@@ -894,9 +897,9 @@ def _render_kernel_deltas(console: Any, result: Any) -> None:
         "ms delta",
         "mean us base -> head",
         "status",
-        "name",
     ):
-        table.add_column(col, justify="left" if col in ("status", "name") else "right")
+        table.add_column(col, justify="left" if col == "status" else "right")
+    table.add_column("name", justify="left", overflow="fold")  # wrapped, never cut
     for k in changed[:TOP_KERNELS]:
         table.add_row(
             f"{k.base_count:g}",
@@ -907,7 +910,7 @@ def _render_kernel_deltas(console: Any, result: Any) -> None:
             f"{k.delta_total_ns / 1e6:+.3f}",
             f"{k.base_mean_ns / 1e3:.2f} -> {k.head_mean_ns / 1e3:.2f}",
             k.status,
-            escape(k.name if len(k.name) <= 80 else k.name[:77] + "..."),
+            escape(k.name),
         )
     console.print(table)
 

@@ -22,6 +22,7 @@ import hashlib
 import json
 import shutil
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -197,15 +198,14 @@ def _nsys_cases() -> list[tuple[Path, str, list[str]]]:
         if not head.startswith(b"SQLite format 3"):
             continue
         exhaustive = _small(path)
-        tmp = Path("/tmp") / f"cptrace-variants-{hashlib.sha1(str(path).encode()).hexdigest()}"
-        db = tmp / "probe.sqlite"
-        tmp.mkdir(exist_ok=True)
-        with gzip.open(path) as src, open(db, "wb") as out:
-            shutil.copyfileobj(src, out)
-        for name, sql in _nsys_edits(db, exhaustive, columns=path == smallest):
-            if exhaustive or name in SAMPLE_NSYS:
-                cases.append((path, name, sql))
-        shutil.rmtree(tmp, ignore_errors=True)
+        # A folder of this process's own: every xdist worker collects at the same time.
+        with tempfile.TemporaryDirectory(prefix="cptrace-variants-") as tmp:
+            db = Path(tmp) / "probe.sqlite"
+            with gzip.open(path) as src, open(db, "wb") as out:
+                shutil.copyfileobj(src, out)
+            for name, sql in _nsys_edits(db, exhaustive, columns=path == smallest):
+                if exhaustive or name in SAMPLE_NSYS:
+                    cases.append((path, name, sql))
     return cases
 
 
