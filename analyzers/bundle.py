@@ -60,6 +60,9 @@ DEFAULT_MAX_MEMBER_BYTES = 2 * 1024**3
 """Largest single member accepted (a 2-rank nsys export of a long run stays well below)."""
 DEFAULT_MAX_TOTAL_BYTES = 8 * 1024**3
 MAX_MEMBERS = 10_000
+MAX_MEMBER_NAME = 1024
+"""Longest member path accepted (characters). A bundle's members are ``manifest.json`` and
+``traces/<file>``; a name of megabytes is an attack on every message and log that repeats it."""
 LAYOUT_DIRS = ("traces/", "logs/")
 TRACE_FORMATS = ("kineto", "nsys")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -445,6 +448,11 @@ class _MemberWalk:
 
 def _safe_member_name(name: str, *, source: str) -> PurePosixPath:
     """The member's relative path, or ``UnsafeBundleError`` if it could land outside."""
+    if len(name) > MAX_MEMBER_NAME:
+        raise UnsafeBundleError(
+            f"{source}: a member name of {len(name)} characters, over the {MAX_MEMBER_NAME}-"
+            f"character limit ({name[:60]!r}...)"
+        )
     if "\\" in name or "\x00" in name:
         raise UnsafeBundleError(f"{source}: member {name!r}: backslash or NUL in the path")
     pure = PurePosixPath(name)

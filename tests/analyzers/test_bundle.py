@@ -136,6 +136,19 @@ def test_path_traversal_member_is_refused(
     assert not (tmp_path / "escape.txt").exists()
 
 
+def test_huge_member_name_is_refused_without_echoing_it(
+    tmp_path: Path, bundle_dir: Path
+) -> None:
+    name = "traces/" + "n" * (1 << 20)  # a 1 MiB name (a pax header carries it)
+    archive = _hostile(tmp_path, bundle_dir, tarfile.TarInfo(name), b"x")
+    extract = tmp_path / "extract"
+    extract.mkdir()
+    with pytest.raises(UnsafeBundleError, match="over the 1024-character limit") as caught:
+        read_bundle(archive, extract_to=extract)
+    assert len(str(caught.value)) < 400 + len(str(archive))
+    assert list(extract.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("kind", "word"),
     [
