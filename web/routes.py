@@ -85,12 +85,13 @@ def _error(request: Request, status: int, message: str) -> HTMLResponse:
     )
 
 
-def _html(request: Request, build: Callable[[], T]) -> T | HTMLResponse:
-    """Run a data function for an HTML page; store errors become an error page, not JSON."""
+def _html(request: Request, template: str, build: Callable[[], BaseModel]) -> HTMLResponse:
+    """An HTML page from its data function; store errors become an error page, not JSON."""
     try:
-        return build()
+        model = build()
     except ApiError as exc:
         return _error(request, exc.status, exc.message)
+    return _page(request, template, model)
 
 
 def _checked(build: Callable[[], T]) -> T:
@@ -208,10 +209,7 @@ def run_json(run_id: RunId, store: StoreDep, _: ReadAccess) -> data.RunPage:
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
 def run_html(run_id: RunId, request: Request, store: StoreDep, _: ReadAccess) -> Response:
-    page = _html(request, lambda: data.run_page(store, run_id))
-    if isinstance(page, Response):
-        return page
-    return _page(request, "run.html", page)
+    return _html(request, "run.html", lambda: data.run_page(store, run_id))
 
 
 # --------------------------------------------------------------------------------- comparison
@@ -250,12 +248,11 @@ def compare_html(
     base_id: RunId, head_id: RunId, request: Request, store: StoreDep, _: ReadAccess,
     base_window: WindowQuery = None, head_window: WindowQuery = None,
 ) -> Response:  # fmt: skip
-    page = _html(
-        request, lambda: _compare(request, store, base_id, head_id, base_window, head_window)
+    return _html(
+        request,
+        "compare.html",
+        lambda: _compare(request, store, base_id, head_id, base_window, head_window),
     )
-    if isinstance(page, Response):
-        return page
-    return _page(request, "compare.html", page)
 
 
 # ------------------------------------------------------------------------------------ history
@@ -330,8 +327,8 @@ def pull_html(
     owner: Owner, name: Name, number: Number, request: Request, store: LoopStoreDep,
     _: ReadAccess,
 ) -> Response:  # fmt: skip
-    built = _html(request, lambda: loop_data.pull_page(store, f"{owner}/{name}", number))
-    return built if isinstance(built, Response) else _page(request, "pull.html", built)
+    repo = f"{owner}/{name}"
+    return _html(request, "pull.html", lambda: loop_data.pull_page(store, repo, number))
 
 
 @router.get("/batches/{batch_id}.json", response_model=loop_data.BatchPage)
@@ -342,8 +339,7 @@ def batch_json(batch_id: ItemId, store: LoopStoreDep, _: ReadAccess) -> loop_dat
 
 @router.get("/batches/{batch_id}", response_class=HTMLResponse, include_in_schema=False)
 def batch_html(batch_id: ItemId, request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
-    built = _html(request, lambda: loop_data.batch_page(store, batch_id))
-    return built if isinstance(built, Response) else _page(request, "batch.html", built)
+    return _html(request, "batch.html", lambda: loop_data.batch_page(store, batch_id))
 
 
 @router.get("/jobs.json", response_model=loop_data.JobsPage)
@@ -369,8 +365,7 @@ def job_json(job_id: ItemId, store: LoopStoreDep, _: ReadAccess) -> loop_data.Jo
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
 def job_html(job_id: ItemId, request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
-    built = _html(request, lambda: loop_data.job_page(store, job_id))
-    return built if isinstance(built, Response) else _page(request, "job.html", built)
+    return _html(request, "job.html", lambda: loop_data.job_page(store, job_id))
 
 
 # The PR-comment endpoint rides along, so including this router is all ``create_app`` needs.

@@ -23,16 +23,15 @@ BATCH_COLUMNS = (
 )
 
 
+def _where(equal: dict[str, Any]) -> tuple[str, list[Any]]:
+    """`` WHERE column = ? AND ...`` for the filters that are set (None: not filtered)."""
+    given = {column: value for column, value in equal.items() if value is not None}
+    clauses = " AND ".join(f"{column} = ?" for column in given)
+    return (f" WHERE {clauses}" if given else ""), list(given.values())
+
+
 def _batch_where(repo: str | None, pr: int | None) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    if repo is not None:
-        clauses.append("b.repo = ?")
-        params.append(repo)
-    if pr is not None:
-        clauses.append("b.pr_number = ?")
-        params.append(pr)
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+    return _where({"b.repo": repo, "b.pr_number": pr})
 
 
 def list_batches(
@@ -83,15 +82,7 @@ def list_jobs(
     offset: int,
 ) -> list[dict[str, Any]]:
     """Jobs, newest first (a batch's: in queue order)."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if batch_id is not None:
-        clauses.append("j.batch_id = ?")
-        params.append(batch_id)
-    if status is not None:
-        clauses.append("j.status = ?")
-        params.append(status)
-    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+    where, params = _where({"j.batch_id": batch_id, "j.status": status})
     order = "j.id" if batch_id is not None else "j.id DESC"
     sql = f"SELECT {JOB_COLUMNS} FROM jobs j{where} ORDER BY {order} LIMIT ? OFFSET ?"
     return rows(conn, sql, [*params, limit, offset])
