@@ -33,6 +33,9 @@ FAST = {
     "CPTRACE_RESTART_BACKOFF_S": "3",  # long enough for /health to be seen down
     "CPTRACE_WORKER_HEARTBEAT_S": "0.5",
     "CPTRACE_INGEST_WORKERS": "2",
+    # slow_bundle stores ~150 bytes per byte uploaded; the default 100 would refuse it at its
+    # first header, before the seconds of validation these tests kill or time out
+    "CPTRACE_MAX_STORED_RATIO": "1000",
 }
 
 
