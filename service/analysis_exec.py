@@ -1,20 +1,16 @@
 """One analysis in its own process, under a time and a memory limit, its report checked.
 
 The worker stays small and alive; the analysis (numpy, a whole trace in memory) runs in a
-spawned child with ``RLIMIT_AS = analysis_memory_limit_bytes``. The child sends progress and
-finally the report as JSON; the worker kills it at ``analysis_time_limit_s``. Whatever the
-child produced is validated against ``AnalysisReport`` before it may be stored: a report that
-cannot be read back is an analysis failure, not a stored run.
+spawned ``service.limited_child.LimitedChild`` with ``RLIMIT_AS = analysis_memory_limit_bytes``.
+The child sends progress and finally the report as JSON; the worker kills it at
+``analysis_time_limit_s``. Whatever the child produced is validated against ``AnalysisReport``
+before it may be stored: a report that cannot be read back is an analysis failure, not a stored
+run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
-import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +18,16 @@ from pydantic import ValidationError
 
 from analyzers.report import AnalysisReport
 from service.core.config import MiB
-from service.supervisor import describe_exit, follow_parent
-from service.uploads_exec import limit_memory, lower_priority
+from service.limited_child import (
+    CallOutOfMemory,
+    CallTimedOut,
+    ChildDied,
+    ChildError,
+    LimitedChild,
+)
+
+PRELOAD = (__name__, "analyzers", "analyzers.manifest", "analyzers.readers", "sqlite3")
+"""Loaded in the child before its limit: the limit bounds the analysis, not numpy's mapping."""
 
 
 class AnalysisFailed(Exception):
@@ -34,34 +38,26 @@ class AnalysisFailed(Exception):
         self.final = final
 
 
-def _child(
-    conn: Connection, parent_pid: int, memory_limit: int, paths: list[str], manifest_raw: Any
-) -> None:
-    follow_parent(parent_pid)
-    lower_priority()
-    # The libraries load first: the limit bounds what the analysis of this trace allocates,
-    # not the fixed cost of mapping numpy and friends.
+class _BadInput(Exception):
+    """In the child: the trace or manifest is wrong (final: retrying cannot help)."""
+
+
+def _analyse(paths: list[str], manifest_raw: Any, progress: Callable[[str], None]) -> str:
+    """The child's call: the report as JSON (validated again by the parent)."""
     from analyzers import analyze
     from analyzers.errors import TraceError
     from analyzers.manifest import ManifestError, parse_manifest
-    from analyzers.readers import read_kineto, read_nsys  # noqa: F401  (and sqlite3)
 
-    limit_memory(memory_limit)
+    def report_progress(*args: Any, **kwargs: Any) -> None:
+        parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
+        progress(" ".join(parts) or "analysing")
+
     try:
-
-        def progress(*args: Any, **kwargs: Any) -> None:
-            parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
-            conn.send(("progress", " ".join(parts) or "analysing"))
-
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        report = analyze([Path(p) for p in paths], manifest=manifest, progress=progress)
-        conn.send(("ok", report.model_dump_json()))
-    except MemoryError:
-        conn.send(("memory", None))
+        report = analyze([Path(p) for p in paths], manifest=manifest, progress=report_progress)
     except (TraceError, ManifestError) as exc:
-        conn.send(("input", str(exc)))
-    except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise _BadInput(str(exc)) from None
+    return report.model_dump_json()
 
 
 def run_isolated(
@@ -73,54 +69,39 @@ def run_isolated(
     progress: Callable[[str], None],
 ) -> AnalysisReport:
     """Analyse in a child process; :raises AnalysisFailed: with the reason."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_child,
-        args=(child, os.getpid(), memory_limit_bytes, [str(p) for p in paths], manifest_raw),
-        name="cptrace-analysis",
-        daemon=True,
+    child = LimitedChild(
+        memory_limit_bytes=memory_limit_bytes, name="cptrace-analysis", preload=PRELOAD
     )
-    process.start()
-    child.close()
-    deadline = time.monotonic() + time_limit_s
     try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AnalysisFailed(
-                    f"the analysis took longer than its time limit of {time_limit_s:g} s",
-                    final=True,
-                )
-            if not parent.poll(min(remaining, 1.0)):
-                continue
-            try:
-                kind, value = parent.recv()
-            except EOFError:
-                process.join(timeout=5)
-                raise AnalysisFailed(
-                    f"the analysis process ended without a result "
-                    f"({describe_exit(process.exitcode)}; out of memory?)",
-                    final=False,
-                ) from None
-            if kind == "progress":
-                progress(value)
-                continue
-            if kind == "ok":
-                return validate_report(value)
-            if kind == "memory":
-                raise AnalysisFailed(
-                    f"the analysis needed more memory than its limit of "
-                    f"{memory_limit_bytes // MiB} MiB",
-                    final=True,
-                )
-            raise AnalysisFailed(value, final=kind == "input")
+        text = child.call(
+            _analyse,
+            [str(p) for p in paths],
+            manifest_raw,
+            time_limit_s=time_limit_s,
+            progress=progress,
+        )
+    except CallTimedOut:
+        raise AnalysisFailed(
+            f"the analysis took longer than its time limit of {time_limit_s:g} s", final=True
+        ) from None
+    except CallOutOfMemory:
+        raise AnalysisFailed(
+            f"the analysis needed more memory than its limit of {memory_limit_bytes // MiB} MiB",
+            final=True,
+        ) from None
+    except ChildDied as exc:
+        raise AnalysisFailed(
+            f"the analysis process ended without a result ({exc}; out of memory?)", final=False
+        ) from None
+    except _BadInput as exc:
+        raise AnalysisFailed(str(exc), final=True) from None
+    except ChildError as exc:
+        raise AnalysisFailed(str(exc), final=False) from None
+    except Exception as exc:
+        raise AnalysisFailed(f"{type(exc).__name__}: {exc}", final=False) from None
     finally:
-        if process.is_alive():
-            process.kill()
-        process.join(timeout=5)
-        with contextlib.suppress(Exception):
-            parent.close()
+        child.kill()
+    return validate_report(text)
 
 
 def validate_report(text: str) -> AnalysisReport:

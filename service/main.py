@@ -140,9 +140,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        supervisor.start_supervision(app)  # validation processes; the worker when configured
+        uploads_exec.start(app)  # the validation processes, so /health sees them at once
+        supervisor.start_worker(app)  # when Settings.run_worker is on
         yield
-        supervisor.stop_supervision(app)
+        supervisor.stop_worker(app)  # first: it finishes its analysis
         uploads_exec.shutdown(app)
         db.close()
 

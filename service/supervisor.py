@@ -1,11 +1,13 @@
 """Supervision of the server's child processes: restart what dies, give up honestly.
 
 The API process owns two kinds of children: the analysis worker (``service.worker``, started
-when ``Settings.run_worker`` is on) and the upload-validation processes
-(``service.uploads_exec.ValidationPool``). Each dead child is restarted after a backoff that
-doubles; more than ``restart_max`` deaths inside ``restart_window_s`` and the component is
-``failed``: it stays down and ``/health`` answers 503, so an orchestrator replaces the server
-instead of it limping on.
+when ``Settings.run_worker`` is on; ``WorkerSupervisor`` here) and the upload-validation
+processes (``service.uploads_exec.ValidationPool``, built on ``service.limited_child``, which
+uses this module's ``RestartBudget``, ``describe_exit`` and ``follow_parent``). The app's
+lifespan (``service.main``) starts and stops both; this module imports neither. Each dead child
+is restarted after a backoff that doubles; more than ``restart_max`` deaths inside
+``restart_window_s`` and the component is ``failed``: it stays down and ``/health`` answers 503,
+so an orchestrator replaces the server instead of it limping on.
 
 Children end with the server: each one runs ``follow_parent`` (a thread that exits the process
 when its parent is gone, whatever thread started it), and the worker additionally asks the
@@ -273,24 +275,18 @@ class WorkerSupervisor:
         return WorkerStatus(self.state, alive, self.budget.total, last_exit, self.started_at, name)
 
 
-def start_supervision(app: Any) -> None:
-    """Lifespan start-up: the validation processes, and the worker when configured."""
-    from service import uploads_exec
-
+def start_worker(app: Any) -> None:
+    """Lifespan start-up: the supervised analysis worker, when ``Settings.run_worker`` is on."""
     settings: Settings = app.state.settings
-    uploads_exec.start(app)
     if settings.run_worker:
         supervisor = WorkerSupervisor(settings)
         supervisor.start()
         app.state.worker_supervisor = supervisor
 
 
-def stop_supervision(app: Any) -> None:
-    """Lifespan shutdown: stop the worker (it finishes its analysis), then the pool."""
-    from service import uploads_exec
-
+def stop_worker(app: Any) -> None:
+    """Lifespan shutdown: stop the worker (it finishes its current analysis)."""
     supervisor: WorkerSupervisor | None = getattr(app.state, "worker_supervisor", None)
     if supervisor is not None:
         supervisor.stop()
         app.state.worker_supervisor = None
-    uploads_exec.shutdown(app)

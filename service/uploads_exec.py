@@ -2,7 +2,8 @@
 
 Parsing a large trace (GIL-bound JSON decoding, gzip) must never stall the API's event loop, and
 a hostile upload must never take the server down with it. So each validation runs in one of
-``ingest_workers`` long-lived processes (uploads are validated concurrently up to that many):
+``ingest_workers`` long-lived ``service.limited_child.LimitedChild`` processes (uploads are
+validated concurrently up to that many):
 
 - memory: each process runs under ``RLIMIT_AS = validation_memory_limit_bytes``; an upload that
   needs more gets ``MemoryError`` in the child, answered 413, and the process is replaced;
@@ -14,120 +15,36 @@ a hostile upload must never take the server down with it. So each validation run
   answers 503. There is no ``BrokenProcessPool``: every process is its own slot.
 - children end with the server (``follow_parent``).
 
+The app's lifespan (``service.main``) calls ``start`` and ``shutdown``.
 ``ingest_workers = 0`` validates in a thread of the API process (tests; no limits).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import multiprocessing
-import os
-import pickle
 import queue
-import resource
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
 from service.core.config import MiB, Settings
 from service.core.errors import ApiError, PayloadTooLarge
+from service.limited_child import CallOutOfMemory, CallTimedOut, ChildDied, LimitedChild
 from service.messages import redact
-from service.supervisor import ComponentState, RestartBudget, describe_exit, follow_parent
+from service.supervisor import ComponentState, RestartBudget
 
 T = TypeVar("T")
 log = logging.getLogger("cptrace.uploads")
-
-BACKGROUND_NICE = 10
 
 
 class ValidationUnavailable(ApiError):
     """The validation process died under this upload, or the pool is down: retry later."""
 
     status = 503
-
-
-def lower_priority() -> None:
-    """Background work (validation, analysis) yields the CPU to request handling."""
-    with contextlib.suppress(OSError):
-        os.nice(BACKGROUND_NICE)
-
-
-def limit_memory(limit_bytes: int) -> None:
-    """Cap this process's address space: allocations past it raise ``MemoryError``.
-
-    BLAS thread pools reserve address space per core; a limited process uses one thread, so
-    its reservation does not depend on the host's core count.
-    """
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-
-
-def _child_main(conn: Connection, parent_pid: int, memory_limit: int) -> None:
-    """A validation process: run ``(fn, args)`` requests one at a time until the pipe closes."""
-    follow_parent(parent_pid)
-    lower_priority()
-    limit_memory(memory_limit)
-    while True:
-        try:
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        retire = False
-        try:
-            reply: tuple[str, Any] = ("ok", fn(*args))
-        except MemoryError:
-            reply = ("memory", None)
-            retire = True  # the heap may be in any state: let a fresh process take over
-        except Exception as exc:
-            reply = ("error", _picklable(exc))
-        conn.send(reply)
-        if retire:
-            return
-
-
-def _picklable(exc: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
-
-
-@dataclass(eq=False)
-class _Slot:
-    """One validation process and the parent's end of its pipe."""
-
-    process: multiprocessing.process.BaseProcess
-    conn: Connection
-
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            self.process.kill()
-        self.process.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
-
-    def peak_rss_bytes(self) -> int | None:
-        """VmHWM of the process (Linux), for logs and tests."""
-        try:
-            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
 
 
 class ValidationPool:
@@ -141,9 +58,8 @@ class ValidationPool:
         self.budget = RestartBudget.from_settings(settings)
         self.state = ComponentState.STARTING
         self.last_exit: str | None = None
-        self._ctx = multiprocessing.get_context("spawn")
-        self._idle: queue.Queue[_Slot] = queue.Queue()
-        self._slots: list[_Slot] = []
+        self._idle: queue.Queue[LimitedChild] = queue.Queue()
+        self._slots: list[LimitedChild] = []
         self._dead = 0  # slots waiting for a restart
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -161,38 +77,27 @@ class ValidationPool:
         self.state = ComponentState.OK
         self._monitor.start()
 
-    def _spawn(self) -> _Slot:
-        parent, child = self._ctx.Pipe()
-        # spawn, not fork: the API process has threads (writer, readers) a fork would copy in
-        # whatever state they were in.
-        process = self._ctx.Process(
-            target=_child_main,
-            args=(child, os.getpid(), self.memory_limit),
-            name="cptrace-validate",
-            daemon=True,
-        )
-        process.start()
-        child.close()
-        slot = _Slot(process, parent)
+    def _spawn(self) -> LimitedChild:
+        slot = LimitedChild(memory_limit_bytes=self.memory_limit, name="cptrace-validate")
         with self._lock:
             self._slots.append(slot)
         return slot
 
-    def _forget(self, slot: _Slot) -> None:
+    def _forget(self, slot: LimitedChild) -> None:
         slot.kill()
         with self._lock:
             if slot in self._slots:
                 self._slots.remove(slot)
 
-    def _replace(self, slot: _Slot) -> None:
+    def _replace(self, slot: LimitedChild) -> None:
         """A planned replacement (memory or time limit hit): no backoff, no restart counted."""
         self._forget(slot)
         if not self._stop.is_set():
             self._idle.put(self._spawn())
 
-    def _crashed(self, slot: _Slot) -> None:
+    def _crashed(self, slot: LimitedChild) -> None:
         """A process died on its own: the monitor restarts it after the backoff."""
-        self.last_exit = describe_exit(slot.process.exitcode)
+        self.last_exit = slot.exit_description()
         self._forget(slot)
         with self._lock:
             self._dead += 1
@@ -226,9 +131,9 @@ class ValidationPool:
             if not still_dead:
                 self.state = ComponentState.OK
 
-    def _take_idle(self, slot: _Slot) -> bool:
+    def _take_idle(self, slot: LimitedChild) -> bool:
         """Remove ``slot`` from the idle queue if it is there."""
-        kept: list[_Slot] = []
+        kept: list[LimitedChild] = []
         found = False
         while True:
             try:
@@ -254,39 +159,43 @@ class ValidationPool:
             raise ValidationUnavailable("the upload-validation process had stopped; retry")
         started = time.monotonic()
         try:
-            slot.conn.send((fn, args))
-            if not slot.conn.poll(self.time_limit):
-                log.warning("upload validation passed its time limit (%g s)", self.time_limit)
-                self._replace(slot)
-                raise PayloadTooLarge(
-                    f"the upload takes longer than the validation time limit of "
-                    f"{self.time_limit:g} s"
-                )
-            kind, value = slot.conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
-            slot.process.join(timeout=2)
+            value = slot.call(fn, *args, time_limit_s=self.time_limit)
+        except CallTimedOut:
+            log.warning("upload validation passed its time limit (%g s)", self.time_limit)
+            self._replace(slot)
+            raise PayloadTooLarge(
+                f"the upload takes longer than the validation time limit of {self.time_limit:g} s"
+            ) from None
+        except CallOutOfMemory:
+            self._log_peak(slot, started)
+            self._replace(slot)
+            raise PayloadTooLarge(
+                f"the upload needs more memory to validate than the limit of "
+                f"{self.memory_limit // MiB} MiB"
+            ) from None
+        except ChildDied:
             self._crashed(slot)
             raise ValidationUnavailable(
                 "the upload-validation process stopped while checking this upload; retry"
             ) from None
+        except Exception as exc:  # what the check raised in the child: the upload's answer
+            self._log_peak(slot, started)
+            self._idle.put(slot)
+            raise redact_exception(exc, self.data_dir) from None
+        self._log_peak(slot, started)
+        self._idle.put(slot)
+        return value  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _log_peak(slot: LimitedChild, started: float) -> None:
         peak = slot.peak_rss_bytes()
         log.info(
             "validated in %.2f s, validation process peak RSS %s MiB",
             time.monotonic() - started,
             "?" if peak is None else peak // MiB,
         )
-        if kind == "memory":
-            self._replace(slot)
-            raise PayloadTooLarge(
-                f"the upload needs more memory to validate than the limit of "
-                f"{self.memory_limit // MiB} MiB"
-            )
-        self._idle.put(slot)
-        if kind == "error":
-            raise redact_exception(value, self.data_dir)
-        return value  # type: ignore[no-any-return]
 
-    def _take(self, *, deadline: float) -> _Slot:
+    def _take(self, *, deadline: float) -> LimitedChild:
         """An idle process; waits (behind other uploads) until ``deadline``."""
         while True:
             if self.state is ComponentState.FAILED:

@@ -301,9 +301,9 @@ def sweep_scratch(tmp_dir: Path, conn: sqlite3.Connection) -> int:
 
 def main(settings: Settings, *, once: bool = False) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with ``once``, until the queue is empty)."""
+    from service.limited_child import lower_priority
     from service.main import open_database
     from service.supervisor import PARENT_ENV, follow_parent, set_parent_death_signal
-    from service.uploads_exec import lower_priority
 
     parent = os.environ.get(PARENT_ENV)
     if parent:  # supervised: end with the API process, even when it is SIGKILLed
