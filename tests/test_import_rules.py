@@ -2,7 +2,9 @@
 
 - Data flows one way: ``service`` imports neither ``web`` nor the CLI (``cptrace``) nor the
   runners; ``analyzers`` and ``contracts`` import nothing of ours above them; ``web`` does not
-  import the CLI or the runners; ``pr_bot`` imports only ``analyzers`` (and ``contracts``).
+  import the CLI or the runners; ``pr_bot`` imports only ``analyzers`` (and ``contracts``);
+  ``runners`` (with the probe, ``runners.profile.probe``) imports neither the CLI, nor the
+  service, nor the pages, nor the PR bot.
   The served app is assembled in ``cptrace/app.py``.
 - A private module (``_name``) belongs to its package: only modules inside that package import it.
 """
@@ -26,6 +28,8 @@ FORBIDDEN = {
     "web": {"cptrace", "runners"},
     # the PR bot (comment, policy, GitHub client) sits below service, web and the CLI
     "pr_bot": {"service", "web", "cptrace", "runners", "cp_attention"},
+    # the runners (and the probe they load in every rank) sit below the CLI and the service
+    "runners": {"cptrace", "service", "web", "pr_bot"},
 }
 
 
@@ -76,6 +80,68 @@ def test_lower_rooms_never_import_higher_ones() -> None:
             if imported.split(".")[0] in banned:
                 found.append(f"{path.relative_to(REPO)}:{line}: imports {imported}")
     assert not found, "imports against the flow:\n" + "\n".join(sorted(set(found)))
+
+
+ACYCLIC = ("service", "web", "pr_bot", "runners", "contracts")
+"""Rooms whose modules import each other without a cycle (a cycle hides a second home: the
+supervisor started the validation pool it was used by)."""
+
+
+def _module_cycles(modules: dict[str, Path]) -> list[list[str]]:
+    """Strongly connected groups of ``modules`` (every import, also inside functions)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        graph[module] = set()
+        for _, imported in _imports(module, path):
+            parts = imported.split(".")
+            for k in range(len(parts), 0, -1):  # the longest name that is one of our modules
+                target = ".".join(parts[:k])
+                if target in modules:
+                    if target != module:
+                        graph[module].add(target)
+                    break
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_import_cycle_above_analyzers() -> None:
+    cycles = _module_cycles({m: p for m, p in _modules() if m.split(".")[0] in ACYCLIC})
+    assert not cycles, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
+    """A cycle through an import inside a function counts (the supervisor's was one)."""
+    (tmp_path / "a.py").write_text("from service.b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from service import a\n")
+    (tmp_path / "c.py").write_text("import service.a\n")
+    modules = {f"service.{n}": tmp_path / f"{n}.py" for n in "abc"}
+    assert _module_cycles(modules) == [["service.a", "service.b"]]
 
 
 def test_no_package_imports_another_packages_private_module() -> None:

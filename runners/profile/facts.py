@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cptrace.probe.wrappers import CP_ATTN_SITE, DPA_SITE
+from runners.profile.probe.wrappers import CP_ATTN_SITE, DPA_SITE
 from runners.profile.supervise import read_rank_records
 
 _SITES = (DPA_SITE, CP_ATTN_SITE)  # attention entry points, most specific first

@@ -38,8 +38,8 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from cptrace.probe import rank_from_environment
-from cptrace.probe.hooks import when_imported
+from runners.profile.probe import rank_from_environment
+from runners.profile.probe.hooks import when_imported
 
 STATUS_ENV = "CPTRACE_STATUS_DIR"
 COLLECTIVES = (

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers.bundle import MANIFEST_NAME
-from cptrace.probe.record import NO_CALL
+from runners.profile.probe.record import NO_CALL
 from runners import bundle as bundle_writer
 from runners import nsys as nsys_cmds
 from runners.env import capture_environment

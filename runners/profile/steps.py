@@ -31,8 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from cptrace.probe import rank_from_environment
-from cptrace.probe.hooks import when_imported
+from runners.profile.probe import rank_from_environment
+from runners.profile.probe.hooks import when_imported
 
 STEPS_ENV = "CPTRACE_STEPS"
 """JSON ``{"out_dir": ..., "step_on": "optimizer" | "module:qualname"}``."""

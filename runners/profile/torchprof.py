@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cptrace.probe import rank_from_environment
+from runners.profile.probe import rank_from_environment
 from runners.profile import steps
 
 TORCH_PROFILE_ENV = "CPTRACE_TORCH_PROFILE"

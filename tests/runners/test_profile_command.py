@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cptrace.cli import app
-from cptrace.probe.record import SamplingPolicy
+from runners.profile.probe.record import SamplingPolicy
 from runners.profile.command import (
     NSYS_INSTALL_HINT,
     NsysPlan,
@@ -117,8 +117,8 @@ def test_sampling_policy() -> None:
 
 
 def test_the_probe_never_raises_into_the_job() -> None:
-    from cptrace.probe.record import ProbeState
-    from cptrace.probe.wrappers import CP_ATTN_SITE, _wrap_cp_attn
+    from runners.profile.probe.record import ProbeState
+    from runners.profile.probe.wrappers import CP_ATTN_SITE, _wrap_cp_attn
 
     state = ProbeState(rank=0, policy=SamplingPolicy(first=2, every=0))
     attention = _wrap_cp_attn(state, lambda q, k, v, meta, **kw: ("ran", q))
@@ -132,7 +132,7 @@ def test_the_probe_never_raises_into_the_job() -> None:
 
 
 def test_the_record_is_written_at_once_then_at_most_every_interval(tmp_path: Path) -> None:
-    from cptrace.probe.record import CallFacts, ProbeState
+    from runners.profile.probe.record import CallFacts, ProbeState
 
     state = ProbeState(rank=0, policy=SamplingPolicy(), out_dir=tmp_path, dump_interval_s=3600)
     site = state.site("s")
@@ -176,8 +176,8 @@ class _TE220DotProductAttention:
 def test_dpa_wrapper_reads_te_2_20s_packed_qkv_layer(tmp_path: Path) -> None:
     import torch
 
-    from cptrace.probe.record import ProbeState
-    from cptrace.probe.wrappers import DPA_SITE, _wrap_dpa_forward
+    from runners.profile.probe.record import ProbeState
+    from runners.profile.probe.wrappers import DPA_SITE, _wrap_dpa_forward
 
     state = ProbeState(rank=0, policy=SamplingPolicy(first=2, every=0), out_dir=tmp_path)
     forward = _wrap_dpa_forward(state, _TE220DotProductAttention.forward)

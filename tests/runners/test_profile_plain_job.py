@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cptrace.cli import app
-from cptrace.probe.record import NO_CALL
+from runners.profile.probe.record import NO_CALL
 from runners.profile.run import ProfileOptions, options_argv
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ they do is configured by environment variables set for the children:
 * ``CPTRACE_STEPS``: every step of the job timed (``runners.profile.steps``);
 * ``CPTRACE_TORCH_PROFILE``: the PyTorch profiler stepped by the job
   (``runners.profile.torchprof``);
-* ``CPTRACE_PROBE``: the metadata probe (``cptrace.probe``).
+* ``CPTRACE_PROBE``: the metadata probe (``runners.profile.probe``).
 
 The user's modules always win over cptrace's. The job may have its own packages named like
 ours (``tests``, ``contracts``, ``runners``, ``cptrace``, ...) in its script directory, on its
@@ -73,13 +73,13 @@ def _install_hooks() -> None:
     before = set(sys.modules)
     sys.path.insert(0, _ROOT)
     try:
-        import cptrace.probe
+        from runners.profile import probe
         from runners.profile import rankstatus, steps, torchprof
 
         rankstatus.install_from_environment()
         steps.install_from_environment()
         torchprof.install_from_environment()
-        cptrace.probe.install_from_environment()
+        probe.install_from_environment()
     finally:
         sys.path.remove(_ROOT)  # the first occurrence: the one inserted above
         for name in [n for n in sys.modules if n not in before]:

@@ -1,4 +1,4 @@
-"""``cptrace.probe``: facts from inside the training process, without changing its code.
+"""``runners.profile.probe``: facts from inside the training process, without changing its code.
 
 A trace shows which kernels ran; it cannot show whether ``cu_seqlens_q_padded`` was the same
 object as ``cu_seqlens_q``, equal to it in every entry, what ``pad_between_seqs`` TE resolved,
@@ -10,11 +10,14 @@ signature on sampled calls (``first`` calls, then one in ``every``).
 Enable it with ``cptrace profile --probe -- CMD`` (the bootstrap calls :func:`install` in every
 rank), or in code::
 
-    import cptrace.probe
-    cptrace.probe.install(out_dir="probe", rank=0)   # before or after importing TE
+    from runners.profile import probe
+    probe.install(out_dir="probe", rank=0)   # before or after importing TE
 
 Each process writes ``probe_rank<r>.json`` into ``out_dir`` at every sampled call and at exit;
-``runners/profile`` merges them into the bundle manifest (``probe`` and the variant's facts).
+``runners/profile`` merges them into the bundle manifest (``probe`` and the variant's facts;
+the facts' ``source`` is ``"cptrace.probe"``, the name manifests and findings give the probe).
+It lives on the runners' side: ``runners.profile`` loads it in every rank, and the CLI
+(``cptrace profile --probe``) only turns it on.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import json
 import os
 from pathlib import Path
 
-from cptrace.probe.record import ProbeState, SamplingPolicy
-from cptrace.probe.wrappers import fp8_recipe_in_force, install_wrappers
+from runners.profile.probe.record import ProbeState, SamplingPolicy
+from runners.profile.probe.wrappers import fp8_recipe_in_force, install_wrappers
 
 PROBE_ENV = "CPTRACE_PROBE"
 """JSON ``{"out_dir": ..., "first": 16, "every": 50}``: set by ``cptrace profile --probe``."""

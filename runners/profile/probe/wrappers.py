@@ -22,8 +22,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from cptrace.probe.hooks import rebind, when_imported
-from cptrace.probe.record import CallFacts, ProbeState
+from runners.profile.probe.hooks import rebind, when_imported
+from runners.profile.probe.record import CallFacts, ProbeState
 
 TE_DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 TE_UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
