@@ -10,10 +10,11 @@ through :func:`md_code`, every free text through :func:`md_text`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from analyzers.failure import failure_headline, rank_stacks
+from analyzers.failure import failure_headline, failure_of, rank_stacks
 from analyzers.manifest import FailureRecord
 from analyzers.report import Action, ComparisonReport, Finding, HelperDelta, Severity
 from pr_bot import labels
@@ -47,6 +48,41 @@ class CommentContext:
     base_failure: FailureRecord | None = None
     """The base run's failure record when its job failed or hung (manifest ``failure``)."""
     head_failure: FailureRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommentRun:
+    """One side of the comparison as the comment names it: a stored run and its manifest."""
+
+    id: int
+    name: str
+    commit: str | None = None
+    manifest: Mapping[str, Any] | None = None
+    """The stored manifest (JSON); its ``failure`` makes the comment lead with the failure."""
+
+
+def comment_context(
+    *,
+    suite: str,
+    base: CommentRun,
+    head: CommentRun,
+    base_window: str | None = None,
+    head_window: str | None = None,
+    link_root: str | None = None,
+) -> CommentContext:
+    """The one place a comment's context is built (service endpoint, comparison page, PR loop):
+    run labels, the comparison link under ``link_root`` (none without one) and both failures."""
+    url = None
+    if link_root:
+        url = link_root.rstrip("/") + labels.compare_url(base.id, head.id, base_window, head_window)
+    return CommentContext(
+        suite=suite,
+        base_name=labels.run_label(base.id, base.name, base.commit, base_window),
+        head_name=labels.run_label(head.id, head.name, head.commit, head_window),
+        comparison_url=url,
+        base_failure=failure_of(base.manifest),
+        head_failure=failure_of(head.manifest),
+    )
 
 
 def suite_marker(suite: str) -> str:

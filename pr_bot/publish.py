@@ -42,6 +42,64 @@ def status_description(report: ComparisonReport) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CommitStatus:
+    """The commit status a comparison gets: the gate's state, red for a failed job."""
+
+    state: str
+    description: str
+    target_url: str | None = None
+
+
+def commit_status(
+    report: ComparisonReport,
+    context: CommentContext,
+    *,
+    host_rows: Sequence[HostTimeRow] | None = None,
+) -> CommitStatus:
+    """The gate (:func:`pr_bot.policy.judge`, default thresholds) as a GitHub status."""
+    state = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
+    description = status_description(report)
+    failure = context.head_failure or context.base_failure
+    if failure is not None:  # a failed or hung job is red, whatever its figures say
+        state, description = "failure", f"a job failed: {failure_headline(failure)}"
+    return CommitStatus(state, description, context.comparison_url)
+
+
+def post_comment(
+    body: str,
+    *,
+    suite: str,
+    repo: str,
+    pr: int,
+    config: GitHubConfig,
+    head_sha: str | None = None,
+    status: CommitStatus | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> Published:
+    """Create or update the suite's comment with ``body``; set ``status`` on ``head_sha``.
+
+    ``cptrace pr-comment --post`` posts what the service rendered with this, under its own
+    ``GITHUB_TOKEN``; :func:`publish` renders and posts in one call.
+
+    :raises GitHubError: GitHub refused a request, or the inputs are unusable.
+    """
+    marker = suite_marker(suite)
+    with GitHubClient(config, transport=transport) as client:
+        comment = upsert_comment(client, repo, pr, marker, body)
+        if head_sha is None or status is None:
+            return Published(body, comment)
+        client.create_commit_status(
+            repo,
+            head_sha,
+            status.state,
+            context=f"cptrace/{suite}",
+            description=status.description,
+            target_url=status.target_url,
+        )
+    return Published(body, comment, status.state)
+
+
 def publish(
     report: ComparisonReport,
     context: CommentContext,
@@ -53,7 +111,7 @@ def publish(
     transport: httpx.BaseTransport | None = None,
     host_rows: Sequence[HostTimeRow] | None = None,
 ) -> Published:
-    """Create or update the suite's comment; set a commit status on ``head_sha`` when given.
+    """Render the comparison (:func:`render_comment`) and post it (:func:`post_comment`).
 
     ``host_rows`` (``pr_bot.deltas.host_rows_for``) is the per-helper host-time table of a
     comparison with a side without GPU activity, as :func:`render_comment` takes it.
@@ -61,25 +119,19 @@ def publish(
     :raises GitHubError: GitHub refused a request, or the inputs are unusable.
     """
     body = render_comment(report, context, host_rows=host_rows)
-    marker = suite_marker(context.suite)
-    with GitHubClient(config, transport=transport) as client:
-        comment = upsert_comment(client, repo, pr, marker, body)
-        if head_sha is None:
-            return Published(body, comment)
-        state = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
-        description = status_description(report)
-        failure = context.head_failure or context.base_failure
-        if failure is not None:  # a failed or hung job is red, whatever its figures say
-            state, description = "failure", f"a job failed: {failure_headline(failure)}"
-        client.create_commit_status(
-            repo,
-            head_sha,
-            state,
-            context=f"cptrace/{context.suite}",
-            description=description,
-            target_url=context.comparison_url,
-        )
-    return Published(body, comment, state)
+    status = commit_status(report, context, host_rows=host_rows) if head_sha else None
+    return post_comment(
+        body, suite=context.suite, repo=repo, pr=pr, config=config, head_sha=head_sha,
+        status=status, transport=transport,
+    )  # fmt: skip
 
 
-__all__ = ["GitHubError", "Published", "publish", "status_description"]
+__all__ = [
+    "CommitStatus",
+    "GitHubError",
+    "Published",
+    "commit_status",
+    "post_comment",
+    "publish",
+    "status_description",
+]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -32,9 +31,9 @@ from analyzers.report import (
     Timeline,
     TraceSummary,
 )
-from pr_bot.comment import CommentContext, render_comment
+from pr_bot.comment import CommentRun, comment_context, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
-from pr_bot.labels import compare_url, run_label
+from pr_bot.labels import compare_url
 from service.core.errors import BadRequest
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
@@ -502,7 +501,7 @@ def compare_page(
     base_window: str | None = None,
     head_window: str | None = None,
     *,
-    page_url: str | None = None,
+    link_root: str | None = None,
 ) -> ComparePage:
     base = store.get_run(base_id, include_report=False)
     head = store.get_run(head_id, include_report=False)
@@ -521,19 +520,16 @@ def compare_page(
         figs.update(comparison_timeline_figures(report))
         if report.account:
             figs["account_delta"] = figures.account_delta_bars(report.account)
-    context = CommentContext(
+    context = comment_context(
         suite="preview",
-        base_name=run_label(base.id, base.name, base.commit, base_window),
-        head_name=run_label(head.id, head.name, head.commit, head_window),
-        comparison_url=page_url,
+        base=CommentRun(base.id, base.name, base.commit, base.manifest),
+        head=CommentRun(head.id, head.name, head.commit, head.manifest),
+        base_window=base_window,
+        head_window=head_window,
+        link_root=link_root,
     )
     host = comparison_host_time(store, base_id, head_id, report)
     base_failure, head_failure = failure_view(base.manifest), failure_view(head.manifest)
-    context = replace(
-        context,
-        base_failure=base_failure.record if base_failure else None,
-        head_failure=head_failure.record if head_failure else None,
-    )
     return ComparePage(
         base_failure=base_failure,
         head_failure=head_failure,

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ValidationError
 from service.api.deps import ReadAccess
 from service.core.errors import ApiError, BadRequest, NotFound
 from web import data, loop_data
-from web.pr_routes import router as pr_router
 from web.store import LoopStoreDep, RunId, StoreDep
 
 WEB_DIR = Path(__file__).parent
@@ -227,11 +226,10 @@ def _compare(
     request: Request, store: StoreDep, base_id: int, head_id: int,
     base_window: str | None, head_window: str | None,
 ) -> data.ComparePage:  # fmt: skip
-    html_path = data.compare_url(base_id, head_id, base_window, head_window)
-    page_url = str(request.base_url).rstrip("/") + html_path
     return data.compare_page(
-        store, base_id, head_id, base_window or None, head_window or None, page_url=page_url
-    )
+        store, base_id, head_id, base_window or None, head_window or None,
+        link_root=str(request.base_url),
+    )  # fmt: skip
 
 
 @router.get("/compare/{base_id}/{head_id}.json", response_model=data.ComparePage)
@@ -366,7 +364,3 @@ def job_json(job_id: ItemId, store: LoopStoreDep, _: ReadAccess) -> loop_data.Jo
 @router.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
 def job_html(job_id: ItemId, request: Request, store: LoopStoreDep, _: ReadAccess) -> Response:
     return _html(request, "job.html", lambda: loop_data.job_page(store, job_id))
-
-
-# The PR-comment endpoint rides along, so including this router is all ``create_app`` needs.
-router.include_router(pr_router)

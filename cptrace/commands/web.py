@@ -1,8 +1,10 @@
-"""``cptrace pr-comment`` and ``cptrace screenshots``: thin wrappers over ``pr_bot`` and ``web``.
+"""``cptrace pr-comment`` and ``cptrace screenshots``: thin wrappers over the service and ``web``.
 
 httpx, playwright and the web package are imported inside the commands, so ``cptrace`` starts on
-a GPU host that has none of them. Library errors (``GitHubError``, ``CommentError``,
-``ScreenshotError``) become ``CommandError`` here and nowhere else.
+a GPU host that has none of them. The comment is rendered by the service (its PR-comment
+endpoint), so the CLI, the endpoint and the comparison page's preview say the same; the CLI only
+posts it, under its own ``GITHUB_TOKEN``. Library errors (``GitHubError``, ``ScreenshotError``)
+become ``CommandError`` here and nowhere else.
 """
 
 from __future__ import annotations
@@ -18,20 +20,15 @@ from cptrace.errors import CommandError
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
-def _fetch_comparison(
-    server: str, base: int, head: int, base_window: str | None, head_window: str | None
-) -> dict[str, Any]:
-    """The comparison page's JSON twin: the report plus both runs' summaries."""
+def _render_on_server(server: str, base: int, head: int, request: dict[str, Any]) -> dict[str, Any]:
+    """The service renders the comment (``POST /api/v1/comparisons/{base}/{head}/pr-comment``)."""
     import httpx
 
-    from pr_bot.labels import compare_url
-
-    url = f"{server.rstrip('/')}{compare_url(base, head, base_window, head_window)}"
-    url = url.replace(f"/compare/{base}/{head}", f"/compare/{base}/{head}.json", 1)
+    url = f"{server.rstrip('/')}/api/v1/comparisons/{base}/{head}/pr-comment"
     token = os.environ.get("CPTRACE_TOKEN", "")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.get(url, headers=headers, timeout=120)
+        response = httpx.post(url, json=request, headers=headers, timeout=120)
     except httpx.HTTPError as exc:
         raise CommandError(f"cannot reach the cptrace server at {server}: {exc}") from exc
     if response.status_code != 200:
@@ -39,7 +36,7 @@ def _fetch_comparison(
             detail = response.json().get("error", response.text)
         except ValueError:
             detail = response.text
-        raise CommandError(f"GET {url} answered {response.status_code}: {detail}")
+        raise CommandError(f"POST {url} answered {response.status_code}: {detail}")
     return dict(response.json())
 
 
@@ -68,60 +65,32 @@ def pr_comment(
 
     Example: cptrace pr-comment --base 12 --head 15 --repo octo/model --pr 42 --post --status
     """
-    from analyzers.report import ComparisonReport
-    from pr_bot.comment import CommentContext, CommentError, render_comment
-    from pr_bot.deltas import HostTimeRow
     from pr_bot.github import GitHubConfig, GitHubError
-    from pr_bot.labels import compare_url
-    from pr_bot.publish import publish
+    from pr_bot.publish import CommitStatus, post_comment
 
     if post and (not repo or pr is None):
         raise typer.BadParameter("--post needs --repo OWNER/NAME and --pr N")
-    page = _fetch_comparison(server, base, head, base_window, head_window)
-    report = ComparisonReport.model_validate(page["report"])
-    # A side without GPU activity: the page's host-time rows (``pr_bot.deltas.host_rows_for``,
-    # computed by the server from both reports), as the service's PR loop passes them.
-    host = page.get("host")
-    host_rows = None if not host else [HostTimeRow.model_validate(r) for r in host["rows"]]
-    link_root = (public_url or server).rstrip("/")
-    context = CommentContext(
-        suite=suite,
-        base_name=_label(page["base"], base_window),
-        head_name=_label(page["head"], head_window),
-        comparison_url=link_root + compare_url(base, head, base_window, head_window),
-        base_failure=_failure(page.get("base_failure")),
-        head_failure=_failure(page.get("head_failure")),
-    )
+    request = {"suite": suite, "base_window": base_window, "head_window": head_window,
+               "link_root": public_url or server}  # fmt: skip
+    rendered = _render_on_server(server, base, head, request)
+    if not post:
+        typer.echo(rendered["body"], nl=False)
+        return
+    head_sha = rendered.get("head_commit") if status else None
+    if status and not head_sha:
+        raise CommandError(f"run {head} has no commit sha to set a status on")
     try:
-        if not post:
-            typer.echo(render_comment(report, context, host_rows=host_rows), nl=False)
-            return
-        head_sha = page["head"].get("commit") if status else None
-        if status and not head_sha:
-            raise CommandError(f"run {head} has no commit sha to set a status on")
-        published = publish(
-            report, context, repo=repo or "", pr=pr or 0, config=GitHubConfig.from_env(),
-            head_sha=head_sha, host_rows=host_rows,
+        published = post_comment(
+            rendered["body"], suite=suite, repo=repo or "", pr=pr or 0,
+            config=GitHubConfig.from_env(), head_sha=head_sha,
+            status=CommitStatus(**rendered["commit_status"]),
         )  # fmt: skip
-    except (CommentError, GitHubError) as exc:
+    except GitHubError as exc:
         raise CommandError(str(exc)) from exc
     where = published.comment.url or f"comment {published.comment.comment_id}"
     typer.echo(f"{published.comment.action} {where} on {repo}#{pr}")
     if published.status_state:
         typer.echo(f"commit status {published.status_state} on {head_sha}")
-
-
-def _failure(view: dict[str, Any] | None) -> Any:
-    """A side's failure record from the comparison twin (``base_failure``/``head_failure``)."""
-    from analyzers.manifest import FailureRecord
-
-    return None if not view else FailureRecord.model_validate(view["record"])
-
-
-def _label(run: dict[str, Any], window: str | None) -> str:
-    from pr_bot.labels import run_label
-
-    return run_label(int(run["id"]), str(run["name"]), run.get("commit"), window)
 
 
 def screenshots(

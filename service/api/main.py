@@ -13,6 +13,7 @@ from service.api.routes import (
     github,
     health,
     jobs,
+    pr_comments,
     runners,
     runs,
     uploads,
@@ -34,5 +35,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 api_router = APIRouter(prefix="/api/v1", responses=_ERRORS)
-for module in (health, runs, uploads, analyses, comparisons, jobs, runners, catalog, github):
+for module in (
+    health, runs, uploads, analyses, comparisons, pr_comments, jobs, runners, catalog, github
+):
     api_router.include_router(module.router)

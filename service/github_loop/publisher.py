@@ -28,11 +28,11 @@ from analyzers.compare import CompareError, default_window
 from analyzers.failure import failure_headline, failure_of
 from analyzers.report import AnalysisReport
 from analyzers.windows import WHOLE_TRACE
-from pr_bot.comment import CommentContext
+from pr_bot.comment import CommentRun, comment_context
 from pr_bot.deltas import host_rows_for
 from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, RetryPolicy, upsert_comment
 from pr_bot.history import HistoryRun, iteration_samples, pool_history
-from pr_bot.labels import compare_url, run_label
+from pr_bot.labels import run_label
 from pr_bot.policy import StatusState, Thresholds, judge
 from pr_bot.suite_comment import (
     Baseline,
@@ -203,11 +203,11 @@ class Publisher:
             return [FailedSpec(name, f"run #{base.run_id} has no stored analysis")]
         history = self._history(tags, base_ref, chosen, thresholds)
         base_label = run_label(base.run_id, base.name, base.commit)
-        context = CommentContext(
+        context = comment_context(
             suite=batch["suite"],
-            base_name=base_label,
-            head_name=head_label,
-            comparison_url=self._link(compare_url(base.run_id, head.id)),
+            base=CommentRun(base.run_id, base.name, base.commit),
+            head=CommentRun(head.id, head.name, head.commit, head.manifest),
+            link_root=self.loop.public_url or None,
         )
         baseline = Baseline(
             run_id=base.run_id,

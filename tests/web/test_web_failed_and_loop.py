@@ -41,7 +41,7 @@ from tests.failed_bundles import (
     raised_with_traces,
 )
 from tests.service.service_factories import drain_worker
-from web.pr_routes import github_config
+from service.api.routes.github import github_config
 
 REPO = "octo/model"
 PR = 7
