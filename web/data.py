@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from analyzers.catalog import Catalog
+from analyzers.catalog.description import CatalogDescription, describe
 from analyzers.changepoint import METHOD as CHANGE_POINT_METHOD
 from analyzers.changepoint import change_points
 from analyzers.compare import CompareError
@@ -785,50 +786,6 @@ def _spreads(
 # --------------------------------------------------------------------------------- catalog page
 
 
-class CatalogHelper(BaseModel):
-    name: str
-    category: str
-    description: str
-    finding: str | None
-    ranges: list[str]
-    python: list[str]
-    kernels: list[str]
-    within: list[str]
-    fallback: bool
-    source: str
-
-
-class CatalogPage(BaseModel):
-    name: str
-    version: str
-    sources: list[str]
-    helpers: list[CatalogHelper]
-    host_sync: dict[str, list[str]]
-
-
-def catalog_page(catalog: Catalog) -> CatalogPage:
-    return CatalogPage(
-        name=catalog.name,
-        version=catalog.version,
-        sources=list(catalog.sources),
-        helpers=[
-            CatalogHelper(
-                name=h.name,
-                category=h.category.value,
-                description=h.description,
-                finding=h.finding,
-                ranges=list(h.ranges),
-                python=list(h.python),
-                kernels=list(h.kernels),
-                within=list(h.within),
-                fallback=h.fallback,
-                source=h.source,
-            )
-            for h in catalog.helpers
-        ],
-        host_sync={
-            "apis": list(catalog.host_sync_apis),
-            "ops": list(catalog.host_sync_ops),
-            "memcpy": list(catalog.host_sync_memcpy),
-        },
-    )
+def catalog_page(catalog: Catalog) -> CatalogDescription:
+    """The catalog page and its twin: the one shape the API and ``cptrace catalog --json`` give."""
+    return describe(catalog)

@@ -280,8 +280,8 @@ def history_html(
 # ------------------------------------------------------------------------------------ catalog
 
 
-@router.get("/catalog.json", response_model=data.CatalogPage)
-def catalog_json(store: StoreDep, _: ReadAccess) -> data.CatalogPage:
+@router.get("/catalog.json", response_model=data.CatalogDescription)
+def catalog_json(store: StoreDep, _: ReadAccess) -> data.CatalogDescription:
     """The helper catalog the analysis attributes kernels with."""
     return data.catalog_page(store.catalog())
 

@@ -317,24 +317,9 @@ def catalog(
     except _library_errors() as exc:
         raise _fail(exc) from exc
     if as_json:
-        rows = [
-            {
-                "name": h.name,
-                "category": h.category.value,
-                "finding": h.finding,
-                "ranges": h.ranges,
-                "python": h.python,
-                "kernels": h.kernels,
-                "within": h.within,
-                "fallback": h.fallback,
-                "te_versions": h.te_versions,
-                "source": h.source,
-            }
-            for h in cat.helpers
-        ]
-        typer.echo(
-            json.dumps({"name": cat.name, "version": cat.version, "helpers": rows}, indent=2)
-        )
+        from analyzers.catalog.description import describe
+
+        typer.echo(describe(cat).model_dump_json(indent=2))
         return
     render_catalog(cat)
 

@@ -76,7 +76,7 @@ def test_answers_calls_one_after_another_with_progress(child: LimitedChild) -> N
 
 
 def test_the_childs_exception_comes_back_as_itself(child: LimitedChild) -> None:
-    with pytest.raises(CorruptTraceError, match="x.json: not a trace"):
+    with pytest.raises(CorruptTraceError, match=r"x\.json: not a trace"):
         child.call(_raise_corrupt, "x.json", time_limit_s=30)
     with pytest.raises(ChildError, match=r"_Unpicklable: 1\+2"):
         child.call(_raise_unpicklable, time_limit_s=30)
@@ -98,7 +98,7 @@ def test_a_call_past_its_deadline_kills_the_child() -> None:
     process = LimitedChild(memory_limit_bytes=LIMIT, name="cptrace-test-child")
     try:
         started = time.monotonic()
-        with pytest.raises(CallTimedOut, match="0.5 s"):
+        with pytest.raises(CallTimedOut, match=r"0\.5 s"):
             process.call(_sleep, 60, time_limit_s=0.5)
         assert time.monotonic() - started < 30
         assert not process.alive()
