@@ -53,6 +53,7 @@ from analyzers.readers import (
     is_gzip,
     sniff,
 )
+from contracts.validation import first_error
 
 BUNDLE_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -563,9 +564,9 @@ def _run_info(raw: object, *, source: str) -> RunInfo:
     try:
         return RunInfo.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise BundleManifestError(f"{source}: field run.{loc}: {first['msg']}") from exc
+        first = first_error(exc)
+        where = first.where("")
+        raise BundleManifestError(f"{source}: field run.{where}: {first.message}") from exc
 
 
 def _match_traces(

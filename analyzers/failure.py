@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from analyzers.manifest import FailureRecord
+from contracts.validation import first_error
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<function>.*)$')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+ ")
@@ -110,9 +111,7 @@ def failure_of(manifest: Mapping[str, Any] | None) -> FailureRecord | None:
     try:
         return FailureRecord.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return FailureRecord(summary=f"the failure record is unreadable ({where}: {first['msg']})")
+        return FailureRecord(summary=f"the failure record is unreadable ({first_error(exc)})")
 
 
 def _one_line(text: str, limit: int = MAX_HEADLINE) -> str:

@@ -39,6 +39,8 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.validation import first_error
+
 MANIFEST_SCHEMA_VERSION = 1
 MAX_MANIFEST_BYTES = 16 * 1024**2
 """Largest manifest file accepted (a long run's iteration times stay far below)."""
@@ -278,9 +280,7 @@ def parse_manifest(raw: object, *, source: str = "manifest") -> RunManifest:
     try:
         manifest = RunManifest.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ManifestError(f"{source}: field {where}: {first['msg']}") from exc
+        raise ManifestError(f"{source}: field {first_error(exc)}") from exc
     if manifest.schema_version > MANIFEST_SCHEMA_VERSION:
         raise ManifestError(
             f"{source}: schema_version {manifest.schema_version} is newer than this cptrace "

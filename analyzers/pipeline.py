@@ -59,6 +59,7 @@ from analyzers.run_identity import (
 from analyzers.stats import iteration_stats
 from analyzers.timeline_gaps import drawn_windows, timeline_gaps
 from analyzers.windows import WHOLE_TRACE, choose_steps, find_windows
+from contracts.validation import first_error
 
 if TYPE_CHECKING:
     from analyzers.bundle import Bundle
@@ -593,11 +594,8 @@ def saved_report(paths: Sequence[PathLike] | PathLike) -> AnalysisReport | None:
     try:
         return AnalysisReport.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise CorruptTraceError(
-            f"{path}: not a valid cptrace report: field {where}: {first['msg']}"
-        ) from exc
+        first = first_error(exc)
+        raise CorruptTraceError(f"{path}: not a valid cptrace report: field {first}") from exc
 
 
 __all__ = ["Analysis", "Progress", "analyze", "analyze_trace", "run_analysis", "saved_report"]

@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from contracts.packing import PackedLayout, build_layout
+from contracts.validation import first_error
 
 Implementation = Literal["bundled", "te", "te_adapter"]
 CPComm = Literal["p2p", "all_gather"]
@@ -223,10 +224,9 @@ class Workload(_Strict):
             try:
                 return SeqlenDistribution.model_validate(value)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"]) or "(distribution)"
-                msg = first["msg"].removeprefix("Value error, ")
-                raise ValueError(f"distribution field {where}: {msg}") from None
+                first = first_error(exc)
+                where = first.where("(distribution)")
+                raise ValueError(f"distribution field {where}: {first.message}") from None
         return value
 
     @model_validator(mode="after")
@@ -318,10 +318,9 @@ class RunSpec(Workload):
         try:
             workload = Workload.model_validate({**base, **overrides})
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(variant)"
-            msg = first["msg"].removeprefix("Value error, ")
-            raise ValueError(f"field variants.{name}.{where}: {msg}") from None
+            first = first_error(exc)
+            where = first.where("(variant)")
+            raise ValueError(f"field variants.{name}.{where}: {first.message}") from None
         _check_partition(workload, self.ranks, where=f"variants.{name}.")
         return workload
 
@@ -362,12 +361,10 @@ def parse_spec(raw: object, *, source: str = "spec") -> RunSpec:
     try:
         return RunSpec.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        msg = first["msg"].removeprefix("Value error, ")
-        if not first["loc"]:  # a whole-model check: its message names the field itself
-            raise SpecError(f"{source}: {msg}") from None
-        where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("list["))
-        raise SpecError(f"{source}: field {where}: {msg}") from None
+        first = first_error(exc)
+        if not first.path:  # a whole-model check: its message names the field itself
+            raise SpecError(f"{source}: {first.message}") from None
+        raise SpecError(f"{source}: field {first}") from None
 
 
 def load_spec(path: str | Path) -> RunSpec:

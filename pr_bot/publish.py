@@ -17,7 +17,14 @@ from analyzers.failure import failure_headline
 from analyzers.report import ComparisonReport
 from pr_bot.comment import CommentContext, render_comment, suite_marker
 from pr_bot.deltas import HostTimeRow
-from pr_bot.github import CommentResult, GitHubClient, GitHubConfig, GitHubError, upsert_comment
+from pr_bot.github import (
+    CommentResult,
+    GitHubClient,
+    GitHubConfig,
+    GitHubError,
+    StatusState,
+    upsert_comment,
+)
 from pr_bot.policy import Thresholds, judge
 from pr_bot.suite_comment import github_state
 
@@ -46,7 +53,7 @@ def status_description(report: ComparisonReport) -> str:
 class CommitStatus:
     """The commit status a comparison gets: the gate's state, red for a failed job."""
 
-    state: str
+    state: StatusState
     description: str
     target_url: str | None = None
 
@@ -58,7 +65,7 @@ def commit_status(
     host_rows: Sequence[HostTimeRow] | None = None,
 ) -> CommitStatus:
     """The gate (:func:`pr_bot.policy.judge`, default thresholds) as a GitHub status."""
-    state = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
+    state: StatusState = github_state(judge(report, Thresholds(), host_rows=host_rows).state)
     description = status_description(report)
     failure = context.head_failure or context.base_failure
     if failure is not None:  # a failed or hung job is red, whatever its figures say

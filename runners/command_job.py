@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.profile_entry import CommandEntry
+from contracts.validation import first_error
 from runners.launch import LaunchError, LaunchOptions
 from runners.spec import SpecError
 from runners.workspace import without_secrets
@@ -37,10 +38,8 @@ def parse_command_entry(raw: Any, *, source: str) -> CommandEntry:
     try:
         return CommandEntry.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(entry)"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise SpecError(f"{source}: {where}: {message}") from exc
+        first = first_error(exc)
+        raise SpecError(f"{source}: {first.where('(entry)')}: {first.message}") from exc
 
 
 def is_command_job(spec: Any) -> bool:

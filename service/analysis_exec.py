@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from analyzers.report import AnalysisReport
+from contracts.validation import first_error
 from service.core.config import MiB
 from service.limited_child import (
     CallOutOfMemory,
@@ -109,11 +110,10 @@ def validate_report(text: str) -> AnalysisReport:
     try:
         return AnalysisReport.model_validate_json(text)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        first = first_error(exc)
         raise AnalysisFailed(
             f"the analysis produced a report that does not load ({exc.error_count()} "
-            f"error(s); first at {where or 'the top'}: {first.get('msg')}); "
+            f"error(s); first at {first.where('the top')}: {first.message}); "
             "the trace holds values the report cannot represent",
             final=True,
         ) from None

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.validation import field_errors
 from contracts.version import __version__
 from service import supervisor, uploads_exec
 from service.api.main import api_router
@@ -97,9 +98,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        ]
+        details = [str(e) for e in field_errors(exc)]
         message = "invalid request: " + "; ".join(details[:3])
         return JSONResponse(error_body(422, message, details), status_code=422)
 

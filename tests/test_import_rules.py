@@ -1,7 +1,7 @@
 """The house's import rules, read from the source (every import statement, also inside functions).
 
 - Data flows one way: ``service`` imports neither ``web`` nor the CLI (``cptrace``) nor the
-  runners; ``analyzers`` and ``contracts`` import nothing of ours above them; ``web`` does not
+  runners; ``contracts`` imports nothing of ours, ``analyzers`` only ``contracts``; ``web`` does not
   import the CLI or the runners; ``pr_bot`` imports only ``analyzers`` (and ``contracts``);
   ``runners`` (with the probe, ``runners.profile.probe``) imports neither the CLI, nor the
   service, nor the pages, nor the PR bot.
@@ -23,7 +23,8 @@ PACKAGES = (
 )  # fmt: skip
 FORBIDDEN = {
     "service": {"web", "cptrace", "runners"},
-    "analyzers": {"service", "web", "cptrace", "runners", "cp_attention", "contracts"},
+    # contracts sits below everyone (the one validation-error formatter, the spec)
+    "analyzers": {"service", "web", "cptrace", "runners", "cp_attention", "pr_bot"},
     "contracts": {"analyzers", "service", "web", "cptrace", "runners", "cp_attention"},
     "web": {"cptrace", "runners"},
     # the PR bot (comment, policy, GitHub client) sits below service, web and the CLI

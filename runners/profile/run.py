@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from analyzers.bundle import MANIFEST_NAME
-from runners.profile.probe.record import NO_CALL
 from runners import bundle as bundle_writer
 from runners import nsys as nsys_cmds
 from runners.env import capture_environment
@@ -41,6 +40,7 @@ from runners.profile.command import (
     wrapped_command,
 )
 from runners.profile.facts import observed_facts, read_probe_files
+from runners.profile.probe.record import NO_CALL
 from runners.profile.rankstatus import STATUS_ENV
 from runners.profile.steps import STEPS_ENV, StepsConfig
 from runners.profile.steptimes import iteration_times, read_step_files

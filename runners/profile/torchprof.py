@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runners.profile.probe import rank_from_environment
 from runners.profile import steps
+from runners.profile.probe import rank_from_environment
 
 TORCH_PROFILE_ENV = "CPTRACE_TORCH_PROFILE"
 OPTIMIZER_STEP = steps.OPTIMIZER_STEP

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.validation import field_errors
+
 MiB = 1024 * 1024
 MAX_RANK = 2**31 - 1
 """Largest trace rank accepted from a form or a manifest (SQLite and the readers' int32)."""
@@ -166,9 +168,8 @@ class Settings(BaseSettings):
 def describe_settings_error(exc: ValidationError) -> str:
     """One line per bad setting: the variable, the value given, what it expects."""
     lines = []
-    for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"])
-        given = error.get("input")
+    for error in field_errors(exc):
+        given = error.given
         shown = f"={str(given)[:80]!r}" if isinstance(given, str | int | float) else ""
-        lines.append(f"{ENV_PREFIX}{field.upper()}{shown}: {error['msg']}")
+        lines.append(f"{ENV_PREFIX}{error.where('').upper()}{shown}: {error.message}")
     return "; ".join(lines)

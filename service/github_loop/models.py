@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from contracts import validation
 from contracts.profile_entry import CommandEntry
 from pr_bot.policy import Thresholds
 
@@ -117,16 +118,8 @@ _ENTRY_TAGS = frozenset({"command", "spec"})
 
 def first_error_parts(exc: ValidationError) -> tuple[str, str, str]:
     """``(field path, message, how to fix it)`` of the first validation error."""
-    first = exc.errors()[0]
-    parts: list[str] = []
-    loc = list(first["loc"])
-    for i, part in enumerate(loc):
-        if part in _ENTRY_TAGS and i and isinstance(loc[i - 1], int):
-            continue
-        parts.append(str(part))
-    field = ".".join(parts) or "(top level)"
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return field, message, _fix(str(first["type"]), parts, message)
+    first = validation.first_error(exc, tags=_ENTRY_TAGS)
+    return first.where(), first.message, _fix(first.kind, list(first.path), first.message)
 
 
 def _fix(kind: str, parts: list[str], message: str) -> str:

@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cptrace.cli import app
-from runners.profile.probe.record import SamplingPolicy
 from runners.profile.command import (
     NSYS_INSTALL_HINT,
     NsysPlan,
@@ -22,6 +21,7 @@ from runners.profile.command import (
     redact_argv,
     wrapped_command,
 )
+from runners.profile.probe.record import SamplingPolicy
 from runners.profile.run import ProfileOptions, child_environment, profile_command
 
 PY = "/usr/bin/python3"

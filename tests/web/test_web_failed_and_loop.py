@@ -27,6 +27,7 @@ from web_server import serve
 
 from cptrace.app import create_app
 from pr_bot.github import GitHubConfig
+from service.api.routes.github import github_config
 from service.auth import Role, create_token
 from service.core.config import Settings
 from service.github_loop.config import LoopSettings
@@ -41,7 +42,6 @@ from tests.failed_bundles import (
     raised_with_traces,
 )
 from tests.service.service_factories import drain_worker
-from service.api.routes.github import github_config
 
 REPO = "octo/model"
 PR = 7

@@ -73,8 +73,7 @@ def _install_hooks() -> None:
     before = set(sys.modules)
     sys.path.insert(0, _ROOT)
     try:
-        from runners.profile import probe
-        from runners.profile import rankstatus, steps, torchprof
+        from runners.profile import probe, rankstatus, steps, torchprof
 
         rankstatus.install_from_environment()
         steps.install_from_environment()

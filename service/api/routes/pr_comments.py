@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from pr_bot.comment import CommentError, CommentRun, comment_context, render_comment
 from pr_bot.deltas import host_rows_for
-from pr_bot.github import GitHubError, GitHubInputError
+from pr_bot.github import GitHubError, GitHubInputError, StatusState
 from pr_bot.publish import commit_status, post_comment
 from service.api.deps import DbDep, ReadAccess, TokenRole, require_role
 from service.api.routes.github import GitHubDep
@@ -60,7 +60,7 @@ class PrCommentRequest(BaseModel):
 class CommitStatusBody(BaseModel):
     """The commit status this comparison gets (the gate's state; red for a failed job)."""
 
-    state: str
+    state: StatusState
     description: str
     target_url: str | None = None
 
