@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from analyzers.bundle import BundleFile, read_bundle_stream
 from analyzers.readers import check_trace
+from service.phase_timer import PhaseTimer
 from service.storage import runs
 from service.storage.blobs import BlobStore
 
@@ -69,24 +70,6 @@ class StagedRun:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per staging phase (wall; ``cpu`` = the staging process's CPU), for the
     upload's ``Server-Timing`` header and the benchmark."""
-
-
-class _Phases:
-    """Wall seconds per phase of one staging, plus the CPU seconds of the whole."""
-
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self._cpu = time.process_time()
-        self._mark = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.timings[phase] = now - self._mark
-        self._mark = now
-
-    def done(self) -> dict[str, float]:
-        self.timings["cpu"] = time.process_time() - self._cpu
-        return self.timings
 
 
 def config_key(manifest: dict[str, Any] | None) -> str | None:
@@ -171,7 +154,7 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
 
     :raises TraceError: (mapped to 4xx by the app) naming the member and field at fault.
     """
-    phases = _Phases()
+    phases = PhaseTimer(cpu=True)
     blobs = BlobStore(blob_root, tmp_dir)
     sink = BlobSink(blobs)
     try:
@@ -193,7 +176,7 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
         kept: list[BundleFile] = [manifest, *opened.traces, *opened.logs]
         sink.commit(kept)
         phases.lap("commit")
-        phases.timings["sync-wait"] = sink.sync_wait_s
+        phases.record("sync-wait", sink.sync_wait_s)
     finally:
         sink.discard()
     files = [StagedFile("manifest", manifest.member, manifest.sha256, manifest.size)]
@@ -231,7 +214,7 @@ def stage_trace(
     while it arrived: the file itself is flushed and renamed into the store, not copied and
     hashed a second time.
     """
-    phases = _Phases()
+    phases = PhaseTimer(cpu=True)
     blobs = BlobStore(blob_root, tmp_dir)
     checked = check_trace(upload, label=name, max_bytes=limits.max_decompressed_bytes)
     phases.lap("check")

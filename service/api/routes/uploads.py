@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -14,6 +13,7 @@ from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import RAW_TYPES, receive_upload
+from service.phase_timer import PhaseTimer
 from service.storage import runs
 from service.storage.blobs import staging_dir
 from service.storage.database import immediate
@@ -40,27 +40,6 @@ def _form(
     return {"requestBody": {"required": True, "content": content}}
 
 
-class _Clock:
-    """Wall seconds per phase of one upload, answered in the ``Server-Timing`` header (the
-    benchmark reads it: the server's own share of an upload's time)."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, float] = {}
-        self._started = self._mark = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.phases[phase] = now - self._mark
-        self._mark = now
-
-    def header(self, staged: StagedRun | None) -> str:
-        phases = dict(self.phases)
-        phases["total"] = time.perf_counter() - self._started
-        for name, seconds in (staged.timings if staged else {}).items():
-            phases[f"stage-{name}"] = seconds
-        return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in phases.items())
-
-
 @router.post(
     "/bundles",
     response_model=UploadResult,
@@ -84,7 +63,7 @@ async def upload_bundle(
     The body is a multipart form with the file in field `bundle`, or the bundle itself
     (`Content-Type: application/gzip`, `application/x-tar` or `application/octet-stream`).
     """
-    clock = _Clock()
+    clock = PhaseTimer()
     received = await receive_upload(
         request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes, raw=True
     )
@@ -99,7 +78,7 @@ async def upload_bundle(
         known = db.read(lambda c: runs.find_upload(c, key=key))
         if known is not None:
             response.status_code = 200
-            response.headers["Server-Timing"] = clock.header(None)
+            response.headers["Server-Timing"] = clock.server_timing()
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
         with staging_dir(settings.tmp_dir) as scratch:
             staged = await run_staging(
@@ -117,7 +96,7 @@ async def upload_bundle(
     run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
-    response.headers["Server-Timing"] = clock.header(staged)
+    response.headers["Server-Timing"] = clock.server_timing(staged.timings, prefix="stage-")
     return UploadResult(run_id=run_id, created=created, sha256=received.sha256)
 
 
@@ -147,7 +126,7 @@ async def upload_trace(
     ] = None,
 ) -> UploadResult:
     """Upload one trace: a new run, or another file of `run_id` (re-analysed)."""
-    clock = _Clock()
+    clock = PhaseTimer()
     received = await receive_upload(
         request, field="trace", blobs=blobs, limit=settings.max_upload_bytes
     )
@@ -177,7 +156,7 @@ async def upload_trace(
     new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id, token_id))
     clock.lap("record")
     response.status_code = 201 if created else 200
-    response.headers["Server-Timing"] = clock.header(staged)
+    response.headers["Server-Timing"] = clock.server_timing(staged.timings, prefix="stage-")
     return UploadResult(run_id=new_id, created=created, sha256=received.sha256)
 
 
