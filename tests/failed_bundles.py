@@ -22,7 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-CPU_SMOKE = Path(__file__).resolve().parent / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+from testkit import DATA_DIR
+
+CPU_SMOKE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 WAITER = '''\
 import faulthandler, signal, sys, time
 

@@ -12,7 +12,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 import pytest  # noqa: E402
-from testkit import DATA_DIR  # noqa: E402
+from testkit import DATA_DIR, REFERENCE_WORKLOAD  # noqa: E402
 
 from analyzers.manifest import RunManifest, parse_manifest  # noqa: E402
 from analyzers.pipeline import Analysis, run_analysis  # noqa: E402
@@ -21,18 +21,7 @@ TE_DIR = DATA_DIR / "te-2.20.2-h200x2"
 KINETO_3ARMS = [TE_DIR / "kineto_3arms_rank0.json.gz", TE_DIR / "kineto_3arms_rank1.json.gz"]
 NSYS_3ARMS = TE_DIR / "nsys_3arms.sqlite.gz"
 EQUAL_CU = [0, 8192, 12288, 14336, 16384]
-WORKLOAD = {
-    "implementation": "te",
-    "cp_size": 2,
-    "cp_comm": "p2p",
-    "strategy": "dual_chunk_swap",
-    "causal": True,
-    "heads": 16,
-    "head_dim": 128,
-    "dtype": "bf16",
-    "layers": 4,
-    "seqlens": [8192, 4096, 2048, 2048],
-}
+WORKLOAD = dict(REFERENCE_WORKLOAD)
 
 
 def te_manifest(

@@ -5,15 +5,15 @@ profiled steps against another, through the CLI."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from analyzers.report import IterationStats
 from analyzers.stats import compare_samples, iteration_stats
 from cptrace.cli import app
 
-TRACE = Path(__file__).resolve().parents[1] / "data" / "openworld" / "kineto_nccl_world1.json.gz"
+TRACE = DATA_DIR / "openworld" / "kineto_nccl_world1.json.gz"
 
 
 def _stats(samples: list[float]) -> IterationStats:

@@ -13,9 +13,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from testkit import DATA_DIR
+
 from analyzers.pipeline import analyze, run_analysis
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 PID, TID = 100, 100
 
 

@@ -10,12 +10,13 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+from testkit import DATA_DIR
 
 from analyzers.model import RangeKind
 from analyzers.readers import read_trace
 from analyzers.readers._nsys_ranges import emit_nvtx_label
 
-SINGLE = Path(__file__).resolve().parents[1] / "data" / "synthetic-h200x2" / "nsys_single.sqlite.gz"
+SINGLE = DATA_DIR / "synthetic-h200x2" / "nsys_single.sqlite.gz"
 
 
 def _relabelled(tmp_path: Path) -> Path:

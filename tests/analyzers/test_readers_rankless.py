@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.pipeline import run_analysis
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _kineto_files() -> list[Path]:
-    bases = [ROOT / "tests" / "data"]
+    bases = [DATA_DIR]
     shared = os.environ.get("CPTRACE_SHARED_TRACES")
     if shared:
         bases.append(Path(shared))

@@ -15,12 +15,13 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.pipeline import run_analysis
 from analyzers.report import WindowBasis
 from analyzers.windows import NAMED_STEP
 
-SINGLE = Path(__file__).resolve().parents[1] / "data" / "synthetic-h200x2" / "nsys_single.sqlite.gz"
+SINGLE = DATA_DIR / "synthetic-h200x2" / "nsys_single.sqlite.gz"
 HELPER = "get_cu_seqlens_on_cp_rank"
 
 

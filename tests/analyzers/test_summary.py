@@ -10,15 +10,15 @@ from __future__ import annotations
 import gzip
 import json
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.pipeline import analyze
 from analyzers.report import KernelFamily, TraceSummary
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SDPA = DATA / "openworld" / "kineto_sdpa_single_gpu.json.gz"
 
 

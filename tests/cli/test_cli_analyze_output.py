@@ -9,17 +9,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 from typer.testing import CliRunner
 
 from analyzers.pipeline import analyze
 from analyzers.report import AnalysisReport
 from cptrace.cli import app
 
-BUNDLE = Path(__file__).resolve().parents[1] / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 
 
 def _run(*args: str) -> str:

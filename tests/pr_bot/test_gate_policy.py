@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import DATA_DIR
 
 from analyzers import analyze, compare_reports
 from analyzers.bundle import read_bundle
@@ -24,7 +25,7 @@ from service.github_loop.commit_state import CHECK_CONCLUSION
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "demo" / "bundles" / "bundled-fixed-vs-broken-h200x2.tar.gz"
-CPU = ROOT / "tests" / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+CPU = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 
 
 @pytest.fixture(scope="module")

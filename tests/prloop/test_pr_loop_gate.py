@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers import analyze
 from analyzers.bundle import read_bundle
@@ -28,7 +29,7 @@ from service.github_loop.publisher import Publisher
 from service.main import open_database
 from service.storage import runs
 
-CPU_BUNDLE = Path(__file__).resolve().parents[1] / "data" / "cpu-gloo" / "cpu_smoke.tar.gz"
+CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 
 
 @pytest.fixture(scope="module")

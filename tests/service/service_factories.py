@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from testkit import DATA_DIR
+from testkit import DATA_DIR, REFERENCE_WORKLOAD
 
 from service.core.config import Settings
 from service.worker import AnalysisWorker
@@ -160,18 +160,7 @@ def te_3arms_bundle(
     data = [p.read_bytes() for p in KINETO_3ARMS]
     traces = [(f"traces/rank{r}.json.gz", d, "kineto", r) for r, d in enumerate(data)]
     manifest = manifest_for(traces, name=name, branch=branch)
-    manifest["workload"] = {
-        "implementation": "te",
-        "cp_size": 2,
-        "cp_comm": "p2p",
-        "strategy": "dual_chunk_swap",
-        "causal": True,
-        "heads": 16,
-        "head_dim": 128,
-        "dtype": "bf16",
-        "layers": 4,
-        "seqlens": [8192, 4096, 2048, 2048],
-    }
+    manifest["workload"] = dict(REFERENCE_WORKLOAD)
     manifest["variants"] = [
         {"name": arm, "window": f"arm:{arm}", "facts": facts} for arm, facts in ARMS.items()
     ]

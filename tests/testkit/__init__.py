@@ -1,4 +1,5 @@
-"""Helpers every test room shares: the test-data path, free loopback ports, the shared traces.
+"""Helpers every test room shares: the test-data path, free loopback ports, the shared traces,
+the reference workload.
 
 Tests import it as ``testkit`` (``tests/`` is on ``sys.path`` through the root conftest, as for
 every helper module beside the tests). One home for each: no room defines its own.
@@ -14,6 +15,21 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "tests" / "data"
 """Real traces and bundles committed with the tests (``tests/data/<scenario>/``)."""
+
+REFERENCE_WORKLOAD: dict[str, object] = {
+    "implementation": "te",
+    "cp_size": 2,
+    "cp_comm": "p2p",
+    "strategy": "dual_chunk_swap",
+    "causal": True,
+    "heads": 16,
+    "head_dim": 128,
+    "dtype": "bf16",
+    "layers": 4,
+    "seqlens": [8192, 4096, 2048, 2048],
+}
+"""The reference workload (DESIGN: 2 ranks, P2P CP, THD, causal, bf16, 16 x 128, 4 layers) as a
+manifest's ``workload`` block: what the real traces in ``tests/data/te-2.20.2-h200x2`` ran."""
 
 SHARED_TRACES_ENV = "CPTRACE_SHARED_TRACES"
 """Names a folder of extra real traces outside the repository (``--shared-traces`` sets it)."""
