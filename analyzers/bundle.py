@@ -127,6 +127,9 @@ class RunInfo(BaseModel):
     host: str | None = Field(default=None, max_length=255)
     spec: dict[str, Any] | None = None
     """The workload spec the run executed (the YAML's content)."""
+    caveat: str | None = Field(default=None, max_length=2000)
+    """What a reader must know before trusting the run's figures (a capture with code that has
+    changed since); the run page and the history show it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

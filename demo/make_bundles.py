@@ -1,189 +1,29 @@
-"""Build the demo run bundles in ``demo/bundles/`` from the real H200 traces.
+"""Build the demo's trace bundles (``runners.demo_bundles``) into a folder, e.g. to inspect them.
 
 Usage (from the repository root)::
 
-    .venv/bin/python demo/make_bundles.py [--traces SHARED_TRACES] [--out demo/bundles]
+    .venv/bin/python demo/make_bundles.py --out /tmp/demo-bundles [--traces demo/traces]
 
-The traces are the ones documented in ``tests/data/README.md`` (a copy of the shared traces'
-README); every fact written into a manifest is taken from that README, nothing is measured or
-invented here. In particular no per-iteration timings exist for these captures, so
-``iteration_ms`` stays empty and the README's medians go under ``reported_median_ms``.
-The output is byte-reproducible: running the script twice gives identical archives.
+``cptrace serve --seed-demo`` builds the same bundles itself; they are not kept in the
+repository, whose one copy of these traces is ``demo/traces``.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
-from runners.bundle import add_trace, finalize_bundle, pack_bundle, run_info, trace_entry
-from runners.manifest import facts_summary, manifest_workload, variant_entry
-from runners.spec import layout_for, parse_spec
-
-REPO = Path(__file__).resolve().parent.parent
-
-# From the traces README: "All captured on NVIDIA H200 GPUs (torch 2.11.0+cu130, CUDA 13.0,
-# NCCL 2.28.9, Nsight Systems from Nsight Compute 2025.3.1)"; the TE traces are TE 2.20.2 on 2 GPUs.
-H200_ENV: dict[str, Any] = {
-    "gpu_models": ["NVIDIA H200"],
-    "torch": "2.11.0+cu130",
-    "cuda": "13.0",
-    "nccl": "2.28.9",
-    "nsys": "Nsight Systems from Nsight Compute 2025.3.1",
-    "source": "recorded by hand from the traces README (not captured by cptrace run)",
-}
-
-# The reference workload with the three arms of the README's table.
-TE_SPEC: dict[str, Any] = {
-    "name": "te-2.20.2-reference-3arms",
-    "implementation": "te",
-    "device": "cuda",
-    "ranks": 2,
-    "cp_comm": "p2p",
-    "strategy": "dual_chunk_swap",
-    "seqlens": [8192, 4096, 2048, 2048],
-    "heads": 16,
-    "head_dim": 128,
-    "dtype": "bf16",
-    "causal": True,
-    "layers": 4,
-    "profilers": {"mode": "torch", "profiled_steps": 3},
-    "variants": {
-        "auto_clone": {"metadata": "value_equal_clone", "pad_between_seqs": None},
-        "explicit_false": {"metadata": "value_equal_clone", "pad_between_seqs": False},
-        "auto_same": {"metadata": "same_object", "pad_between_seqs": None},
-    },
-}
-REPORTED_MEDIANS = {
-    "reported_median_ms": {"auto_clone": 21.28, "explicit_false": 18.59},
-    "reported_median_note": (
-        "median ms of 50 interleaved iterations (CUDA events) of the same workload, from the "
-        "traces README; a separate timing run, not computed from these traces"
-    ),
-}
-
-
-def _te_bundle(traces_dir: Path, work: Path, *, fmt: str, window_prefix: str, mode: str) -> Path:
-    spec = parse_spec({**TE_SPEC, "profilers": {"mode": mode, "profiled_steps": 3}})
-    bundle = work / f"te-2.20.2-{fmt}-3arms"
-    bundle.mkdir()
-    if fmt == "kineto":
-        entries = [
-            trace_entry(
-                add_trace(bundle, traces_dir / f"kineto_3arms_rank{r}.json.gz"),
-                fmt="kineto",
-                rank=r,
-            )
-            for r in (0, 1)
-        ]
-    else:
-        member = add_trace(bundle, traces_dir / "nsys_3arms.sqlite.gz")
-        entries = [trace_entry(member, fmt="nsys", rank=None)]
-    variants = [
-        variant_entry(spec, name, window=f"{window_prefix}{name}") for name in spec.variant_names()
-    ]
-    if fmt == "nsys":
-        # The traces' README: "the last three steps of each arm sit in NVTX ranges
-        # nsys_arm:<name>", and the capture marks no step inside them.
-        for variant in variants:
-            variant["steps_per_window"] = 3
-    summaries = {
-        name: facts_summary(w, layout_for(w, spec.ranks))
-        for name, w in ((n, spec.variant_workload(n)) for n in spec.variant_names())
-    }
-    finalize_bundle(
-        bundle,
-        run=run_info(
-            name=spec.name,
-            spec=spec.model_dump(mode="json"),
-            created_at=None,
-            capture=(
-                "TE 2.20.2 on 2x H200, FusedAttention (cuDNN) backend, inputs partitioned with "
-                "thd_get_partitioned_indices, NVTE_NVTX_ENABLED=1; "
-                + (
-                    "PyTorch profiler with Python stacks, three steps per arm in "
-                    "record_function('arm:<name>')"
-                    if fmt == "kineto"
-                    else "nsys with --python-functions-trace on get_cu_seqlens_on_cp_rank and "
-                    "cp_p2p_fwd_prepare_qkv; last three steps per arm in NVTX 'nsys_arm:<name>'"
-                )
-            ),
-        ),
-        traces=entries,
-        workload=manifest_workload(spec, ranks=spec.ranks),
-        variants=variants,
-        environment={**H200_ENV, "gpu_count": 2, "transformer_engine": "2.20.2"},
-        extra={**REPORTED_MEDIANS, "variant_facts": summaries},
-    )
-    return bundle
-
-
-def _synthetic_bundle(traces_dir: Path, work: Path, *, fmt: str) -> Path:
-    bundle = work / f"synthetic-h200x2-{fmt}"
-    bundle.mkdir()
-    if fmt == "kineto":
-        entries = [
-            trace_entry(
-                add_trace(bundle, traces_dir / f"kineto_rank{r}.json.gz"), fmt="kineto", rank=r
-            )
-            for r in (0, 1)
-        ]
-        what = (
-            "2 ranks, NCCL; five iterations of a 4096^2 bf16 matmul, a fake helper in "
-            "record_function+NVTX 'get_cu_seqlens_on_cp_rank' (3 small kernels), an "
-            "all-reduce and an arange/compare/masked_fill_ tail-zeroing pattern"
-        )
-        gpus = 2
-    else:
-        entries = [
-            trace_entry(
-                add_trace(bundle, traces_dir / "nsys_single.sqlite.gz"), fmt="nsys", rank=None
-            )
-        ]
-        what = (
-            "one process: 20 iterations of an NVTX range 'get_cu_seqlens_on_cp_rank' around "
-            "3 small kernels, then a matmul"
-        )
-        gpus = 1
-    finalize_bundle(
-        bundle,
-        run=run_info(name=bundle.name, spec={}, created_at=None, capture=what),
-        traces=entries,
-        workload={},  # synthetic: not a CP attention workload, the whole trace is one window
-        variants=[],
-        environment={**H200_ENV, "gpu_count": gpus},
-    )
-    return bundle
+from analyzers.bundle import file_sha256
+from runners.demo_bundles import build_trace_bundles, default_demo_traces
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=Path, default=REPO / "tests" / "data")
-    parser.add_argument("--out", type=Path, default=REPO / "demo" / "bundles")
+    parser.add_argument("--traces", type=Path, default=default_demo_traces())
+    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    te_dir = args.traces / "te-2.20.2-h200x2"
-    syn_dir = args.traces / "synthetic-h200x2"
-    work = Path(tempfile.mkdtemp(prefix="cptrace-demo-"))
-    try:
-        bundles = [
-            _te_bundle(te_dir, work, fmt="kineto", window_prefix="arm:", mode="torch"),
-            _te_bundle(te_dir, work, fmt="nsys", window_prefix="nsys_arm:", mode="nsys"),
-            _synthetic_bundle(syn_dir, work, fmt="kineto"),
-            _synthetic_bundle(syn_dir, work, fmt="nsys"),
-        ]
-        for bundle in bundles:
-            archive = args.out / f"{bundle.name}.tar.gz"
-            digest = pack_bundle(bundle, archive)
-            print(
-                f"{archive.relative_to(REPO) if archive.is_relative_to(REPO) else archive}"
-                f"  {archive.stat().st_size:>9} bytes  sha256 {digest}"
-            )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    for archive in build_trace_bundles(args.out, args.traces):
+        print(f"{archive}  {archive.stat().st_size:>9} bytes  sha256 {file_sha256(archive)}")
 
 
 if __name__ == "__main__":

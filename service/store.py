@@ -121,6 +121,8 @@ class HistoryPoint(BaseModel):
     that ran different code are different series."""
     workload: dict[str, Any] | None = None
     """The manifest's workload block (what the configuration hash is made from)."""
+    caveat: str | None = None
+    """The manifest's ``run.caveat``: what to know before trusting this run's figures."""
 
 
 def _run_implementation(workload: object, variants: object) -> str | None:

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 #: Paths outside the packages the service image needs (install metadata, --seed-demo).
-SERVICE_NEEDS = ("pyproject.toml", "README.md", "demo/bundles")
+SERVICE_NEEDS = ("pyproject.toml", "README.md", "demo/bundles", "demo/traces")
 #: Never in an image: development-only folders.
 NEVER = ("tests", "docs", "benchmarks", ".git", ".venv")
 

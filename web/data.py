@@ -170,6 +170,13 @@ class FailureView(BaseModel):
     stacks: list[RankStackView]
 
 
+def run_caveat(manifest: dict[str, Any] | None) -> str | None:
+    """The manifest's ``run.caveat`` (``analyzers.bundle.RunInfo``), None without one."""
+    run = (manifest or {}).get("run")
+    caveat = run.get("caveat") if isinstance(run, dict) else None
+    return caveat if isinstance(caveat, str) and caveat else None
+
+
 def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
     """The run's failure (manifest ``failure``), None for a run whose job ended cleanly."""
     record = failure_of(manifest)
@@ -204,6 +211,8 @@ class RunPage(BaseModel):
     summary: TraceSummary | None = None
     """The report's whole-trace summary, :data:`SUMMARY_ROWS` rows per table (the full one is
     in ``run.report.summary``)."""
+    caveat: str | None = None
+    """The manifest's ``run.caveat``: what to know before trusting the figures."""
 
 
 SUMMARY_ROWS = 5
@@ -407,6 +416,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
+        caveat=run_caveat(run.manifest),
         failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
@@ -741,7 +751,7 @@ def history_page(
             low=r.band_low,
             high=r.band_high,
             hover=f"run #{r.point.run_id} {r.point.name} ({r.point.branch or 'no branch'}) "
-            f"{r.point.created_at}",
+            f"{r.point.created_at}" + (f"; caveat: {r.point.caveat}" if r.point.caveat else ""),
             link=f"/runs/{r.point.run_id}",
             spread_low=spread.get(r.point.run_id, (None, None))[0],
             spread_high=spread.get(r.point.run_id, (None, None))[1],

@@ -198,7 +198,7 @@ def bundle_check(
 ) -> None:
     """Validate a run bundle (manifest, member safety, sha256 of every trace).
 
-    Example: cptrace bundle check demo/bundles/te-2.20.2-kineto-3arms.tar.gz
+    Example: cptrace bundle check demo/bundles/te-2.20.2-reference-3arms-h200x2.tar.gz
     """
     from analyzers.bundle import BundleError, read_bundle
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -35,11 +36,33 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _seed_demo(db: Any, settings: Any) -> None:
+    """The captured bundles of ``demo/bundles``, then the ones built from ``demo/traces`` (into
+    the data directory; byte-reproducible, so a later start finds them seeded)."""
+    from runners.demo_bundles import build_trace_bundles
+    from service.bootstrap import default_demo_dir, seed_demo
+
+    folders = [default_demo_dir()]
+    try:
+        build_trace_bundles(settings.data_dir / "demo-bundles")
+        folders.append(settings.data_dir / "demo-bundles")
+    except FileNotFoundError as exc:
+        typer.echo(f"demo trace bundles not built ({exc}); seeding demo/bundles only")
+    for folder in folders:
+        for result in seed_demo(db, settings, folder):
+            what = result.error or (
+                f"run {result.run_id}" + ("" if result.created else " (already there)")
+            )
+            typer.echo(f"demo {result.path.name}: {what}")
+
+
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
     data_dir: Path = DataDir,
-    seed_demo: bool = typer.Option(False, "--seed-demo", help="Ingest demo/bundles/*.tar.gz once."),
+    seed_demo: bool = typer.Option(
+        False, "--seed-demo", help="Ingest the demo bundles once (demo/bundles, demo/traces)."
+    ),
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Start an analysis worker."),
 ) -> None:
     """Start the API and dashboards (and an analysis worker subprocess).
@@ -51,8 +74,7 @@ def serve(
     import uvicorn
 
     from cptrace.app import create_app
-    from service.bootstrap import default_demo_dir, ensure_admin_token, sweep_at_startup
-    from service.bootstrap import seed_demo as seed
+    from service.bootstrap import ensure_admin_token, sweep_at_startup
     from service.http_timeouts import timed_protocol
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
@@ -65,11 +87,7 @@ def serve(
     if token:
         typer.echo(f"Admin token (shown once, stored hashed): {token}")
     if seed_demo:
-        for result in seed(app.state.db, settings, default_demo_dir()):
-            what = result.error or (
-                f"run {result.run_id}" + ("" if result.created else " (already there)")
-            )
-            typer.echo(f"demo {result.path.name}: {what}")
+        _seed_demo(app.state.db, settings)
     typer.echo(f"Dashboard: http://{host}:{port}/")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     uvicorn.run(

@@ -335,7 +335,10 @@ def metric_history(
         "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.workload') "
         "END AS workload_json, "
         "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.variants') "
-        "END AS variants_json "
+        "END AS variants_json, "
+        "CASE WHEN json_valid(r.manifest_json) THEN CASE WHEN json_type(r.manifest_json, "
+        "'$.run.caveat') = 'text' THEN json_extract(r.manifest_json, '$.run.caveat') END "
+        "END AS caveat "
         "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from testkit import DATA_DIR
+from testkit import DATA_DIR, demo_bundles_dir
 from typer.testing import CliRunner
 
 from analyzers import analyze
@@ -26,7 +26,7 @@ from cptrace.cli import app as cli_app
 DATA = DATA_DIR
 KINETO = DATA / "te-2.20.2-h200x2" / "kineto_3arms_rank0.json.gz"
 NSYS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
-SYNTH = Path(__file__).resolve().parents[2] / "demo" / "bundles"
+SYNTH = demo_bundles_dir()
 
 
 @pytest.mark.parametrize("path", [KINETO, NSYS], ids=["kineto", "nsys"])

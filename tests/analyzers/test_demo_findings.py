@@ -7,10 +7,9 @@ time), profiled steps are grouped by the arm they wrap, and no finding contradic
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from testkit import demo_bundle
 
 from analyzers import compare_reports
 from analyzers.bundle import read_bundle
@@ -19,7 +18,6 @@ from analyzers.manifest import RunManifest
 from analyzers.pipeline import analyze
 from analyzers.report import AnalysisReport, Finding, Severity
 
-BUNDLES = Path(__file__).resolve().parents[2] / "demo" / "bundles"
 REFERENCE = "te-2.20.2-reference-3arms-h200x2"
 ADAPTER = "te-2.20.2-adapter-vs-stock-h200x2"
 BUNDLED = "bundled-fixed-vs-broken-h200x2"
@@ -39,7 +37,7 @@ _CACHE: dict[str, tuple[AnalysisReport, RunManifest]] = {}
 def _load(name: str) -> tuple[AnalysisReport, RunManifest]:
     """Analyze a demo bundle once per test session (a few seconds each)."""
     if name not in _CACHE:
-        path = BUNDLES / f"{name}.tar.gz"
+        path = demo_bundle(name)
         with read_bundle(path) as bundle:
             manifest = bundle.manifest
         assert manifest is not None

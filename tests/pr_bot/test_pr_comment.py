@@ -16,7 +16,7 @@ import pytest
 from fake_github import FakeGitHubServer
 from fastapi.testclient import TestClient
 from stored_runs import assert_analysed, drain_worker, upload_bundles
-from testkit import REPO_ROOT
+from testkit import REPO_ROOT, demo_bundle
 from typer.testing import CliRunner
 from web_server import serve
 
@@ -29,7 +29,7 @@ from service.auth import Role, create_token
 from service.core.config import Settings
 
 REPO = "octo/cp-attn"
-BUNDLE = REPO_ROOT / "demo" / "bundles" / "synthetic-h200x2-kineto.tar.gz"
+BUNDLE = demo_bundle("synthetic-h200x2-kineto")
 BASE_SHA, HEAD_SHA = "a" * 40, "b" * 40
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from testkit import demo_bundle
 from typer.testing import CliRunner
 
 from cptrace.cli import app
@@ -78,8 +79,8 @@ def test_cli_run_reports_an_invalid_spec(tmp_path: Path) -> None:
 
 
 def test_cli_bundle_check_refuses_a_tampered_bundle(tmp_path: Path) -> None:
-    bundle = Path(__file__).resolve().parents[2] / "demo" / "bundles"
-    ok = CliRunner().invoke(app, ["bundle", "check", str(bundle / "synthetic-h200x2-nsys.tar.gz")])
+    synthetic = demo_bundle("synthetic-h200x2-nsys")
+    ok = CliRunner().invoke(app, ["bundle", "check", str(synthetic)])
     assert ok.exit_code == 0 and "ok: bundle_version 1" in ok.output
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(b"\x1f\x8b\x08not a tar")

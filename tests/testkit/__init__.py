@@ -1,5 +1,5 @@
 """Helpers every test room shares: the test-data path, free loopback ports, the shared traces,
-the reference workload.
+the reference workload, the demo bundles.
 
 Tests import it as ``testkit`` (``tests/`` is on ``sys.path`` through the root conftest, as for
 every helper module beside the tests). One home for each: no room defines its own.
@@ -7,9 +7,12 @@ every helper module beside the tests). One home for each: no room defines its ow
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +87,31 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free loopback port in {first}-{first + size - 1} for this worker")
+
+
+_demo_dir: Path | None = None
+
+
+def demo_bundles_dir() -> Path:
+    """Every demo bundle in one folder, as ``cptrace serve --seed-demo`` seeds them: the captured
+    ones of ``demo/bundles`` (linked) and the ones ``runners.demo_bundles`` builds from
+    ``demo/traces`` (the repository keeps those traces once). Built once per test process."""
+    global _demo_dir
+    if _demo_dir is None:
+        from runners.demo_bundles import build_trace_bundles
+
+        folder = Path(tempfile.mkdtemp(prefix="cptrace-demo-bundles-"))
+        atexit.register(shutil.rmtree, folder, True)
+        for captured in sorted((REPO_ROOT / "demo" / "bundles").glob("*.tar.gz")):
+            (folder / captured.name).symlink_to(captured)
+        build_trace_bundles(folder)
+        _demo_dir = folder
+    return _demo_dir
+
+
+def demo_bundle(name: str) -> Path:
+    """One demo bundle by name (``te-2.20.2-nsys-3arms``), captured or built."""
+    path = demo_bundles_dir() / f"{name}.tar.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"no demo bundle {name!r} in {demo_bundles_dir()}")
+    return path

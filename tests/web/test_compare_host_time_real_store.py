@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from stored_runs import assert_analysed, drain_worker, upload_bundles
-from testkit import DATA_DIR
+from testkit import DATA_DIR, demo_bundle
 from web_server import serve
 
 from cptrace.app import create_app
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
-GPU_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
+GPU_BUNDLE = demo_bundle("te-2.20.2-nsys-3arms")
 SPEC = ROOT / "runners" / "examples" / "cpu_smoke.yaml"
 CPTRACE = [str(Path(sys.executable).with_name("cptrace"))]  # the console script
 BASE_WINDOW, HEAD_WINDOW = "arm:fixed", "arm:broken"

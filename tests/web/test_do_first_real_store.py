@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from markupsafe import escape
 from stored_runs import assert_analysed, drain_worker, upload_bundles
-from testkit import DATA_DIR
+from testkit import DATA_DIR, demo_bundle
 
 from analyzers.compare import compare_reports
 from analyzers.pipeline import analyze
@@ -30,7 +30,7 @@ from service.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
-TE_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
+TE_BUNDLE = demo_bundle("te-2.20.2-nsys-3arms")
 BASE_WINDOW, HEAD_WINDOW = "arm:fixed", "arm:broken"
 
 

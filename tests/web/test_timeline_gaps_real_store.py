@@ -21,14 +21,14 @@ import plotly.graph_objects as go
 import pytest
 from fastapi.testclient import TestClient
 from stored_runs import assert_analysed, drain_worker, upload_bundles
-from testkit import DATA_DIR
+from testkit import DATA_DIR, demo_bundle
 
 from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-NSYS_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
+NSYS_BUNDLE = demo_bundle("te-2.20.2-nsys-3arms")
 CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 SETTINGS: list[Settings] = []  # the store's settings, for the browser test's own server
 IDLE_PARTS = {

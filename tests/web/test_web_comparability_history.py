@@ -88,3 +88,23 @@ def test_history_keeps_implementations_apart_with_readable_names(runs: dict[str,
     assert f'<p class="summary" id="history-series">{groups["bundled"]["name"]}</p>' in html
     assert f">{groups['bundled']['name']} (1 run, 0 commits)</option>" in html
     assert "over commits" not in html
+
+
+def test_the_bundled_demo_run_says_it_used_the_earlier_kernels(runs: dict[str, Any]) -> None:
+    """The bundled capture (earlier flash local kernels) carries its caveat to its run page and
+    the history (manifest ``run.caveat``); the TE run has none."""
+    client = runs["client"]
+    bundled = client.get(f"/runs/{runs['bundled']}.json").json()
+    assert bundled["caveat"].startswith("Captured with the earlier flash local kernels")
+    assert "benchmarks/RESULTS.md" in bundled["caveat"]  # the one-GPU floor results
+    assert client.get(f"/runs/{runs['te']}.json").json()["caveat"] is None
+    html = client.get(f"/runs/{runs['bundled']}").text
+    assert '<p class="caveat" id="caveat"><strong>Caveat:</strong> Captured with' in html
+    config = client.get(f"/api/v1/runs/{runs['bundled']}").json()["config_key"]
+    params = {"config_key": config, "implementation": "bundled", "metric": "findings"}
+    series = client.get("/history.json", params=params).json()
+    [row] = series["points"]
+    assert row["point"]["caveat"] == bundled["caveat"]
+    assert "caveat: Captured with" in series["figures"]["history"]["data"][-1]["hovertext"][0]
+    page = client.get("/history", params=params).text
+    assert 'class="badge caveat"' in page

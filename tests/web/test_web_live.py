@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from stored_runs import drain_worker
+from testkit import demo_bundles_dir
 from typer.testing import CliRunner
 from web_browser import browser_page, charts, open_page, require_chromium
 from web_server import serve
@@ -20,15 +21,15 @@ ARMS = "base_window=arm%3Aauto_clone&head_window=arm%3Aexplicit_false"
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """(server url, {bundle stem: run id}) of a service seeded with demo/bundles/*.tar.gz."""
+    """(server url, {bundle stem: run id}) of a service seeded with every demo bundle."""
     require_chromium()
     from cptrace.app import create_app
-    from service.bootstrap import default_demo_dir, seed_demo
+    from service.bootstrap import seed_demo
     from service.core.config import Settings
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("live"))
     app = create_app(settings)
-    seeded = seed_demo(app.state.db, settings, default_demo_dir())
+    seeded = seed_demo(app.state.db, settings, demo_bundles_dir())
     assert seeded and all(r.error is None for r in seeded), seeded
     drain_worker(settings)
     from service.store import list_runs
