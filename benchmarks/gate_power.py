@@ -17,8 +17,8 @@ helper's GPU and host time per step, and what the rules flag with the defaults.
 
     python benchmarks/gate_power.py
     python benchmarks/gate_power.py --pooled 5
-    python demo/make_bundles.py --out /tmp/demo   # the bundles built from demo/traces
-    python benchmarks/gate_power.py --captures /tmp/demo/te-2.20.2-kineto-3arms.tar.gz \
+    python demo/make_bundles.py --out "$TMPDIR/demo"   # the bundles built from demo/traces
+    python benchmarks/gate_power.py --captures "$TMPDIR/demo"/te-2.20.2-kineto-3arms.tar.gz \
         demo/bundles/te-2.20.2-reference-3arms-h200x2.tar.gz
 """
 

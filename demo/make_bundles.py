@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python demo/make_bundles.py --out /tmp/demo-bundles [--traces demo/traces]
+    .venv/bin/python demo/make_bundles.py --out "$TMPDIR/demo" [--traces demo/traces]
 
 ``cptrace serve --seed-demo`` builds the same bundles itself; they are not kept in the
 repository, whose one copy of these traces is ``demo/traces``.
