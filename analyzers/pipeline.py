@@ -589,11 +589,12 @@ def analyze(
     :raises TraceError: unreadable or conflicting traces (see ``analyzers.errors``).
     :raises ManifestError: an invalid manifest file.
     """
-    saved = saved_report(paths)
+    items = _typed(_items(paths))
+    saved = saved_report(items)
     if saved is not None:
         return saved
     return run_analysis(
-        paths,
+        items,
         manifest=manifest,
         step_pattern=step_pattern,
         catalog=catalog,
@@ -604,6 +605,25 @@ def analyze(
 
 def _items(paths: Inputs) -> list[PathLike | TraceInput]:
     return [paths] if isinstance(paths, str | Path | TraceInput) else list(paths)
+
+
+def _typed(items: Sequence[PathLike | TraceInput]) -> list[PathLike | TraceInput]:
+    """Bare trace files as typed inputs, each sniffed once; bundles and saved reports (and
+    paths that are no file, for the readers to refuse) stay as they are."""
+    from analyzers.bundle import is_bundle
+    from analyzers.readers import FORMAT_OF_KIND, is_gzip, sniff
+
+    out: list[PathLike | TraceInput] = []
+    for raw in items:
+        if isinstance(raw, TraceInput) or not Path(raw).is_file() or is_bundle(raw):
+            out.append(raw)
+            continue
+        path = Path(raw)
+        found = FORMAT_OF_KIND[sniff(path)]
+        out.append(
+            path if found is None else TraceInput(path=path, format=found, gzipped=is_gzip(path))
+        )
+    return out
 
 
 def saved_report(paths: Inputs) -> AnalysisReport | None:
