@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ def analyze_rank(
 
 
 def merge_parts(
-    parts: Sequence[RankPart],
+    parts: Iterable[RankPart],
     *,
     manifest: RunManifest | None = None,
     step_pattern: str | None = None,
@@ -111,22 +111,27 @@ def merge_parts(
 ) -> Analysis:
     """The cross-rank stages over the parts of one run, in the run's file order.
 
+    Pass the parts as a generator (``load_part`` of each blob) to let the merge drop each
+    part's own tables once they are concatenated: the merge then holds the run's tables once.
+
     Raises:
         TraceError: no parts, two files claiming one rank, several files of which one does
             not say its rank (as the one-process analysis raises them).
     """
     from analyzers.errors import TraceError
 
-    if not parts:
+    items = list(parts)
+    if not items:
         raise TraceError("no trace files given")
     catalog = catalog or load_catalog()
-    traces = [p.trace for p in parts]
-    if len(parts) > 1:
+    traces = [p.trace for p in items]
+    if len(items) > 1:
         resolve_ranks(traces, rank)
     with _cycle_collector_paused():
-        sources = source_infos(traces, [p.input for p in parts])
+        sources = source_infos(traces, [p.input for p in items])
         trace = merge_traces(traces)
-        ranges, att = _merge_attribution(parts, trace, catalog)
+        ranges, att = _merge_attribution(items, trace, catalog)
+        del items, traces  # the parts' tables, now copied into the merged ones
         return analyze_attributed(
             trace,
             ranges,

@@ -66,13 +66,15 @@ def _rank_stage(item: TraceInput, files: int, blob: str) -> Outcome:
 
 def _merge_stage(blobs: list[str], manifest_raw: Any) -> Outcome:
     """The parts merged into the report (its JSON)."""
+    from analyzers.catalog import load_catalog
     from analyzers.manifest import parse_manifest
     from analyzers.rank_parts import load_part, merge_parts
 
     def merge() -> str:
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        parts = [load_part(Path(b)) for b in blobs]
-        return merge_parts(parts, manifest=manifest).report.model_dump_json()
+        catalog = load_catalog()
+        parts = (load_part(Path(b), catalog) for b in blobs)  # the merge owns (frees) them
+        return merge_parts(parts, manifest=manifest, catalog=catalog).report.model_dump_json()
 
     return _guarded(merge)
 
