@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzers.bundle import select_analysis_traces
-from analyzers.readers import TraceInput
+from analyzers.readers import TraceFormat, TraceInput
 from service import analysis
 from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
@@ -47,6 +47,7 @@ _SUFFIX = {
 }
 
 AnalyzeFn = Callable[..., Any]
+_TRACE_FORMATS: dict[str, TraceFormat] = {"kineto": "kineto", "nsys": "nsys"}
 
 
 def trace_input(stored: dict[str, Any], link: Path) -> TraceInput | Path:
@@ -55,11 +56,12 @@ def trace_input(stored: dict[str, Any], link: Path) -> TraceInput | Path:
     (the report names the user's file, not the scratch link). A saved report, or a row
     without a format, stays a path for the analysis to sniff."""
     fmt, _, gzip = (stored["format"] or "").partition("+")
-    if fmt != "kineto" and fmt != "nsys":
+    found = _TRACE_FORMATS.get(fmt)
+    if found is None:
         return link
     return TraceInput(
         path=link,
-        format=fmt,
+        format=found,
         gzipped=gzip == "gzip",
         rank=stored["rank"],
         label=stored["name"],
