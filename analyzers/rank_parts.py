@@ -46,8 +46,7 @@ from analyzers.pipeline import (
     analyze_attributed,
     source_infos,
 )
-from analyzers.readers import TraceInput, give_listed_rank, read_input
-from analyzers.readers._ranks import rankless, resolve_ranks
+from analyzers.readers import TraceInput, give_listed_rank, rankless, read_input, resolve_ranks
 
 PART_VERSION = 1
 """Version of the blob layout ``dump_part`` writes; ``load_part`` refuses any other."""

@@ -74,8 +74,10 @@ __all__ = [
     "TraceFormat",
     "TraceInput",
     "check_trace",
+    "give_listed_rank",
     "is_gzip",
     "max_decompressed_bytes",
+    "rankless",
     "read_input",
     "read_inputs",
     "read_kineto",
@@ -84,6 +86,7 @@ __all__ = [
     "read_trace",
     "read_trace_files",
     "read_traces",
+    "resolve_ranks",
     "sniff",
     "trace_input",
 ]
