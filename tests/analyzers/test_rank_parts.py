@@ -10,15 +10,13 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 from testkit import DATA_DIR
+from testkit.calls import calls_of
 
 from analyzers.bundle import read_bundle
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
@@ -49,25 +47,10 @@ MANIFESTS = {
 MULTI_RANK = ["synthetic-kineto-pair", "te-kineto-3arms", "te-nsys-3arms"]
 BUNDLES = [BUNDLE, PROFILE_BUNDLE]
 
-_SNIFFERS = {_files.sniff.__code__, _files.sniff_head.__code__, _files.read_head.__code__}
 
-
-@contextmanager
-def sniff_calls() -> Iterator[list[str]]:
-    """Counts the calls of the one content sniffer (its functions' code objects) while open."""
-    seen: list[str] = []
-
-    def profile(frame: FrameType, event: str, _arg: Any) -> None:
-        code: CodeType = frame.f_code
-        if event == "call" and code in _SNIFFERS:
-            seen.append(code.co_name)
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
+def sniff_calls() -> AbstractContextManager[list[str]]:
+    """Counts the calls of the one content sniffer while open."""
+    return calls_of(_files.sniff, _files.sniff_head, _files.read_head)
 
 
 def _per_rank(items: list[TraceInput], tmp_path: Path, **kwargs: Any) -> str:

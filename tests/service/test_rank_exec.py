@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from service_factories import KINETO_RANK0, KINETO_RANK1, drain_worker, kineto_bundle
+from testkit.calls import calls_of
 
 from analyzers.manifest import parse_manifest
 from analyzers.pipeline import analyze
-from analyzers.readers import TraceInput
+from analyzers.readers import TraceInput, _files
 from service.analysis_exec import AnalysisFailed, validate_report
 from service.core.config import MiB
+from service.ingest import Limits, stage_bundle
 from service.rank_exec import run_per_rank
+from service.worker import trace_input
 
 
 def _inputs(*paths: Path) -> list[TraceInput]:
@@ -95,3 +98,21 @@ def test_the_worker_stores_the_per_rank_report(
     inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
     one_process = validate_report(analyze(inputs, manifest=manifest).model_dump_json())
     assert stored_report.model_dump_json() == one_process.model_dump_json()
+
+
+def test_an_upload_sniffs_each_trace_once(tmp_path: Path) -> None:
+    """The bundle reader sniffs each trace to check its listed format; the upload check takes
+    that kind (it sniffed it a second time before), and the worker's inputs are typed."""
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(kineto_bundle(salt="sniff-once"))
+    limits = Limits(max_decompressed_bytes=64 * MiB, max_members=16)
+    with calls_of(_files.sniff) as seen:
+        staged = stage_bundle(bundle, tmp_path / "blobs", tmp_path / "tmp", limits)
+    traces = [f for f in staged.files if f.role == "trace"]
+    assert len(seen) == len(traces) == 2
+    stored = [{"format": f"{f.format}+gzip", "rank": f.rank, "name": f.name} for f in traces]
+    typed = [trace_input(row, tmp_path / "link") for row in stored]
+    assert typed == [
+        TraceInput(path=tmp_path / "link", format="kineto", gzipped=True, rank=i, label=f.name)
+        for i, f in enumerate(traces)
+    ]
