@@ -167,8 +167,18 @@ class AnalysisWorker:
         from analyzers.manifest import parse_manifest
 
         typed = [p for p in paths if isinstance(p, TraceInput)]
-        if self._analyze is None and len(typed) > 1 and len(typed) == len(paths):
-            # several files (ranks): one process per file in parallel, then the merge
+        stored = sum(p.path.stat().st_size for p in typed)
+        if (
+            self._analyze is None
+            and len(typed) > 1
+            and len(typed) == len(paths)
+            and stored >= self.settings.analysis_per_rank_min_bytes
+        ):  # several files (ranks): one process per file in parallel, then the merge
+            log.info(
+                "analysing %d files per rank in up to %d processes",
+                len(typed),
+                self.settings.analysis_rank_workers,
+            )
             return run_per_rank(
                 typed,
                 manifest_raw,

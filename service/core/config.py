@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         "Processes that read and attribute the trace files (ranks) of one run in parallel "
         "before one merges them; each under analysis_memory_limit_bytes.",
     )
+    analysis_per_rank_min_bytes: int = _size(
+        64,
+        "Stored trace bytes from which a run of several files is analysed per rank "
+        "(smaller runs: one process, cheaper than starting several).",
+        minimum_bytes=0,
+    )
     analysis_memory_limit_bytes: int = _size(
         16384,
         "Address-space limit of the process that runs one analysis (RLIMIT_AS).",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,10 @@ def test_each_rank_process_is_under_the_memory_limit(tmp_path: Path) -> None:
 
 
 def test_the_worker_stores_the_per_rank_report(
-    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+    client: TestClient,
+    runner: dict[str, str],
+    app_env: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     bundle = kineto_bundle(salt="rank-exec")
     with tarfile.open(fileobj=io.BytesIO(bundle)) as tar:
@@ -85,7 +89,10 @@ def test_the_worker_stores_the_per_rank_report(
     )
     assert resp.status_code == 201, resp.text
     run_id = resp.json()["run_id"]
-    drain_worker(app_env["app"].state.settings)
+    settings = app_env["app"].state.settings.model_copy(update={"analysis_per_rank_min_bytes": 0})
+    with caplog.at_level(logging.INFO, logger="cptrace.worker"):
+        drain_worker(settings)
+    assert "analysing 2 files per rank in up to 2 processes" in caplog.messages
     status = client.get(f"/api/v1/runs/{run_id}/analysis").json()
     assert status["status"] == "done", status
     result = client.get(f"/api/v1/runs/{run_id}/analysis/result")
