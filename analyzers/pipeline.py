@@ -611,18 +611,14 @@ def _typed(items: Sequence[PathLike | TraceInput]) -> list[PathLike | TraceInput
     """Bare trace files as typed inputs, each sniffed once; bundles and saved reports (and
     paths that are no file, for the readers to refuse) stay as they are."""
     from analyzers.bundle import is_bundle
-    from analyzers.readers import FORMAT_OF_KIND, is_gzip, sniff
+    from analyzers.readers import sniff_input
 
     out: list[PathLike | TraceInput] = []
     for raw in items:
         if isinstance(raw, TraceInput) or not Path(raw).is_file() or is_bundle(raw):
             out.append(raw)
-            continue
-        path = Path(raw)
-        found = FORMAT_OF_KIND[sniff(path)]
-        out.append(
-            path if found is None else TraceInput(path=path, format=found, gzipped=is_gzip(path))
-        )
+        else:
+            out.append(sniff_input(raw) or Path(raw))  # a saved report stays a path
     return out
 
 

@@ -88,6 +88,7 @@ __all__ = [
     "read_traces",
     "resolve_ranks",
     "sniff",
+    "sniff_input",
     "trace_input",
 ]
 
@@ -136,15 +137,19 @@ def trace_input(path: str | Path) -> TraceInput:
             analysis accepts that as is, never as a trace to read).
         CorruptTraceError: an empty file or a damaged gzip stream.
     """
-    source = Path(path)
-    kind = sniff(source)
-    found = FORMAT_OF_KIND[kind]
+    found = sniff_input(path)
     if found is None:
         raise UnsupportedTraceError(
-            f"{source}: is a saved cptrace report, not a trace (analyze and compare accept it "
-            "as is)"
+            f"{path}: is a saved cptrace report, not a trace (analyze and compare accept it as is)"
         )
-    return TraceInput(path=source, format=found, gzipped=is_gzip(source))
+    return found
+
+
+def sniff_input(path: str | Path) -> TraceInput | None:
+    """``trace_input``, or None for a saved report (sniffed once either way)."""
+    source = Path(path)
+    found = FORMAT_OF_KIND[sniff(source)]
+    return None if found is None else TraceInput(path=source, format=found, gzipped=is_gzip(source))
 
 
 def check_trace(
