@@ -239,6 +239,13 @@ def load_part(path: Path, catalog: Catalog | None = None) -> RankPart:
         raise CorruptTraceError(f"{path}: not a per-rank part ({exc})") from exc
     if not isinstance(meta, dict) or meta.get("version") != PART_VERSION:
         raise CorruptTraceError(f"{path}: a per-rank part of another version")
+    try:
+        return _part(meta, arrays, catalog)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CorruptTraceError(f"{path}: a damaged per-rank part ({exc!r})") from exc
+
+
+def _part(meta: dict[str, Any], arrays: dict[str, Any], catalog: Catalog) -> RankPart:
     item = meta["input"]
     trace = adopt_dtypes(
         Trace(

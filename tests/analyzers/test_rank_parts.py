@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from testkit import DATA_DIR
 from testkit.calls import calls_of
@@ -146,3 +147,11 @@ def test_a_damaged_part_blob_is_a_clear_error(tmp_path: Path) -> None:
     blob.write_bytes(b"not a part")
     with pytest.raises(CorruptTraceError, match="not a per-rank part"):
         load_part(blob)
+    other = tmp_path / "other.npz"
+    np.savez(other, meta=np.frombuffer(json.dumps({"version": 0}).encode(), dtype=np.uint8))
+    with pytest.raises(CorruptTraceError, match="another version"):
+        load_part(other)
+    half = tmp_path / "half.npz"
+    np.savez(half, meta=np.frombuffer(json.dumps({"version": 1}).encode(), dtype=np.uint8))
+    with pytest.raises(CorruptTraceError, match="damaged per-rank part"):
+        load_part(half)
