@@ -235,8 +235,9 @@ def test_kineto_step_window_extension_past_the_annotation() -> None:
     assert (step.start_ns, step.end_ns, step.busy_ns, step.idle_ns) == (150, 240, 80, 10)
 
 
-def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
-    # three intervals (no External ids) for two CPU ranges of different names: step 1 gets two
+def test_unpairable_gpu_annotations_are_projected_with_a_note() -> None:
+    # three intervals (no External ids) for two CPU ranges of different names: step 1 gets two,
+    # so it is not paired and is projected: [150, 190), its kernel, up to step 2's annotation
     trace = _annotated_trace([(150, 170, -1), (175, 190, -1), (190, 250, -1)])
     windows = [
         Window(rank=0, name=f"ProfilerStep#{i + 1}", index=i, kind="step",
@@ -245,20 +246,27 @@ def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
     ]  # fmt: skip
     acts = gpu_activities(trace, attribute(trace, load_catalog()))
     measured, notes = timeline_windows(trace, windows, acts)
-    assert [m.basis for m in measured] == [WindowBasis.CPU_RANGE, WindowBasis.GPU_ANNOTATION]
-    assert len(notes) == 1 and "'ProfilerStep#1'" in notes[0]
+    assert [(m.basis, m.start_ns, m.end_ns) for m in measured] == [
+        (WindowBasis.GPU_PROJECTION, 150, 190),
+        (WindowBasis.GPU_ANNOTATION, 190, 250),
+    ]
+    assert len(notes) == 2 and "'ProfilerStep#1'" in notes[0] and "not paired" in notes[0]
+    assert "1 of 2 'ProfilerStep' step(s)" in notes[1] and "(ProfilerStep#1; 1 paired)" in notes[1]
 
 
-def test_cpu_windows_clip_work_running_past_the_step() -> None:
-    # nsys-like (no GPU annotations): step 1 [0, 100) holds no GPU time although it launched
-    # the kernel; step 2 [100, 200) holds [150, 200) of both kernels: 50
+def test_kineto_steps_without_annotations_are_projected() -> None:
+    # no GPU annotation at all: each step is measured over the kernels it launched, [150, 190)
+    # and [190, 250), as on nsys (its CPU range [0, 100) held none of step 1's GPU time)
     trace = _annotated_trace([])
     report = analyze_trace(trace, catalog=load_catalog()).report
     steps = [t for t in report.window_timelines if t.window == "ProfilerStep"]
-    assert [(t.basis, t.busy_ns) for t in steps] == [
-        (WindowBasis.CPU_RANGE, 0),
-        (WindowBasis.CPU_RANGE, 50),
+    assert [(t.basis, t.start_ns, t.end_ns, t.busy_ns) for t in steps] == [
+        (WindowBasis.GPU_PROJECTION, 150, 190, 40),
+        (WindowBasis.GPU_PROJECTION, 190, 250, 60),
     ]
+    assert [(t.cpu_start_ns, t.cpu_end_ns) for t in steps] == [(0, 100), (100, 200)]
+    assert any("2 of 2 'ProfilerStep' step(s) without a usable GPU annotation" in n
+               for n in report.notes)  # fmt: skip
     whole = next(t for t in report.window_timelines if t.window == "whole trace")
     assert (whole.basis, whole.total_ns, whole.busy_ns) == (WindowBasis.TRACE, 250, 100)
     for s in report.rank_summaries:
