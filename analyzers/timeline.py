@@ -324,9 +324,9 @@ def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[Time
     Step ``i`` (CPU range ``[cs, ce]`` on rank ``r``) becomes ``[first, min(last, next))``:
     ``first``/``last`` the earliest start and latest end of the rank's activities whose launch
     started in ``[cs, ce]``, ``next`` the start of the next projected or GPU-annotated window
-    of the same (rank, group). Why: a CPU range ends when the CPU has queued the step; on an eager job the GPU can
-    run a whole step behind, and the CPU range would measure the previous step's kernels. A
-    step that launched nothing keeps its CPU range.
+    of the same (rank, group). Why: a CPU range ends when the CPU has queued the step; on an
+    eager job the GPU can run a whole step behind, and the CPU range would measure the previous
+    step's kernels. A step that launched nothing keeps its CPU range.
     """
     has_launch = acts.launched >= 0
     by_rank: dict[int, tuple[IntArray, IntArray, IntArray]] = {}
@@ -348,17 +348,17 @@ def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[Time
     out = list(measured)
     # a projection stops at the next GPU-measured window of its group: projected, or paired
     # with its GPU annotation (Kineto steps whose annotation is missing sit between those)
-    starts = {i: first for i, (first, _) in spans.items()}
-    starts.update(
+    opens = {i: first for i, (first, _) in spans.items()}
+    opens.update(
         (i, m.start_ns) for i, m in enumerate(measured) if m.basis is WindowBasis.GPU_ANNOTATION
     )
     groups: dict[tuple[int, str], list[int]] = {}
-    for i in starts:
+    for i in opens:
         w = measured[i].window
         groups.setdefault((w.rank, w.group or w.name), []).append(i)
     for ids in groups.values():
-        ids.sort(key=lambda i: starts[i])
-        limits = [starts[b] for b in ids[1:]] + [np.iinfo(np.int64).max]
+        ids.sort(key=lambda i: opens[i])
+        limits = [opens[b] for b in ids[1:]] + [np.iinfo(np.int64).max]
         for i, limit in zip(ids, limits, strict=True):
             if i not in spans:
                 continue
