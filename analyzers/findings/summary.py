@@ -274,20 +274,20 @@ def _gpu_idle_after(sites: _Sites, acts: GpuActivities | None) -> IntArray:
     return idle
 
 
-def _per_step(sites: _Sites, idle: IntArray, windows: Sequence[Window]) -> dict[int, float]:
-    """Per site: its share of a step's saving, ``idle / steps of its rank``, for the sites
-    inside a step window (sites between steps and traces without steps: none)."""
-    out: dict[int, float] = {}
+def _steps_of(sites: _Sites, windows: Sequence[Window]) -> IntArray:
+    """Per site: the number of steps of its rank when the site lies inside one of them (a
+    ``step`` window, by its start), else 0 (between steps; a trace without steps)."""
+    out = np.zeros(len(sites.start), dtype=np.int64)
     for r in np.unique(sites.rank).tolist():
-        steps = [w for w in windows if w.kind == "step" and w.rank == r]
+        steps = sorted((w.start_ns, w.end_ns) for w in windows if w.kind == "step" and w.rank == r)
         if not steps:
             continue
-        lo = np.array([w.start_ns for w in steps], dtype=np.int64)
-        hi = np.array([w.end_ns for w in steps], dtype=np.int64)
-        for i in np.flatnonzero(sites.rank == r).tolist():
-            t = int(sites.start[i])
-            if bool(((lo <= t) & (t < hi)).any()):
-                out[i] = int(idle[i]) / len(steps)
+        lo, hi = np.array(steps, dtype=np.int64).T
+        reach = np.maximum.accumulate(hi)  # overlapping steps: any earlier one may hold it
+        mine = np.flatnonzero(sites.rank == r)
+        at = np.searchsorted(lo, sites.start[mine], side="right") - 1
+        inside = (at >= 0) & (sites.start[mine] < reach[np.maximum(at, 0)])
+        out[mine[inside]] = len(steps)
     return out
 
 
@@ -315,33 +315,43 @@ def _sync_pointers(
         table["thread"][frames], table["start"][frames], table["end"][frames], frames
     )
     found = index.lookup(sites.thread, sites.start)
-    idle = _gpu_idle_after(sites, acts)
-    share = _per_step(sites, idle, windows)
-    gpu = acts is not None and len(acts.start) > 0
-    rows: dict[tuple[str, str], list[int]] = {}
-    for i, f in enumerate(found.tolist()):
-        if f >= 0:
-            key = (_frame_text(trace.strings[int(names[f])]), trace.strings[int(sites.label[i])])
-            rows.setdefault(key, []).append(i)
-    out = []
-    for (frame, op), mine in rows.items():
-        per_rank: dict[int, float] = {}
-        for i in mine:
-            if i in share:
-                r = int(sites.rank[i])
-                per_rank[r] = per_rank.get(r, 0.0) + share[i]
-        blocking = int(sites.blocking[mine].sum())
-        out.append(
-            SyncPointer(
-                frame=frame,
-                op=op,
-                calls=len(mine),
-                step_calls=sum(1 for i in mine if i in share),
-                blocking_calls=blocking if gpu else None,
-                gpu_idle_ns=int(idle[mine].sum()) if gpu else None,
-                saving_ms=round(max(per_rank.values()) / 1e6, 4) if gpu and per_rank else None,
-            )
+    framed = np.flatnonzero(found >= 0)
+    if len(framed) == 0:
+        return []
+    idle = _gpu_idle_after(sites, acts)[framed]
+    steps = _steps_of(sites, windows)[framed]
+    rank = sites.rank[framed]
+    # one group per (frame symbol, site label): counts by bincount, not per site
+    width = len(trace.strings) + 1
+    key = names[found[framed]].astype(np.int64) * width + sites.label[framed]
+    groups, group = np.unique(key, return_inverse=True)
+    n = len(groups)
+    calls = np.bincount(group, minlength=n)
+    in_steps = np.bincount(group, weights=steps > 0, minlength=n)
+    blocking = np.bincount(group, weights=sites.blocking[framed], minlength=n)
+    idle_ns = np.bincount(group, weights=idle, minlength=n)
+    # per step and rank: the idle after a group's sites inside the steps / the rank's steps
+    stepped = np.flatnonzero(steps > 0)
+    saving = np.full(n, -1.0)  # -1: no site of the group inside a step
+    if len(stepped):
+        pairs, pair = np.unique(
+            np.stack([group[stepped], rank[stepped]], axis=1), axis=0, return_inverse=True
         )
+        share = np.bincount(pair.ravel(), weights=idle[stepped] / steps[stepped])
+        np.maximum.at(saving, pairs[:, 0], share)
+    gpu = acts is not None and len(acts.start) > 0
+    out = [
+        SyncPointer(
+            frame=_frame_text(trace.strings[int(k // width)]),
+            op=trace.strings[int(k % width)],
+            calls=int(calls[g]),
+            step_calls=int(in_steps[g]),
+            blocking_calls=int(blocking[g]) if gpu else None,
+            gpu_idle_ns=int(idle_ns[g]) if gpu else None,
+            saving_ms=round(float(saving[g]) / 1e6, 4) if gpu and saving[g] >= 0 else None,
+        )
+        for g, k in enumerate(groups.tolist())
+    ]
     out.sort(key=lambda p: (-(p.gpu_idle_ns or 0), -p.calls, p.frame, p.op))
     return out[:TOP_ROWS]
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from analyzers.findings.summary import LINE_CAVEAT, SAVING_METHOD
+from analyzers.findings.summary import LINE_CAVEAT, SAVING_METHOD, do_first
 from analyzers.pipeline import analyze
+from analyzers.report import SyncPointer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "openworld"
 NCCL = DATA / "kineto_nccl_world1.json.gz"
@@ -126,3 +127,15 @@ def test_cli_prints_the_saving_in_do_this_first(path: Path) -> None:
     head = out[: out.index("GPU time by kernel family")]
     assert "Do this first" in head and "nccl_world1.py:33 in main" in head
     assert "ms per iteration (estimate)" in head
+
+
+def test_without_gpu_a_sync_in_the_steps_is_an_action_without_saving() -> None:
+    """A CPU run (``cptrace profile`` of ``tests/runners/scripts/plain_torch.py`` on CPU names
+    ``plain_torch.py:15 in <module>: aten::item x3``): the wait is not observed, so the action
+    has no saving and says why; a sync between steps is no action."""
+    in_steps = SyncPointer(frame="plain_torch.py:15 in <module>", op="aten::item", calls=3,
+                           step_calls=3)  # fmt: skip
+    between = SyncPointer(frame="plain_torch.py:20 in <module>", op="aten::item", calls=1)
+    (action,) = do_first([], [in_steps, between], gpu=False)
+    assert in_steps.frame in action.action and action.saving_ms is None
+    assert "this run had no GPU activity" in action.evidence and LINE_CAVEAT in action.evidence
