@@ -26,10 +26,12 @@ annotation ends), or the annotation's end if that is later; the extension stops 
 of the next window of the same (rank, group), so windows never overlap. A CPU range ends when
 the CPU has *queued* the step, its GPU work runs later. On nsys exports a step is its CPU range
 projected onto the GPU (first to last activity launched inside it, ``_projected``), as
-``nsys stats`` projects NVTX ranges; so is a Kineto step with no GPU annotation to pair (a trace
-missing some or all of its ``gpu_user_annotation`` events; a report note names those steps).
-Variant windows and steps that launched nothing use the CPU range; the whole-trace window is the
-rank's trace span.
+``nsys stats`` projects NVTX ranges; so is a Kineto step with no GPU annotation to pair on a
+rank that has GPU annotations (the profiler's record is incomplete: some or all of the steps'
+``gpu_user_annotation`` events are missing; a report note names those steps). Variant windows,
+steps that launched nothing and the steps of a Kineto rank without any GPU annotation (a
+hand-made or converted trace) use the CPU range; the whole-trace window is the rank's trace
+span.
 """
 
 from __future__ import annotations
@@ -286,9 +288,13 @@ def timeline_windows(
         else:
             basis = WindowBasis.TRACE if w.kind == "trace" else WindowBasis.CPU_RANGE
             out.append(TimelineWindow(w, w.start_ns, w.end_ns, basis))
-    projected = _projected(out, acts)
-    if trace.format != "nsys":
-        notes += _projection_notes(projected, gpu)
+    if trace.format == "nsys":
+        return _projected(out, acts), notes
+    # Kineto: a rank with GPU annotations but none for a step lost that step's annotation
+    # (the profiler's record is incomplete); a rank without any keeps its CPU ranges
+    annotated_ranks = set(np.unique(trace.gpu_ranges["rank"]).tolist())
+    projected = _projected(out, acts, annotated_ranks)
+    notes += _projection_notes(projected, gpu)
     return _launched_extension(projected, sorted(gpu), acts), notes
 
 
@@ -317,7 +323,9 @@ def _projection_notes(measured: list[TimelineWindow], annotated: Mapping[int, ob
     return notes
 
 
-def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[TimelineWindow]:
+def _projected(
+    measured: list[TimelineWindow], acts: GpuActivities, ranks: set[int] | None = None
+) -> list[TimelineWindow]:
     """Step windows measured over their CPU range (every step on nsys; a Kineto step with no
     GPU annotation paired) projected onto the GPU (``WindowBasis.GPU_PROJECTION``).
 
@@ -326,15 +334,18 @@ def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[Time
     started in ``[cs, ce]``, ``next`` the start of the next projected or GPU-annotated window
     of the same (rank, group). Why: a CPU range ends when the CPU has queued the step; on an
     eager job the GPU can run a whole step behind, and the CPU range would measure the previous
-    step's kernels. A step that launched nothing keeps its CPU range.
+    step's kernels. A step that launched nothing keeps its CPU range. ``ranks``: only the
+    steps of these ranks (None: every rank).
     """
     has_launch = acts.launched >= 0
     by_rank: dict[int, tuple[IntArray, IntArray, IntArray]] = {}
     spans: dict[int, tuple[int, int]] = {}
     for i, m in enumerate(measured):
+        rank = m.window.rank
         if m.window.kind != "step" or m.basis != WindowBasis.CPU_RANGE:
             continue
-        rank = m.window.rank
+        if ranks is not None and rank not in ranks:
+            continue
         if rank not in by_rank:
             mine = np.flatnonzero(has_launch & (acts.rank == rank))
             order = mine[np.argsort(acts.launched[mine], kind="stable")]

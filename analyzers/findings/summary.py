@@ -1,7 +1,8 @@
 """Something to say about any trace: what ran, where the host time went, what to do first.
 
-Whole trace, all ranks, totals (never "per step"): the summary needs no manifest, no TE and no
-catalog entry of the user's own code, so a plain training script gets it too.
+Whole trace, all ranks, totals (the one per-step figure: a host sync's estimated saving): the
+summary needs no manifest, no TE and no catalog entry of the user's own code, so a plain
+training script gets it too.
 
 * ``families``: GPU activity time by library family (GEMM, attention, communication, ...) and
   the catalog entry that claimed it (``gemm``, ``flash_attn_fwd``, ``nccl_all_reduce``).
@@ -9,11 +10,12 @@ catalog entry of the user's own code, so a plain training script gets it too.
   (duration minus the ranges directly inside).
 * ``ranges``: the NVTX / ``record_function`` ranges no catalog entry names, with calls,
   inclusive and self time: the user's own annotations.
-* ``sync_pointers``: where the host blocked on the GPU, by the innermost Python frame outside
-  torch and installed libraries (traces with stacks: Kineto ``with_stack``, nsys
-  ``--python-functions-trace``).
-* ``do_first``: at most three actions, the largest saving first, from the findings (errors and
-  warnings) and, failing those, the sync pointers.
+* ``sync_pointers``: where the host may block on the GPU (host-sync operators, blocking CUDA
+  calls outside them), by the innermost Python frame outside torch and installed libraries
+  (Kineto ``with_stack``), with the blocking CUDA calls made there, the GPU idle that followed
+  them and, per step, the saving estimated from it.
+* ``do_first``: at most three actions, from the findings (errors and warnings, the largest
+  saving first), then the sync pointers whose syncs inside the steps cost GPU time.
 """
 
 from __future__ import annotations
