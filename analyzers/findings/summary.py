@@ -257,12 +257,13 @@ def _gpu_idle_after(sites: _Sites, acts: GpuActivities | None) -> IntArray:
     first GPU activity that starts once the site released the thread (the queue the sync
     drained is empty until the host launches again); 0 for a site that waited for nothing."""
     idle = np.zeros(len(sites.start), dtype=np.int64)
-    blocked = np.flatnonzero(sites.blocking > 0)
+    blocked = np.flatnonzero((sites.blocking > 0) & (sites.rank >= 0))
     if acts is None or len(acts.start) == 0 or len(blocked) == 0:
         return idle
-    busy = Union.of(acts.rank, acts.start, acts.end)
-    order = np.lexsort((acts.start, acts.rank))
+    known = np.flatnonzero(acts.rank >= 0)  # an activity no launch placed on a rank: none
+    order = known[np.lexsort((acts.start[known], acts.rank[known]))]
     a_rank, a_start = acts.rank[order], acts.start[order]
+    busy = Union.of(a_rank, a_start, acts.end[order], in_order=True)
     for r in np.unique(sites.rank[blocked]).tolist():
         mine = blocked[sites.rank[blocked] == r]
         lo_r, hi_r = np.searchsorted(a_rank, [r, r + 1])
