@@ -112,6 +112,7 @@ def test_bundles_typed_and_per_rank_give_the_same_report(bundle: Path, tmp_path:
     today = analyze(bundle).model_dump_json()
     with read_bundle(bundle) as opened:
         items = [t.as_input(label=f"{bundle.name}:{t.member}") for t in opened.analysis_traces()]
+        assert len(json.loads(today)["ranks"]) == (2 if bundle == BUNDLE else 1)
         assert _per_rank(items, tmp_path, manifest=opened.manifest) == today
         for trace in opened.traces:  # the kind the bundle reader found, not sniffed again
             with sniff_calls() as seen:
