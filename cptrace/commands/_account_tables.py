@@ -33,6 +33,7 @@ def render_account(console: Any, report: Any, group: str) -> None:
     """ "Where the step went": per part and its largest lines, one column pair per rank, and
     the top idle causes with their largest gap."""
     from rich.markup import escape
+
     from cptrace.commands._tables import TextTable
 
     accounts = sorted((a for a in report.accounts if a.window == group), key=lambda a: a.rank)
@@ -114,6 +115,7 @@ def render_account(console: Any, report: Any, group: str) -> None:
 def render_account_delta(console: Any, result: Any) -> None:
     """Base and head side by side, part totals first, then the lines that moved most."""
     from rich.markup import escape
+
     from cptrace.commands._tables import TextTable
 
     if not result.account:

@@ -125,7 +125,7 @@ def _width(plain: str, cell_len: Any) -> int:
 
 
 def _rules(widths: Sequence[int], chars: str) -> Iterator[str]:
-    left, line, mid, right = chars
+    left, line, mid, right = chars[0], chars[1], chars[2], chars[3]
     yield left + mid.join(line * (w + 2) for w in widths) + right
 
 

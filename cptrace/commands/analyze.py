@@ -627,6 +627,7 @@ def _render_devices(console: Any, devices: list[Any]) -> None:
 def _render_kernels(console: Any, rows: list[Any]) -> None:
     """The top of the per-kernel-name table over all ranks (``--json`` has every row and rank)."""
     from rich.markup import escape
+
     from cptrace.commands._tables import TextTable
 
     pooled = [k for k in rows if k.rank is None]
@@ -724,6 +725,7 @@ def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     base and head findings, and the one-line summary. ``host_rows``
     (``pr_bot.deltas.host_rows_for``) replace the GPU tables when a side has no GPU activity."""
     from rich.markup import escape
+
     from cptrace.commands._tables import TextTable
 
     console = _console()
@@ -875,6 +877,7 @@ def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) 
 
 def _render_kernel_deltas(console: Any, result: Any) -> None:
     from rich.markup import escape
+
     from cptrace.commands._tables import TextTable
 
     changed = [k for k in result.kernel_deltas if k.status != "unchanged"]

@@ -7,6 +7,7 @@ where it does not, every line fits and a long name is wrapped, never cut.
 from __future__ import annotations
 
 import io
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -33,7 +34,10 @@ def _print(table: object, width: int) -> list[str]:
 def _both(title: str) -> tuple[Table, TextTable]:
     ours = TextTable(title=title)
     theirs = Table(title=title, title_justify="left")
-    for col, justify in (("rank", "right"), ("helper", "left"), ("part", "left"), ("ms", "right")):
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("rank", "right"), ("helper", "left"), ("part", "left"), ("ms", "right"),
+    )  # fmt: skip
+    for col, justify in columns:
         ours.add_column(col, justify=justify)
         theirs.add_column(col, justify=justify)
     for row in ROWS:
