@@ -59,7 +59,7 @@ class ManifestError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class ObservedFacts(_Model):

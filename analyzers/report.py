@@ -21,7 +21,7 @@ comparability check reads them, so older reports are re-analysed."""
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=False)
 
 
 class Severity(StrEnum):
