@@ -43,8 +43,11 @@ CLI mode (``--cli``): a second table per input, of the whole ``cptrace analyze``
 (``analyzers.analyze``: read to report); ``outside analyze`` = process - analyze, the CLI's
 own cost (issue 28: <= 0.15 s), split into ``start + CLI import`` (interpreter, Typer, the
 command modules), ``pipeline import`` (``analyzers.pipeline``: numpy, the report models) and
-``render + rest`` (the tables, exit). ``--report SECTION`` (repeatable) is passed on. Each
-tree is byte-compiled first (``byte_compile``: an installed cptrace has its bytecode).
+``render + rest`` (the tables, exit). ``--report SECTION`` (repeatable) is passed on.
+
+Each tree is byte-compiled before the first run (``byte_compile``): an installed cptrace has its
+bytecode, and a tree without it compiles the modules it imports lazily (the readers) inside the
+timed stages.
 ``hta_compare.py`` runs the same child for its CLI row.
 
 Usage::
@@ -431,6 +434,8 @@ def _measure(args: argparse.Namespace, base: Path | None, *, guard: bool) -> lis
     trees = {"base": base} if base else {}
     trees["current"] = ROOT
     failures: list[str] = []
+    for tree in trees.values():
+        byte_compile(tree)
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     with tempfile.TemporaryDirectory(prefix="cptrace-stages-") as tmp:
         for label, paths, pattern in _inputs(args.input or ["pair", "nsys"], args.large, Path(tmp)):
@@ -440,8 +445,6 @@ def _measure(args: argparse.Namespace, base: Path | None, *, guard: bool) -> lis
                     runs[name].append(_run_child(tree, paths, pattern))
             _table(label, runs)
             if args.cli:
-                for tree in trees.values():
-                    byte_compile(tree)
                 argv = cli_args(paths, pattern, args.report)
                 cli_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
                 for _ in range(args.repeat):
