@@ -10,12 +10,14 @@ run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from analyzers.readers import TraceInput
 from analyzers.report import AnalysisReport
 from contracts.validation import first_error
 from service.core.config import MiB
@@ -27,7 +29,16 @@ from service.limited_child import (
     LimitedChild,
 )
 
-PRELOAD = (__name__, "analyzers", "analyzers.manifest", "analyzers.readers", "sqlite3")
+T = TypeVar("T")
+
+PRELOAD = (
+    __name__,
+    "analyzers",
+    "analyzers.manifest",
+    "analyzers.rank_parts",
+    "analyzers.readers",
+    "sqlite3",
+)
 """Loaded in the child before its limit: the limit bounds the analysis, not numpy's mapping."""
 
 
@@ -39,30 +50,87 @@ class AnalysisFailed(Exception):
         self.final = final
 
 
-class _BadInput(Exception):
-    """In the child: the trace or manifest is wrong (final: retrying cannot help)."""
+class BadInput(Exception):
+    """In the child: the traces or the manifest are wrong (final: retrying cannot help)."""
 
 
-def _analyse(paths: list[str], manifest_raw: Any, progress: Callable[[str], None]) -> str:
+def input_errors_are_final(run: Callable[[], T]) -> T:
+    """``run()`` in the child, its ``TraceError``/``ManifestError`` raised as :class:`BadInput`."""
+    from analyzers.errors import TraceError
+    from analyzers.manifest import ManifestError
+
+    try:
+        return run()
+    except (TraceError, ManifestError) as exc:
+        raise BadInput(str(exc)) from None
+
+
+def analysis_child(memory_limit_bytes: int) -> LimitedChild:
+    """A limited child for analysis work (the libraries loaded before the limit)."""
+    return LimitedChild(
+        memory_limit_bytes=memory_limit_bytes, name="cptrace-analysis", preload=PRELOAD
+    )
+
+
+def analysis_call(
+    child: LimitedChild,
+    fn: Callable[..., T],
+    *args: Any,
+    deadline: float,
+    time_limit_s: float,
+    progress: Callable[[str], None] | None = None,
+) -> T:
+    """``child.call`` by ``deadline`` (of the whole analysis, ``time_limit_s`` long), each way
+    it can end as :class:`AnalysisFailed`. :raises AnalysisFailed: with the reason."""
+    timed_out = AnalysisFailed(
+        f"the analysis took longer than its time limit of {time_limit_s:g} s", final=True
+    )
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise timed_out
+    try:
+        value: T = child.call(fn, *args, time_limit_s=remaining, progress=progress)
+    except CallTimedOut:
+        raise timed_out from None
+    except CallOutOfMemory:
+        raise AnalysisFailed(
+            f"the analysis needed more memory than its limit of "
+            f"{child.memory_limit_bytes // MiB} MiB",
+            final=True,
+        ) from None
+    except ChildDied as exc:
+        raise AnalysisFailed(
+            f"the analysis process ended without a result ({exc}; out of memory?)", final=False
+        ) from None
+    except BadInput as exc:
+        raise AnalysisFailed(str(exc), final=True) from None
+    except ChildError as exc:
+        raise AnalysisFailed(str(exc), final=False) from None
+    except Exception as exc:
+        raise AnalysisFailed(f"{type(exc).__name__}: {exc}", final=False) from None
+    return value
+
+
+def _analyse(
+    paths: list[Path | TraceInput], manifest_raw: Any, progress: Callable[[str], None]
+) -> str:
     """The child's call: the report as JSON (validated again by the parent)."""
     from analyzers import analyze
-    from analyzers.errors import TraceError
-    from analyzers.manifest import ManifestError, parse_manifest
+    from analyzers.manifest import parse_manifest
 
     def report_progress(*args: Any, **kwargs: Any) -> None:
         parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
         progress(" ".join(parts) or "analysing")
 
-    try:
+    def run() -> str:
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        report = analyze([Path(p) for p in paths], manifest=manifest, progress=report_progress)
-    except (TraceError, ManifestError) as exc:
-        raise _BadInput(str(exc)) from None
-    return report.model_dump_json()
+        return analyze(paths, manifest=manifest, progress=report_progress).model_dump_json()
+
+    return input_errors_are_final(run)
 
 
 def run_isolated(
-    paths: list[Path],
+    paths: Sequence[Path | TraceInput],
     manifest_raw: Any,
     *,
     time_limit_s: float,
@@ -70,36 +138,13 @@ def run_isolated(
     progress: Callable[[str], None],
 ) -> AnalysisReport:
     """Analyse in a child process; :raises AnalysisFailed: with the reason."""
-    child = LimitedChild(
-        memory_limit_bytes=memory_limit_bytes, name="cptrace-analysis", preload=PRELOAD
-    )
+    deadline = time.monotonic() + time_limit_s
+    child = analysis_child(memory_limit_bytes)
     try:
-        text = child.call(
-            _analyse,
-            [str(p) for p in paths],
-            manifest_raw,
-            time_limit_s=time_limit_s,
-            progress=progress,
-        )
-    except CallTimedOut:
-        raise AnalysisFailed(
-            f"the analysis took longer than its time limit of {time_limit_s:g} s", final=True
-        ) from None
-    except CallOutOfMemory:
-        raise AnalysisFailed(
-            f"the analysis needed more memory than its limit of {memory_limit_bytes // MiB} MiB",
-            final=True,
-        ) from None
-    except ChildDied as exc:
-        raise AnalysisFailed(
-            f"the analysis process ended without a result ({exc}; out of memory?)", final=False
-        ) from None
-    except _BadInput as exc:
-        raise AnalysisFailed(str(exc), final=True) from None
-    except ChildError as exc:
-        raise AnalysisFailed(str(exc), final=False) from None
-    except Exception as exc:
-        raise AnalysisFailed(f"{type(exc).__name__}: {exc}", final=False) from None
+        text = analysis_call(
+            child, _analyse, list(paths), manifest_raw,
+            deadline=deadline, time_limit_s=time_limit_s, progress=progress,
+        )  # fmt: skip
     finally:
         child.kill()
     return validate_report(text)
