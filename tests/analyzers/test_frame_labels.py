@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import gzip
 import re
-from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.compare import compare_reports
 from analyzers.pipeline import analyze
 from analyzers.readers._labels import python_frame_label
 from analyzers.report import AnalysisReport
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SDPA = DATA / "openworld" / "kineto_sdpa_single_gpu.json.gz"
 _ADDRESS = re.compile(rb"at 0x([0-9a-f]+)>")
 

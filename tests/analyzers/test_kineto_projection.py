@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.pipeline import analyze
 from analyzers.report import AnalysisReport, WindowBasis
 from tests.analyzers.test_step_window_real import Raw
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 SDPA = DATA / "openworld" / "kineto_sdpa_single_gpu.json.gz"
 STEPS = ("ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4")
 

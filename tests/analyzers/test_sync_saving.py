@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.findings.summary import LINE_CAVEAT, SAVING_METHOD, do_first
 from analyzers.pipeline import analyze
 from analyzers.report import SyncPointer
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "openworld"
+DATA = DATA_DIR / "openworld"
 NCCL = DATA / "kineto_nccl_world1.json.gz"
 SDPA = DATA / "kineto_sdpa_single_gpu.json.gz"
 ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
