@@ -36,10 +36,12 @@ PRELOAD = (
     "analyzers",
     "analyzers.manifest",
     "analyzers.rank_parts",
-    "analyzers.readers",
+    "analyzers.readers.kineto",  # the readers load on first use: load both now
+    "analyzers.readers.nsys",
     "sqlite3",
 )
-"""Loaded in the child before its limit: the limit bounds the analysis, not numpy's mapping."""
+"""Loaded in the child before its limit: the limit bounds what the analysis allocates, not the
+fixed cost of mapping numpy, orjson and friends."""
 
 
 class AnalysisFailed(Exception):
@@ -65,10 +67,13 @@ def input_errors_are_final(run: Callable[[], T]) -> T:
         raise BadInput(str(exc)) from None
 
 
-def analysis_child(memory_limit_bytes: int) -> LimitedChild:
-    """A limited child for analysis work (the libraries loaded before the limit)."""
+def analysis_child(memory_limit_bytes: int, *, preload: tuple[str, ...] = ()) -> LimitedChild:
+    """A limited child for analysis work: :data:`PRELOAD` and ``preload`` (the caller's module,
+    whose functions it will call) loaded before the limit."""
     return LimitedChild(
-        memory_limit_bytes=memory_limit_bytes, name="cptrace-analysis", preload=PRELOAD
+        memory_limit_bytes=memory_limit_bytes,
+        name="cptrace-analysis",
+        preload=(*PRELOAD, *preload),
     )
 
 

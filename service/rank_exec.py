@@ -73,7 +73,7 @@ def run_per_rank(
     deadline = time.monotonic() + time_limit_s
     count = len(inputs)
     size = max(1, min(workers, count))
-    children = [analysis_child(memory_limit_bytes) for _ in range(size)]
+    children = [analysis_child(memory_limit_bytes, preload=(__name__,)) for _ in range(size)]
     idle: queue.Queue[LimitedChild] = queue.Queue()
     for child in children:
         idle.put(child)
