@@ -8,6 +8,7 @@ is refused with one line naming the variable and what it expects (``SettingsErro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,31 @@ def _seconds(default: float, description: str, *, zero_ok: bool = False) -> Any:
     if zero_ok:
         return Field(default=default, ge=0, description=description)
     return Field(default=default, gt=0, description=description)
+
+
+ANALYSIS_MEMORY_SHARE = 0.5
+"""Share of the host's memory (``MemTotal``) one analysis may address by default."""
+ANALYSIS_MEMORY_CAP = 16384 * MiB
+"""Most the default analysis memory limit is, however large the host."""
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory: ``MemTotal`` of ``/proc/meminfo`` (else ``sysconf``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_analysis_memory_bytes() -> int:
+    """Half the host's memory, at most 16 GiB, at least the 64 MiB floor of the setting: a
+    small host is not promised memory it does not have (issue 24, item 15)."""
+    share = int(host_memory_bytes() * ANALYSIS_MEMORY_SHARE)
+    return max(64 * MiB, min(ANALYSIS_MEMORY_CAP, share))
 
 
 def _flag(default: bool, description: str) -> Any:
@@ -93,10 +119,12 @@ class Settings(BaseSettings):
     analysis_time_limit_s: float = _seconds(
         1800.0, "Longest one analysis may run before the run fails."
     )
-    analysis_memory_limit_bytes: int = _size(
-        16384,
-        "Address-space limit of the process that runs one analysis (RLIMIT_AS).",
-        minimum_bytes=64 * MiB,
+    analysis_memory_limit_bytes: int = Field(
+        default_factory=default_analysis_memory_bytes,
+        ge=64 * MiB,
+        description="Address-space limit of the process that runs one analysis (RLIMIT_AS); "
+        "by default half the host's MemTotal, at most 16 GiB.",
+        json_schema_extra={"documented_default": "half of MemTotal, at most 17179869184"},
     )
     run_worker: bool = _flag(
         False,
