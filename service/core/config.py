@@ -159,7 +159,15 @@ class Settings(BaseSettings):
     http_body_timeout_s: float = _seconds(
         60.0, "Longest pause between two pieces of a request body."
     )
+    http_body_min_bytes_per_s: int = _count(
+        65536,
+        "Least average rate of a request body after its first http_body_timeout_s "
+        "(a trickle cannot extend the body's deadline).",
+    )
     http_keep_alive_s: int = _count(5, "Idle keep-alive connections are closed after this.")
+    http_max_connections: int = _count(
+        512, "Most connections open at once; one more is answered 503 and closed."
+    )
     max_page_size: int = _count(500, "Largest `limit` of a list call.")
 
     def __init__(self, **values: Any) -> None:
