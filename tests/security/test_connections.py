@@ -4,12 +4,12 @@ every 3 s after their 401 stayed open 76 s, fds 23 -> 1,023). A real ``cptrace s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -60,10 +60,8 @@ def _trickle(socks: list[socket.socket], stop: threading.Event, every_s: float) 
     """One byte on every socket each ``every_s`` until ``stop`` (or the server closed it)."""
     while not stop.wait(every_s):
         for sock in socks:
-            try:
+            with contextlib.suppress(OSError):
                 sock.sendall(b"x")
-            except OSError:
-                pass
 
 
 def _closed_after(sock: socket.socket, limit: float) -> tuple[float, bytes]:
@@ -123,8 +121,7 @@ def test_connections_past_the_cap_are_refused_at_once(server: Server) -> None:
         held = _fds(server)
         refused = []
         for sock in socks[CAP:]:
-            took, seen = _closed_after(sock, 1.0)  # the header timeout is 2 s: not it
-            refused.append(seen)
+            refused.append(_closed_after(sock, 1.0)[1])  # the header timeout is 2 s: not it
     finally:
         stop.set()
         for sock in socks:
@@ -133,8 +130,4 @@ def test_connections_past_the_cap_are_refused_at_once(server: Server) -> None:
     assert all(seen.startswith(b"HTTP/1.1 503") for seen in refused), refused[0][:200]
     assert b"too many open connections" in refused[0]
     time.sleep(0.3)
-    assert httpx.get(f"{server.url}/api/v1/health/live", timeout=10).status_code == 200
-
-
-def test_health_reads_still_work_after(server: Server, tmp_path: Path) -> None:
     assert httpx.get(f"{server.url}/api/v1/runs", timeout=10).status_code == 200
