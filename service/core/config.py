@@ -90,6 +90,14 @@ class Settings(BaseSettings):
         description="Most bytes a bundle may store per byte uploaded (its members as stored, "
         "after the archive's own gzip), above a floor of 64 MiB.",
     )
+    max_stored_bytes_per_upload: int = _size(
+        4096, "Most bytes one upload may add to the blob store (its files as stored)."
+    )
+    token_stored_quota_bytes: int = _size(
+        65536,
+        "Most bytes the runs one token uploaded may store together; past it the token's "
+        "uploads are refused (413) until runs are deleted.",
+    )
     read_time_limit_ms: int = _count(2000, "Time limit of one read query (progress handler).")
     busy_timeout_ms: int = _count(10000, "SQLite busy timeout for every connection.", minimum=0)
     job_lease_s: float = _seconds(120.0, "Lease a runner gets on claim; heartbeats extend it.")
@@ -153,7 +161,9 @@ class Settings(BaseSettings):
         "reported as a stalled queue.",
     )
     health_min_free_bytes: int = _size(
-        256, "Free disk under data_dir below which /health is 503.", minimum_bytes=0
+        256,
+        "Free disk under data_dir below which /health is 503 and uploads are refused (507).",
+        minimum_bytes=0,
     )
     http_header_timeout_s: float = _seconds(10.0, "Time a client has to send a request's headers.")
     http_body_timeout_s: float = _seconds(
