@@ -159,6 +159,11 @@ def test_a_token_stores_at_most_its_quota_until_runs_are_deleted(tmp_path: Path)
         assert _upload(client, bob, second).status_code == 201  # type: ignore[attr-defined]
         full = _upload(client, alice, kineto_bundle(name="c", salt="3"))
         assert full.status_code == 413  # type: ignore[attr-defined]
+        trace = client.post(
+            "/api/v1/uploads/traces", headers=alice,
+            files={"trace": ("big.json", b" " * quota)},
+        )  # fmt: skip
+        assert trace.status_code == 413 and "quota" in trace.json()["error"], trace.text
         run_id = made.json()["run_id"]  # type: ignore[attr-defined]
         assert client.delete(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
         assert _upload(client, alice, kineto_bundle(name="d", salt="4")).status_code == 201  # type: ignore[attr-defined]

@@ -108,7 +108,8 @@ async def upload_bundle(
             response.headers["Server-Timing"] = clock.header(None)
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
         limits = _limits(settings, room, received.size)
-        with staging_dir(settings.tmp_dir) as scratch, _quota_message(limits, room):
+        stored = limits.max_stored_bytes
+        with staging_dir(settings.tmp_dir) as scratch, _quota_message(stored, room):
             staged = await run_staging(
                 request.app, stage_bundle, received.path, settings.blob_dir, scratch, limits
             )
@@ -151,9 +152,9 @@ async def upload_trace(
     """Upload one trace: a new run, or another file of `run_id` (re-analysed)."""
     clock = _Clock()
     room = _room(db, settings, principal.token_id)
-    received = await receive_upload(
-        request, field="trace", blobs=blobs, limit=min(settings.max_upload_bytes, room.bytes)
-    )
+    limit = min(settings.max_upload_bytes, room.bytes)
+    with _quota_message(limit, room):
+        received = await receive_upload(request, field="trace", blobs=blobs, limit=limit)
     clock.lap("receive")
     try:
         rank = _rank(received.fields.get("rank"))
@@ -244,12 +245,12 @@ def _room(db: Database, settings: Settings, token_id: int) -> _Room:
 
 
 @contextlib.contextmanager
-def _quota_message(limits: Limits, room: _Room) -> Iterator[None]:
-    """A bundle refused at the limit the token's quota set says so (not just "the limit")."""
+def _quota_message(limit: int | None, room: _Room) -> Iterator[None]:
+    """An upload refused at a ``limit`` the token's quota set says so (not just "the limit")."""
     try:
         yield
-    except OversizedBundleError as exc:
-        if room.by_quota and limits.max_stored_bytes == room.bytes:
+    except (OversizedBundleError, PayloadTooLarge) as exc:
+        if room.by_quota and limit == room.bytes:
             raise PayloadTooLarge(
                 f"{exc}: this token may store {room.quota_left} more bytes of its quota of "
                 "CPTRACE_TOKEN_STORED_QUOTA_BYTES; delete runs to upload more"
