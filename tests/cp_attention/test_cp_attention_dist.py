@@ -16,6 +16,8 @@ from cp_reference import reference_attention
 
 from cp_attention import PackedBatch, pad_sequences_to_multiple, pad_to_multiple, unpartition
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 TOL = 1e-5
 
 

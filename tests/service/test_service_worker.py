@@ -14,6 +14,8 @@ from analyzers.report import AnalysisReport
 from service import analysis
 from service.storage.database import connect
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
     resp = client.post(

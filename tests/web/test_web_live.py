@@ -14,7 +14,7 @@ from web_server import serve
 
 from cptrace.cli import app as cli_app
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # slow: scheduled first
 ARMS = "base_window=arm%3Aauto_clone&head_window=arm%3Aexplicit_false"
 
 
