@@ -34,6 +34,8 @@ from service.core.config import Settings
 from service.github_loop.config import LoopSettings
 from service.github_loop.models import RepoConfig, SuiteFile
 
+pytestmark = pytest.mark.slow  # an analysis / many generated requests: scheduled first
+
 REPO = "octo/model"
 SECRET = "fuzz-secret"
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="cptrace-github-fuzz-"))

@@ -22,6 +22,8 @@ from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 
+pytestmark = pytest.mark.slow  # an analysis / many generated requests: scheduled first
+
 NAMES = 300  # distinct names, each 4 KB: 1.2 MB of names in a small gzipped trace
 NAME_CHARS = 4096
 MiB = 1024 * 1024
