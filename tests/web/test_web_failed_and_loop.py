@@ -43,6 +43,8 @@ from tests.failed_bundles import (
 )
 from tests.service.service_factories import drain_worker
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 REPO = "octo/model"
 PR = 7
 HEAD = "c" * 40
