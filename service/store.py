@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.core.errors import Conflict, NotFound
+from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
 from service.storage import runs
 from service.storage.database import Database
 from service.storage.runs import Metric, RunFilters
@@ -31,7 +32,8 @@ from service.storage.runs import Metric, RunFilters
 __all__ = [
     "AnalysisStatus", "ComparisonRecord", "ComparisonSummary", "HistoryPoint", "Metric",
     "RunDetail", "RunFile", "RunFilters", "RunSummary", "count_runs", "find_comparison",
-    "get_analysis_status", "get_comparison", "get_comparison_record", "get_report", "get_run",
+    "get_analysis_status", "get_comparison", "get_comparison_record", "get_page_summary",
+    "get_report", "get_run",
     "list_comparisons", "list_runs", "metric_history", "run_detail_json", "run_page_json",
     "scans_runs",
 ]  # fmt: skip
@@ -285,6 +287,27 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     """The stored analysis report of a run, or None when it has none (yet)."""
     text = db.read(lambda c: runs.report_json(c, run_id=run_id))
     return None if text is None else AnalysisReport.model_validate_json(text)
+
+
+def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
+    """What the run page shows of the run's report (``service.page_summary``), or None when it
+    has no report (yet). Stored with the report; a run analysed before the summary existed (or
+    with an older version of it) has its summary built from the report once, and stored."""
+    stored = db.read(lambda c: runs.page_json(c, run_id=run_id))
+    if stored is not None and stored[0] == PAGE_SUMMARY_VERSION:
+        return RunPageSummary.model_validate_json(stored[1])
+    report = get_report(db, run_id)
+    if report is None:
+        return None
+    summary = page_summary(report)
+    text = summary.model_dump_json()
+
+    db.write_tx(
+        lambda c: runs.store_page(
+            c, run_id=run_id, version=summary.version, page_json=text, if_stale=True
+        )
+    )
+    return summary
 
 
 def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
 from analyzers.catalog import Catalog
@@ -23,19 +24,19 @@ from analyzers.failure import failure_headline, failure_of, rank_stacks
 from analyzers.manifest import FailureRecord
 from analyzers.report import (
     Action,
-    AnalysisReport,
     ComparisonReport,
     Finding,
     GroupAccount,
+    GroupTimeline,
     HelperDelta,
     HelperStat,
-    Timeline,
     TraceSummary,
 )
 from pr_bot.comment import CommentContext, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
 from pr_bot.labels import compare_url, run_label
 from service.core.errors import BadRequest
+from service.page_summary import RunPageSummary, TimelineColumns
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web import figures
@@ -185,6 +186,10 @@ def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
 
 class RunPage(BaseModel):
     run: RunDetail
+    """The run's row (its ``report`` is None: the page reads the page summary)."""
+    report: RunPageSummary | None = None
+    """What the page shows of the stored report (``service.page_summary``); None until the
+    run is analysed. The whole report: ``/api/v1/runs/{id}/analysis/result``."""
     failure: FailureView | None = None
     """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
     implementation: str | None
@@ -203,7 +208,7 @@ class RunPage(BaseModel):
     """The report's "do this first" (at most three actions), shown at the top of the page."""
     summary: TraceSummary | None = None
     """The report's whole-trace summary, :data:`SUMMARY_ROWS` rows per table (the full one is
-    in ``run.report.summary``)."""
+    in ``report.summary``)."""
 
 
 SUMMARY_ROWS = 5
@@ -259,29 +264,33 @@ class IdleCause(BaseModel):
     drawn_window: str | None = None  # the window the timeline draws for this rank
 
 
-def drawn_timelines(report: AnalysisReport) -> dict[str, tuple[str, Timeline]]:
+def drawn_timelines(report: RunPageSummary) -> dict[str, tuple[str, TimelineColumns]]:
     """window group -> (figure name, timeline) of every step timeline the run page draws."""
-    timelines = ([report.timeline] if report.timeline else []) + list(report.other_timelines)
-    names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(timelines))]
-    return {t.window: (name, t) for name, t in zip(names, timelines, strict=False) if t.events}
+    names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(report.timelines))]
+    return {
+        t.window: (name, t) for name, t in zip(names, report.timelines, strict=False) if t.events
+    }
 
 
 def timeline_zoom(
-    drawn: dict[str, tuple[str, Timeline]], window: str, rank: int, part: str, label: str
+    drawn: dict[str, tuple[str, TimelineColumns]], window: str, rank: int, part: str, label: str
 ) -> tuple[TimelineZoom | None, str | None]:
     """The longest drawn gap of one idle cause, and the window drawn for that rank."""
     if window not in drawn:
         return None, None
     chart, timeline = drawn[window]
     drawn_window = next((s.window for s in timeline.steps if s.rank == rank), None)
-    gaps = [
-        g
-        for g in timeline.gaps
-        if g.rank == rank and g.part.value == part and g.label == label
-    ]
-    if not gaps:
+    code = {text: i for i, text in enumerate(timeline.strings)}
+    if part not in code or label not in code:
         return None, drawn_window
-    g = max(gaps, key=lambda g: g.end_ns - g.start_ns)
+    g = figures.longest_gap(
+        timeline,
+        (np.asarray(timeline.gap_rank) == rank)
+        & (np.asarray(timeline.gap_part) == code[part])
+        & (np.asarray(timeline.gap_label) == code[label]),
+    )
+    if g is None:
+        return None, drawn_window
     x0, x1 = g.start_ns / 1e6, g.end_ns / 1e6
     margin = max(x1 - x0, 0.01) * 4  # the gap and the kernels around it
     return (
@@ -304,7 +313,7 @@ def timeline_zoom(
 def idle_causes(
     accounts: Sequence[GroupAccount],
     limit: int = 5,
-    drawn: dict[str, tuple[str, Timeline]] | None = None,
+    drawn: dict[str, tuple[str, TimelineColumns]] | None = None,
 ) -> list[IdleCause]:
     """The largest idle lines (ms per step) of each step group, over its ranks, each with a
     link to its longest gap in the drawn timeline when the timeline draws its group."""
@@ -373,12 +382,15 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
 
 
 def run_page(store: WebStore, run_id: int) -> RunPage:
-    run = store.get_run(run_id)
-    report = run.report
+    """The run page: the run's row and its stored page summary (never the whole report)."""
+    run = store.get_run(run_id, include_report=False)
+    report = store.get_page_summary(run_id)
     figs: dict[str, Figure] = {}
     helpers: list[HelperRow] = []
     findings: list[Finding] = []
     arms: list[ArmComparison] = []
+    drawn = drawn_timelines(report) if report is not None else {}
+    gpu_observed = report is None or report.host_time is None or report.host_time.gpu_activity
     if report is not None:
         if report.iterations:
             figs["iterations"] = figures.iteration_distribution(report.iterations)
@@ -387,12 +399,10 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
             figs["helper_launches"] = figures.helper_bars(shown, "launches")
             figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
             figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
-        gpu_observed = report.host_time is None or report.host_time.gpu_activity
-        drawn = drawn_timelines(report)
         for name, timeline in drawn.values():
             figs[name] = figures.timeline_figure(timeline)
         if gpu_observed:  # without GPU activity both would be one "idle" bar per window
-            figs.update(gpu_timeline_figures(report))
+            figs.update(gpu_timeline_figures(report.gpu_timeline))
             if report.accounts:
                 figs["account"] = figures.account_bars(report.accounts)
         helpers = helper_rows(report.helpers)
@@ -407,6 +417,7 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         ]
     return RunPage(
         run=run,
+        report=report,
         failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
@@ -415,27 +426,23 @@ def run_page(store: WebStore, run_id: int) -> RunPage:
         arm_comparisons=arms,
         figures=figs,
         idle_causes=(
-            idle_causes(report.accounts, drawn=drawn_timelines(report))
+            idle_causes(report.accounts, drawn=drawn)
             if report is not None and "account" in figs
             else []
         ),
-        timelines=(
-            [(name, group) for group, (name, _) in drawn_timelines(report).items()]
-            if report is not None
-            else []
-        ),
-        gpu_observed=report is None or report.host_time is None or report.host_time.gpu_activity,
+        timelines=[(name, group) for group, (name, _) in drawn.items()],
+        gpu_observed=gpu_observed,
         do_first=list(report.summary.do_first) if report and report.summary else [],
         summary=compact_summary(report.summary if report else None),
     )
 
 
-def gpu_timeline_figures(report: AnalysisReport) -> dict[str, Figure]:
+def gpu_timeline_figures(timeline: Sequence[GroupTimeline]) -> dict[str, Figure]:
     """The run page's stacked GPU-timeline bars (none for a report without a timeline: one
     stored before the timeline existed)."""
-    if not report.gpu_timeline:
+    if not timeline:
         return {}
-    return {"gpu_timeline": figures.run_timeline_breakdown(report.gpu_timeline)}
+    return {"gpu_timeline": figures.run_timeline_breakdown(list(timeline))}
 
 
 def comparison_timeline_figures(report: ComparisonReport) -> dict[str, Figure]:

@@ -197,6 +197,17 @@ def m030_token_scopes(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
 
 
+@migrations()
+def m040_run_pages(db: sqlite_utils.Database) -> None:
+    """What the run page shows of a report (``service.page_summary``), stored beside it so a
+    page view never parses the whole report. Runs analysed before this have none: their first
+    view builds it from the report once and stores it."""
+    db.execute(
+        "CREATE TABLE run_pages (run_id INTEGER PRIMARY KEY REFERENCES runs(id),"
+        " version INTEGER NOT NULL, page_json TEXT NOT NULL, created_at TEXT NOT NULL)"
+    )
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

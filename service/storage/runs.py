@@ -287,6 +287,31 @@ def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
     return None if row is None else str(row[0])
 
 
+def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:
+    """The run's stored page summary ``(version, JSON)``, or None."""
+    row = conn.execute(
+        "SELECT version, page_json FROM run_pages WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def store_page(
+    conn: sqlite3.Connection, *, run_id: int, version: int, page_json: str, if_stale: bool = False
+) -> None:
+    """Store (or replace) the run's page summary. ``if_stale``: only while the run has a report
+    and no summary of ``version`` (a page view's build never replaces what a newer analysis
+    stored meanwhile, nor outlives a deleted run)."""
+    keep = " WHERE run_pages.version != excluded.version" if if_stale else ""
+    exists = "EXISTS (SELECT 1 FROM reports WHERE run_id = ?1)" if if_stale else "true"
+    conn.execute(
+        "INSERT INTO run_pages (run_id, version, page_json, created_at)"
+        f" SELECT ?1, ?2, ?3, ?4 WHERE {exists}"
+        f" ON CONFLICT(run_id) DO UPDATE SET version = excluded.version,"
+        f" page_json = excluded.page_json, created_at = excluded.created_at{keep}",
+        (run_id, version, page_json, now_iso()),
+    )
+
+
 def find_comparison(
     conn: sqlite3.Connection,
     *,
@@ -458,6 +483,7 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
         "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
         "DELETE FROM run_metrics WHERE run_id = ?1",
         "DELETE FROM reports WHERE run_id = ?1",
+        "DELETE FROM run_pages WHERE run_id = ?1",
         "DELETE FROM analysis_tasks WHERE run_id = ?1",
         "DELETE FROM uploads WHERE run_id = ?1",
         "DELETE FROM run_files WHERE run_id = ?1",
@@ -485,14 +511,19 @@ def record_report(
     report_json: str,
     duration_s: float,
     metrics: Iterable[tuple[Metric, str, float]],
+    page: tuple[int, str] | None = None,
 ) -> None:
-    """Store a run's report and its metrics, replacing the previous ones; comparisons computed
-    from the previous report are stale, so they go."""
+    """Store a run's report and its metrics, replacing the previous ones, and ``page``: the
+    page summary's ``(version, JSON)`` (``service.page_summary``; None: the first view builds
+    it); comparisons computed from the previous report are stale, so they go."""
     conn.execute(
         "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
         " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
         (run_id, schema_version, catalog_version, report_json, duration_s, now_iso()),
     )
+    conn.execute("DELETE FROM run_pages WHERE run_id = ?", (run_id,))
+    if page is not None:
+        store_page(conn, run_id=run_id, version=page[0], page_json=page[1])
     conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (run_id,))
     conn.executemany(
         "INSERT OR REPLACE INTO run_metrics (run_id, metric, label, value) VALUES (?,?,?,?)",
