@@ -572,6 +572,11 @@ def link_job(conn: sqlite3.Connection, *, run_id: int, job_id: int) -> None:
     conn.execute("UPDATE runs SET job_id = ? WHERE id = ?", (job_id, run_id))
 
 
+def unlink_job(conn: sqlite3.Connection, *, job_id: int) -> None:
+    """Forget that job ``job_id`` produced its runs (the job is being deleted; they stay)."""
+    conn.execute("UPDATE runs SET job_id = NULL WHERE job_id = ?", (job_id,))
+
+
 def total_runs(conn: sqlite3.Connection) -> int:
     """How many runs are stored (``/health``)."""
     return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])

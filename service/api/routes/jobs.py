@@ -34,7 +34,7 @@ from service.api.schemas import (
 )
 from service.auth import Principal, bind_runner
 from service.core.errors import BadRequest, NotFound, UnprocessableEntity
-from service.storage.database import one, rows
+from service.storage import loop
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -100,19 +100,28 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
 ) -> list[Job]:
-    """Jobs, newest first."""
-    where, params = ("WHERE status = ?", [status]) if status else ("", [])
-    sql = f"SELECT * FROM jobs {where} ORDER BY id DESC LIMIT ? OFFSET ?"
-    return [_job(r) for r in db.read(lambda c: rows(c, sql, [*params, limit, offset]))]
+    """Jobs, newest first (without their specs and logs: those are on the job itself)."""
+    found = db.read(
+        lambda c: loop.list_jobs(c, batch_id=None, status=status, limit=limit, offset=offset)
+    )
+    return [_job(r) for r in found]
 
 
 @router.get("/{job_id}", response_model=Job)
 def read_job(job_id: JobId, db: DbDep, _: ReadAccess) -> Job:
     """One job with its spec and log tail."""
-    row = db.read(lambda c: one(c, "SELECT * FROM jobs WHERE id = ?", (job_id,)))
+    row = db.read(lambda c: loop.get_job(c, job_id=job_id))
     if row is None:
         raise NotFound(f"job {job_id} does not exist")
     return _job(row, full=True)
+
+
+@router.delete("/{job_id}", response_model=OkBody)
+def delete_job(job_id: JobId, db: DbDep, _: AdminAccess) -> OkBody:
+    """Delete a job in any state (a running job's runner loses it at its next heartbeat: 404);
+    the run it produced stays."""
+    db.write_tx(lambda c: jobs.delete_job(c, job_id=job_id))
+    return OkBody()
 
 
 @router.post(
