@@ -125,26 +125,9 @@ class HistoryPoint(BaseModel):
     """The manifest's workload block (what the configuration hash is made from)."""
 
 
-def _run_implementation(workload: object, variants: object) -> str | None:
-    """The distinct implementations of a run's variants (the run's own without variants)."""
-    own = workload.get("implementation") if isinstance(workload, dict) else None
-    found = {
-        (v.get("workload") or {}).get("implementation") or own
-        for v in (variants if isinstance(variants, list) else [])
-        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
-    } or {own}
-    names = sorted(str(i) for i in found if i)
-    return ", ".join(names) or None
-
-
 def _history_point(row: dict[str, Any]) -> HistoryPoint:
     workload = json.loads(row.pop("workload_json") or "null")
-    variants = json.loads(row.pop("variants_json") or "null")
-    return HistoryPoint(
-        **row,
-        implementation=_run_implementation(workload, variants),
-        workload=workload if isinstance(workload, dict) else None,
-    )
+    return HistoryPoint(**row, workload=workload if isinstance(workload, dict) else None)
 
 
 class ComparisonSummary(BaseModel):

@@ -87,49 +87,68 @@ _VERDICT = (
     "WHEN r.status != 'analysed' THEN 'pending' "
     "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
 )
-_IMPLEMENTATION = (
-    "CASE WHEN json_valid(r.manifest_json) "
-    "THEN CAST(json_extract(r.manifest_json, '$.workload.implementation') AS TEXT) END"
-)
+_IMPLEMENTATION = "r.implementation"
+# The manifest facts the list, its filters, the history and the loop read are columns, stored
+# at insert (``create_run`` with :func:`manifest_columns`; migration m041 filled them for older
+# runs): no read parses a manifest (an 8 MB manifest string cut the run list from 614 to 50
+# req/s when every listed row ran json_extract over it).
+_TAG_COLUMNS: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
 
 
-def _run_tag(path: str, kind: Literal["text", "integer"] = "text") -> str:
-    """A manifest ``run`` tag the loop writes (``cptrace agent``); NULL when absent or not of
-    ``kind`` (the manifest is the uploader's JSON)."""
-    at = f"r.manifest_json, '$.run.{path}'"
-    return (
-        f"CASE WHEN json_valid(r.manifest_json) AND json_type({at}) = '{kind}' "
-        f"THEN json_extract({at}) END"
-    )
+def _implementations(workload: object, variants: object) -> str | None:
+    """The distinct implementations of a run's variants (the run's own without variants), e.g.
+    "te, te-adapter": the history's series split runs of one configuration by it."""
+    own = workload.get("implementation") if isinstance(workload, dict) else None
+    found = {
+        (v.get("workload") or {}).get("implementation") or own
+        for v in (variants if isinstance(variants, list) else [])
+        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
+    } or {own}
+    names = sorted(str(i) for i in found if i)
+    return ", ".join(names) or None
 
 
-# One extraction of the manifest's ``run`` block per row (SQLite 3.40 re-parses the JSON for
-# every json_* call: four tags read one by one cost a sort by verdict over 10,000 runs 2x).
-_RUN_BLOCK = (
-    "CASE WHEN json_valid(r.manifest_json) AND json_type(r.manifest_json, '$.run') = 'object'"
-    " THEN json_extract(r.manifest_json, '$.run') END"
-)
+def _scalar_text(value: object) -> str | None:
+    """A manifest value as the run list shows it: text as is, a number as its digits."""
+    if isinstance(value, bool) or value is None or isinstance(value, dict | list):
+        return None
+    return str(value)
+
+
+def manifest_columns(manifest: object) -> dict[str, Any]:
+    """The ``runs`` columns taken from a manifest: the workload's implementation, the
+    variants' implementations and the workload block (the history), and the loop's tags from
+    the ``run`` block (``cptrace agent``), each None unless of its type."""
+    data = manifest if isinstance(manifest, dict) else {}
+    workload = data.get("workload")
+    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    out: dict[str, Any] = {
+        "implementation": _scalar_text(workload.get("implementation"))
+        if isinstance(workload, dict)
+        else None,
+        "implementations": _implementations(workload, data.get("variants")),
+        "workload_json": _dump(workload) if isinstance(workload, dict) else None,
+    }
+    for key, kind in {**_TAG_COLUMNS, "entry_key": str}.items():
+        value = run.get(key)
+        out[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+    return out
+
+
 SUMMARY_COLUMNS = f"""
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
-       fm.value AS findings, mm.value AS median_ms, {_IMPLEMENTATION} AS implementation,
-       {_VERDICT} AS verdict, {_RUN_BLOCK} AS run_tags"""
-"""The ``RunSummary`` columns (``run_tags`` is split by :func:`summary_fields`); append
-``SUMMARY_FROM`` (and any extra columns before it)."""
-_TAG_TYPES: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
+       fm.value AS findings, mm.value AS median_ms, r.implementation, {_VERDICT} AS verdict,
+       r.repo, r.pr, r.suite, r.spec_name"""
+"""The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
 
 
 def summary_fields(row: dict[str, Any]) -> dict[str, Any]:
     """A ``SUMMARY_COLUMNS`` row as ``RunSummary`` fields: findings as an int (metrics are
-    REAL), the loop's tags out of the manifest's ``run`` block (each None unless its type)."""
+    REAL)."""
     if row["findings"] is not None:
         row["findings"] = int(row["findings"])
-    block = row.pop("run_tags", None)
-    tags = json.loads(block) if isinstance(block, str) else {}
-    for key, kind in _TAG_TYPES.items():
-        value = tags.get(key)
-        row[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
     return row
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
@@ -159,9 +178,9 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
         ("r.config_key", filters.config_key),
         (_IMPLEMENTATION, filters.implementation),
         (_VERDICT, filters.verdict),
-        (_run_tag("repo"), filters.repo),
-        (_run_tag("pr", "integer"), filters.pr),
-        (_run_tag("suite"), filters.suite),
+        ("r.repo", filters.repo),
+        ("r.pr", filters.pr),
+        ("r.suite", filters.suite),
     ):
         if value:
             clauses.append(f"{column} = ?")
@@ -271,13 +290,14 @@ def analysis_facts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any]:
         "ORDER BY id DESC LIMIT 1",
         (run_id,),
     )
-    run = rows(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,))
-    duration = rows(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
+    run = rows(conn, "SELECT progress, error, analysis_s FROM runs WHERE id = ?", (run_id,))
+    # the report row's key only: its later columns sit behind the report's overflow pages
+    has_report = conn.execute("SELECT 1 FROM reports WHERE run_id = ?", (run_id,)).fetchone()
     return {
         "task": task[0] if task else None,
         "run": run[0] if run else {},
-        "duration_s": duration[0]["duration_s"] if duration else None,
-        "has_report": bool(duration),
+        "duration_s": run[0]["analysis_s"] if run and has_report else None,
+        "has_report": has_report is not None,
     }
 
 
@@ -353,14 +373,11 @@ def metric_history(
     conn: sqlite3.Connection, *, config_key: str, metric: str, label: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """One metric across the runs of one configuration (``HistoryPoint`` fields, the workload
-    and variants as JSON texts), oldest first."""
+    as JSON text), oldest first."""
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
         f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed, "
-        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.workload') "
-        "END AS workload_json, "
-        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.variants') "
-        "END AS variants_json "
+        "r.implementations AS implementation, r.workload_json "
         "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
@@ -371,6 +388,14 @@ def metric_history(
     sql += " ORDER BY r.id LIMIT ?"
     params.append(limit)
     return rows(conn, sql, params)
+
+
+def set_manifest_columns(conn: sqlite3.Connection, *, run_id: int, manifest: object) -> None:
+    """Fill the run's :func:`manifest_columns` from ``manifest`` (a run inserted without them:
+    migration m041's backfill)."""
+    facts = manifest_columns(manifest)
+    sets = ", ".join(f"{column} = ?" for column in facts)
+    conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*facts.values(), run_id))
 
 
 def require_run(conn: sqlite3.Connection, *, run_id: int) -> None:
@@ -404,13 +429,15 @@ def create_run(
 ) -> int:
     """Insert a run; returns its id. Run it inside the caller's transaction."""
     now = now_iso()
+    facts = manifest_columns(manifest)
     cur = conn.execute(
         "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
-        "manifest_json, spec_json, created_at, updated_at, job_failed)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"manifest_json, spec_json, created_at, updated_at, job_failed, {', '.join(facts)})"
+        f" VALUES (?,?,?,?,?,?,?,?,?,?,?,?{',?' * len(facts)})",
         (
             name, branch, commit, host, source, status, config_key, _dump(manifest),
             _dump(spec), now, now, int(isinstance((manifest or {}).get("failure"), dict)),
+            *facts.values(),
         ),
     )  # fmt: skip
     return int(cur.lastrowid or 0)
@@ -521,6 +548,7 @@ def record_report(
         " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
         (run_id, schema_version, catalog_version, report_json, duration_s, now_iso()),
     )
+    conn.execute("UPDATE runs SET analysis_s = ? WHERE id = ?", (duration_s, run_id))
     conn.execute("DELETE FROM run_pages WHERE run_id = ?", (run_id,))
     if page is not None:
         store_page(conn, run_id=run_id, version=page[0], page_json=page[1])
@@ -628,12 +656,8 @@ def loop_baseline_candidates(
     return rows(
         conn,
         _LOOP_TAGS + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
-        " AND json_extract(r.manifest_json, '$.run.repo') = ?"
-        " AND json_extract(r.manifest_json, '$.run.suite') = ?"
-        " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
-        " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
-        " AND json_extract(r.manifest_json, '$.run.entry_key') IS ?"
-        " ORDER BY r.id DESC LIMIT ?",
+        " AND r.repo = ? AND r.suite = ? AND r.spec_name = ? AND r.pr IS NULL"
+        " AND r.entry_key IS ? ORDER BY r.id DESC LIMIT ?",
         (branch, exclude_run_id, repo, suite, spec_name, entry_key, limit),
     )
 
