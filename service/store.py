@@ -421,7 +421,8 @@ def get_comparison(
         return stored.report
     from analyzers import compare_reports
 
-    base, head = (_require_report(db, run_id) for run_id in (base_id, head_id))
+    base = _require_report(db, base_id)
+    head = base if head_id == base_id else _require_report(db, head_id)  # two arms: one parse
     return compare_reports(base, head, base_window=base_window, head_window=head_window)
 
 

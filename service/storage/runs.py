@@ -121,7 +121,8 @@ def manifest_columns(manifest: object) -> dict[str, Any]:
     the ``run`` block (``cptrace agent``), each None unless of its type."""
     data = manifest if isinstance(manifest, dict) else {}
     workload = data.get("workload")
-    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    block = data.get("run")
+    run: dict[str, Any] = block if isinstance(block, dict) else {}
     out: dict[str, Any] = {
         "implementation": _scalar_text(workload.get("implementation"))
         if isinstance(workload, dict)
