@@ -258,7 +258,7 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
     row_of = np.asarray(
         [row_label[r] for r in zip(rank.tolist(), stream.tolist(), strict=True)], dtype=object
     )
-    strings = np.asarray([svg_text(t) for t in cols.strings], dtype=object)
+    strings = np.asarray([svg_text(t) for t in cols.strings], dtype=object)  # each once
     names = np.asarray(cols.name, dtype=np.int64)[kept]
     data = []
     for index in sorted(set(helper.tolist()), key=lambda i: cols.strings[i]):
@@ -373,7 +373,10 @@ def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]
     end = np.asarray(cols.gap_end_ns, dtype=np.int64)
     label_of = np.asarray(cols.gap_label, dtype=np.int64)
     rank_of = np.asarray(cols.gap_rank, dtype=np.int64)
-    colors = {i: helper_color(text) for i, text in enumerate(s)}
+    used = set(cols.gap_label)
+    # escaping is per character: each label is escaped once, the numbers need none
+    escaped = {i: svg_text(s[i]) for i in used}
+    colors = {i: helper_color(s[i]) for i in used}
     out = []
     for part, color in ACCOUNT_COLORS.items():
         if part not in s:
@@ -381,10 +384,11 @@ def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]
         mask = part_of == s.index(part)
         if not mask.any():
             continue
-        labels = [s[i] for i in label_of[mask].tolist()]
+        labels = label_of[mask].tolist()
         ms = ((end[mask] - start[mask]) / NS_PER_MS).tolist()
         # on the bar (where it fits): helper and duration; the colour and hover give the cause
-        short = [svg_text(f"{label} {d:.3f} ms") for label, d in zip(labels, ms, strict=True)]
+        short = [f"{escaped[i]} {d:.3f} ms" for i, d in zip(labels, ms, strict=True)]
+        cause = svg_text(part)
         out.append(
             {
                 "type": "bar",
@@ -397,12 +401,11 @@ def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]
                 "text": short,
                 "textposition": "inside",
                 "insidetextanchor": "start",
-                "hovertext": [svg_text(f"{part}: {label} {d:.3f} ms")
-                              for label, d in zip(labels, ms, strict=True)],  # = gap_text
+                "hovertext": [f"{cause}: {t}" for t in short],  # = svg_text(gap_text(gap))
                 "hovertemplate": "<b>%{hovertext}</b><br>start %{base:.3f} ms<extra></extra>",
                 "marker": {
                     "color": color,
-                    "line": {"color": [colors[i] for i in label_of[mask].tolist()], "width": 1.5},
+                    "line": {"color": [colors[i] for i in labels], "width": 1.5},
                 },
             }
         )
