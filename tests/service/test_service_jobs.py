@@ -107,6 +107,21 @@ def test_fail_and_release(
     assert final["log_tail"].endswith("out of memory")
 
 
+def test_submitted_specs_refuse_aliases_and_are_capped(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    """A 504-byte YAML alias bomb expanded to a 58 MB job spec that slowed every job read; an
+    admin's spec follows the pull-request loop's rules: no aliases, 64 KiB as JSON."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    resp = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML + bomb}, headers=admin)
+    assert resp.status_code == 400 and "aliases" in resp.json()["error"]
+    padded = SPEC_YAML + "notes: " + "x" * 70_000 + "\n"
+    resp = client.post("/api/v1/jobs", json={"spec_yaml": padded}, headers=admin)
+    assert resp.status_code == 413 and "65536-byte limit" in resp.json()["error"]
+    big = {"spec": {"name": "test-job", "notes": "x" * 70_000}}
+    assert client.post("/api/v1/jobs", json=big, headers=admin).status_code == 413
+
+
 def test_admin_deletes_a_job_in_any_state(
     client: TestClient, admin: dict[str, str], runner: dict[str, str], viewer: dict[str, str]
 ) -> None:

@@ -33,7 +33,8 @@ from service.api.schemas import (
     OkBody,
 )
 from service.auth import Principal, bind_runner
-from service.core.errors import BadRequest, NotFound, UnprocessableEntity
+from service.core.errors import BadRequest, NotFound, PayloadTooLarge, UnprocessableEntity
+from service.github_loop.planner import MAX_JOB_SPEC_BYTES, NoAliasLoader
 from service.storage import loop
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -53,12 +54,17 @@ def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
         raise BadRequest("give exactly one of 'spec' (an object) or 'spec_yaml' (YAML text)")
     raw: Any = body.spec
     if body.spec_yaml is not None:
-        try:
-            raw = yaml.safe_load(body.spec_yaml)
+        try:  # no aliases: a 504-byte alias bomb expands to gigabytes
+            raw = yaml.load(body.spec_yaml, Loader=NoAliasLoader)
         except yaml.YAMLError as exc:
             raise BadRequest(f"spec_yaml: not valid YAML ({exc})") from exc
     if not isinstance(raw, dict):
         raise UnprocessableEntity("spec: expected a mapping of workload fields at the top level")
+    size = len(json.dumps(raw, default=str))
+    if size > MAX_JOB_SPEC_BYTES:  # the rule the pull-request loop's specs follow
+        raise PayloadTooLarge(
+            f"spec: {size} bytes as JSON, over the {MAX_JOB_SPEC_BYTES}-byte limit"
+        )
     try:
         parse_spec(raw, source="spec")
     except SpecError as exc:
