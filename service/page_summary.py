@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from analyzers.report import (
     AccountPartKind,
@@ -31,7 +31,6 @@ from analyzers.report import (
     KernelStat,
     RankSummary,
     Timeline,
-    TimelineGap,
     TimelineStep,
     TraceSummary,
 )
@@ -69,23 +68,31 @@ class TimelineColumns(BaseModel):
     gap_part: list[int] = Field(default_factory=list)
     gap_label: list[int] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> TimelineColumns:
+        """Columns of one length, indices into ``strings``, causes and categories known."""
+        events = (self.rank, self.stream, self.start_ns, self.end_ns, self.name, self.helper,
+                  self.category)  # fmt: skip
+        gaps = (self.gap_rank, self.gap_start_ns, self.gap_end_ns, self.gap_part, self.gap_label)
+        for group in (events, gaps):
+            if len({len(column) for column in group}) > 1:
+                raise ValueError("timeline columns of different lengths")
+        refs = (*events[4:], *gaps[3:])
+        if any(column and not 0 <= min(column) <= max(column) < len(self.strings)
+               for column in refs):  # fmt: skip
+            raise ValueError("a timeline column points outside its strings")
+        parts = {p.value for p in AccountPartKind}
+        kinds = {c.value for c in Category}
+        if not {self.strings[i] for i in set(self.gap_part)} <= parts or not {
+            self.strings[i] for i in set(self.category)
+        } <= kinds:
+            raise ValueError("a timeline gap cause or category is not a known one")
+        return self
+
     @property
-    def events(self) -> int:
+    def event_count(self) -> int:
         """How many events the timeline draws (0: nothing to draw)."""
         return len(self.rank)
-
-    def gaps(self) -> list[TimelineGap]:
-        """The idle gaps as ``TimelineGap`` rows (the values were validated when stored)."""
-        s = self.strings
-        return [
-            TimelineGap.model_construct(
-                rank=r, start_ns=a, end_ns=b, part=AccountPartKind(s[p]), label=s[label]
-            )
-            for r, a, b, p, label in zip(
-                self.gap_rank, self.gap_start_ns, self.gap_end_ns, self.gap_part,
-                self.gap_label, strict=True,
-            )
-        ]  # fmt: skip
 
 
 def timeline_columns(timeline: Timeline) -> TimelineColumns:
@@ -116,11 +123,6 @@ def timeline_columns(timeline: Timeline) -> TimelineColumns:
         gap_label=[ref(g.label) for g in gaps],
         strings=list(index),
     )
-
-
-def category_of(text: str) -> Category:
-    """A ``TimelineColumns.strings`` category entry as the enum."""
-    return Category(text)
 
 
 class RunPageSummary(BaseModel):

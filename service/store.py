@@ -20,7 +20,7 @@ from collections.abc import Container
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.core.errors import Conflict, NotFound
@@ -274,22 +274,27 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
 
 def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
     """What the run page shows of the run's report (``service.page_summary``), or None when it
-    has no report (yet). Stored with the report; a run analysed before the summary existed (or
-    with an older version of it) has its summary built from the report once, and stored."""
+    has no report (yet). Stored with the report; a run analysed before the summary existed
+    (or with an older or unreadable one) has its summary built from the report once, and
+    stored."""
     stored = db.read(lambda c: runs.page_json(c, run_id=run_id))
+    unreadable = None
     if stored is not None and stored[0] == PAGE_SUMMARY_VERSION:
-        return RunPageSummary.model_validate_json(stored[1])
+        try:
+            return RunPageSummary.model_validate_json(stored[1])
+        except ValidationError:
+            unreadable = stored[1]  # rebuilt below, like a missing one
     report = get_report(db, run_id)
     if report is None:
         return None
     summary = page_summary(report)
     text = summary.model_dump_json()
-
     db.write_tx(
         lambda c: runs.store_page(
-            c, run_id=run_id, version=summary.version, page_json=text, if_stale=True
+            c, run_id=run_id, version=summary.version, page_json=text, if_stale=True,
+            unreadable=unreadable,
         )
-    )
+    )  # fmt: skip
     return summary
 
 

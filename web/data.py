@@ -268,7 +268,9 @@ def drawn_timelines(report: RunPageSummary) -> dict[str, tuple[str, TimelineColu
     """window group -> (figure name, timeline) of every step timeline the run page draws."""
     names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(report.timelines))]
     return {
-        t.window: (name, t) for name, t in zip(names, report.timelines, strict=False) if t.events
+        t.window: (name, t)
+        for name, t in zip(names, report.timelines, strict=False)
+        if t.event_count
     }
 
 

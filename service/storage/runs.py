@@ -317,19 +317,29 @@ def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | Non
 
 
 def store_page(
-    conn: sqlite3.Connection, *, run_id: int, version: int, page_json: str, if_stale: bool = False
+    conn: sqlite3.Connection,
+    *,
+    run_id: int,
+    version: int,
+    page_json: str,
+    if_stale: bool = False,
+    unreadable: str | None = None,
 ) -> None:
     """Store (or replace) the run's page summary. ``if_stale``: only while the run has a report
-    and no summary of ``version`` (a page view's build never replaces what a newer analysis
-    stored meanwhile, nor outlives a deleted run)."""
-    keep = " WHERE run_pages.version != excluded.version" if if_stale else ""
+    and no summary of ``version`` other than ``unreadable`` (a page view's build never replaces
+    what a newer analysis stored meanwhile, nor outlives a deleted run)."""
+    keep = (
+        " WHERE run_pages.version != excluded.version OR run_pages.page_json IS ?5"
+        if if_stale
+        else ""
+    )
     exists = "EXISTS (SELECT 1 FROM reports WHERE run_id = ?1)" if if_stale else "true"
     conn.execute(
         "INSERT INTO run_pages (run_id, version, page_json, created_at)"
         f" SELECT ?1, ?2, ?3, ?4 WHERE {exists}"
         f" ON CONFLICT(run_id) DO UPDATE SET version = excluded.version,"
         f" page_json = excluded.page_json, created_at = excluded.created_at{keep}",
-        (run_id, version, page_json, now_iso()),
+        (run_id, version, page_json, now_iso(), *([unreadable] if if_stale else [])),
     )
 
 
