@@ -172,9 +172,9 @@ def store_real_reports(conn: sqlite3.Connection, count: int) -> None:
                 (i, report.schema_version, report.catalog_version, text, now),
             )
             conn.execute(
-                "INSERT INTO run_pages (run_id, version, page_json, created_at) "
-                "VALUES (?, ?, ?, ?)",
-                (i, PAGE_SUMMARY_VERSION, page, now),
+                "INSERT INTO run_pages (run_id, version, page_json, created_at, stamp) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (i, PAGE_SUMMARY_VERSION, page, now, f"bench-{i}"),
             )
 
 

@@ -130,6 +130,9 @@ class RunPageSummary(BaseModel):
     names are the report's (the full report: ``GET /api/v1/runs/{id}/analysis/result``)."""
 
     version: int = PAGE_SUMMARY_VERSION
+    stamp: str | None = Field(default=None, exclude=True)
+    """The stored row's stamp (new at every write; not part of the JSON): what caches of what
+    is built from this summary are keyed by. None for a summary not read from the store."""
     ranks: list[int] = Field(default_factory=list)
     iterations: list[IterationStats] = Field(default_factory=list)
     helpers: list[HelperStat] = Field(default_factory=list)

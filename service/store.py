@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+from collections import OrderedDict
 from collections.abc import Container
 from typing import Any, Literal
 
@@ -272,30 +274,58 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     return None if text is None else AnalysisReport.model_validate_json(text)
 
 
+PARSED_PAGES = 8
+"""Page summaries kept parsed (the newest read; ~3 MB each for the reference workload)."""
+_parsed: OrderedDict[tuple[int, str], RunPageSummary] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def _remember(key: tuple[int, str], summary: RunPageSummary) -> None:
+    with _parsed_lock:
+        _parsed[key] = summary
+        _parsed.move_to_end(key)
+        while len(_parsed) > PARSED_PAGES:
+            _parsed.popitem(last=False)
+
+
 def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
     """What the run page shows of the run's report (``service.page_summary``), or None when it
     has no report (yet). Stored with the report; a run analysed before the summary existed
     (or with an older or unreadable one) has its summary built from the report once, and
-    stored."""
+    stored. The newest :data:`PARSED_PAGES` are kept parsed, keyed by the stored row's stamp
+    (new at every write), so a view of an unchanged summary reads two short columns.
+    Callers must not change the summary they get."""
+    stamp = db.read(lambda c: runs.page_stamp(c, run_id=run_id))
+    if stamp is not None and stamp[0] == PAGE_SUMMARY_VERSION:
+        with _parsed_lock:
+            cached = _parsed.get((run_id, stamp[1]))
+            if cached is not None:
+                _parsed.move_to_end((run_id, stamp[1]))
+        if cached is not None:
+            return cached
     stored = db.read(lambda c: runs.page_json(c, run_id=run_id))
     unreadable = None
     if stored is not None and stored[0] == PAGE_SUMMARY_VERSION:
         try:
-            return RunPageSummary.model_validate_json(stored[1])
+            summary = RunPageSummary.model_validate_json(stored[2])
         except ValidationError:
-            unreadable = stored[1]  # rebuilt below, like a missing one
+            unreadable = stored[2]  # rebuilt below, like a missing one
+        else:
+            summary.stamp = stored[1]
+            _remember((run_id, stored[1]), summary)
+            return summary
     report = get_report(db, run_id)
     if report is None:
         return None
-    summary = page_summary(report)
-    text = summary.model_dump_json()
+    built = page_summary(report)
+    text = built.model_dump_json()
     db.write_tx(
         lambda c: runs.store_page(
-            c, run_id=run_id, version=summary.version, page_json=text, if_stale=True,
+            c, run_id=run_id, version=built.version, page_json=text, if_stale=True,
             unreadable=unreadable,
         )
     )  # fmt: skip
-    return summary
+    return built
 
 
 def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+import markupsafe
 import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
@@ -209,6 +212,9 @@ class RunPage(BaseModel):
     summary: TraceSummary | None = None
     """The report's whole-trace summary, :data:`SUMMARY_ROWS` rows per table (the full one is
     in ``report.summary``)."""
+    figure_json: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    """``figures`` already written as the page embeds them (``figures.html_json``), built
+    with them; not part of the ``.json`` twin."""
 
 
 SUMMARY_ROWS = 5
@@ -383,59 +389,84 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
     return windowed or list(stats)
 
 
-def run_page(store: WebStore, run_id: int) -> RunPage:
-    """The run page: the run's row and its stored page summary (never the whole report)."""
-    run = store.get_run(run_id, include_report=False)
-    report = store.get_page_summary(run_id)
+def _report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
+    """The run page's fields built from its page summary alone (figures, tables, links)."""
     figs: dict[str, Figure] = {}
-    helpers: list[HelperRow] = []
-    findings: list[Finding] = []
-    arms: list[ArmComparison] = []
     drawn = drawn_timelines(report) if report is not None else {}
     gpu_observed = report is None or report.host_time is None or report.host_time.gpu_activity
-    if report is not None:
-        if report.iterations:
-            figs["iterations"] = figures.iteration_distribution(report.iterations)
-        shown = windowed_helpers(report.helpers)
-        if shown:
-            figs["helper_launches"] = figures.helper_bars(shown, "launches")
-            figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
-            figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
-        for name, timeline in drawn.values():
-            figs[name] = figures.timeline_figure(timeline)
-        if gpu_observed:  # without GPU activity both would be one "idle" bar per window
-            figs.update(gpu_timeline_figures(report.gpu_timeline))
-            if report.accounts:
-                figs["account"] = figures.account_bars(report.accounts)
-        helpers = helper_rows(report.helpers)
-        severity_order = {"error": 0, "warning": 1, "info": 2}
-        findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
-        groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
-        arms = [
+    if report is None:
+        return {"figures": figs, "gpu_observed": gpu_observed, "helpers": [], "findings": [],
+                "arm_comparisons": []}  # fmt: skip
+    if report.iterations:
+        figs["iterations"] = figures.iteration_distribution(report.iterations)
+    shown = windowed_helpers(report.helpers)
+    if shown:
+        figs["helper_launches"] = figures.helper_bars(shown, "launches")
+        figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
+        figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
+    for name, timeline in drawn.values():
+        figs[name] = figures.timeline_figure(timeline)
+    if gpu_observed:  # without GPU activity both would be one "idle" bar per window
+        figs.update(gpu_timeline_figures(report.gpu_timeline))
+        if report.accounts:
+            figs["account"] = figures.account_bars(report.accounts)
+    severity_order = {"error": 0, "warning": 1, "info": 2}
+    groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
+    return {
+        "figures": figs,
+        "figure_json": {name: markupsafe.Markup(figures.html_json(f)) for name, f in figs.items()},
+        "gpu_observed": gpu_observed,
+        "helpers": helper_rows(report.helpers),
+        "findings": sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3)),
+        "arm_comparisons": [
             ArmComparison(base_window=a, head_window=b, url=compare_url(run_id, run_id, a, b))
             for a in groups
             for b in groups
             if a < b
-        ]
+        ],
+        "idle_causes": idle_causes(report.accounts, drawn=drawn) if "account" in figs else [],
+        "timelines": [(name, group) for group, (name, _) in drawn.items()],
+        "do_first": list(report.summary.do_first) if report.summary else [],
+        "summary": compact_summary(report.summary),
+    }
+
+
+BUILT_PAGES = 8
+"""Run pages whose parts (figures: ~2.5 MB for the reference workload) are kept built."""
+_built: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
+_built_lock = threading.Lock()
+
+
+def report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
+    """:func:`_report_parts`, kept for the newest :data:`BUILT_PAGES` stored summaries (keyed
+    by the stored row's stamp, new at every write: a re-analysed run is built anew)."""
+    if report is None or report.stamp is None:
+        return _report_parts(run_id, report)
+    key = (run_id, report.stamp)
+    with _built_lock:
+        found = _built.get(key)
+        if found is not None:
+            _built.move_to_end(key)
+    if found is None:
+        found = _report_parts(run_id, report)
+        with _built_lock:
+            _built[key] = found
+            while len(_built) > BUILT_PAGES:
+                _built.popitem(last=False)
+    return found
+
+
+def run_page(store: WebStore, run_id: int) -> RunPage:
+    """The run page: the run's row and its stored page summary (never the whole report)."""
+    run = store.get_run(run_id, include_report=False)
+    report = store.get_page_summary(run_id)
     return RunPage(
         run=run,
         report=report,
         failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
-        helpers=helpers,
-        findings=findings,
-        arm_comparisons=arms,
-        figures=figs,
-        idle_causes=(
-            idle_causes(report.accounts, drawn=drawn)
-            if report is not None and "account" in figs
-            else []
-        ),
-        timelines=[(name, group) for group, (name, _) in drawn.items()],
-        gpu_observed=gpu_observed,
-        do_first=list(report.summary.do_first) if report and report.summary else [],
-        summary=compact_summary(report.summary if report else None),
+        **report_parts(run_id, report),
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 
 from analyzers.report import (
     AccountDelta,
@@ -72,6 +73,19 @@ def svg_text(text: str) -> str:
     unknown tag.
     """
     return html.escape(text, quote=False)
+
+
+_HTML_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027"))
+
+
+def html_json(value: Any) -> str:
+    """``value`` as JSON that is safe inside an HTML ``<script>`` block: Jinja's ``tojson``
+    (sorted keys; ``<``, ``>``, ``&`` and ``'`` as ``\\u`` escapes), written by orjson."""
+    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    for char, code in _HTML_SAFE:
+        if char in text:
+            text = text.replace(char, code)
+    return text
 
 
 def helper_color(helper: str) -> str:

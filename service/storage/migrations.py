@@ -203,9 +203,12 @@ def m040_run_pages(db: sqlite_utils.Database) -> None:
     """What the run page shows of a report (``service.page_summary``), stored beside it so a
     page view never parses the whole report. Runs analysed before this have none: their first
     view builds it from the report once and stores it."""
+    # stamp: new at every write (what a reader's cache of the parsed summary is keyed by);
+    # page_json last: the columns before it are read without walking its overflow pages
     db.execute(
         "CREATE TABLE run_pages (run_id INTEGER PRIMARY KEY REFERENCES runs(id),"
-        " version INTEGER NOT NULL, page_json TEXT NOT NULL, created_at TEXT NOT NULL)"
+        " version INTEGER NOT NULL, created_at TEXT NOT NULL, stamp TEXT NOT NULL,"
+        " page_json TEXT NOT NULL)"
     )
 
 

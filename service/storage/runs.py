@@ -15,6 +15,7 @@ upload or an analysis result; these statements must commit together.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 from collections.abc import Iterable
 from enum import StrEnum
@@ -308,12 +309,20 @@ def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
     return None if row is None else str(row[0])
 
 
-def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:
-    """The run's stored page summary ``(version, JSON)``, or None."""
+def page_stamp(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:
+    """``(version, stamp)`` of the run's stored page summary, read without its text (the stamp
+    is new at every write), or None."""
+    row = conn.execute("SELECT version, stamp FROM run_pages WHERE run_id = ?", (run_id,))
+    found = row.fetchone()
+    return None if found is None else (int(found[0]), str(found[1]))
+
+
+def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str, str] | None:
+    """The run's stored page summary ``(version, stamp, JSON)``, or None."""
     row = conn.execute(
-        "SELECT version, page_json FROM run_pages WHERE run_id = ?", (run_id,)
+        "SELECT version, stamp, page_json FROM run_pages WHERE run_id = ?", (run_id,)
     ).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]))
+    return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
 
 def store_page(
@@ -335,12 +344,15 @@ def store_page(
     )
     exists = "EXISTS (SELECT 1 FROM reports WHERE run_id = ?1)" if if_stale else "true"
     conn.execute(
-        "INSERT INTO run_pages (run_id, version, page_json, created_at)"
-        f" SELECT ?1, ?2, ?3, ?4 WHERE {exists}"
-        f" ON CONFLICT(run_id) DO UPDATE SET version = excluded.version,"
-        f" page_json = excluded.page_json, created_at = excluded.created_at{keep}",
-        (run_id, version, page_json, now_iso(), *([unreadable] if if_stale else [])),
-    )
+        "INSERT INTO run_pages (run_id, version, page_json, created_at, stamp)"
+        f" SELECT ?1, ?2, ?3, ?4, ?{6 if if_stale else 5} WHERE {exists}"
+        " ON CONFLICT(run_id) DO UPDATE SET version = excluded.version, page_json ="
+        f" excluded.page_json, created_at = excluded.created_at, stamp = excluded.stamp{keep}",
+        (
+            run_id, version, page_json, now_iso(), *([unreadable] if if_stale else []),
+            secrets.token_hex(8),
+        ),
+    )  # fmt: skip
 
 
 def find_comparison(

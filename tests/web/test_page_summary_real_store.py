@@ -26,6 +26,7 @@ from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
+from service.storage import runs
 from web import figures
 
 BUNDLE = (
@@ -140,6 +141,22 @@ def test_a_run_stored_before_the_summary_gets_it_built_once(stored: Stored) -> N
         assert rebuilt is not None and rebuilt[:2] == row[:2]
         assert stored.client.get(f"/runs/{stored.run_id}").text == before
         assert _page_row(stored) == rebuilt  # built once: the next view only reads it
+
+
+def test_a_new_summary_shows_at_once(stored: Stored) -> None:
+    """Views keep the newest summaries parsed and their figures built, keyed by the stored
+    row's stamp: a re-analysis (a new row) shows at its next view."""
+    row = _page_row(stored)
+    assert row is not None
+    assert "changed by a re-analysis" not in stored.client.get(f"/runs/{stored.run_id}").text
+    changed = RunPageSummary.model_validate_json(row[1])
+    changed.notes.append("changed by a re-analysis")
+    with sqlite3.connect(stored.db_path) as conn:
+        runs.store_page(conn, run_id=stored.run_id, version=PAGE_SUMMARY_VERSION,
+                        page_json=changed.model_dump_json())  # fmt: skip
+    assert "changed by a re-analysis" in stored.client.get(f"/runs/{stored.run_id}").text
+    twin = stored.client.get(f"/runs/{stored.run_id}.json").json()
+    assert twin["report"]["notes"][-1] == "changed by a re-analysis"
 
 
 def test_deleting_the_run_deletes_its_page_summary(stored: Stored) -> None:
