@@ -128,8 +128,10 @@ def test_a_run_stored_before_the_summary_gets_it_built_once(stored: Stored) -> N
     stale_rows = (
         "DELETE FROM run_pages WHERE run_id = ?",  # a run analysed before m040
         "UPDATE run_pages SET version = 0, page_json = '{}' WHERE run_id = ?",  # older version
-        # this version, unreadable: a timeline column pointing past its strings
-        "UPDATE run_pages SET page_json = '{\"timelines\": [{\"window\": \"w\", \"limit\": 1,"
+        # this version, unreadable: a timeline column pointing past its strings (written as
+        # every write is, with a new stamp)
+        "UPDATE run_pages SET stamp = 'edited', page_json = '{\"timelines\": [{\"window\": \"w\","
+        " \"limit\": 1,"
         " \"dropped\": 0, \"rank\": [0], \"stream\": [0], \"start_ns\": [0],"
         " \"end_ns\": [1], \"name\": [7], \"helper\": [7], \"category\": [7]}]}'"
         " WHERE run_id = ?",
