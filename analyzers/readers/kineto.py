@@ -79,6 +79,7 @@ from analyzers.readers._kineto_layout import (
     decompressed_blocks,
     read_layout,
 )
+from analyzers.readers._kineto_structs import StructMismatch, StructSink, read_structs
 from analyzers.readers._nesting import nest
 from analyzers.readers._ranks import UNKNOWN
 
@@ -102,8 +103,10 @@ STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
+STRUCTS_PATH = True
+"""Try the typed-struct decode first; tests switch it off to compare with the other paths."""
 LAYOUT_FAST_PATH = True
-"""Try Kineto's fixed layout first; tests switch it off to compare with the other paths."""
+"""Then Kineto's fixed layout; tests switch it off to compare with the other paths."""
 CHUNKS_PATH = True
 """Then the any-layout chunked path; tests switch it off to compare with the scanner."""
 WORKERS_ENV = "CPTRACE_READ_WORKERS"
@@ -177,29 +180,7 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         CorruptTraceError: truncated or malformed file, or no events.
     """
     source = Path(path)
-    header: dict[str, object] = {}
-    tables = _Tables()
-    try:
-        if not LAYOUT_FAST_PATH:
-            raise LayoutMismatch("fast path switched off")
-        _read_layout(source, header, tables)
-        parser = "kineto-layout"
-    except LayoutMismatch:
-        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
-        header, tables = {}, _Tables()
-        try:
-            if not CHUNKS_PATH:
-                raise ChunkMismatch("chunked path switched off")
-            _read_chunks(source, header, tables)
-            parser = "json-chunks"
-        except (ChunkMismatch, LayoutMismatch):
-            # Malformed (or not a trace): the streaming scanner names the exact position of
-            # a syntax error, or reads what the chunked path could not.
-            header, tables = {}, _Tables()
-            with _open_text(source) as stream:
-                for event in iter_events(stream, str(source), header):
-                    _take(event, tables)
-            parser = "json-scanner"
+    header, tables, parser = _read_any(source)
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
@@ -213,6 +194,41 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         set_process_ranks(trace, process_ranks)
         trace.metadata["rank_source"] = PROCESS_RANKS_SOURCE
     return trace
+
+
+def _read_any(source: Path) -> tuple[dict[str, object], _Tables, str]:
+    """(header, rows, parser name): each path in turn, starting over when one cannot read the
+    file (see the module docstring)."""
+    header: dict[str, object] = {}
+    tables = _Tables()
+    try:
+        if not STRUCTS_PATH:
+            raise StructMismatch("struct path switched off")
+        read_structs(decompressed_blocks(source), header, _struct_sink(tables))
+        return header, tables, "msgspec-structs"
+    except StructMismatch:
+        header, tables = {}, _Tables()
+    try:
+        if not LAYOUT_FAST_PATH:
+            raise LayoutMismatch("fast path switched off")
+        _read_layout(source, header, tables)
+        return header, tables, "kineto-layout"
+    except LayoutMismatch:
+        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
+        header, tables = {}, _Tables()
+    try:
+        if not CHUNKS_PATH:
+            raise ChunkMismatch("chunked path switched off")
+        _read_chunks(source, header, tables)
+        return header, tables, "json-chunks"
+    except (ChunkMismatch, LayoutMismatch):
+        # Malformed (or not a trace): the streaming scanner names the exact position of a
+        # syntax error, or reads what the chunked path could not.
+        header, tables = {}, _Tables()
+    with _open_text(source) as stream:
+        for event in iter_events(stream, str(source), header):
+            _take(event, tables)
+    return header, tables, "json-scanner"
 
 
 PROCESS_RANKS_SOURCE = "otherData.cptrace.process_ranks"
@@ -299,28 +315,41 @@ def _read_chunks(source: Path, header: dict[str, object], tables: _Tables) -> No
 def _sink(tables: _Tables) -> RowSink:
     """Where the vectorized readers put their rows (and hand every other event)."""
     tables.drained = frozenset(("ranges", "launches"))  # merged per chunk, in file order
-
-    def emit(table: str, rows: npt.NDArray[np.void]) -> None:
-        if table == "ranges":
-            steps = rows["kind"] == _RECORD_FUNCTION
-            if steps.any():
-                steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
-                rows["kind"][steps] = _STEP
-        tables.extend(table, rows)
-
-    def keeps_api(name: str) -> bool:
-        found = tables.launch_names.get(name)
-        if found is None:
-            found = tables.launch_names[name] = is_kept_api(name)
-        return found
-
     return RowSink(
         strings=tables.strings,
         take=lambda event: _take(event, tables),
         pending=tables.pending,
-        emit=emit,
-        keeps_api=keeps_api,
+        emit=lambda table, rows: _emit(table, rows, tables),
+        keeps_api=lambda name: _keeps_api(name, tables),
     )
+
+
+def _struct_sink(tables: _Tables) -> StructSink:
+    """Where the struct path puts its rows."""
+    return StructSink(
+        strings=tables.strings,
+        keeps_api=lambda name: _keeps_api(name, tables),
+        emit=lambda table, rows: _emit(table, rows, tables),
+        gpu_ranges=tables.gpu_ranges,
+        thread_names=tables.thread_names,
+    )
+
+
+def _emit(table: str, rows: npt.NDArray[np.void], tables: _Tables) -> None:
+    """Take a block of rows in file order; RecordFunction ranges named like steps are steps."""
+    if table == "ranges":
+        steps = rows["kind"] == _RECORD_FUNCTION
+        if steps.any():
+            steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
+            rows["kind"][steps] = _STEP
+    tables.extend(table, rows)
+
+
+def _keeps_api(name: str, tables: _Tables) -> bool:
+    found = tables.launch_names.get(name)
+    if found is None:  # a handful of API names repeat over millions of calls
+        found = tables.launch_names[name] = is_kept_api(name)
+    return found
 
 
 def _is_step(name_id: int, tables: _Tables) -> bool:
