@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING
 from analyzers.errors import MissingRankError, RankConflictError, TraceError, UnsupportedTraceError
 from analyzers.model import Trace, merge_traces
 from analyzers.readers._files import (
+    DEFAULT_MAX_DECOMPRESSED,
     FORMAT_OF_KIND,
     GZIP_MAGIC,
     CappedGunzip,
     Kind,
     TraceFormat,
     decompressed_copy,
+    inflated,
     is_gzip,
-    max_decompressed_bytes,
     open_maybe_gzip,
     sniff,
 )
@@ -60,7 +61,9 @@ def __getattr__(name: str) -> Callable[..., object]:
     globals()[name] = found
     return found
 
+
 __all__ = [
+    "DEFAULT_MAX_DECOMPRESSED",
     "FORMAT_OF_KIND",
     "GZIP_MAGIC",
     "CappedGunzip",
@@ -68,8 +71,8 @@ __all__ = [
     "Kind",
     "TraceFormat",
     "check_trace",
+    "inflated",
     "is_gzip",
-    "max_decompressed_bytes",
     "read_kineto",
     "read_kineto_files",
     "read_nsys",
@@ -94,7 +97,7 @@ class CheckedTrace:
 
 
 def check_trace(
-    path: str | Path, *, label: str | None = None, max_bytes: int | None = None
+    path: str | Path, *, label: str | None = None, max_bytes: int = DEFAULT_MAX_DECOMPRESSED
 ) -> CheckedTrace:
     """The upload check of one file: is it a trace (or a saved report) worth analysing?
 
@@ -107,7 +110,9 @@ def check_trace(
     Args:
         path: the file (gzipped or not; its name is only used for ``.nsys-rep``).
         label: the name messages use (the uploaded name, never a server path).
-        max_bytes: decompression cap for a gzipped SQLite export (default as the readers').
+        max_bytes: decompression cap of gzip data (the readers' default unless given). A
+            gzipped file is inflated to its end (``_files.inflated``, discarding what the
+            check does not read), so the check and the readers accept the same gzip data.
 
     Raises:
         UnsupportedTraceError: not a supported format, or a ``.nsys-rep`` (only ``nsys`` reads it).
@@ -120,7 +125,7 @@ def check_trace(
 
     source = Path(path)
     name = label or str(source)
-    cap = max_decompressed_bytes() if max_bytes is None else max_bytes
+    cap = max_bytes
     try:
         kind = sniff(source, label=name)
         gzipped = is_gzip(source)
@@ -128,6 +133,8 @@ def check_trace(
             with source.open("rb") as raw:
                 stream, _ = open_maybe_gzip(raw, cap, label=name)
                 check_json_trace(stream, label=name)
+                if isinstance(stream, CappedGunzip):
+                    stream.drain()
         elif kind == "sqlite" and gzipped:
             with decompressed_copy(source, cap) as plain:
                 sqlite_tables_ok(plain, label=name)
@@ -145,27 +152,32 @@ def check_trace(
     return CheckedTrace(kind=kind, gzipped=gzipped)
 
 
-def read_trace(path: str | Path, *, rank: int | None = None) -> Trace:
+def read_trace(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> Trace:
     """Read one trace file of any supported format, chosen by content.
 
     ``rank`` sets the file's rank (``cptrace analyze --rank N``); a file that does not say its
-    rank is rank 0, with a note.
+    rank is rank 0, with a note. ``max_decompressed_bytes`` caps a gzipped file's expansion.
 
     Raises:
         UnsupportedTraceError: neither an nsys export nor Kineto JSON.
         CorruptTraceError, HostileTraceError: see the format readers.
     """
-    trace = _read_one(Path(path))
+    trace = _read_one(Path(path), max_decompressed_bytes)
     resolve_ranks([trace], rank)
     return trace
 
 
-def _read_one(source: Path) -> Trace:
+def _read_one(source: Path, cap: int) -> Trace:
     kind = sniff(source)
     if kind == "json":
         from analyzers.readers.kineto import read_kineto
 
-        return read_kineto(source)
+        return read_kineto(source, max_decompressed_bytes=cap)
     if kind == "report":
         raise UnsupportedTraceError(
             f"{source}: is a saved cptrace report, not a trace (analyze and compare accept it "
@@ -173,10 +185,15 @@ def _read_one(source: Path) -> Trace:
         )
     from analyzers.readers.nsys import read_nsys
 
-    return read_nsys(source)
+    return read_nsys(source, max_decompressed_bytes=cap)
 
 
-def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) -> list[Trace]:
+def read_trace_files(
+    paths: Iterable[str | Path],
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> list[Trace]:
     """Read each file like ``read_trace``, in order; several Kineto files (one per rank) may be
     read in parallel worker processes (``CPTRACE_READ_WORKERS``, see ``read_kineto_files``).
 
@@ -185,14 +202,15 @@ def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) ->
     items = [Path(p) for p in paths]
     kinds = [sniff(p) for p in items]
     kineto = [p for p, kind in zip(items, kinds, strict=True) if kind == "json"]
+    cap = max_decompressed_bytes
     if len(kineto) < 2:
-        traces = [_read_one(p) for p in items]
+        traces = [_read_one(p, cap) for p in items]
     else:
         from analyzers.readers.kineto import read_kineto_files
 
-        parsed = iter(read_kineto_files(kineto))
+        parsed = iter(read_kineto_files(kineto, max_decompressed_bytes=cap))
         traces = [
-            next(parsed) if kind == "json" else _read_one(p)
+            next(parsed) if kind == "json" else _read_one(p, cap)
             for p, kind in zip(items, kinds, strict=True)
         ]
     resolve_ranks(traces, rank)

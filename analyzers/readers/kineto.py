@@ -43,6 +43,7 @@ since a trace set whose ranks are guessed would compare the wrong ranks (``_rank
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 import threading
@@ -70,13 +71,13 @@ from analyzers.model import (
     launch_calls,
 )
 from analyzers.readers._cuda_api import is_kept_api, sync_column
+from analyzers.readers._files import DEFAULT_MAX_DECOMPRESSED, file_blocks
 from analyzers.readers._json_chunks import ChunkMismatch, read_chunks
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
     ExactNs,
     LayoutMismatch,
     RowSink,
-    decompressed_blocks,
     read_layout,
 )
 from analyzers.readers._kineto_structs import StructMismatch, StructSink, read_structs
@@ -167,20 +168,27 @@ class _Tables:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
 
-def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
+def read_kineto(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> Trace:
     """Read one Kineto trace file into the normalized model.
 
     Args:
         path: ``.json`` or ``.json.gz`` (detected from content).
         rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name,
             else -1: see the module docstring).
+        max_decompressed_bytes: the cap of a ``.json.gz``'s expansion (``_files.inflated``).
 
     Raises:
         UnsupportedTraceError: JSON that is not a trace.
         CorruptTraceError: truncated or malformed file, or no events.
+        TraceTooLargeError: the file expands past ``max_decompressed_bytes``.
     """
     source = Path(path)
-    header, tables, parser = _read_any(source)
+    header, tables, parser = _read_any(source, max_decompressed_bytes)
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
@@ -196,7 +204,7 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
     return trace
 
 
-def _read_any(source: Path) -> tuple[dict[str, object], _Tables, str]:
+def _read_any(source: Path, cap: int) -> tuple[dict[str, object], _Tables, str]:
     """(header, rows, parser name): each path in turn, starting over when one cannot read the
     file (see the module docstring)."""
     header: dict[str, object] = {}
@@ -204,14 +212,14 @@ def _read_any(source: Path) -> tuple[dict[str, object], _Tables, str]:
     try:
         if not STRUCTS_PATH:
             raise StructMismatch("struct path switched off")
-        read_structs(decompressed_blocks(source), header, _struct_sink(tables))
+        read_structs(file_blocks(source, cap), header, _struct_sink(tables))
         return header, tables, "msgspec-structs"
     except StructMismatch:
         header, tables = {}, _Tables()
     try:
         if not LAYOUT_FAST_PATH:
             raise LayoutMismatch("fast path switched off")
-        _read_layout(source, header, tables)
+        read_layout(file_blocks(source, cap), header, _sink(tables))
         return header, tables, "kineto-layout"
     except LayoutMismatch:
         # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
@@ -219,13 +227,13 @@ def _read_any(source: Path) -> tuple[dict[str, object], _Tables, str]:
     try:
         if not CHUNKS_PATH:
             raise ChunkMismatch("chunked path switched off")
-        _read_chunks(source, header, tables)
+        read_chunks(file_blocks(source, cap), header, _sink(tables))
         return header, tables, "json-chunks"
     except (ChunkMismatch, LayoutMismatch):
         # Malformed (or not a trace): the streaming scanner names the exact position of a
         # syntax error, or reads what the chunked path could not.
         header, tables = {}, _Tables()
-    with _open_text(source) as stream:
+    with _open_text(source, cap) as stream:
         for event in iter_events(stream, str(source), header):
             _take(event, tables)
     return header, tables, "json-scanner"
@@ -264,7 +272,9 @@ def set_process_ranks(trace: Trace, process_ranks: dict[int, int]) -> None:
     trace.ranks = {p: process_ranks.get(p, r) for p, r in trace.ranks.items()}
 
 
-def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
+def read_kineto_files(
+    paths: Sequence[str | Path], *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+) -> list[Trace]:
     """Read several Kineto files (one per rank); in forked workers if ``WORKERS_ENV`` asks.
 
     A worker returns its ``Trace`` pickled: numpy arrays and a string table, a few MB per rank,
@@ -276,13 +286,14 @@ def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
         The first error of ``read_kineto`` among the files, as ``read_kineto`` raises it.
     """
     items = [Path(p) for p in paths]
+    read = functools.partial(read_kineto, max_decompressed_bytes=max_decompressed_bytes)
     workers = _workers(len(items))
     if workers <= 1:
-        return [read_kineto(p) for p in items]
+        return [read(p) for p in items]
     import multiprocessing  # only here: most reads are one file
 
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return [adopt_dtypes(t) for t in pool.map(read_kineto, items, chunksize=1)]
+        return [adopt_dtypes(t) for t in pool.map(read, items, chunksize=1)]
 
 
 def _workers(files: int) -> int:
@@ -300,16 +311,6 @@ def _workers(files: int) -> int:
     ):
         return 1
     return max(1, min(files, limit))
-
-
-def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
-    """The fast path: vectorized ranges and launches, every other event through ``_take``."""
-    read_layout(decompressed_blocks(source), header, _sink(tables))
-
-
-def _read_chunks(source: Path, header: dict[str, object], tables: _Tables) -> None:
-    """Any JSON layout: vectorized ranges, every other event through ``_take``."""
-    read_chunks(decompressed_blocks(source), header, _sink(tables))
 
 
 def _sink(tables: _Tables) -> RowSink:
@@ -387,10 +388,10 @@ class _BlockText:
 
 
 @contextmanager
-def _open_text(path: Path) -> Iterator[TextIO]:
+def _open_text(path: Path, cap: int) -> Iterator[TextIO]:
     """Text stream over the file, gunzipped by content; decoding errors name the file."""
     try:
-        yield _BlockText(decompressed_blocks(path))  # type: ignore[misc]
+        yield _BlockText(file_blocks(path, cap))  # type: ignore[misc]
     except UnicodeDecodeError as exc:
         raise CorruptTraceError(f"{path}: not UTF-8 text at byte {exc.start} ({exc})") from exc
 

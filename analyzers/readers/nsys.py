@@ -41,7 +41,7 @@ from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.model import ActivityKind, Trace
 from analyzers.readers import _nsys_ranges
 from analyzers.readers._arrow_sqlite import open_arrow
-from analyzers.readers._files import decompressed_copy, is_gzip
+from analyzers.readers._files import DEFAULT_MAX_DECOMPRESSED, decompressed_copy, is_gzip
 from analyzers.readers._nsys_activities import KERNEL, MEMCPY, MEMSET, read_activities
 from analyzers.readers._nsys_launches import DRIVER, RUNTIME, read_launches
 from analyzers.readers._nsys_sql import NsysSource, Query
@@ -63,13 +63,12 @@ READ_TABLES = {
 }
 
 
-def read_nsys(path: str | Path, *, max_decompressed_bytes: int | None = None) -> Trace:
+def read_nsys(path: str | Path, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> Trace:
     """Read an nsys export into the normalized model.
 
     Args:
         path: ``.sqlite`` export, the same gzipped, or a ``.nsys-rep`` (needs ``nsys``).
-        max_decompressed_bytes: cap for ``.sqlite.gz`` expansion (default 64 GiB or
-            ``CPTRACE_MAX_DECOMPRESSED_BYTES``).
+        max_decompressed_bytes: cap for ``.sqlite.gz`` expansion (``_files.inflated``).
 
     Raises:
         UnsupportedTraceError: not an nsys export, or a ``.nsys-rep`` without ``nsys``.
@@ -82,7 +81,7 @@ def read_nsys(path: str | Path, *, max_decompressed_bytes: int | None = None) ->
 
 
 @contextlib.contextmanager
-def _sqlite_file(source: Path, max_bytes: int | None) -> Iterator[Path]:
+def _sqlite_file(source: Path, max_bytes: int) -> Iterator[Path]:
     if source.name.endswith(".nsys-rep"):
         with tempfile.TemporaryDirectory(prefix="cptrace-nsys-") as tmp:
             yield export_nsys_rep(source, Path(tmp) / (source.stem + ".sqlite"))

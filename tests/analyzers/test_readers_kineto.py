@@ -15,6 +15,7 @@ from testkit import DATA_DIR
 from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import ACTIVITY_DTYPE, LAUNCH_DTYPE, ActivityKind, RangeKind, Trace
 from analyzers.readers import (
+    _files,
     _json_stream,
     _kineto_layout,
     kineto,
@@ -222,7 +223,7 @@ def test_layout_chunk_boundaries_do_not_matter(monkeypatch: pytest.MonkeyPatch) 
     reference = read_kineto(SYNTH[0])
     monkeypatch.setattr(kineto, "STRUCTS_PATH", False)
     monkeypatch.setattr(_kineto_layout, "CHUNK_BYTES", 900)  # a few events per chunk
-    monkeypatch.setattr(_kineto_layout, "READ_BYTES", 97)
+    monkeypatch.setattr(_files, "READ_BYTES", 97)
     chunked = read_kineto(SYNTH[0])
     assert chunked.metadata["json_parser"] == "kineto-layout"
     _assert_same(chunked, reference)
@@ -354,10 +355,9 @@ def test_truncated_layout_text_reports_the_json_position(tmp_path: Path) -> None
         read_kineto(cut)
 
 
-def test_decompression_cap_applies_to_kineto(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CPTRACE_MAX_DECOMPRESSED_BYTES", "100000")
+def test_decompression_cap_applies_to_kineto() -> None:
     with pytest.raises(HostileTraceError, match="the cap"):
-        read_kineto(SYNTH[0])
+        read_kineto(SYNTH[0], max_decompressed_bytes=100_000)
 
 
 def test_concatenated_gzip_members_read_whole(tmp_path: Path) -> None:
