@@ -145,7 +145,7 @@ def inflated(raw: IO[bytes], cap: int, *, label: str) -> Iterator[bytes]:
                 out = inflater.decompress(data, BLOCK_BYTES)
             except _INFLATE_ERROR as exc:
                 raise CorruptTraceError(
-                    f"{label}: gzip data is damaged after {produced} bytes ({exc})"
+                    f"{label}: not valid gzip data (damaged after {produced} bytes: {exc})"
                 ) from exc
             produced += len(out)
             if produced > cap:

@@ -314,7 +314,7 @@ _MISSING_ID = np.iinfo(np.int64).min
 
 def _ids(values: list[int | str | msgspec.UnsetType | None]) -> npt.NDArray[np.int64]:
     """pid or tid column: integers only (a string or ``null`` on a row: the other paths)."""
-    if all(type(v) is int for v in values):
+    if set(map(type, values)) == {int}:
         try:
             return np.array(values, dtype=np.int64)
         except OverflowError as exc:
