@@ -50,14 +50,17 @@ from analyzers.model import (
 )
 from analyzers.readers._kineto_layout import _WIDTH, _fits_ns, _ns
 
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 1 << 20
 """Text decoded per ``msgspec`` call (whole events only)."""
 MAX_HEADER_BYTES = 64 << 20
 """Text before ``traceEvents`` larger than this: left to the other paths."""
 MAX_EVENT_BYTES = 64 << 20
 """Text without a cut between two events larger than this: left to the other paths."""
-MAX_RETRIES = 8
+MAX_RETRIES = 64
 """Cuts tried per chunk (one found inside a string or ``args`` fails, the one before is tried)."""
+MAX_FAILED_CUTS = 256
+"""Cuts that failed in one file past which it is left to the other paths (bounds the work on
+text made to mislead)."""
 
 _UNSET = msgspec.UNSET
 _EMPTY = msgspec.Raw(b"")
@@ -94,7 +97,7 @@ _DECODER = msgspec.json.Decoder(list[_Event])
 _NO_ARGS = _Args()
 
 # Route codes of an event (``ph`` "X" unless said otherwise).
-_NONE, _RANGE, _LAUNCH, _ACTIVITY, _GPU_RANGE, _META = 0, 1, 2, 3, 4, 5
+_NONE, _RANGE, _LAUNCH, _ACTIVITY, _GPU_RANGE = 0, 1, 2, 3, 4
 _RANGE_KINDS = {
     "user_annotation": RangeKind.RECORD_FUNCTION,
     "python_function": RangeKind.PYTHON,
@@ -129,13 +132,11 @@ def _route(cat: str | None) -> int:
     return _NONE
 
 
-class _Routes(dict[tuple[str | None, str | None], int]):
-    """(ph, cat) -> route code * 16 + row kind, computed once per distinct pair."""
+class _Routes(dict[str | None, int]):
+    """An "X" event's category -> route code * 16 + row kind, computed once per category."""
 
-    def __missing__(self, key: tuple[str | None, str | None]) -> int:
-        phase, cat = key
-        found = _route(cat) if phase == "X" else _META * 16 if phase == "M" else _NONE
-        self[key] = found
+    def __missing__(self, cat: str | None) -> int:
+        found = self[cat] = _route(cat)
         return found
 
 
@@ -159,6 +160,7 @@ def read_structs(blocks: Iterator[bytes], header: dict[str, object], sink: Struc
     """
     prefix, buf = _find_events(blocks)
     routes = _Routes()
+    failed = [0]
     done = False
     while True:
         parts, size = [buf], len(buf)
@@ -173,10 +175,10 @@ def read_structs(blocks: Iterator[bytes], header: dict[str, object], sink: Struc
             _rows(events, routes, sink)
             _header(prefix, rest, header)
             return
-        cut = _cut(buf)
+        cut = _cut(buf, failed)
         if cut is None:
             if len(buf) > MAX_EVENT_BYTES:
-                raise StructMismatch("no cut between two events in the chunk limit")
+                raise StructMismatch("no cut between two events within the event limit")
             block = next(blocks, b"")
             done = not block
             buf += block
@@ -221,9 +223,10 @@ def _decode(text: bytes) -> list[_Event] | None:
         return None
 
 
-def _cut(buf: bytes) -> tuple[list[_Event], int] | None:
+def _cut(buf: bytes, failed: list[int]) -> tuple[list[_Event], int] | None:
     """(the events before the last cut of ``buf`` that decodes, where the next one starts);
-    None when ``buf`` holds no cut at all (one event longer than the chunk)."""
+    None when no cut of ``buf`` decodes (one event longer than the text so far: read on).
+    ``failed`` counts the cuts that failed in the file so far."""
     window = min(_TAIL_WINDOW, len(buf))
     while True:
         start = len(buf) - window
@@ -231,13 +234,14 @@ def _cut(buf: bytes) -> tuple[list[_Event], int] | None:
         if cuts or window == len(buf):
             break
         window = min(2 * window, len(buf))
-    if not cuts:
-        return None
     for at in reversed(cuts[-MAX_RETRIES:]):
         events = _decode(buf[: at + 1])
         if events is not None:
             return events, buf.index(b"{", at + 1)
-    raise StructMismatch("no cut of the chunk decodes as whole events")
+        failed[0] += 1
+        if failed[0] > MAX_FAILED_CUTS:
+            raise StructMismatch("too many cuts of the text do not decode as whole events")
+    return None
 
 
 def _last_events(buf: bytes) -> tuple[list[_Event], bytes]:
@@ -270,12 +274,14 @@ def _rows(events: list[_Event], routes: _Routes, sink: StructSink) -> None:
     """The rows of one chunk's events, table by table, in file order."""
     if not events:
         return
-    keys = zip([e.ph for e in events], [e.cat for e in events], strict=True)
-    routed = np.fromiter(map(routes.__getitem__, keys), np.int8, len(events))
+    count = len(events)
+    phases = [e.ph for e in events]
+    routed = np.fromiter(map(routes.__getitem__, [e.cat for e in events]), np.int8, count)
+    routed[~np.fromiter(map("X".__eq__, phases), bool, count)] = _NONE
+    for index in np.flatnonzero(np.fromiter(map("M".__eq__, phases), bool, count)).tolist():
+        _metadata(events[index], sink)
     code = routed >> 4
-    for event in compress(events, (code == _META).tolist()):
-        _metadata(event, sink)
-    rows = (code != _NONE) & (code != _META)
+    rows = code != _NONE
     if not rows.any():
         return
     chosen = list(compress(events, rows.tolist()))
@@ -358,23 +364,29 @@ def _exact_ns(values: list[msgspec.Raw], *, required: bool) -> npt.NDArray[np.in
 
     A JSON number made only of digits and at most one dot (what Kineto and ``json.dumps``
     write) is its digits without the dot (``numpy.fromstring``, base 10) scaled by its decimals
-    (``_kineto_layout._ns``); any other text (a sign, an exponent, more than 18 digits, no
-    value) goes through ``_decimal_ns``.
+    (``_kineto_layout._ns``); any other text (a sign, an exponent, more than 18 characters, no
+    value) goes through ``_decimal_ns``. The texts are valid JSON values (``msgspec`` checked
+    them), so a number holds at most one dot, and commas only separate them here.
     """
     count = len(values)
-    lengths = np.fromiter(map(len, values), np.int64, count)
     text = b",".join(values)
     arr = np.frombuffer(text, dtype=np.uint8)
-    starts = np.cumsum(lengths + 1) - (lengths + 1)
-    ends = starts + lengths
-    odd = (lengths == 0) | (lengths > _WIDTH)
-    other = np.flatnonzero(((arr - np.uint8(48)) >= 10) & (arr != 46) & (arr != 44))
-    odd[np.searchsorted(starts, other, "right") - 1] = True
+    odd = np.zeros(count, dtype=bool)
+    other = ((arr - np.uint8(48)) >= 10) & (arr != 46)
+    separators = np.flatnonzero(arr == 44)
+    if len(separators) != count - 1 or (other.sum() != count - 1):
+        return _exact_ns_one_by_one(values, required=required)
+    starts = np.concatenate(([0], separators + 1))
+    ends = np.concatenate((separators, [len(text)]))
     dots = np.flatnonzero(arr == 46)
-    owner = np.searchsorted(starts, dots, "right") - 1
-    odd |= np.bincount(owner, minlength=count) > 1
     fraction = np.zeros(count, dtype=np.int64)
-    fraction[owner] = ends[owner] - dots - 1
+    if len(dots) == count:  # one dot in every number
+        fraction = ends - dots - 1
+    elif len(dots):
+        owner = np.searchsorted(starts, dots, "right") - 1
+        fraction[owner] = ends[owner] - dots - 1
+    lengths = ends - starts
+    odd |= (lengths == 0) | (lengths > _WIDTH)
     good = ~odd
     if odd.any():
         text = b",".join(compress(values, good.tolist()))
@@ -386,13 +398,32 @@ def _exact_ns(values: list[msgspec.Raw], *, required: bool) -> npt.NDArray[np.in
         out[where[fits]] = _ns(mantissa[fits], fraction[good][fits])
         odd[where[~fits]] = True
     for index in np.flatnonzero(odd).tolist():
-        raw = bytes(values[index])
-        if not raw:
-            if required:
-                raise StructMismatch("an event without ts")
-            continue
-        out[index] = _decimal_ns(raw)
+        out[index] = _one_ns(values[index], required=required)
     return out
+
+
+def _exact_ns_one_by_one(values: list[msgspec.Raw], *, required: bool) -> npt.NDArray[np.int64]:
+    """``_exact_ns`` of texts among which some are no plain number (strings, ``null``, ...)."""
+    plain = [_PLAIN_NUMBER.fullmatch(bytes(v)) is not None for v in values]
+    out = np.zeros(len(values), dtype=np.int64)
+    numbers = [v for v, ok in zip(values, plain, strict=True) if ok]
+    if numbers:
+        out[np.flatnonzero(plain)] = _exact_ns(numbers, required=required)
+    for index in np.flatnonzero(~np.array(plain, dtype=bool)).tolist():
+        out[index] = _one_ns(values[index], required=required)
+    return out
+
+
+_PLAIN_NUMBER = re.compile(rb"[0-9]+(?:\.[0-9]+)?")
+
+
+def _one_ns(value: msgspec.Raw, *, required: bool) -> int:
+    raw = bytes(value)
+    if not raw:
+        if required:
+            raise StructMismatch("an event without ts")
+        return 0
+    return _decimal_ns(raw)
 
 
 def _decimal_ns(raw: bytes) -> int:
