@@ -535,8 +535,33 @@ class SyncPointer(_Model):
     """Where in the user's code the host blocked on the GPU (traces with Python stacks)."""
 
     frame: str  # ``train.py:50 in zero_tail`` (the innermost frame outside torch / libraries)
-    op: str  # the host-sync operator called there (``aten::_local_scalar_dense``)
+    op: str
+    """The host-sync operator called there (``aten::item``), or the blocking CUDA call made
+    outside any (``cudaDeviceSynchronize`` of ``torch.cuda.synchronize()``)."""
     calls: int
+    step_calls: int = 0
+    """Of ``calls``, those inside a step window (a sync between steps is harmless)."""
+    blocking_calls: int | None = None
+    """Blocking CUDA calls (stream/device syncs, blocking copies) made inside those calls; 0:
+    they waited for nothing (``.item()`` of a CPU tensor); None: the trace has no GPU."""
+    gpu_idle_ns: int | None = None
+    """Whole trace: the GPU idle time from each blocking call's site until the GPU's next
+    activity after it (``analyzers.findings.summary``); None: the trace has no GPU."""
+    saving_ms: float | None = None
+    """Per step, estimated: the GPU idle after the sites inside the steps, divided by the
+    steps (the largest rank's); None without steps or without GPU."""
+
+    @property
+    def text(self) -> str:
+        """``train.py:50 in zero_tail: aten::item x20, 20 blocking, 0.31 ms GPU idle after``:
+        the one wording of the terminal and the run page."""
+        head = f"{self.frame}: {self.op} x{self.calls}"
+        if self.blocking_calls is None:
+            return head
+        if self.blocking_calls == 0:
+            return f"{head} (no blocking CUDA call inside: they waited for nothing)"
+        idle = (self.gpu_idle_ns or 0) / 1e6
+        return f"{head}, {self.blocking_calls} blocking, {idle:.3f} ms GPU idle after"
 
 
 class Action(_Model):

@@ -26,8 +26,12 @@ annotation ends), or the annotation's end if that is later; the extension stops 
 of the next window of the same (rank, group), so windows never overlap. A CPU range ends when
 the CPU has *queued* the step, its GPU work runs later. On nsys exports a step is its CPU range
 projected onto the GPU (first to last activity launched inside it, ``_projected``), as
-``nsys stats`` projects NVTX ranges; variant windows, Kineto ranges without GPU annotations and
-steps that launched nothing use the CPU range; the whole-trace window is the rank's trace span.
+``nsys stats`` projects NVTX ranges; so is a Kineto step with no GPU annotation to pair on a
+rank that has GPU annotations (the profiler's record is incomplete: some or all of the steps'
+``gpu_user_annotation`` events are missing; a report note names those steps). Variant windows,
+steps that launched nothing and the steps of a Kineto rank without any GPU annotation (a
+hand-made or converted trace) use the CPU range; the whole-trace window is the rank's trace
+span.
 """
 
 from __future__ import annotations
@@ -273,7 +277,7 @@ def timeline_windows(
         if not fits:
             notes.append(
                 f"rank {rank}: {len(intervals)} GPU annotation(s) {name!r} for {len(ids)} CPU "
-                f"range(s): its GPU timeline uses the CPU ranges"
+                f"range(s): not paired"
             )
             continue
         gpu.update(dict(zip(ids, intervals, strict=True)))
@@ -284,27 +288,64 @@ def timeline_windows(
         else:
             basis = WindowBasis.TRACE if w.kind == "trace" else WindowBasis.CPU_RANGE
             out.append(TimelineWindow(w, w.start_ns, w.end_ns, basis))
-    out = _launched_extension(out, sorted(gpu), acts)
-    return (_projected(out, acts) if trace.format == "nsys" else out), notes
+    if trace.format == "nsys":
+        return _projected(out, acts), notes
+    # Kineto: a rank with GPU annotations but none for a step lost that step's annotation
+    # (the profiler's record is incomplete); a rank without any keeps its CPU ranges
+    annotated_ranks = set(np.unique(trace.gpu_ranges["rank"]).tolist())
+    projected = _projected(out, acts, annotated_ranks)
+    notes += _projection_notes(projected, gpu)
+    return _launched_extension(projected, sorted(gpu), acts), notes
 
 
-def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[TimelineWindow]:
-    """nsys step windows projected onto the GPU (``WindowBasis.GPU_PROJECTION``).
+def _projection_notes(measured: list[TimelineWindow], annotated: Mapping[int, object]) -> list[str]:
+    """Per (rank, group) of a Kineto trace: the steps measured over their projection because
+    no GPU annotation was paired with them (a trace whose ``gpu_user_annotation`` events are
+    missing for some or all steps)."""
+    steps: dict[tuple[int, str], list[int]] = {}
+    for i, m in enumerate(measured):
+        if m.window.kind == "step":
+            steps.setdefault((m.window.rank, m.window.group or m.window.name), []).append(i)
+    notes = []
+    for (rank, group), ids in steps.items():
+        moved = [
+            measured[i].window.name for i in ids if measured[i].basis is WindowBasis.GPU_PROJECTION
+        ]
+        if not moved:
+            continue
+        names = ", ".join(moved[:3]) + (f" and {len(moved) - 3} more" if len(moved) > 3 else "")
+        paired = sum(1 for i in ids if i in annotated)
+        notes.append(
+            f"rank {rank}: {len(moved)} of {len(ids)} {group!r} step(s) without a usable GPU "
+            f"annotation ({names}; {paired} paired): each is measured over its CPU range "
+            "projected onto the GPU (first to last activity launched inside it), as on nsys"
+        )
+    return notes
+
+
+def _projected(
+    measured: list[TimelineWindow], acts: GpuActivities, ranks: set[int] | None = None
+) -> list[TimelineWindow]:
+    """Step windows measured over their CPU range (every step on nsys; a Kineto step with no
+    GPU annotation paired) projected onto the GPU (``WindowBasis.GPU_PROJECTION``).
 
     Step ``i`` (CPU range ``[cs, ce]`` on rank ``r``) becomes ``[first, min(last, next))``:
     ``first``/``last`` the earliest start and latest end of the rank's activities whose launch
-    started in ``[cs, ce]``, ``next`` the projected start of the next step of the same (rank,
-    group). Why: a CPU range ends when the CPU has queued the step; on an eager job the GPU can
-    run a whole step behind, and the CPU range would measure the previous step's kernels. A
-    step that launched nothing keeps its CPU range.
+    started in ``[cs, ce]``, ``next`` the start of the next projected or GPU-annotated window
+    of the same (rank, group). Why: a CPU range ends when the CPU has queued the step; on an
+    eager job the GPU can run a whole step behind, and the CPU range would measure the previous
+    step's kernels. A step that launched nothing keeps its CPU range. ``ranks``: only the
+    steps of these ranks (None: every rank).
     """
     has_launch = acts.launched >= 0
     by_rank: dict[int, tuple[IntArray, IntArray, IntArray]] = {}
     spans: dict[int, tuple[int, int]] = {}
     for i, m in enumerate(measured):
+        rank = m.window.rank
         if m.window.kind != "step" or m.basis != WindowBasis.CPU_RANGE:
             continue
-        rank = m.window.rank
+        if ranks is not None and rank not in ranks:
+            continue
         if rank not in by_rank:
             mine = np.flatnonzero(has_launch & (acts.rank == rank))
             order = mine[np.argsort(acts.launched[mine], kind="stable")]
@@ -316,14 +357,22 @@ def _projected(measured: list[TimelineWindow], acts: GpuActivities) -> list[Time
         if hi > lo:
             spans[i] = (int(starts[lo:hi].min()), int(ends[lo:hi].max()))
     out = list(measured)
+    # a projection stops at the next GPU-measured window of its group: projected, or paired
+    # with its GPU annotation (Kineto steps whose annotation is missing sit between those)
+    opens = {i: first for i, (first, _) in spans.items()}
+    opens.update(
+        (i, m.start_ns) for i, m in enumerate(measured) if m.basis is WindowBasis.GPU_ANNOTATION
+    )
     groups: dict[tuple[int, str], list[int]] = {}
-    for i in spans:
+    for i in opens:
         w = measured[i].window
         groups.setdefault((w.rank, w.group or w.name), []).append(i)
     for ids in groups.values():
-        ids.sort(key=lambda i: spans[i][0])
-        limits = [spans[b][0] for b in ids[1:]] + [np.iinfo(np.int64).max]
+        ids.sort(key=lambda i: opens[i])
+        limits = [opens[b] for b in ids[1:]] + [np.iinfo(np.int64).max]
         for i, limit in zip(ids, limits, strict=True):
+            if i not in spans:
+                continue
             first, last = spans[i]
             end = max(first, min(last, int(limit)))
             out[i] = TimelineWindow(measured[i].window, first, end, WindowBasis.GPU_PROJECTION)

@@ -1,7 +1,8 @@
 """Something to say about any trace: what ran, where the host time went, what to do first.
 
-Whole trace, all ranks, totals (never "per step"): the summary needs no manifest, no TE and no
-catalog entry of the user's own code, so a plain training script gets it too.
+Whole trace, all ranks, totals (the one per-step figure: a host sync's estimated saving): the
+summary needs no manifest, no TE and no catalog entry of the user's own code, so a plain
+training script gets it too.
 
 * ``families``: GPU activity time by library family (GEMM, attention, communication, ...) and
   the catalog entry that claimed it (``gemm``, ``flash_attn_fwd``, ``nccl_all_reduce``).
@@ -9,18 +10,19 @@ catalog entry of the user's own code, so a plain training script gets it too.
   (duration minus the ranges directly inside).
 * ``ranges``: the NVTX / ``record_function`` ranges no catalog entry names, with calls,
   inclusive and self time: the user's own annotations.
-* ``sync_pointers``: where the host blocked on the GPU, by the innermost Python frame outside
-  torch and installed libraries (traces with stacks: Kineto ``with_stack``, nsys
-  ``--python-functions-trace``).
-* ``do_first``: at most three actions, the largest saving first, from the findings (errors and
-  warnings) and, failing those, the sync pointers.
+* ``sync_pointers``: where the host may block on the GPU (host-sync operators, blocking CUDA
+  calls outside them), by the innermost Python frame outside torch and installed libraries
+  (Kineto ``with_stack``), with the blocking CUDA calls made there, the GPU idle that followed
+  them and, per step, the saving estimated from it.
+* ``do_first``: at most three actions, from the findings (errors and warnings, the largest
+  saving first), then the sync pointers whose syncs inside the steps cost GPU time.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +40,13 @@ from analyzers.report import (
     Severity,
     SyncPointer,
     TraceSummary,
+    Window,
 )
+from analyzers.sweep import Union
+from analyzers.syncs import HostSyncs
+from analyzers.timeline import GpuActivities
+
+IntArray = npt.NDArray[np.int64]
 
 TOP_ROWS = 10
 """Rows kept per table."""
@@ -64,10 +72,16 @@ def summarize(
     ranges: RangeHelpers,
     catalog: Catalog,
     findings: Sequence[Finding],
+    *,
+    syncs: HostSyncs | None = None,
+    acts: GpuActivities | None = None,
+    windows: Sequence[Window] = (),
 ) -> TraceSummary:
-    """The summary of ``trace`` (see the module docstring)."""
+    """The summary of ``trace`` (see the module docstring). ``syncs``, ``acts`` and ``windows``
+    (the metrics' blocking calls, GPU activities and windows) give the sync pointers their
+    blocking calls and saving; without them a pointer counts operator calls only."""
     families = _families(trace, att)
-    pointers = _sync_pointers(trace, catalog)
+    pointers = _sync_pointers(trace, catalog, syncs, acts, windows)
     return TraceSummary(
         families=families,
         cpu_ops=_top(trace, trace.ranges["kind"] == RangeKind.CPU_OP, by_self=True),
@@ -190,18 +204,23 @@ def _is_collective(name: str) -> bool:
     return lowered.startswith(("gloo:", "nccl:", "c10d::")) or "all_reduce" in lowered
 
 
-def _sync_pointers(trace: Trace, catalog: Catalog) -> list[SyncPointer]:
-    """Innermost user Python frame around each host-sync operator, counted per frame and op."""
+@dataclass(frozen=True, slots=True)
+class _Sites:
+    """Where a thread may have blocked on the GPU, one row per site: an outermost host-sync
+    operator call, or a blocking CUDA call made outside any (``torch.cuda.synchronize()``)."""
+
+    thread: IntArray
+    start: IntArray
+    rank: IntArray
+    label: IntArray  # the symbol naming it: the operator, else the call's API
+    blocking: IntArray  # blocking CUDA calls inside it (0: it waited for nothing)
+    released: IntArray  # when it stopped blocking: its end, or its last blocking call's end
+
+
+def _sites(trace: Trace, catalog: Catalog, syncs: HostSyncs | None) -> _Sites:
     table = trace.ranges
     names = table["name"]
-    present = np.unique(names).tolist()
-    sync = [s for s in present if catalog.is_sync("ops", trace.strings[s])]
-    user = [
-        s for s in present
-        if _FRAME.match(trace.strings[s]) and not _LIBRARY_FRAME.search(trace.strings[s])
-    ]
-    if not sync or not user:
-        return []
+    sync = [s for s in np.unique(names).tolist() if catalog.is_sync("ops", trace.strings[s])]
     is_sync = np.isin(names, sync) & (table["kind"] == RangeKind.CPU_OP)
     # the outermost sync op only: ``aten::item`` calls ``aten::_local_scalar_dense``
     parent = table["parent"]
@@ -209,21 +228,135 @@ def _sync_pointers(trace: Trace, catalog: Catalog) -> list[SyncPointer]:
     inside = np.flatnonzero(is_sync & (parent >= 0))
     nested[inside] = is_sync[parent[inside]]
     ops = np.flatnonzero(is_sync & ~nested)
+    o = table[ops]
+    thread, start = o["thread"].astype(np.int64), o["start"].astype(np.int64)
+    rank, label = o["rank"].astype(np.int64), o["name"].astype(np.int64)
+    released = o["end"].astype(np.int64)
+    blocking = np.zeros(len(ops), dtype=np.int64)
+    if syncs is not None and len(syncs.calls):
+        calls = syncs.calls
+        c = trace.launches[calls]
+        c_thread, c_start = c["thread"].astype(np.int64), c["start"].astype(np.int64)
+        index = RangeIndex(thread, start, released, np.arange(len(ops), dtype=np.int64))
+        op = index.lookup(c_thread, c_start) if len(ops) else np.full(len(calls), -1)
+        held = op >= 0
+        np.add.at(blocking, op[held], 1)
+        np.maximum.at(released, op[held], syncs.end[held])
+        free = ~held  # a blocking call outside every sync op is a site of its own
+        thread = np.concatenate([thread, c_thread[free]])
+        start = np.concatenate([start, c_start[free]])
+        rank = np.concatenate([rank, c["rank"][free].astype(np.int64)])
+        label = np.concatenate([label, syncs.label[free]])
+        blocking = np.concatenate([blocking, np.ones(int(free.sum()), dtype=np.int64)])
+        released = np.concatenate([released, syncs.end[free]])
+    return _Sites(thread, start, rank, label, blocking, released)
+
+
+def _gpu_idle_after(sites: _Sites, acts: GpuActivities | None) -> IntArray:
+    """Per site that blocked: the GPU idle time of its rank from the site's start until the
+    first GPU activity that starts once the site released the thread (the queue the sync
+    drained is empty until the host launches again); 0 for a site that waited for nothing."""
+    idle = np.zeros(len(sites.start), dtype=np.int64)
+    blocked = np.flatnonzero((sites.blocking > 0) & (sites.rank >= 0))
+    if acts is None or len(acts.start) == 0 or len(blocked) == 0:
+        return idle
+    known = np.flatnonzero(acts.rank >= 0)  # an activity no launch placed on a rank: none
+    order = known[np.lexsort((acts.start[known], acts.rank[known]))]
+    a_rank, a_start = acts.rank[order], acts.start[order]
+    busy = Union.of(a_rank, a_start, acts.end[order], in_order=True)
+    for r in np.unique(sites.rank[blocked]).tolist():
+        mine = blocked[sites.rank[blocked] == r]
+        lo_r, hi_r = np.searchsorted(a_rank, [r, r + 1])
+        starts = a_start[lo_r:hi_r]
+        released = sites.released[mine]
+        at = np.searchsorted(starts, released, side="left")
+        refill = np.where(at < len(starts), starts[np.minimum(at, len(starts) - 1)], released)
+        lo = np.minimum(sites.start[mine], refill)
+        seg = np.full(len(mine), r, dtype=np.int64)
+        idle[mine] = (refill - lo) - busy.covered(seg, lo, refill)
+    return idle
+
+
+def _steps_of(sites: _Sites, windows: Sequence[Window]) -> IntArray:
+    """Per site: the number of steps of its rank when the site lies inside one of them (a
+    ``step`` window, by its start), else 0 (between steps; a trace without steps)."""
+    out = np.zeros(len(sites.start), dtype=np.int64)
+    for r in np.unique(sites.rank).tolist():
+        steps = sorted((w.start_ns, w.end_ns) for w in windows if w.kind == "step" and w.rank == r)
+        if not steps:
+            continue
+        lo, hi = np.array(steps, dtype=np.int64).T
+        reach = np.maximum.accumulate(hi)  # overlapping steps: any earlier one may hold it
+        mine = np.flatnonzero(sites.rank == r)
+        at = np.searchsorted(lo, sites.start[mine], side="right") - 1
+        inside = (at >= 0) & (sites.start[mine] < reach[np.maximum(at, 0)])
+        out[mine[inside]] = len(steps)
+    return out
+
+
+def _sync_pointers(
+    trace: Trace,
+    catalog: Catalog,
+    syncs: HostSyncs | None = None,
+    acts: GpuActivities | None = None,
+    windows: Sequence[Window] = (),
+) -> list[SyncPointer]:
+    """Innermost user Python frame around each sync site, counted per frame and op, with the
+    GPU idle the blocking ones were followed by (``_gpu_idle_after``) and, per step, the
+    saving estimated from it (the largest rank's)."""
+    table = trace.ranges
+    names = table["name"]
+    user = [
+        s for s in np.unique(names).tolist()
+        if _FRAME.match(trace.strings[s]) and not _LIBRARY_FRAME.search(trace.strings[s])
+    ]
     frames = np.flatnonzero(np.isin(names, user) & (table["kind"] == RangeKind.PYTHON))
-    if len(ops) == 0 or len(frames) == 0:
+    sites = _sites(trace, catalog, syncs)
+    if len(sites.start) == 0 or len(frames) == 0:
         return []
     index = RangeIndex(
         table["thread"][frames], table["start"][frames], table["end"][frames], frames
     )
-    found = index.lookup(table["thread"][ops], table["start"][ops])
-    counts = Counter(
-        (_frame_text(trace.strings[int(names[f])]), trace.strings[int(names[o])])
-        for o, f in zip(ops.tolist(), found.tolist(), strict=True)
-        if f >= 0
-    )
-    return [
-        SyncPointer(frame=frame, op=op, calls=n) for (frame, op), n in counts.most_common(TOP_ROWS)
+    found = index.lookup(sites.thread, sites.start)
+    framed = np.flatnonzero(found >= 0)
+    if len(framed) == 0:
+        return []
+    idle = _gpu_idle_after(sites, acts)[framed]
+    steps = _steps_of(sites, windows)[framed]
+    rank = sites.rank[framed]
+    # one group per (frame symbol, site label): counts by bincount, not per site
+    width = len(trace.strings) + 1
+    key = names[found[framed]].astype(np.int64) * width + sites.label[framed]
+    groups, group = np.unique(key, return_inverse=True)
+    n = len(groups)
+    calls = np.bincount(group, minlength=n)
+    in_steps = np.bincount(group, weights=steps > 0, minlength=n)
+    blocking = np.bincount(group, weights=sites.blocking[framed], minlength=n)
+    idle_ns = np.bincount(group, weights=idle, minlength=n)
+    # per step and rank: the idle after a group's sites inside the steps / the rank's steps
+    stepped = np.flatnonzero(steps > 0)
+    saving = np.full(n, -1.0)  # -1: no site of the group inside a step
+    if len(stepped):
+        pairs, pair = np.unique(
+            np.stack([group[stepped], rank[stepped]], axis=1), axis=0, return_inverse=True
+        )
+        share = np.bincount(pair.ravel(), weights=idle[stepped] / steps[stepped])
+        np.maximum.at(saving, pairs[:, 0], share)
+    gpu = acts is not None and len(acts.start) > 0
+    out = [
+        SyncPointer(
+            frame=_frame_text(trace.strings[int(k // width)]),
+            op=trace.strings[int(k % width)],
+            calls=int(calls[g]),
+            step_calls=int(in_steps[g]),
+            blocking_calls=int(blocking[g]) if gpu else None,
+            gpu_idle_ns=int(idle_ns[g]) if gpu else None,
+            saving_ms=round(float(saving[g]) / 1e6, 4) if gpu and saving[g] >= 0 else None,
+        )
+        for g, k in enumerate(groups.tolist())
     ]
+    out.sort(key=lambda p: (-(p.gpu_idle_ns or 0), -p.calls, p.frame, p.op))
+    return out[:TOP_ROWS]
 
 
 def _frame_text(name: str) -> str:
@@ -236,7 +369,8 @@ def do_first(
     findings: Sequence[Finding], pointers: Sequence[SyncPointer], *, gpu: bool = True
 ) -> list[Action]:
     """At most ``DO_FIRST`` actions: errors and warnings with their saving, largest first
-    (unquantified ones after), then the busiest host-sync pointers."""
+    (unquantified ones after), then the host-sync pointers that blocked, largest saving
+    first."""
     urgent = [f for f in findings if f.severity in (Severity.ERROR, Severity.WARNING)]
     urgent.sort(
         key=lambda f: (
@@ -260,27 +394,62 @@ def do_first(
                 rule=f.rule,
             )
         )
+    out += _sync_actions(pointers, gpu=gpu)
+    return out[:DO_FIRST]
+
+
+SAVING_METHOD = (
+    "saving estimated as the GPU idle from each blocking call inside a step until the GPU's "
+    "next activity after it, per step"
+)
+"""How a host-sync action's saving was estimated (its evidence says it)."""
+LINE_CAVEAT = (
+    "Kineto names a frame by its def line (or the line running when profiling started), not "
+    "the line of the call"
+)
+"""Why a pointer's line may not be the line of the sync: a Kineto ``python_function`` event
+holds the line of its own frame when the tracer first saw it, and no event holds the caller's
+current line (``docs/analyzers.md``, summary)."""
+
+
+def _sync_actions(pointers: Sequence[SyncPointer], *, gpu: bool) -> list[Action]:
+    """One action per frame with syncs inside the steps that cost GPU time (on a trace without
+    GPU: that called host-sync operators in the steps, their wait not observed), the largest
+    saving first. A sync between steps, or one that waited for nothing (``.item()`` of a CPU
+    tensor), is no action."""
     by_frame: dict[str, list[SyncPointer]] = {}
     for p in pointers:
-        by_frame.setdefault(p.frame, []).append(p)
+        costs = p.step_calls > 0 and (not gpu or (p.saving_ms or 0.0) > 0)
+        if costs:
+            by_frame.setdefault(p.frame, []).append(p)
+    actions = []
     for frame, mine in by_frame.items():
         ops = ", ".join(p.op for p in mine)
-        calls = sum(p.calls for p in mine)
-        out.append(
+        calls = sum(p.step_calls for p in mine)
+        if gpu:
+            blocking = sum(p.blocking_calls or 0 for p in mine)
+            why = (
+                f"{blocking} blocking CUDA call(s) from {sum(p.calls for p in mine)} host-sync "
+                f"call(s) there; {SAVING_METHOD}"
+            )
+        else:
+            why = (
+                f"{calls} host-sync call(s) there in the steps: on a GPU tensor each would wait "
+                "for the device (this run had no GPU activity)"
+            )
+        saving = sum(p.saving_ms or 0.0 for p in mine) if gpu else None
+        actions.append(
             Action(
                 action=f"Take the host sync ({ops}) at {frame} out of the step, or compute the "
                 "value on the host",
-                evidence=f"{calls} host-sync operator call(s) there: "
-                + (
-                    "each waits for the GPU to drain its queue"
-                    if gpu
-                    else "on a GPU tensor each would wait for the device (this run had no GPU "
-                    "activity)"
-                ),
+                saving_ms=round(saving, 4) if saving is not None else None,
+                saving_basis="estimate" if saving is not None else None,
+                evidence=f"{why}; {LINE_CAVEAT}",
                 rule="host-sync-in-step",
             )
         )
-    return out[:DO_FIRST]
+    actions.sort(key=lambda a: -(a.saving_ms or 0.0))
+    return actions
 
 
 def _first_sentence(text: str) -> str:
@@ -288,4 +457,4 @@ def _first_sentence(text: str) -> str:
     return text[: cut.start() + 1] if cut else text
 
 
-__all__ = ["DO_FIRST", "TOP_ROWS", "do_first", "summarize"]
+__all__ = ["DO_FIRST", "LINE_CAVEAT", "SAVING_METHOD", "TOP_ROWS", "do_first", "summarize"]

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from analyzers.errors import CorruptTraceError
 from analyzers.model import RANGE_DTYPE, RangeKind
+from analyzers.readers._labels import relabel
 from analyzers.readers._nesting import nest
 from analyzers.readers._nsys_sql import (
     CHUNK_ROWS,
@@ -77,7 +78,7 @@ def read_ranges(src: NsysSource, span: tuple[int, int]) -> npt.NDArray[np.void]:
     trace_end = max(span[1], int(raw["start"].max())) if len(raw) else span[1]
     out["end"] = np.where(raw["end"] >= raw["start"], raw["end"], trace_end)
     out["kind"] = _kinds(src, raw, names, types.get(_DOMAIN_CREATE))
-    out["name"] = emit_nvtx_names(names, src)
+    out["name"] = relabel(names, src.strings, emit_nvtx_label)
     del raw, names  # free the raw rows before nesting allocates its sort keys
     out["parent"], out["depth"] = nest(out["thread"], out["start"], out["end"], family)
     return out
@@ -99,23 +100,6 @@ def emit_nvtx_label(text: str) -> str:
     if ", seq = " not in text and ", op_id = " not in text:
         return text
     return _EMIT_NVTX_COUNTERS.sub("", text)
-
-
-def emit_nvtx_names(names: npt.NDArray[np.int32], src: NsysSource) -> npt.NDArray[np.int32]:
-    """``names`` with every emit_nvtx label replaced by its normalised symbol (once per
-    distinct symbol, not per row)."""
-    if len(names) == 0:
-        return names
-    present = np.unique(names).tolist()
-    remap = {s: src.strings.intern(emit_nvtx_label(src.strings[s])) for s in present}
-    changed = {s: t for s, t in remap.items() if s != t}
-    if not changed:
-        return names
-    table = np.arange(max(max(remap.values()), max(present)) + 1, dtype=np.int32)
-    for s, t in changed.items():
-        table[s] = t
-    out: npt.NDArray[np.int32] = table[names]
-    return out
 
 
 def _event_type_ids(src: NsysSource) -> dict[str, int]:

@@ -81,6 +81,7 @@ from analyzers.readers._kineto_layout import (
     read_layout,
 )
 from analyzers.readers._kineto_structs import StructMismatch, StructSink, read_structs
+from analyzers.readers._labels import python_frame_label, relabel
 from analyzers.readers._nesting import nest
 from analyzers.readers._ranks import UNKNOWN
 
@@ -561,6 +562,8 @@ def _finish(path: Path, header: dict[str, object], tables: _Tables, rank: int) -
     launches = tables.freeze("launches")
     launches["sync"] = sync_column(launches["api"], tables.strings)
     ranges = tables.freeze("ranges")
+    frames = np.flatnonzero(ranges["kind"] == RangeKind.PYTHON)
+    ranges["name"][frames] = relabel(ranges["name"][frames], tables.strings, python_frame_label)
     calls = launches[launch_calls(launches)]
     main_process = _main_process(calls, ranges)
     activities["process"] = _owning_process(activities, calls, main_process)

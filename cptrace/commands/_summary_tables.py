@@ -49,4 +49,4 @@ def render_summary(console: Any, summary: Any) -> None:
     if summary.communication_share is not None:
         console.print(f"communication share: {100 * summary.communication_share:.1f}%")
     for p in summary.sync_pointers:
-        console.print(f"host sync: {p.frame}: {p.op} x{p.calls}", highlight=False)
+        console.print(f"host sync: {p.text}", highlight=False)

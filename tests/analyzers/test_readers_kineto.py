@@ -23,6 +23,7 @@ from analyzers.readers import (
     read_trace,
     read_traces,
 )
+from analyzers.readers._labels import python_frame_label
 from analyzers.readers.kineto import read_kineto_files
 
 DATA = DATA_DIR
@@ -132,11 +133,11 @@ def test_python_parent_ids_agree_with_time_nesting() -> None:
         parent = frames.get(frame["args"]["Python parent id"])
         if parent is None:
             continue
-        row = by_start[(round(frame["ts"] * 1000), frame["name"])]
+        row = by_start[(round(frame["ts"] * 1000), python_frame_label(frame["name"]))]
         up = int(trace.ranges["parent"][row])
         assert up >= 0
         assert trace.ranges["kind"][up] == RangeKind.PYTHON
-        assert trace.strings[int(trace.ranges["name"][up])] == parent["name"]
+        assert trace.strings[int(trace.ranges["name"][up])] == python_frame_label(parent["name"])
         assert int(trace.ranges["start"][up]) == round(parent["ts"] * 1000)
         checked += 1
     assert checked > 500

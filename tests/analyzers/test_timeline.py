@@ -235,8 +235,9 @@ def test_kineto_step_window_extension_past_the_annotation() -> None:
     assert (step.start_ns, step.end_ns, step.busy_ns, step.idle_ns) == (150, 240, 80, 10)
 
 
-def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
-    # three intervals (no External ids) for two CPU ranges of different names: step 1 gets two
+def test_unpairable_gpu_annotations_are_projected_with_a_note() -> None:
+    # three intervals (no External ids) for two CPU ranges of different names: step 1 gets two,
+    # so it is not paired and is projected: [150, 190), its kernel, up to step 2's annotation
     trace = _annotated_trace([(150, 170, -1), (175, 190, -1), (190, 250, -1)])
     windows = [
         Window(rank=0, name=f"ProfilerStep#{i + 1}", index=i, kind="step",
@@ -245,8 +246,12 @@ def test_unpairable_gpu_annotations_fall_back_to_cpu_with_a_note() -> None:
     ]  # fmt: skip
     acts = gpu_activities(trace, attribute(trace, load_catalog()))
     measured, notes = timeline_windows(trace, windows, acts)
-    assert [m.basis for m in measured] == [WindowBasis.CPU_RANGE, WindowBasis.GPU_ANNOTATION]
-    assert len(notes) == 1 and "'ProfilerStep#1'" in notes[0]
+    assert [(m.basis, m.start_ns, m.end_ns) for m in measured] == [
+        (WindowBasis.GPU_PROJECTION, 150, 190),
+        (WindowBasis.GPU_ANNOTATION, 190, 250),
+    ]
+    assert len(notes) == 2 and "'ProfilerStep#1'" in notes[0] and "not paired" in notes[0]
+    assert "1 of 2 'ProfilerStep' step(s)" in notes[1] and "(ProfilerStep#1; 1 paired)" in notes[1]
 
 
 def test_cpu_windows_clip_work_running_past_the_step() -> None:
