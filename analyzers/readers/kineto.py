@@ -22,17 +22,19 @@ gpu_user_annotation         gpu_ranges (GPU-side mirror of a CPU annotation, not
 
 Timestamps are microseconds; they become integer ns exactly, from their decimal text, never
 through a float: an integer, or up to three decimals, is exact; more decimals round half to even
-at the nanosecond (``_ns``). The fast path cuts the digits out itself; the streaming scanner
+at the nanosecond (``_ns``). The struct and layout paths read the digits themselves; the scanner
 parses numbers as ``Decimal``. Only a ``ts`` the layout reader could not cut out of its line
 (an exponent, a sign) arrives as a float; it is read through its shortest decimal form.
 
-Three parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
-line layout with numpy (the fast path, about 10x faster than building a dict per event); a file
-in any other JSON layout (re-indented, compact, other writers) is read by ``_json_chunks``,
-which finds the events' keys from the string delimiters of a chunk and vectorizes the range
-events the same way; and malformed JSON ends in the streaming scanner ``_json_stream``, which
-reports the exact position of the error. Each hands over early (the layout reader after its
-first chunk), so a file is not read twice in full.
+Four paths give the same rows. ``_kineto_structs`` decodes whole events of any JSON layout
+with ``msgspec`` into typed structs and builds the columns with numpy; it reads clean traces
+only and gives up (``StructMismatch``) on anything the others decide specially (a string pid,
+a ``null`` time, an event that is not an object, malformed JSON). Then ``_kineto_layout`` cuts
+the range events out of Kineto's fixed line layout with numpy; a file in any other JSON layout
+is read by ``_json_chunks``, which finds the events' keys from the string delimiters of a chunk
+and vectorizes the range events the same way; and malformed JSON ends in the streaming scanner
+``_json_stream``, which reports the exact position of the error. The layout reader hands over
+early (after its first chunk); the struct path gives up at the first chunk it cannot read.
 
 The rank comes from the ``rank`` argument, else ``distributedInfo.rank``, else ``rank<N>`` in
 the file name, else it is -1 with ``metadata["rank_source"] == "unknown"``: ``read_trace`` and
