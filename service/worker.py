@@ -2,9 +2,9 @@
 
 Started by ``cptrace worker`` or ``python -m service.worker`` (the API's supervisor starts it so,
 see ``service.supervisor``). It links the run's blobs into a scratch directory under readable
-names (content decides the name, never the upload), runs ``analyzers.analyze`` in a child
-process under a time and memory limit (``service.analysis_exec``), checks that the report loads
-back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
+names (content decides the name, never the upload; an S3 blob is streamed in), runs
+``analyzers.analyze`` in a child process under a time and memory limit
+(``service.analysis_exec``), checks that the report loads back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
 a long analysis runs; another records in ``worker_heartbeats`` that the worker is alive (what
 ``/health`` reads). SIGTERM lets the current task finish, then exits. Failure reasons name the
 user's files, never the scratch paths.
@@ -31,7 +31,7 @@ from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
-from service.storage.blobs import BlobStore
+from service.storage.blobs import open_blobs
 from service.storage.database import connect
 
 log = logging.getLogger("cptrace.worker")
@@ -54,7 +54,7 @@ class AnalysisWorker:
     ) -> None:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self.blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+        self.blobs = open_blobs(settings.blob_location, settings.tmp_dir)
         self.conn = connect(settings.db_path, busy_timeout_ms=settings.busy_timeout_ms)
         self._analyze = analyze
         self.stop = threading.Event()
@@ -132,10 +132,13 @@ class AnalysisWorker:
         for i, f in enumerate(files):
             rank = "" if f["rank"] is None else f"-rank{f['rank']}"
             link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
-            os.symlink(self.blobs.path_for(f["sha256"]), link)
+            # a local blob is linked; an S3 blob is streamed into the scratch folder (removed
+            # after the task), under the uploads' own cap
+            limit = self.settings.max_decompressed_bytes
+            self.blobs.materialise(f["sha256"], link, limit=limit)
             paths.append(link)
             labels[str(link)] = f["name"]  # error messages name the uploaded file
-            labels[str(self.blobs.path_for(f["sha256"]))] = f["name"]
+            labels[self.blobs.describe(f["sha256"])] = f["name"]
         labels[str(scratch)] = "the run"
         return paths
 
@@ -312,6 +315,7 @@ def main(settings: Settings, *, once: bool = False) -> None:
     lower_priority()  # analyses yield the CPU to the API when they share a machine
     open_database(settings).close()  # schema up to date before the first claim
     runner = AnalysisWorker(settings)
+    runner.blobs.check()  # an unreachable S3 store stops the start, with its reason
     swept = sweep_scratch(settings.tmp_dir, runner.conn)
     if swept:
         log.info("removed %d scratch folder(s) of killed analyses", swept)

@@ -106,7 +106,7 @@ async def upload_bundle(
                 request.app,
                 stage_bundle,
                 received.path,
-                settings.blob_dir,
+                settings.blob_location,
                 scratch,
                 _limits(settings, received.size),
             )
@@ -164,7 +164,7 @@ async def upload_trace(
                 received.path,
                 received.sha256,
                 name,
-                settings.blob_dir,
+                settings.blob_location,
                 scratch,
                 _limits(settings),
                 rank,
