@@ -2,9 +2,9 @@
 
 Started by ``cptrace worker`` or ``python -m service.worker`` (the API's supervisor starts it so,
 see ``service.supervisor``). It links the run's blobs into a scratch directory under readable
-names (content decides the name, never the upload; an S3 blob is streamed in), runs
-``analyzers.analyze`` in a child process under a time and memory limit
-(``service.analysis_exec``), checks that the report loads back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
+names (content decides the name, never the upload), runs ``analyzers.analyze`` in a child
+process under a time and memory limit (``service.analysis_exec``), checks that the report loads
+back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
 a long analysis runs; another records in ``worker_heartbeats`` that the worker is alive (what
 ``/health`` reads). SIGTERM lets the current task finish, then exits. Failure reasons name the
 user's files, never the scratch paths.
@@ -133,8 +133,8 @@ class AnalysisWorker:
             rank = "" if f["rank"] is None else f"-rank{f['rank']}"
             link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
             # a local blob is linked; an S3 blob is streamed into the scratch folder (removed
-            # after the task), under the uploads' own cap
-            limit = self.settings.max_decompressed_bytes
+            # after the task), bounded by the caps every stored blob passed at upload
+            limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
             self.blobs.materialise(f["sha256"], link, limit=limit)
             paths.append(link)
             labels[str(link)] = f["name"]  # error messages name the uploaded file

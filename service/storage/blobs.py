@@ -144,6 +144,7 @@ class Blobs(ABC):
 
     tmp: Path
 
+    @abstractmethod
     def check(self) -> None:
         """Make sure the store can be used (at start-up).
 
@@ -173,7 +174,9 @@ class Blobs(ABC):
         """Drop a temp file that will not be committed (and what ``spool`` made of it)."""
 
     @abstractmethod
-    def read_chunks(self, sha256: str, *, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def read_chunks(
+        self, sha256: str, *, start: int = 0, end: int | None = None
+    ) -> Iterator[bytes]:
         """The blob's bytes ``[start, end)`` as a stream of chunks.
 
         :raises FileNotFoundError: no such blob.
@@ -277,6 +280,9 @@ class BlobStore(Blobs):
         check_digest(sha256)
         return self.root / sha256[:2] / sha256[2:]
 
+    def check(self) -> None:
+        """The folders exist (made in ``__init__``); nothing more to check."""
+
     def exists(self, sha256: str) -> bool:
         return self.path_for(sha256).is_file()
 
@@ -300,7 +306,9 @@ class BlobStore(Blobs):
     def discard_temp(self, temp: Path) -> None:
         temp.unlink(missing_ok=True)
 
-    def read_chunks(self, sha256: str, *, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def read_chunks(
+        self, sha256: str, *, start: int = 0, end: int | None = None
+    ) -> Iterator[bytes]:
         with self.path_for(sha256).open("rb") as fh:
             fh.seek(start)
             left = None if end is None else max(0, end - start)
@@ -437,7 +445,9 @@ class S3BlobStore(Blobs):
             self._client.delete_object(Bucket=self.location.bucket, Key=staged)
         temp.unlink(missing_ok=True)
 
-    def read_chunks(self, sha256: str, *, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def read_chunks(
+        self, sha256: str, *, start: int = 0, end: int | None = None
+    ) -> Iterator[bytes]:
         from botocore.exceptions import ClientError
 
         extra = {}
@@ -482,7 +492,7 @@ class S3BlobStore(Blobs):
     def delete(self, sha256: str) -> None:
         self._client.delete_object(Bucket=self.location.bucket, Key=self.key_for(sha256))
 
-    def _objects(self, under: str) -> Iterator[tuple[str, float]]:
+    def objects(self, under: str) -> Iterator[tuple[str, float]]:
         """(key, age in seconds) of every object under ``prefix + under``."""
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.location.bucket, Prefix=self.location.prefix + under
@@ -498,7 +508,7 @@ class S3BlobStore(Blobs):
         return digest if rest[2:3] == "/" and _SHA256.match(digest) else None
 
     def iter_digests(self) -> Iterator[str]:
-        for key, _age in self._objects("blobs/"):
+        for key, _age in self.objects("blobs/"):
             digest = self._digest_of(key)
             if digest is not None:
                 yield digest
@@ -507,7 +517,7 @@ class S3BlobStore(Blobs):
         """Remove objects no row refers to, once older than ``S3_GRACE_S`` (another host's
         upload may be between its commit and its run's insert)."""
         removed = 0
-        for key, age in list(self._objects("blobs/")):
+        for key, age in list(self.objects("blobs/")):
             digest = self._digest_of(key)
             if digest is not None and age > S3_GRACE_S and not known(digest):
                 self._client.delete_object(Bucket=self.location.bucket, Key=key)
@@ -518,7 +528,7 @@ class S3BlobStore(Blobs):
         """The local ``tmp/``, plus staging objects older than ``S3_GRACE_S`` (uploads whose
         API process was killed mid-validation)."""
         removed = super().clean_tmp()
-        for key, age in list(self._objects("staging/")):
+        for key, age in list(self.objects("staging/")):
             if age > S3_GRACE_S:
                 self._client.delete_object(Bucket=self.location.bucket, Key=key)
                 removed += 1
@@ -530,9 +540,7 @@ def _s3_client(endpoint_url: str | None) -> Any:
         import boto3
         from botocore.config import Config
     except ImportError:  # boto3 is the optional [s3] extra, not one of our packages
-        raise BlobConfigError(
-            "s3:// blobs need boto3: pip install 'cptrace[s3]'"
-        ) from None
+        raise BlobConfigError("s3:// blobs need boto3: pip install 'cptrace[s3]'") from None
     config = Config(
         retries={"max_attempts": 5, "mode": "standard"},
         s3={"addressing_style": "path"} if endpoint_url else {},

@@ -91,7 +91,7 @@ def test_discarded_temp_leaves_nothing(any_blobs: Blobs) -> None:
     assert _tmp_files(any_blobs) == []
     assert not any_blobs.exists(pending.sha256) and list(any_blobs.iter_digests()) == []
     if isinstance(any_blobs, S3BlobStore):
-        assert list(any_blobs._objects("")) == []  # no staging object either
+        assert list(any_blobs.objects("")) == []  # no staging object either
 
 
 def test_delete_and_sweep(any_blobs: Blobs, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +119,7 @@ def test_clean_tmp_removes_staging_of_killed_uploads(
     store.spool(pending.path)  # a staging object, never committed nor discarded
     monkeypatch.setattr("service.storage.blobs.S3_GRACE_S", -1.0)
     assert store.clean_tmp() == 2  # the local temp file and the staging object
-    assert list(store._objects("")) == [] and _tmp_files(store) == []
+    assert list(store.objects("")) == [] and _tmp_files(store) == []
 
 
 def test_blob_locations() -> None:
@@ -136,11 +136,13 @@ def test_blob_settings(tmp_path: Path) -> None:
     assert Settings(data_dir=tmp_path).blob_location == tmp_path / "blobs"
     settings = Settings(data_dir=tmp_path, blobs="s3://b-1/p", s3_endpoint_url="http://h:9000")
     assert settings.blob_location == S3Location("b-1", "p/", "http://h:9000")
-    with pytest.raises(SettingsError, match="CPTRACE_BLOBS='s3://x/p'.*bucket name 'x'"):
+    with pytest.raises(SettingsError, match=r"CPTRACE_BLOBS='s3://x/p'.*bucket name 'x'"):
         Settings(data_dir=tmp_path, blobs="s3://x/p")
 
 
-def test_unreachable_store_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_store_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from testkit import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
