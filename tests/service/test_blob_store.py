@@ -9,9 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
+from service_factories import KINETO_RANK0
 
+from analyzers.errors import TraceError
 from service.core.config import Settings, SettingsError
 from service.core.errors import PayloadTooLarge
+from service.ingest import Limits, stage_trace
 from service.storage.blobs import (
     PART_BYTES,
     BlobConfigError,
@@ -152,3 +155,23 @@ def test_unreachable_store_is_one_clear_error(
     store = S3BlobStore(location, tmp_path / "tmp")
     with pytest.raises(BlobConfigError, match=r"blob store s3://bucket/ at http://127\.0\.0\.1"):
         store.check()
+
+
+def test_a_trace_upload_is_stored_after_its_check(any_blobs: Blobs) -> None:
+    """``stage_trace`` (the single-trace upload) spools the file while it is checked."""
+    data = KINETO_RANK0.read_bytes()
+    pending = any_blobs.stage_chunks([data])
+    at = any_blobs.root if isinstance(any_blobs, BlobStore) else any_blobs.location
+    limits = Limits(64 * 1024 * 1024, 8)
+    staged = stage_trace(pending.path, pending.sha256, "r0.json.gz", at, any_blobs.tmp, limits)
+    assert [(f.sha256, f.format, f.gzipped) for f in staged.files] == [
+        (pending.sha256, "kineto", True)
+    ]
+    assert any_blobs.read_bytes(pending.sha256) == data and _tmp_files(any_blobs) == []
+    bad = any_blobs.stage_chunks([b'{"traceEvents": ['])
+    with pytest.raises(TraceError, match=r"r1\.json"):
+        stage_trace(bad.path, bad.sha256, "r1.json", at, any_blobs.tmp, limits)
+    assert not any_blobs.exists(bad.sha256) and _tmp_files(any_blobs) == []
+    assert list(any_blobs.iter_digests()) == [pending.sha256]
+    if isinstance(any_blobs, S3BlobStore):
+        assert list(any_blobs.objects("staging/")) == []
