@@ -175,3 +175,26 @@ def test_a_trace_upload_is_stored_after_its_check(any_blobs: Blobs) -> None:
     assert list(any_blobs.iter_digests()) == [pending.sha256]
     if isinstance(any_blobs, S3BlobStore):
         assert list(any_blobs.objects("staging/")) == []
+
+
+def test_cli_blobs_option_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--blobs`` on ``cptrace worker``: a bad location or an unreachable store is one
+    ``Error:`` line, no traceback."""
+    from testkit import free_port
+    from typer.testing import CliRunner
+
+    from cptrace.cli import app
+
+    bad = CliRunner().invoke(app, ["worker", "--data-dir", str(tmp_path), "--blobs", "s3://B_"])
+    assert bad.exit_code == 1 and "bucket name 'B_'" in bad.output
+    assert "Traceback" not in bad.output
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("CPTRACE_S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    down = CliRunner().invoke(
+        app, ["worker", "--data-dir", str(tmp_path), "--blobs", "s3://bucket/p", "--once"]
+    )
+    assert down.exit_code == 1 and "Error: blob store s3://bucket/p/ at http://" in down.output
+    assert "Traceback" not in down.output
