@@ -7,7 +7,8 @@ PORT ?= 8000
 DATA_DIR ?= var
 # pytest-xdist workers. --dist loadfile: the tests of one file run on one worker, in order, so a
 # module's shared server or database is built once (xdist 3.8's loadgroup cannot group under
-# pytest 9: it renames a node id attribute pytest 9 no longer reads).
+# pytest 9: it renames a node id attribute pytest 9 no longer reads). --no-loadscope-reorder:
+# files are handed out in collection order, where tests/conftest.py puts the slow files first.
 TEST_WORKERS ?= auto
 PYTEST_ARGS ?=
 
@@ -52,7 +53,7 @@ lint: setup
 	$(BIN)/mypy service web pr_bot contracts runners cptrace cp_attention
 
 test: setup browser sandbox lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR) .pytest_cache .ruff_cache .mypy_cache

@@ -352,11 +352,24 @@ def match_ranges(trace: Trace, catalog: Catalog) -> RangeHelpers:
     for sym in np.flatnonzero(by_symbol >= 0):
         python_symbol[sym] = catalog.match_range(trace.strings[int(sym)])[1]
     helper = by_symbol[names] if len(names) else np.empty(0, dtype=np.int32)
+    via_python = python_symbol[names] if len(names) else np.empty(0, dtype=bool)
+    return index_ranges(trace, catalog, helper, via_python)
+
+
+def index_ranges(
+    trace: Trace,
+    catalog: Catalog,
+    helper: npt.NDArray[np.int32],
+    via_python: npt.NDArray[np.bool_],
+) -> RangeHelpers:
+    """The lookup indexes over ranges whose catalog matches are known (``helper`` and
+    ``via_python`` per row of ``trace.ranges``): ``match_ranges``' last step, and how the
+    merge of per-rank parts indexes the matches each part made."""
     fallback = np.array([h.fallback for h in catalog.helpers] + [False], dtype=bool)
     is_fallback = fallback[helper]  # helper -1 indexes the trailing False
     return RangeHelpers(
         helper=helper,
-        via_python=python_symbol[names] if len(names) else np.empty(0, dtype=bool),
+        via_python=via_python,
         specific=_range_index(trace, (helper >= 0) & ~is_fallback),
         container=_range_index(trace, (helper >= 0) & is_fallback),
     )

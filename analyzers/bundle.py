@@ -49,7 +49,9 @@ from analyzers.readers import (
     FORMAT_OF_KIND,
     GZIP_MAGIC,
     CappedGunzip,
+    Kind,
     TraceFormat,
+    TraceInput,
     is_gzip,
     sniff,
 )
@@ -148,6 +150,15 @@ class BundleTrace(BundleFile):
     rank: int | None
     """The rank the file holds; None for a file covering several ranks (one nsys export)."""
     gzipped: bool = False
+    kind: Kind | None = None
+    """What the content holds, as sniffed when the manifest's format was checked (so the
+    upload check and the readers need not sniff again)."""
+
+    def as_input(self, label: str | None = None) -> TraceInput:
+        """This trace as the analysis' typed input (``label``: its name in the report)."""
+        return TraceInput(
+            path=self.path, format=self.format, gzipped=self.gzipped, rank=self.rank, label=label
+        )
 
 
 def select_analysis_traces(items: Sequence[T], format_of: Callable[[T], str]) -> list[T]:
@@ -623,6 +634,7 @@ def _match_traces(
                 format=fmt,
                 rank=rank,
                 gzipped=is_gzip(found.path),
+                kind=kind,
             )
         )
     return tuple(traces)

@@ -177,6 +177,16 @@ class SymbolTable:
             self.full_lengths[found] = len(name)
         return found
 
+    @classmethod
+    def from_names(cls, names: list[str], full_lengths: dict[int, int]) -> SymbolTable:
+        """A table holding ``names`` at their ids (as stored from another table's ``names``
+        and ``full_lengths``: truncated names stay truncated, never re-interned)."""
+        table = cls()
+        table.names = list(names)
+        table._ids = {name: i for i, name in enumerate(table.names)}
+        table.full_lengths = dict(full_lengths)
+        return table
+
     def lookup(self, name: str) -> int | None:
         """Return the id of ``name`` or None when it never occurred."""
         return self._ids.get(truncated_name(name))

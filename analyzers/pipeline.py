@@ -41,6 +41,7 @@ from analyzers.model import (
     launch_calls,
     merge_traces,
 )
+from analyzers.readers import TraceInput
 from analyzers.report import (
     AnalysisReport,
     DeviceFigures,
@@ -67,6 +68,8 @@ Progress = Callable[[str, float], None]
 """Called with a stage description and the fraction of the work done (0..1)."""
 
 PathLike = str | Path
+Inputs = Sequence[PathLike | TraceInput] | PathLike | TraceInput
+"""What ``analyze`` takes: paths (traces, run bundles, a saved report) and typed inputs."""
 
 
 @dataclass(slots=True)
@@ -100,29 +103,32 @@ class FailedRunError(TraceError):
 
 
 def _expand(
-    paths: Sequence[PathLike],
+    paths: Sequence[PathLike | TraceInput],
     manifest: RunManifest | PathLike | None,
     stack: ExitStack,
-    labels: dict[Path, str] | None = None,
-) -> tuple[list[Path], RunManifest | None]:
-    """Replace run bundles by their traces; a bundle's manifest is used unless one is given.
+) -> tuple[list[TraceInput], RunManifest | None]:
+    """The typed inputs: run bundles replaced by their traces (a bundle's manifest is used
+    unless one is given), bare paths sniffed once, ``TraceInput`` items kept as they are.
 
     Bundles are entered on ``stack`` so a tar's extraction directory is removed afterwards.
-    ``labels`` gets each bundle trace's name for output, ``run.tar.gz:traces/rank0.json.gz``
-    (never the extraction directory, which is gone once the analysis ends).
+    A bundle trace is labelled for output ``run.tar.gz:traces/rank0.json.gz`` (never the
+    extraction directory, which is gone once the analysis ends).
     """
-    files: list[Path] = []
+    from analyzers.readers import trace_input
+
+    files: list[TraceInput] = []
     bundle_manifest = None
     for raw in paths:
+        if isinstance(raw, TraceInput):
+            files.append(raw)
+            continue
         path = Path(raw)
         bundle = _open_bundle(path)
         if bundle is None:
-            files.append(path)
+            files.append(trace_input(path))
             continue
         stack.enter_context(bundle)
-        found = bundle.analysis_paths()
-        if labels is not None:
-            labels.update((t.path, f"{path.name}:{t.member}") for t in bundle.analysis_traces())
+        found = [t.as_input(label=f"{path.name}:{t.member}") for t in bundle.analysis_traces()]
         if not found and len(paths) == 1:
             _refuse_empty_bundle(path, bundle.manifest)
         files.extend(found)
@@ -180,27 +186,38 @@ def _open_bundle(path: Path) -> Bundle | None:
 
 
 def _read(
-    files: Sequence[Path], progress: Progress | None, rank: int | None = None
+    files: Sequence[TraceInput], progress: Progress | None, rank: int | None = None
 ) -> tuple[Trace, list[SourceInfo]]:
-    from analyzers.readers import read_trace_files
+    from analyzers.readers import read_inputs
 
     if not files:
         raise TraceError("no trace files given")
-    traces, sources = [], []
-    claimed: dict[int, Path] = {}
     if progress:
-        progress(f"reading {', '.join(p.name for p in files)}", 0.0)
+        progress(f"reading {', '.join(f.path.name for f in files)}", 0.0)
     # one call for all files: per-rank Kineto files can be read in parallel workers
-    for path, trace in zip(files, read_trace_files(files, rank=rank), strict=True):
+    traces = read_inputs(files, rank=rank)
+    sources = source_infos(traces, files)
+    return merge_traces(traces), sources
+
+
+def source_infos(traces: Sequence[Trace], files: Sequence[TraceInput]) -> list[SourceInfo]:
+    """What each file brought (``AnalysisReport.sources``), ranks resolved.
+
+    :raises RankConflictError: two files claim one rank.
+    """
+    sources = []
+    claimed: dict[int, str] = {}
+    for item, trace in zip(files, traces, strict=True):
         ranks = [r for r in trace.rank_list() if r >= 0]
         for found in ranks:
             if found in claimed:
-                raise RankConflictError(f"{path}: rank {found} is also claimed by {claimed[found]}")
-            claimed[found] = path
-        traces.append(trace)
+                raise RankConflictError(
+                    f"{item.path}: rank {found} is also claimed by {claimed[found]}"
+                )
+            claimed[found] = str(item.path)
         sources.append(
             SourceInfo(
-                path=str(path),
+                path=item.name,
                 format=trace.format,
                 ranks=ranks,
                 activities=len(trace.activities),
@@ -209,7 +226,7 @@ def _read(
                 notes=list(trace.notes),
             )
         )
-    return merge_traces(traces), sources
+    return sources
 
 
 TIMED = "timed"
@@ -411,6 +428,34 @@ def _analyze_trace(
         progress("attributing", 0.6)
     ranges = match_ranges(trace, catalog)
     att = attribute(trace, catalog, ranges)
+    return analyze_attributed(
+        trace,
+        ranges,
+        att,
+        manifest=manifest,
+        step_pattern=step_pattern,
+        catalog=catalog,
+        sources=sources,
+        progress=progress,
+    )
+
+
+def analyze_attributed(
+    trace: Trace,
+    ranges: RangeHelpers,
+    att: Attribution,
+    *,
+    manifest: RunManifest | None,
+    step_pattern: str | None,
+    catalog: Catalog,
+    sources: Sequence[SourceInfo],
+    progress: Progress | None,
+) -> Analysis:
+    """The stages after attribution: windows, metrics, accounts, findings, the report.
+
+    Shared by the one-process analysis and the merge of per-rank parts
+    (``analyzers.rank_parts``), which attribute each file on its own.
+    """
     window_names = [v.window for v in manifest.variants if v.window] if manifest else []
     steps = choose_steps(trace, step_pattern, exclude=lambda n: catalog.match_range(n)[0] >= 0)
     windows = find_windows(trace, step_pattern, window_names, steps=steps)
@@ -501,7 +546,7 @@ def _analyze_trace(
 
 
 def run_analysis(
-    paths: Sequence[PathLike] | PathLike,
+    paths: Inputs,
     *,
     manifest: RunManifest | PathLike | None = None,
     step_pattern: str | None = None,
@@ -510,15 +555,12 @@ def run_analysis(
     rank: int | None = None,
 ) -> Analysis:
     """Like :func:`analyze` but returns the intermediate arrays too."""
-    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    items = _items(paths)
     with _cycle_collector_paused():
         catalog = catalog or load_catalog()
         with ExitStack() as stack:
-            labels: dict[Path, str] = {}
-            files, manifest_obj = _expand(items, manifest, stack, labels)
+            files, manifest_obj = _expand(items, manifest, stack)
             trace, sources = _read(files, progress, rank)
-            for source, file in zip(sources, files, strict=True):
-                source.path = labels.get(file, source.path)
         return analyze_trace(
             trace,
             manifest=manifest_obj,
@@ -530,7 +572,7 @@ def run_analysis(
 
 
 def analyze(
-    paths: Sequence[PathLike] | PathLike,
+    paths: Inputs,
     *,
     manifest: RunManifest | PathLike | None = None,
     step_pattern: str | None = None,
@@ -539,6 +581,9 @@ def analyze(
     rank: int | None = None,
 ) -> AnalysisReport:
     """Analyze trace files (Kineto JSON per rank, nsys exports) or run bundles.
+
+    Paths are sniffed (once each) to tell formats apart; a ``TraceInput`` says its format, so
+    the readers take it as it is.
 
     :param manifest: a ``RunManifest`` or the path of one (a bundle brings its own).
     :param step_pattern: regex for step ranges (default ``ProfilerStep#N``).
@@ -553,11 +598,12 @@ def analyze(
     :raises TraceError: unreadable or conflicting traces (see ``analyzers.errors``).
     :raises ManifestError: an invalid manifest file.
     """
-    saved = saved_report(paths)
+    items = _typed(_items(paths))
+    saved = saved_report(items)
     if saved is not None:
         return saved
     return run_analysis(
-        paths,
+        items,
         manifest=manifest,
         step_pattern=step_pattern,
         catalog=catalog,
@@ -566,7 +612,26 @@ def analyze(
     ).report
 
 
-def saved_report(paths: Sequence[PathLike] | PathLike) -> AnalysisReport | None:
+def _items(paths: Inputs) -> list[PathLike | TraceInput]:
+    return [paths] if isinstance(paths, str | Path | TraceInput) else list(paths)
+
+
+def _typed(items: Sequence[PathLike | TraceInput]) -> list[PathLike | TraceInput]:
+    """Bare trace files as typed inputs, each sniffed once; bundles and saved reports (and
+    paths that are no file, for the readers to refuse) stay as they are."""
+    from analyzers.bundle import is_bundle
+    from analyzers.readers import sniff_input
+
+    out: list[PathLike | TraceInput] = []
+    for raw in items:
+        if isinstance(raw, TraceInput) or not Path(raw).is_file() or is_bundle(raw):
+            out.append(raw)
+        else:
+            out.append(sniff_input(raw) or Path(raw))  # a saved report stays a path
+    return out
+
+
+def saved_report(paths: Inputs) -> AnalysisReport | None:
     """The report when ``paths`` is one saved ``AnalysisReport`` file (gzipped or not, any
     name), None when no path is one; a report among other files is an error (it stands for a
     whole run, its traces are not there to merge)."""
@@ -583,8 +648,9 @@ def saved_report(paths: Sequence[PathLike] | PathLike) -> AnalysisReport | None:
         except TraceError:  # not a report; the readers say what it is not
             return False
 
-    items = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
-    reports = [p for p in items if is_report(p)]
+    items = _items(paths)
+    # a typed input is a trace (its format says which): only bare paths may be a report
+    reports = [Path(p) for p in items if not isinstance(p, TraceInput) and is_report(Path(p))]
     if not reports:
         return None
     if len(items) > 1:
@@ -609,4 +675,14 @@ def saved_report(paths: Sequence[PathLike] | PathLike) -> AnalysisReport | None:
         ) from exc
 
 
-__all__ = ["Analysis", "Progress", "analyze", "analyze_trace", "run_analysis", "saved_report"]
+__all__ = [
+    "Analysis",
+    "Inputs",
+    "Progress",
+    "analyze",
+    "analyze_attributed",
+    "analyze_trace",
+    "run_analysis",
+    "saved_report",
+    "source_infos",
+]

@@ -36,11 +36,26 @@ the total is checked, and the script exits 1 when one's median CPU time grows by
 0.005) is not counted: a stage of a few milliseconds moves by more than 10% between two fresh
 processes on a shared machine. The closing note of a change to ``analyzers/`` carries this table.
 
+CLI mode (``--cli``): a second table per input, of the whole ``cptrace analyze`` process
+(``cptrace analyze TRACES --step-pattern P`` in a fresh interpreter, its report written to
+/dev/null, as in a CI log): ``process`` is the child's wall time as the parent sees it
+(interpreter start to exit) and its CPU time; ``analyze`` is the library call the command makes
+(``analyzers.analyze``: read to report); ``outside analyze`` = process - analyze, the CLI's
+own cost (issue 28: <= 0.15 s), split into ``start + CLI import`` (interpreter, Typer, the
+command modules), ``pipeline import`` (``analyzers.pipeline``: numpy, the report models) and
+``render + rest`` (the tables, exit). ``--report SECTION`` (repeatable) is passed on.
+
+Each tree is byte-compiled before the first run (``byte_compile``): an installed cptrace has its
+bytecode, and a tree without it compiles the modules it imports lazily (the readers) inside the
+timed stages.
+``hta_compare.py`` runs the same child for its CLI row.
+
 Usage::
 
     git worktree add ../cptrace-base ee57ffc
     .venv/bin/python benchmarks/analyze_stages.py --base ../cptrace-base --input pair --repeat 3
     .venv/bin/python benchmarks/analyze_stages.py --guard main --input pair --repeat 5
+    .venv/bin/python benchmarks/analyze_stages.py --guard main --input pair --cli --repeat 5
 
 Prints a table per input (medians); only the guard mode has an exit status of its own (1: a
 stage grew), it asserts nothing else (benchmarks are not tests).
@@ -120,6 +135,117 @@ def child(paths: list[str], step_pattern: str) -> dict[str, Any]:
         "activities": len(analysis.trace.activities),
         "windows": len(analysis.report.windows),
     }
+
+
+CLI_ROWS = ["process", "analyze", "outside analyze", "start + CLI import", "pipeline import",
+            "render + rest"]  # fmt: skip
+"""Rows of the CLI table (see the module docstring)."""
+
+
+CLI_CHILD = """
+import time
+import json, os, resource, sys
+import analyzers
+wall, cpu = {}, {}
+def timed_analyze(*args, **kwargs):
+    w, c = time.perf_counter(), time.process_time()
+    try:
+        return pipeline.analyze(*args, **kwargs)
+    finally:
+        wall["analyze"], cpu["analyze"] = time.perf_counter() - w, time.process_time() - c
+analyzers.analyze = timed_analyze  # found before the package's lazy __getattr__
+from cptrace.cli import app
+w1, c1 = time.perf_counter(), time.process_time()
+from analyzers import pipeline  # the command imports it anyway: timed apart here
+wall["pipeline import"] = time.perf_counter() - w1
+cpu["pipeline import"] = time.process_time() - c1
+stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
+try:
+    app(["analyze", *sys.argv[1:]], standalone_mode=False)
+finally:
+    sys.stdout.close()
+    sys.stdout = stdout
+w2, c2 = time.perf_counter(), time.process_time()
+assert "analyze" in wall, "cptrace analyze did not call analyzers.analyze"
+for table, spent in ((wall, w2 - w1), (cpu, c2 - c1)):
+    table["render + rest"] = spent - table["analyze"] - table["pipeline import"]
+own = resource.getrusage(resource.RUSAGE_SELF)
+cpu["process"] = own.ru_utime + own.ru_stime
+status = open("/proc/self/status").read()
+hwm = [int(ln.split()[1]) / 1024 for ln in status.splitlines() if ln.startswith("VmHWM:")]
+print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": hwm[0] if hwm else own.ru_maxrss / 1024}))
+"""
+"""One ``cptrace analyze`` in a fresh interpreter (``python -c``, nothing else imported),
+stdout to /dev/null; the pipeline's import (which the command makes anyway) and the library
+call (``analyzers.analyze``, wrapped) timed apart; prints one JSON line."""
+
+
+PACKAGES = ("analyzers", "contracts", "cptrace", "pr_bot")
+"""The tree's packages a ``cptrace analyze`` process imports."""
+
+
+def byte_compile(tree: Path) -> None:
+    """Write ``tree``'s bytecode (``__pycache__``, git-ignored) before timing a whole process.
+
+    Why: an installed cptrace has its ``.pyc`` files; a worktree run with
+    ``PYTHONDONTWRITEBYTECODE=1`` (this machine's environment) compiles every module from
+    source in every process, about 0.1 s CPU of the CLI's import that no user pays.
+    """
+    packages = [p for p in PACKAGES if (tree / p).is_dir()]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], cwd=tree,
+                   capture_output=True, check=True)  # fmt: skip
+
+
+def run_cli_child(tree: Path, argv: list[str]) -> dict[str, Any]:
+    """``CLI_CHILD`` in a fresh process of ``tree``: its JSON plus the process's wall time and
+    the rows derived from it (see the module docstring)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, "-c", CLI_CHILD, *argv]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
+    process_wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: CLI child failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["wall"]["process"] = process_wall
+    for table in (result["wall"], result["cpu"]):
+        table["outside analyze"] = table["process"] - table["analyze"]
+        table["start + CLI import"] = (
+            table["outside analyze"] - table["pipeline import"] - table["render + rest"]
+        )
+    return result
+
+
+def cli_args(paths: list[Path], step_pattern: str, sections: list[str]) -> list[str]:
+    """``cptrace analyze``'s arguments for one input."""
+    return [*map(str, paths), "--step-pattern", step_pattern,
+            *(a for s in sections for a in ("--report", s))]  # fmt: skip
+
+
+def _cli_table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
+    names = list(runs)
+    print(f"\n{label}: the whole `cptrace analyze` process; median of "
+          f"{len(runs[names[-1]])} fresh processes per tree, alternating")  # fmt: skip
+    head = ["part"]
+    for name in names:
+        head += [f"{name} cpu s", f"{name} wall s"]
+    if len(names) == 2:
+        head += ["cpu delta", "wall delta"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in CLI_ROWS:
+        cells = [row]
+        values = {}
+        for name in names:
+            c, w = _median(runs[name], "cpu", row), _median(runs[name], "wall", row)
+            values[name] = (c, w)
+            cells += [f"{c:.3f}", f"{w:.3f}"]
+        if len(names) == 2:
+            (bc, bw), (cc, cw) = values[names[0]], values[names[1]]
+            cells += [_delta(bc, cc), _delta(bw, cw)]
+        print("| " + " | ".join(cells) + " |")
+    rss = " | ".join(f"{n} {statistics.median(r['rss_mb'] for r in runs[n]):.0f}" for n in names)
+    print(f"peak RSS MiB (median): {rss}; target: outside analyze <= 0.15 s")
 
 
 def _peak_rss_mb(fallback: float) -> float:
@@ -282,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--large", type=Path, default=LARGE)
     parser.add_argument("--repeat", type=int, default=3, help="runs per tree and input")
+    parser.add_argument(
+        "--cli", action="store_true", help="also time the whole `cptrace analyze` process"
+    )
+    parser.add_argument(
+        "--report", action="append", default=[], help="CLI mode: analyze --report SECTION"
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[1:], args.child[0])))
@@ -302,6 +434,8 @@ def _measure(args: argparse.Namespace, base: Path | None, *, guard: bool) -> lis
     trees = {"base": base} if base else {}
     trees["current"] = ROOT
     failures: list[str] = []
+    for tree in trees.values():
+        byte_compile(tree)
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     with tempfile.TemporaryDirectory(prefix="cptrace-stages-") as tmp:
         for label, paths, pattern in _inputs(args.input or ["pair", "nsys"], args.large, Path(tmp)):
@@ -310,6 +444,13 @@ def _measure(args: argparse.Namespace, base: Path | None, *, guard: bool) -> lis
                 for name, tree in trees.items():
                     runs[name].append(_run_child(tree, paths, pattern))
             _table(label, runs)
+            if args.cli:
+                argv = cli_args(paths, pattern, args.report)
+                cli_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+                for _ in range(args.repeat):
+                    for name, tree in trees.items():
+                        cli_runs[name].append(run_cli_child(tree, argv))
+                _cli_table(label, cli_runs)
             if guard:
                 found = guard_failures(runs, args.threshold, args.floor)
                 failures += [f"{label}: {line}" for line in found]

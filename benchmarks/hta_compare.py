@@ -10,6 +10,11 @@ counts the workers too. HTA does "parse plus its kernel breakdown" (``TraceAnaly
 trace directory, then ``get_gpu_kernel_breakdown``); cptrace does its whole ``analyze`` (read,
 attribute, windows, metrics, findings).
 
+"cptrace analyze (CLI)" is the command itself, the whole process (interpreter, imports,
+analysis, the text report written to /dev/null): ``analyze_stages.py``'s CLI child; its
+"work s" is the process's wall time from start to exit, and it is compared with HTA's whole
+process too (imports included), the issue 28 target (<= 0.8 s, >= 10x HTA).
+
 "cptrace, 2 read processes" is the same ``analyze`` with ``CPTRACE_READ_WORKERS=2``: the
 per-rank files parsed in two forked workers (opt-in; the default reads them one by one).
 
@@ -41,8 +46,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from analyze_stages import CLI_CHILD, byte_compile, cli_args  # noqa: E402  (one CLI child)
+
 DEFAULT_TRACES = [
     ROOT / "tests/data/te-2.20.2-h200x2/kineto_3arms_rank0.json.gz",
     ROOT / "tests/data/te-2.20.2-h200x2/kineto_3arms_rank1.json.gz",
@@ -98,6 +107,7 @@ print(json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "cpu_s": cpu() - c1,
 _SAMPLE_S = 0.01
 OURS = "cptrace analyze"
 OURS_TWO = "cptrace, 2 read processes"
+OURS_CLI = "cptrace analyze (CLI)"
 THEIRS = "HTA parse + kernel breakdown"
 
 
@@ -128,6 +138,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[s
     """Run one measurement; adds ``tree_pss_mb``, the sampled peak PSS of its process tree."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         full_env = {**os.environ, **(env or {})}
+        start = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env=full_env)
         peak = 0
         stop = threading.Event()
@@ -140,7 +151,10 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[s
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        code = proc.wait()
+        # wait4: the child's own CPU time for the whole process (imports included)
+        _, status, usage = os.wait4(proc.pid, 0)
+        process_s = time.perf_counter() - start
+        code = proc.returncode = os.waitstatus_to_exitcode(status)
         stop.set()
         sampler.join()
         out.seek(0)
@@ -149,7 +163,23 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[s
             raise SystemExit(f"{cmd[0]} failed ({code}):\n{err.read()[-2000:]}")
         row: dict[str, float] = json.loads(out.read().strip().splitlines()[-1])
     row["tree_pss_mb"] = peak / 1024
+    row["process_s"] = process_s
+    row["process_cpu_s"] = usage.ru_utime + usage.ru_stime
     return row
+
+
+def _cli_row(row: dict[str, Any]) -> dict[str, float]:
+    """The CLI child's JSON as a row of the table: the whole process is its work."""
+    return {
+        "work_s": row["process_s"],
+        "process_s": row["process_s"],
+        "process_cpu_s": row["process_cpu_s"],
+        "cpu_s": row["cpu"]["process"],
+        "import_s": 0.0,
+        "kernels": 0,
+        "rss_mb": row["rss_mb"],
+        "tree_pss_mb": row["tree_pss_mb"],
+    }
 
 
 _TS = re.compile(rb'"ts": (\d+)\.(\d{3})\b')
@@ -196,15 +226,19 @@ def _measure(traces: list[Path], hta_python: str, repeat: int) -> dict[str, list
         for path in traces:
             shutil.copy(path, Path(tmp) / path.name)
         cptrace_cmd = [sys.executable, "-c", _CPTRACE_CHILD, *map(str, traces)]
+        cli_cmd = [sys.executable, "-c", CLI_CHILD, *cli_args(traces, "^arm:", [])]
+        byte_compile(ROOT)
         hta_cmd = [hta_python, "-c", _HTA_CHILD, tmp]
         results: dict[str, list[dict[str, float]]] = {
             OURS: [],
             OURS_TWO: [],
+            OURS_CLI: [],
             THEIRS: [],
         }
         for _ in range(repeat):  # interleaved, so drift in machine load hits all
             results[OURS].append(_run(cptrace_cmd, ROOT))
             results[OURS_TWO].append(_run(cptrace_cmd, ROOT, {"CPTRACE_READ_WORKERS": "2"}))
+            results[OURS_CLI].append(_cli_row(_run(cli_cmd, ROOT, {"PYTHONPATH": str(ROOT)})))
             results[THEIRS].append(_run(hta_cmd, ROOT))
     return results
 
@@ -257,13 +291,14 @@ def _table(
         f"median of {repeat} fresh processes each"
     )
     print(
-        f"{'tool':30} {'work s':>7} {'cpu s':>6} {'import s':>9} {'peak RSS MiB':>13} "
-        f"{'tree PSS MiB':>13} {'n out':>6}"
+        f"{'tool':30} {'work s':>7} {'cpu s':>6} {'import s':>9} {'process s':>10} "
+        f"{'process cpu s':>14} {'peak RSS MiB':>13} {'tree PSS MiB':>13} {'n out':>6}"
     )
     for tool, rows in results.items():
         print(
             f"{tool:30} {_median(rows, 'work_s'):7.2f} {_median(rows, 'cpu_s'):6.2f} "
-            f"{_median(rows, 'import_s'):9.2f} {_median(rows, 'rss_mb'):13.0f} "
+            f"{_median(rows, 'import_s'):9.2f} {_median(rows, 'process_s'):10.2f} "
+            f"{_median(rows, 'process_cpu_s'):14.2f} {_median(rows, 'rss_mb'):13.0f} "
             f"{_median(rows, 'tree_pss_mb'):13.0f} {int(_median(rows, 'kernels')):6d}"
         )
     print(
@@ -291,6 +326,18 @@ def _table(
             f"including imports), {memory:.2f}x of HTA's peak RSS, {tree:.2f}x of its tree PSS "
             "(targets: >= 10x, <= 0.33x)"
         )
+    cli = results[OURS_CLI]
+    whole, whole_cpu = _median(theirs, "process_s"), _median(theirs, "process_cpu_s")
+    print(
+        f"{OURS_CLI}: {_median(cli, 'process_s'):.2f} s wall for the whole process "
+        f"({_median(cli, 'process_cpu_s'):.2f} s CPU); HTA's whole process {whole:.2f} s "
+        f"({whole_cpu:.2f} s CPU): {whole / _median(cli, 'process_s'):.1f}x "
+        f"({whole_cpu / _median(cli, 'process_cpu_s'):.1f}x in CPU time), HTA's work alone "
+        f"{_median(theirs, 'work_s') / _median(cli, 'process_s'):.1f}x; "
+        f"{_median(cli, 'rss_mb') / _median(theirs, 'rss_mb'):.2f}x of HTA's peak RSS, "
+        f"{_median(cli, 'tree_pss_mb') / _median(theirs, 'tree_pss_mb'):.2f}x of its tree PSS "
+        "(targets: <= 0.8 s, >= 10x, <= 0.33x)"
+    )
     print(f"load average after the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
 
 

@@ -13,13 +13,14 @@ import contextlib
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from analyzers.readers import TraceInput
 from analyzers.report import AnalysisReport
 from service.core.config import MiB
 from service.supervisor import describe_exit, follow_parent
@@ -35,7 +36,11 @@ class AnalysisFailed(Exception):
 
 
 def _child(
-    conn: Connection, parent_pid: int, memory_limit: int, paths: list[str], manifest_raw: Any
+    conn: Connection,
+    parent_pid: int,
+    memory_limit: int,
+    paths: list[Path | TraceInput],
+    manifest_raw: Any,
 ) -> None:
     follow_parent(parent_pid)
     lower_priority()
@@ -54,7 +59,7 @@ def _child(
             conn.send(("progress", " ".join(parts) or "analysing"))
 
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        report = analyze([Path(p) for p in paths], manifest=manifest, progress=progress)
+        report = analyze(paths, manifest=manifest, progress=progress)
         conn.send(("ok", report.model_dump_json()))
     except MemoryError:
         conn.send(("memory", None))
@@ -65,7 +70,7 @@ def _child(
 
 
 def run_isolated(
-    paths: list[Path],
+    paths: Sequence[Path | TraceInput],
     manifest_raw: Any,
     *,
     time_limit_s: float,
@@ -77,7 +82,7 @@ def run_isolated(
     parent, child = ctx.Pipe(duplex=False)
     process = ctx.Process(
         target=_child,
-        args=(child, os.getpid(), memory_limit_bytes, [str(p) for p in paths], manifest_raw),
+        args=(child, os.getpid(), memory_limit_bytes, list(paths), manifest_raw),
         name="cptrace-analysis",
         daemon=True,
     )

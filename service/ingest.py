@@ -178,7 +178,13 @@ def stage_bundle(
             )
         phases.lap("read")
         for trace in opened.traces:
-            check_trace(trace.path, label=trace.member, max_bytes=limits.max_decompressed_bytes)
+            check_trace(
+                trace.path,
+                label=trace.member,
+                max_bytes=limits.max_decompressed_bytes,
+                kind=trace.kind,  # the bundle reader sniffed it to check the manifest's format
+                gzipped=trace.gzipped,
+            )
         phases.lap("check")
         manifest = opened.manifest_file
         assert manifest is not None  # a tar's manifest is a member

@@ -3,11 +3,12 @@
 Started by ``cptrace worker`` or ``python -m service.worker`` (the API's supervisor starts it so,
 see ``service.supervisor``). It links the run's blobs into a scratch directory under readable
 names (content decides the name, never the upload), runs ``analyzers.analyze`` in a child
-process under a time and memory limit (``service.analysis_exec``), checks that the report loads
-back, and writes it through ``service.analysis``. A heartbeat thread keeps the lease alive while
-a long analysis runs; another records in ``worker_heartbeats`` that the worker is alive (what
-``/health`` reads). SIGTERM lets the current task finish, then exits. Failure reasons name the
-user's files, never the scratch paths.
+process under a time and memory limit (``service.analysis_exec``; a run of several trace files
+as one process per file in parallel and one merge, ``service.rank_exec``), checks that the
+report loads back, and writes it through ``service.analysis``. A heartbeat thread keeps the
+lease alive while a long analysis runs; another records in ``worker_heartbeats`` that the
+worker is alive (what ``/health`` reads). SIGTERM lets the current task finish, then exits.
+Failure reasons and the report's sources name the user's files, never the scratch paths.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from analyzers.bundle import select_analysis_traces
+from analyzers.readers import TraceFormat, TraceInput
 from service import analysis
 from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
+from service.rank_exec import run_per_rank
 from service.storage.blobs import open_blobs
 from service.storage.database import connect
 
@@ -44,6 +47,25 @@ _SUFFIX = {
 }
 
 AnalyzeFn = Callable[..., Any]
+_TRACE_FORMATS: dict[str, TraceFormat] = {"kineto": "kineto", "nsys": "nsys"}
+
+
+def trace_input(stored: dict[str, Any], link: Path) -> TraceInput | Path:
+    """A stored run file as the analysis' typed input: its format and gzip from the
+    ``format`` column (``kineto+gzip``, as ingest found them), its uploaded name as the label
+    (the report names the user's file, not the scratch link). A saved report, or a row
+    without a format, stays a path for the analysis to sniff."""
+    fmt, _, gzip = (stored["format"] or "").partition("+")
+    found = _TRACE_FORMATS.get(fmt)
+    if found is None:
+        return link
+    return TraceInput(
+        path=link,
+        format=found,
+        gzipped=gzip == "gzip",
+        rank=stored["rank"],
+        label=stored["name"],
+    )
 
 
 class AnalysisWorker:
@@ -106,8 +128,8 @@ class AnalysisWorker:
         labels: dict[str, str] = {}
         try:
             files, manifest_raw = analysis.task_inputs(self.conn, task.run_id)
-            paths = self._materialise(files, scratch, labels)
-            report = self._call_analyze(paths, manifest_raw, beat)
+            inputs = self._materialise(files, scratch, labels)
+            report = self._call_analyze(inputs, manifest_raw, beat, scratch)
         except Exception as exc:
             log.warning("analysis of run %s failed: %s", task.run_id, exc)
             reason = redact(_describe(exc), self.settings.data_dir, labels)
@@ -123,12 +145,12 @@ class AnalysisWorker:
 
     def _materialise(
         self, files: list[dict[str, Any]], scratch: Path, labels: dict[str, str]
-    ) -> list[Path]:
+    ) -> list[TraceInput | Path]:
         if not files:
             raise ValueError("the run has no trace files")
         files = select_analysis_traces(files, lambda f: f["format"] or "")
         scratch.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths: list[TraceInput | Path] = []
         for i, f in enumerate(files):
             rank = "" if f["rank"] is None else f"-rank{f['rank']}"
             link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
@@ -136,15 +158,39 @@ class AnalysisWorker:
             # after the task), bounded by the caps every stored blob passed at upload
             limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
             self.blobs.materialise(f["sha256"], link, limit=limit)
-            paths.append(link)
+            paths.append(trace_input(f, link))
             labels[str(link)] = f["name"]  # error messages name the uploaded file
             labels[self.blobs.describe(f["sha256"])] = f["name"]
         labels[str(scratch)] = "the run"
         return paths
 
-    def _call_analyze(self, paths: list[Path], manifest_raw: Any, beat: _Heartbeat) -> Any:
+    def _call_analyze(
+        self, paths: list[TraceInput | Path], manifest_raw: Any, beat: _Heartbeat, scratch: Path
+    ) -> Any:
         from analyzers.manifest import parse_manifest
 
+        typed = [p for p in paths if isinstance(p, TraceInput)]
+        stored = sum(p.path.stat().st_size for p in typed)
+        if (
+            self._analyze is None
+            and len(typed) > 1
+            and len(typed) == len(paths)
+            and stored >= self.settings.analysis_per_rank_min_bytes
+        ):  # several files (ranks): one process per file in parallel, then the merge
+            log.info(
+                "analysing %d files per rank in up to %d processes",
+                len(typed),
+                self.settings.analysis_rank_workers,
+            )
+            return run_per_rank(
+                typed,
+                manifest_raw,
+                scratch=scratch,
+                workers=self.settings.analysis_rank_workers,
+                time_limit_s=self.settings.analysis_time_limit_s,
+                memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+                progress=beat.progress,
+            )
         if self._analyze is None:  # production: a child process under limits
             return run_isolated(
                 paths,

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from testkit import DATA_DIR, SHARED_TRACES_ENV
+from testkit import DATA_DIR, SHARED_TRACES_ENV, slow_files_first
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,6 +25,11 @@ def pytest_configure(config: pytest.Config) -> None:
     value = config.getoption("--shared-traces")
     if value:  # before collection: modules that parametrize over the traces read it at import
         os.environ[SHARED_TRACES_ENV] = str(Path(value).resolve())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow files first, each whole (``testkit.slow_files_first``)."""
+    slow_files_first(items)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,10 @@ ranks, or one Kineto file per rank) and merges it, refusing two files that claim
 ``check_trace`` is the upload check (structural and streaming, milliseconds; the full read is
 the analysis'), ``sniff`` the one content sniffer the bundle reader and the service share.
 
+A ``TraceInput`` is a trace file whose format is already known (a bundle's manifest, checked
+against the content once; the service's stored run files): ``read_inputs`` reads it without
+sniffing again. ``trace_input`` makes one from a bare path, sniffing it once.
+
 Example::
 
     from analyzers.readers import read_traces
@@ -16,7 +20,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
@@ -36,7 +40,7 @@ from analyzers.readers._files import (
     open_maybe_gzip,
     sniff,
 )
-from analyzers.readers._ranks import resolve_ranks
+from analyzers.readers._ranks import rankless, resolve_ranks, set_rank
 
 if TYPE_CHECKING:
     from analyzers.readers.kineto import read_kineto, read_kineto_files
@@ -60,6 +64,7 @@ def __getattr__(name: str) -> Callable[..., object]:
     globals()[name] = found
     return found
 
+
 __all__ = [
     "FORMAT_OF_KIND",
     "GZIP_MAGIC",
@@ -67,16 +72,24 @@ __all__ = [
     "CheckedTrace",
     "Kind",
     "TraceFormat",
+    "TraceInput",
     "check_trace",
+    "give_listed_rank",
     "is_gzip",
     "max_decompressed_bytes",
+    "rankless",
+    "read_input",
+    "read_inputs",
     "read_kineto",
     "read_kineto_files",
     "read_nsys",
     "read_trace",
     "read_trace_files",
     "read_traces",
+    "resolve_ranks",
     "sniff",
+    "sniff_input",
+    "trace_input",
 ]
 
 
@@ -93,8 +106,59 @@ class CheckedTrace:
         return FORMAT_OF_KIND[self.kind]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceInput:
+    """One trace file of an analysis, with what is already known about it.
+
+    Callers that know the format (a bundle's manifest entry, checked against the content when
+    the bundle was read; a stored run file) pass it so no layer sniffs the file again.
+    """
+
+    path: Path
+    format: TraceFormat
+    gzipped: bool
+    rank: int | None = None
+    """The rank the bundle lists for the file: given to a file that does not say its own."""
+    label: str | None = None
+    """The file's name in the report and in messages (e.g. ``run.tar.gz:traces/rank0.json``);
+    None: the path."""
+
+    @property
+    def name(self) -> str:
+        """``label`` or the path."""
+        return self.label or str(self.path)
+
+
+def trace_input(path: str | Path) -> TraceInput:
+    """A bare path as a ``TraceInput``: its content sniffed once.
+
+    Raises:
+        UnsupportedTraceError: neither an nsys export nor Kineto JSON (a saved report too: the
+            analysis accepts that as is, never as a trace to read).
+        CorruptTraceError: an empty file or a damaged gzip stream.
+    """
+    found = sniff_input(path)
+    if found is None:
+        raise UnsupportedTraceError(
+            f"{path}: is a saved cptrace report, not a trace (analyze and compare accept it as is)"
+        )
+    return found
+
+
+def sniff_input(path: str | Path) -> TraceInput | None:
+    """``trace_input``, or None for a saved report (sniffed once either way)."""
+    source = Path(path)
+    found = FORMAT_OF_KIND[sniff(source)]
+    return None if found is None else TraceInput(path=source, format=found, gzipped=is_gzip(source))
+
+
 def check_trace(
-    path: str | Path, *, label: str | None = None, max_bytes: int | None = None
+    path: str | Path,
+    *,
+    label: str | None = None,
+    max_bytes: int | None = None,
+    kind: Kind | None = None,
+    gzipped: bool | None = None,
 ) -> CheckedTrace:
     """The upload check of one file: is it a trace (or a saved report) worth analysing?
 
@@ -108,6 +172,9 @@ def check_trace(
         path: the file (gzipped or not; its name is only used for ``.nsys-rep``).
         label: the name messages use (the uploaded name, never a server path).
         max_bytes: decompression cap for a gzipped SQLite export (default as the readers').
+        kind: what the file holds when the caller already sniffed it (the bundle reader does,
+            to check the manifest's format): not sniffed again.
+        gzipped: whether the file is gzip, when the caller knows (with ``kind``).
 
     Raises:
         UnsupportedTraceError: not a supported format, or a ``.nsys-rep`` (only ``nsys`` reads it).
@@ -122,8 +189,8 @@ def check_trace(
     name = label or str(source)
     cap = max_decompressed_bytes() if max_bytes is None else max_bytes
     try:
-        kind = sniff(source, label=name)
-        gzipped = is_gzip(source)
+        kind = sniff(source, label=name) if kind is None else kind
+        gzipped = is_gzip(source) if gzipped is None else gzipped
         if kind == "json":
             with source.open("rb") as raw:
                 stream, _ = open_maybe_gzip(raw, cap, label=name)
@@ -161,19 +228,24 @@ def read_trace(path: str | Path, *, rank: int | None = None) -> Trace:
 
 
 def _read_one(source: Path) -> Trace:
-    kind = sniff(source)
-    if kind == "json":
+    return read_input(trace_input(source))
+
+
+def read_input(item: TraceInput) -> Trace:
+    """Read one file of a known format (no sniffing, no rank rule: see ``read_inputs``)."""
+    if item.format == "kineto":
         from analyzers.readers.kineto import read_kineto
 
-        return read_kineto(source)
-    if kind == "report":
-        raise UnsupportedTraceError(
-            f"{source}: is a saved cptrace report, not a trace (analyze and compare accept it "
-            "as is)"
-        )
+        return read_kineto(item.path)
     from analyzers.readers.nsys import read_nsys
 
-    return read_nsys(source)
+    return read_nsys(item.path, gzipped=item.gzipped)
+
+
+def give_listed_rank(trace: Trace, item: TraceInput) -> None:
+    """A file that does not say its rank takes the one its bundle lists (in place)."""
+    if item.rank is not None and rankless(trace):
+        set_rank(trace, item.rank, "the run bundle's manifest")
 
 
 def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) -> list[Trace]:
@@ -182,19 +254,21 @@ def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) ->
 
     ``rank`` applies to a single file only; several files that do not say their rank are an
     ``UnsupportedTraceError`` naming the ``--rank`` option (see ``_ranks.resolve_ranks``)."""
-    items = [Path(p) for p in paths]
-    kinds = [sniff(p) for p in items]
-    kineto = [p for p, kind in zip(items, kinds, strict=True) if kind == "json"]
+    return read_inputs([trace_input(p) for p in paths], rank=rank)
+
+
+def read_inputs(items: Sequence[TraceInput], *, rank: int | None = None) -> list[Trace]:
+    """``read_trace_files`` for files of known format: each read once, never sniffed."""
+    kineto = [item.path for item in items if item.format == "kineto"]
     if len(kineto) < 2:
-        traces = [_read_one(p) for p in items]
+        traces = [read_input(item) for item in items]
     else:
         from analyzers.readers.kineto import read_kineto_files
 
         parsed = iter(read_kineto_files(kineto))
-        traces = [
-            next(parsed) if kind == "json" else _read_one(p)
-            for p, kind in zip(items, kinds, strict=True)
-        ]
+        traces = [next(parsed) if item.format == "kineto" else read_input(item) for item in items]
+    for trace, item in zip(traces, items, strict=True):
+        give_listed_rank(trace, item)
     resolve_ranks(traces, rank)
     return traces
 

@@ -51,7 +51,7 @@ def resolve_ranks(traces: Sequence[Trace], rank: int | None = None) -> None:
     if rank is not None:
         _override(traces, rank)
         return
-    unknown = [t for t in traces if _rankless(t)]
+    unknown = [t for t in traces if rankless(t)]
     if not unknown:
         return
     if len(traces) > 1:
@@ -69,7 +69,7 @@ def resolve_ranks(traces: Sequence[Trace], rank: int | None = None) -> None:
     )
 
 
-def _rankless(trace: Trace) -> bool:
+def rankless(trace: Trace) -> bool:
     """The file does not say its rank (a Kineto file without one, an nsys export without GPU
     activity, whose ranks come from the devices its processes used)."""
     if trace.metadata.get("rank_source") == UNKNOWN:

@@ -63,13 +63,17 @@ READ_TABLES = {
 }
 
 
-def read_nsys(path: str | Path, *, max_decompressed_bytes: int | None = None) -> Trace:
+def read_nsys(
+    path: str | Path, *, max_decompressed_bytes: int | None = None, gzipped: bool | None = None
+) -> Trace:
     """Read an nsys export into the normalized model.
 
     Args:
         path: ``.sqlite`` export, the same gzipped, or a ``.nsys-rep`` (needs ``nsys``).
         max_decompressed_bytes: cap for ``.sqlite.gz`` expansion (default 64 GiB or
             ``CPTRACE_MAX_DECOMPRESSED_BYTES``).
+        gzipped: whether the file is gzip, when the caller already knows (a ``TraceInput``);
+            None looks at the file's first bytes.
 
     Raises:
         UnsupportedTraceError: not an nsys export, or a ``.nsys-rep`` without ``nsys``.
@@ -77,16 +81,16 @@ def read_nsys(path: str | Path, *, max_decompressed_bytes: int | None = None) ->
         CorruptTraceError: truncated, unreadable, or no events.
     """
     source = Path(path)
-    with _sqlite_file(source, max_decompressed_bytes) as db_path:
+    with _sqlite_file(source, max_decompressed_bytes, gzipped) as db_path:
         return read_sqlite(db_path, label=str(source))
 
 
 @contextlib.contextmanager
-def _sqlite_file(source: Path, max_bytes: int | None) -> Iterator[Path]:
+def _sqlite_file(source: Path, max_bytes: int | None, gzipped: bool | None) -> Iterator[Path]:
     if source.name.endswith(".nsys-rep"):
         with tempfile.TemporaryDirectory(prefix="cptrace-nsys-") as tmp:
             yield export_nsys_rep(source, Path(tmp) / (source.stem + ".sqlite"))
-    elif is_gzip(source):
+    elif is_gzip(source) if gzipped is None else gzipped:
         with decompressed_copy(source, max_bytes) as copy:
             yield copy
     else:

@@ -33,7 +33,8 @@ def render_account(console: Any, report: Any, group: str) -> None:
     """ "Where the step went": per part and its largest lines, one column pair per rank, and
     the top idle causes with their largest gap."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from cptrace.commands._tables import TextTable
 
     accounts = sorted((a for a in report.accounts if a.window == group), key=lambda a: a.rank)
     if not accounts:
@@ -41,7 +42,7 @@ def render_account(console: Any, report: Any, group: str) -> None:
     whole = group == "whole trace"
     unit = "ms" if whole else "ms/step"
     title = f"{group}: where the {'trace' if whole else 'step'} went"
-    table = Table(title=title, title_justify="left")
+    table = TextTable(title=title)
     table.add_column("part")
     table.add_column("attributed to")
     for a in accounts:
@@ -114,15 +115,15 @@ def render_account(console: Any, report: Any, group: str) -> None:
 def render_account_delta(console: Any, result: Any) -> None:
     """Base and head side by side, part totals first, then the lines that moved most."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from cptrace.commands._tables import TextTable
 
     if not result.account:
         return
-    table = Table(
+    table = TextTable(
         title=f"where the step went: {result.base_label} -> {result.head_label} "
         f"(ms {'per step' if result.basis.startswith('per step') else 'in the whole trace'}, "
         "mean over ranks)",
-        title_justify="left",
     )
     for col in ("part", "attributed to", "base", "head", "delta"):
         table.add_column(col, justify="right" if col in ("base", "head", "delta") else "left")

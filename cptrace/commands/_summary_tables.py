@@ -20,13 +20,12 @@ def render_do_first(console: Any, summary: Any) -> None:
 
 def render_summary(console: Any, summary: Any) -> None:
     """GPU time by family, top CPU ops, uncatalogued ranges, sync lines (whole trace, totals)."""
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     if summary is None:
         return
     if summary.families:
-        table = Table(title="whole trace: GPU time by kernel family (totals, all ranks)",
-                      title_justify="left")
+        table = TextTable(title="whole trace: GPU time by kernel family (totals, all ranks)")
         for col in ("family", "library", "activities", "GPU ms", "share"):
             table.add_column(col, justify="left" if col in ("family", "library") else "right")
         for r in summary.families:
@@ -39,7 +38,7 @@ def render_summary(console: Any, summary: Any) -> None:
     ):
         if not rows:
             continue
-        table = Table(title=title, title_justify="left")
+        table = TextTable(title=title)
         for col in ("name", "calls", "inclusive ms", "self ms"):
             table.add_column(col, justify="left" if col == "name" else "right", overflow="fold")
         for r in rows:

@@ -416,11 +416,11 @@ def render_report(report: Any, sections: frozenset[Section] = ALL_SECTIONS) -> N
 
 
 def _render_helpers(console: Any, report: Any, group: str) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     per, unit = _per(group)
     rows = [h for h in report.helpers if h.window == group]
-    table = Table(title=f"{group}: helpers, {per}", title_justify="left")
+    table = TextTable(title=f"{group}: helpers, {per}")
     for col in (
         "rank",
         "helper",
@@ -459,10 +459,10 @@ def _render_helpers(console: Any, report: Any, group: str) -> None:
 
 
 def _render_ranks(console: Any, report: Any, group: str) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     per, unit = _per(group)
-    totals = Table(title=f"{group}: ranks, {per}", title_justify="left")
+    totals = TextTable(title=f"{group}: ranks, {per}")
     for col in (
         "rank",
         "steps",
@@ -494,7 +494,7 @@ def _cpu_only(report: Any) -> bool:
 def _render_host_time(console: Any, report: Any) -> None:
     """Host time per helper from the ranges: shown when the trace has no GPU activity (then the
     GPU tables are empty and these are the figures there are)."""
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     host = report.host_time
     if host is None or host.gpu_activity or not host.helpers:
@@ -508,7 +508,7 @@ def _render_host_time(console: Any, report: Any) -> None:
         title = f"{group}: host time per helper from the ranges (no GPU activity), " + (
             "totals over the trace" if whole else "per step (totals / steps)"
         )
-        table = Table(title=title, title_justify="left")
+        table = TextTable(title=title)
         for col in ("rank", "helper", "category", f"calls{unit}", f"inclusive ms{unit}"):
             table.add_column(col, justify="left" if col in ("helper", "category") else "right")
         for col in (f"self ms{unit}", "first call ms", f"sync ops{unit}"):
@@ -535,13 +535,13 @@ def _render_host_time(console: Any, report: Any) -> None:
 def _render_timeline(console: Any, rows: list[Any], group: str) -> None:
     """The clipped GPU timeline: computation + exposed communication + exposed memcpy = busy;
     busy + idle = total (the window)."""
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     if not rows:
         return
     per, unit = _per(group)
-    table = Table(
-        title=f"{group}: GPU timeline (clipped to the windows), {per}", title_justify="left"
+    table = TextTable(
+        title=f"{group}: GPU timeline (clipped to the windows), {per}",
     )
     for col in (
         "rank",
@@ -577,11 +577,11 @@ def _bytes(n: int) -> str:
 
 
 def _render_devices(console: Any, devices: list[Any]) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     if not devices:
         return
-    table = Table(title="GPU devices, totals over the whole trace", title_justify="left")
+    table = TextTable(title="GPU devices, totals over the whole trace")
     for col in (
         "rank",
         "device",
@@ -627,15 +627,15 @@ def _render_devices(console: Any, devices: list[Any]) -> None:
 def _render_kernels(console: Any, rows: list[Any]) -> None:
     """The top of the per-kernel-name table over all ranks (``--json`` has every row and rank)."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from cptrace.commands._tables import TextTable
 
     pooled = [k for k in rows if k.rank is None]
     if not pooled:
         return
-    table = Table(
+    table = TextTable(
         title=f"Kernels, whole trace, all ranks (top {min(TOP_KERNELS, len(pooled))} of "
         f"{len(pooled)} names by total time; ns)",
-        title_justify="left",
     )
     for col in ("time %", "total", "count", "average", "median", "min", "max", "stddev"):
         table.add_column(col, justify="right")
@@ -657,12 +657,12 @@ def _render_kernels(console: Any, rows: list[Any]) -> None:
 
 
 def _render_iterations(console: Any, iterations: list[Any]) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     rows = [it for it in iterations if it.rank is None]
     if not rows:
         return
-    table = Table(title="Iteration time (ms, slowest rank per iteration)", title_justify="left")
+    table = TextTable(title="Iteration time (ms, slowest rank per iteration)")
     for col in ("window", "source", "n", "median", "p10", "p90", "IQR"):
         table.add_column(col, justify="left" if col in ("window", "source") else "right")
     for it in rows:
@@ -725,7 +725,8 @@ def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     base and head findings, and the one-line summary. ``host_rows``
     (``pr_bot.deltas.host_rows_for``) replace the GPU tables when a side has no GPU activity."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from cptrace.commands._tables import TextTable
 
     console = _console()
     for line in comparability_lines(result):
@@ -734,9 +735,8 @@ def render_comparison(result: Any, host_rows: list[Any] | None = None) -> None:
     if not result.gpu_observed:
         _render_without_gpu(console, result, host_rows or [])
         return
-    table = Table(
+    table = TextTable(
         title=f"{result.base_label} -> {result.head_label}: helpers, {basis}",
-        title_justify="left",
     )
     for col in (
         "helper",
@@ -814,15 +814,14 @@ def _render_without_gpu(console: Any, result: Any, host_rows: list[Any]) -> None
 def _render_host_deltas(console: Any, result: Any, rows: list[Any]) -> None:
     """Per-helper host time base -> head (``pr_bot.deltas.HostTimeRow``): what a trace without
     GPU activity has to compare, the comparison page's table."""
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     if not rows:
         console.print("host time per helper: no helper has host ranges on either side")
         return
-    table = Table(
+    table = TextTable(
         title=f"{result.base_label} -> {result.head_label}: host time per helper from the "
         f"ranges, {result.basis}",
-        title_justify="left",
     )
     for col in (
         "helper", "base calls", "head calls", "Δ calls", "base incl ms", "head incl ms",
@@ -878,15 +877,15 @@ def _render_iterations_and_findings(console: Any, result: Any, *, method: bool) 
 
 def _render_kernel_deltas(console: Any, result: Any) -> None:
     from rich.markup import escape
-    from rich.table import Table
+
+    from cptrace.commands._tables import TextTable
 
     changed = [k for k in result.kernel_deltas if k.status != "unchanged"]
     if not result.kernel_deltas:
         return
-    table = Table(
+    table = TextTable(
         title=f"Kernels, {result.basis} (top {min(TOP_KERNELS, len(changed))} of "
         f"{len(changed)} changed names by time change)",
-        title_justify="left",
     )
     for col in (
         "base count",
@@ -916,12 +915,12 @@ def _render_kernel_deltas(console: Any, result: Any) -> None:
 
 
 def _render_rank_deltas(console: Any, result: Any) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
     if not result.ranks:
         return
     per = result.basis.split(",")[0]
-    table = Table(title=f"Ranks, {per}, base -> head", title_justify="left")
+    table = TextTable(title=f"Ranks, {per}, base -> head")
     for col in ("rank", "span ms", "GPU busy ms (clipped)", "total GPU ms"):
         table.add_column(col, justify="right")
     for r in result.ranks:
@@ -935,9 +934,9 @@ def _render_rank_deltas(console: Any, result: Any) -> None:
 
 
 def render_catalog(cat: Any) -> None:
-    from rich.table import Table
+    from cptrace.commands._tables import TextTable
 
-    table = Table(title=f"catalog {cat.name} {cat.version}", title_justify="left")
+    table = TextTable(title=f"catalog {cat.name} {cat.version}")
     for col in ("helper", "category", "finding", "patterns"):
         table.add_column(col)
     for h in cat.helpers:

@@ -105,6 +105,17 @@ class Settings(BaseSettings):
     analysis_time_limit_s: float = _seconds(
         1800.0, "Longest one analysis may run before the run fails."
     )
+    analysis_rank_workers: int = _count(
+        2,
+        "Processes that read and attribute the trace files (ranks) of one run in parallel "
+        "before one merges them; each under analysis_memory_limit_bytes.",
+    )
+    analysis_per_rank_min_bytes: int = _size(
+        64,
+        "Stored trace bytes from which a run of several files is analysed per rank "
+        "(smaller runs: one process, cheaper than starting several).",
+        minimum_bytes=0,
+    )
     analysis_memory_limit_bytes: int = _size(
         16384,
         "Address-space limit of the process that runs one analysis (RLIMIT_AS).",

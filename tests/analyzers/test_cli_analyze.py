@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from cptrace.cli import app
 from tests.analyzers.conftest import KINETO_3ARMS, NSYS_3ARMS, WORKLOAD, te_manifest
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 RUNNER = CliRunner()
 SYNTHETIC = DATA_DIR / "synthetic-h200x2"
 

@@ -26,6 +26,8 @@ from analyzers.report import AccountPartKind as K
 from cptrace.cli import app
 from tests.analyzers.conftest import KINETO_3ARMS
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 CATS = {0: "kernel", 1: "gpu_memcpy", 2: "gpu_memset"}
 META = {"process_name", "thread_name", "process_sort_index"}
 

@@ -24,6 +24,8 @@ from typer.testing import CliRunner
 
 from cptrace.cli import app
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 RUNNER = CliRunner()
 DATA = DATA_DIR
 SMOKE = DATA / "cpu-gloo" / "cpu_smoke.tar.gz"

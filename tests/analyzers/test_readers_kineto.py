@@ -25,6 +25,8 @@ from analyzers.readers import (
 from analyzers.readers._labels import python_frame_label
 from analyzers.readers.kineto import read_kineto_files
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 DATA = DATA_DIR
 ARMS = [DATA / "te-2.20.2-h200x2" / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 SYNTH = [DATA / "synthetic-h200x2" / f"kineto_rank{r}.json.gz" for r in (0, 1)]

@@ -24,6 +24,8 @@ from analyzers.model import ActivityKind
 from analyzers.readers import _json_chunks, kineto
 from analyzers.readers.kineto import read_kineto
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 DATA = DATA_DIR
 SYNTH = sorted((DATA / "synthetic-h200x2").glob("kineto_rank*.json.gz"))
 TE0 = DATA / "te-2.20.2-h200x2" / "kineto_3arms_rank0.json.gz"

@@ -19,6 +19,8 @@ import pytest
 
 from analyzers.pipeline import run_analysis
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

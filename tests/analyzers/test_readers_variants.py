@@ -33,6 +33,8 @@ from typer.testing import CliRunner
 
 from cptrace.cli import app
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 DATA_DIRS = [d for d in (DATA_DIR, shared_traces_dir()) if d is not None]
 SMALL_BYTES = 100 << 10
 """Compressed size up to which a trace gets every variant (the bigger ones get a sample)."""

@@ -25,6 +25,8 @@ from analyzers.readers.kineto import read_kineto
 from analyzers.report import AnalysisReport, WindowBasis
 from tests.analyzers.test_reference_figures import TRACES, _kineto_rank
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 KINETO = [p for p in TRACES if ".json" in p.name]
 ACTIVITY_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +71,29 @@ def test_guard_mode_pairs_a_commit_worktree_and_exits_1_on_growth() -> None:
     assert "guard against HEAD: FAIL" in lines
     assert sum(line.startswith("  nsys 3 arms: ") for line in lines) == 7  # 6 stages + total
     listed = subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True
+        ["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True, text=True
     )
-    assert "cptrace-guard-" not in listed.stdout
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    # this run's worktree is gone (a guard of another commit, run by another checkout of the
+    # same repository at the same time, may be listed: worktrees are shared)
+    trees = listed.stdout.split("\n\n")
+    assert not [t for t in trees if "cptrace-guard-" in t and f"HEAD {head}" in t]
+
+
+def test_cli_mode_times_the_whole_command_and_its_own_cost() -> None:
+    # The real `cptrace analyze` in a fresh interpreter: every CLI row, and the parts add up
+    # to the process (the analysis and the three pieces of the command's own cost).
+    stages = _stages_module()
+    argv = stages.cli_args([ROOT / "tests/data/te-2.20.2-h200x2/nsys_3arms.sqlite.gz"],  # type: ignore[attr-defined]
+                           "^nsys_arm:", ["findings"])  # fmt: skip
+    run = stages.run_cli_child(ROOT, argv)  # type: ignore[attr-defined]
+    for clock in ("cpu", "wall"):
+        row = run[clock]
+        assert set(stages.CLI_ROWS) <= set(row)  # type: ignore[attr-defined]
+        assert row["analyze"] > 0 and row["pipeline import"] > 0
+        parts = row["analyze"] + row["start + CLI import"] + row["pipeline import"]
+        assert abs(parts + row["render + rest"] - row["process"]) < 1e-6
+    assert run["wall"]["process"] >= run["wall"]["analyze"]
+    assert run["rss_mb"] > 0

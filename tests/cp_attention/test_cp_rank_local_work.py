@@ -19,6 +19,8 @@ from cp_attention.merge import gather_rows, sum_parts
 from cp_attention.plan import AttnCall, Rows
 from cp_attention.ring import LoopbackRing
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 CU = (0, 13, 18, 40, 41)  # real lengths 13, 5, 22, 1
 
 

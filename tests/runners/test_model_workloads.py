@@ -53,9 +53,7 @@ def test_model_spec_validation() -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_misaligned_tokens_get_the_exact_padding_and_aligned_runs_clean(
-    tmp_path: Path,
-) -> None:
+def test_fsdp_misaligned_tokens_get_the_exact_padding(tmp_path: Path) -> None:
     result, out = _run(tmp_path, SPEC, "misaligned")
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
@@ -65,6 +63,10 @@ def test_fsdp_misaligned_tokens_get_the_exact_padding_and_aligned_runs_clean(
     assert "28 packed tokens (14 per rank)" in finding.title
     assert "Pad the packed batch to 32 tokens (4 padding tokens" in finding.recommendation
 
+
+@pytest.mark.slow
+def test_fsdp_aligned_tokens_run_clean(tmp_path: Path) -> None:
+    # the same workload with the alignment it asks for: no token-alignment finding
     result, out = _run(tmp_path, {**SPEC, "token_alignment": 16}, "aligned")
     assert result.exit_code == 0, result.output
     assert not [f for f in analyze(out).findings if f.rule == "token-alignment"]

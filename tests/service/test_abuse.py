@@ -36,6 +36,8 @@ from service_factories import (
 )
 from service_server import Server, wait_for
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 MiB = 1024 * 1024
 VALIDATION_LIMIT = 768 * MiB
 SMALL_UPLOAD_MAX_S = 20.0  # a small upload beside a big one is answered within this

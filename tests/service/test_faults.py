@@ -29,6 +29,8 @@ from fault_support import (
 from service_factories import kineto_bundle
 from service_server import Server, wait_for
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 FAST = {
     "CPTRACE_RESTART_BACKOFF_S": "3",  # long enough for /health to be seen down
     "CPTRACE_WORKER_HEARTBEAT_S": "0.5",

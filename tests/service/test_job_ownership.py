@@ -14,6 +14,8 @@ from fault_support import record
 from service_factories import SPEC_YAML, auth
 from service_server import Server
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _token(data_dir: Path, *args: str) -> str:
     out = subprocess.run(

@@ -20,6 +20,8 @@ from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="cptrace-schemathesis-"))
 # claim_max_wait_s=0: a generated wait_s must not turn each example into a 30 s long poll
 APP = create_app(

@@ -14,6 +14,8 @@ from analyzers.report import AnalysisReport
 from service import analysis
 from service.storage.database import connect
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _upload(client: TestClient, runner: dict[str, str], data: bytes) -> int:
     resp = client.post(
@@ -31,6 +33,16 @@ def _drain(app_env: dict[str, Any], **kw: Any) -> None:
 def te_run(client: TestClient, runner: dict[str, str], app_env: dict[str, Any]) -> int:
     run_id = _upload(client, runner, te_3arms_bundle())
     _drain(app_env)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def small_run(client: TestClient, runner: dict[str, str], app_env: dict[str, Any]) -> int:
+    """An analysed two-rank Kineto run of the small real traces, for the re-analysis tests:
+    queueing a run again does not depend on its size, and the reference run takes seconds."""
+    run_id = _upload(client, runner, kineto_bundle(salt="reanalysed"))
+    _drain(app_env)
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "analysed"
     return run_id
 
 
@@ -160,9 +172,9 @@ def test_a_saved_report_uploads_like_a_trace(
 
 
 def test_reanalyse_and_progress(
-    client: TestClient, admin: dict[str, str], app_env: dict[str, Any], te_run: int
+    client: TestClient, admin: dict[str, str], app_env: dict[str, Any], small_run: int
 ) -> None:
-    resp = client.post(f"/api/v1/runs/{te_run}/analysis", headers=admin)
+    resp = client.post(f"/api/v1/runs/{small_run}/analysis", headers=admin)
     assert resp.status_code == 202 and resp.json()["status"] == "queued"
     seen: list[str] = []
 
@@ -171,25 +183,25 @@ def test_reanalyse_and_progress(
 
         progress("reading", 0.1)
         time.sleep(0.6)  # the heartbeat thread publishes the progress meanwhile
-        seen.append(client.get(f"/api/v1/runs/{te_run}").json()["progress"])
+        seen.append(client.get(f"/api/v1/runs/{small_run}").json()["progress"])
         return analyze(paths, manifest=manifest, progress=progress)
 
     _drain(app_env, analyze=slow_analyze)
     assert seen and "reading" in seen[0]
-    assert client.get(f"/api/v1/runs/{te_run}").json()["status"] == "analysed"
+    assert client.get(f"/api/v1/runs/{small_run}").json()["status"] == "analysed"
 
 
 def test_old_reports_are_reanalysed(
-    client: TestClient, app_env: dict[str, Any], te_run: int
+    client: TestClient, app_env: dict[str, Any], small_run: int
 ) -> None:
     db = app_env["db"]
     db.write_tx(
-        lambda c: c.execute("UPDATE reports SET schema_version = 0 WHERE run_id = ?", (te_run,))
+        lambda c: c.execute("UPDATE reports SET schema_version = 0 WHERE run_id = ?", (small_run,))
     )
-    assert db.write(analysis.requeue_stale_reports) == [te_run]
+    assert db.write(analysis.requeue_stale_reports) == [small_run]
     assert db.write(analysis.requeue_stale_reports) == []  # already queued
     _drain(app_env)
-    assert client.get(f"/api/v1/runs/{te_run}/analysis").json()["status"] == "done"
+    assert client.get(f"/api/v1/runs/{small_run}/analysis").json()["status"] == "done"
     assert db.write(analysis.requeue_stale_reports) == []
 
 

@@ -11,6 +11,8 @@ import random
 import socket
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "tests" / "data"
 """Real traces and bundles committed with the tests (``tests/data/<scenario>/``)."""
@@ -68,3 +70,15 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free loopback port in {first}-{first + size - 1} for this worker")
+
+
+def slow_files_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items``: files holding a ``slow`` test first, each file whole and in order.
+
+    Under ``make test`` (xdist ``--dist loadfile --no-loadscope-reorder``) a worker is handed the
+    next file as it runs out, in this order: the long files start first and the short ones fill
+    in at the end, so no long file starts last and keeps one worker busy while the other idles
+    (xdist's own order, most tests first, put the one-test end-to-end files last).
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: file order kept

@@ -27,6 +27,8 @@ from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 ROOT = Path(__file__).resolve().parents[2]
 NSYS_BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-nsys-3arms.tar.gz"
 CPU_BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"

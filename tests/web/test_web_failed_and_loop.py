@@ -43,6 +43,8 @@ from tests.failed_bundles import (
 from tests.service.service_factories import drain_worker
 from web.pr_routes import github_config
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 REPO = "octo/model"
 PR = 7
 HEAD = "c" * 40

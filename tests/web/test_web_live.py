@@ -8,14 +8,19 @@ import sys
 
 import pytest
 from stored_runs import drain_worker
+from testkit import REPO_ROOT
 from typer.testing import CliRunner
 from web_browser import browser_page, charts, open_page, require_chromium
 from web_server import serve
 
 from cptrace.cli import app as cli_app
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # slow: scheduled first
 ARMS = "base_window=arm%3Aauto_clone&head_window=arm%3Aexplicit_false"
+DEMO_BUNDLES = sorted(
+    p.name.removesuffix(".tar.gz") for p in (REPO_ROOT / "demo" / "bundles").glob("*.tar.gz")
+)
+"""The bundles ``seed_demo`` ingests (one run each): the run pages are tested one by one."""
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +74,21 @@ def test_every_demo_run_is_analysed_and_listed(live, page) -> None:
     assert set(verdicts) <= {"clean", "findings"}, verdicts  # none failed or pending
 
 
-def test_every_run_page_loads_cleanly_with_charts(live, page) -> None:
+def test_the_demo_bundles_are_the_seeded_runs(live) -> None:
+    _, runs = live
+    assert DEMO_BUNDLES and sorted(runs) == DEMO_BUNDLES
+
+
+@pytest.mark.parametrize("bundle", DEMO_BUNDLES)
+def test_every_run_page_loads_cleanly_with_charts(live, page, bundle: str) -> None:
     url, runs = live
-    for run_id in runs.values():
-        open_page(page, f"{url}/runs/{run_id}")
-        drawn = charts(page)
-        assert "chart-helper_launches" in drawn, run_id
-        for chart_id, chart in drawn.items():
-            assert chart["traces"] and chart["svgTraces"] > 0, (run_id, chart_id)
-        assert page.locator("#findings article.finding").count() >= 1
+    run_id = runs[bundle]
+    open_page(page, f"{url}/runs/{run_id}")
+    drawn = charts(page)
+    assert "chart-helper_launches" in drawn, run_id
+    for chart_id, chart in drawn.items():
+        assert chart["traces"] and chart["svgTraces"] > 0, (run_id, chart_id)
+    assert page.locator("#findings article.finding").count() >= 1
 
 
 def test_arm_comparison_shows_the_padding_helper_disappearing(live, page) -> None:

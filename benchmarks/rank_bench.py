@@ -1,0 +1,204 @@
+"""A multi-rank run analysed in one process vs per rank (``service/rank_exec.py``).
+
+What it measures, for R ranks: the wall time of the service's analysis of the run, the CPU
+time of all its processes (user + system, their start and imports included: the stable number
+on a loaded machine), and the peak RSS of its largest process (``RUSAGE_CHILDREN``'s
+``ru_maxrss``: the largest process the arm started, the merge included; each arm runs in a
+fresh process of its own so nothing else counts). Arms:
+
+============== ==============================================================================
+one process    ``service.analysis_exec.run_isolated``: the whole run in one child (as before)
+per rank, W    ``service.rank_exec.run_per_rank`` with W processes reading and attributing one
+               file each into a part blob, then one merge
+============== ==============================================================================
+
+Then, each in a fresh process of its own, that process's peak RSS: the libraries alone, one
+rank's stage alone (read, attribute, write the part blob), the merge alone (of parts written
+beforehand): where the per-rank split bounds memory (the stage) and where it does not yet (the
+merge holds every rank's tables).
+
+Input: the real TE 2.20.2 Kineto pair (``tests/data/te-2.20.2-h200x2``, ~100k events and
+~2,900 kernels a rank), copied to R ranks (``distributedInfo.rank`` rewritten; R/2 copies of
+each real rank). Every arm's report is checked equal to the first arm's (sha256 of its JSON).
+Arms alternate (ABAB over ``--repeat``) so a shared machine's load moves them alike.
+
+Usage::
+
+    python benchmarks/rank_bench.py --ranks 4 --workers 1,2 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TE = ROOT / "tests" / "data" / "te-2.20.2-h200x2"
+LIMIT_BYTES = 16 << 30
+Row = dict[str, Any]
+
+
+def make_ranks(folder: Path, ranks: int) -> list[Path]:
+    """R Kineto files: the real pair's events under ranks 0..R-1 (world size R)."""
+    sources = [
+        json.loads(gzip.decompress((TE / f"kineto_3arms_rank{i}.json.gz").read_bytes()))
+        for i in (0, 1)
+    ]
+    out = []
+    for rank in range(ranks):
+        trace = dict(sources[rank % 2])
+        trace["distributedInfo"] = {
+            **trace.get("distributedInfo", {}),
+            "rank": rank,
+            "world_size": ranks,
+        }
+        path = folder / f"kineto_rank{rank}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
+        out.append(path)
+    return out
+
+
+def run_arm(arm: str, folder: Path) -> Row:
+    """One service arm in this process; its children's CPU time and largest peak RSS."""
+    sys.path.insert(0, str(ROOT))
+    from analyzers.readers import trace_input
+    from service.analysis_exec import run_isolated
+    from service.rank_exec import run_per_rank
+
+    inputs = [trace_input(p) for p in sorted(folder.glob("kineto_rank*.json.gz"))]
+    scratch = Path(tempfile.mkdtemp(prefix="rank-bench-"))
+    limits: dict[str, Any] = {"time_limit_s": 3600, "memory_limit_bytes": LIMIT_BYTES}
+    started = time.perf_counter()
+    if arm == "one":
+        report = run_isolated(inputs, None, progress=lambda _m: None, **limits)
+    else:
+        report = run_per_rank(
+            inputs, None, scratch=scratch, workers=int(arm), progress=lambda _m: None, **limits
+        )
+    wall = time.perf_counter() - started
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    parts = sum(p.stat().st_size for p in scratch.glob("part*.npz"))
+    return {
+        "wall_s": wall,
+        "cpu_s": children.ru_utime + children.ru_stime,
+        "peak_mib": children.ru_maxrss / 1024,
+        "parts_mib": parts / 2**20,
+        "report": hashlib.sha256(report.model_dump_json().encode()).hexdigest(),
+    }
+
+
+def own_peak_mib() -> float:
+    """This process's peak RSS since its ``exec`` (``VmHWM``; ``ru_maxrss`` would carry the
+    high-water mark of the process it was forked from)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_stage(stage: str, folder: Path) -> Row:
+    """One process's own peak RSS and CPU: the libraries alone (``imports``), one rank's stage
+    (``stage``: read, attribute, write the part) or the merge of parts written beforehand."""
+    sys.path.insert(0, str(ROOT))
+    from analyzers.rank_parts import analyze_rank, dump_part, load_part, merge_parts
+    from analyzers.readers import trace_input
+
+    files = sorted(folder.glob("kineto_rank*.json.gz"))
+    blobs = [folder / f"part{i}.npz" for i in range(len(files))]
+    if stage == "merge":
+        for path, blob in zip(files, blobs, strict=True):  # each by a process of its own
+            code = _PART.format(path=path, blob=blob, files=len(files))
+            if not blob.exists():
+                subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    started, cpu = time.perf_counter(), time.process_time()
+    if stage == "stage":
+        dump_part(analyze_rank(trace_input(files[0]), files=len(files)), folder / "one.npz")
+    elif stage == "merge":
+        merge_parts(load_part(b) for b in blobs)
+    return {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mib": own_peak_mib(),
+        "parts_mib": 0.0,
+        "report": stage,
+    }
+
+
+_PART = (
+    "from pathlib import Path; from analyzers.rank_parts import analyze_rank, dump_part; "
+    "from analyzers.readers import trace_input; "
+    "dump_part(analyze_rank(trace_input(Path('{path}')), files={files}), Path('{blob}'))"
+)
+STAGES = ("imports", "stage", "merge")
+
+
+def label(arm: str) -> str:
+    names = {
+        "one": "service, before: one process",
+        "imports": "the libraries alone (one process; CPU: imports excluded)",
+        "stage": "one rank's stage alone (imports excluded)",
+        "merge": "the merge alone (imports excluded)",
+    }
+    return names.get(arm, f"service, after: per rank, {arm} process(es) + merge")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--workers", default="1,2", help="comma-separated process counts")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm == "make":
+        make_ranks(args.dir, args.ranks)
+    elif args.arm in STAGES:
+        print(json.dumps(run_stage(args.arm, args.dir)))
+    elif args.arm:
+        print(json.dumps(run_arm(args.arm, args.dir)))
+    else:
+        report(args)
+
+
+def report(args: argparse.Namespace) -> None:
+    arms = ["one", *args.workers.split(","), *STAGES]
+    results: dict[str, list[Row]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="rank-bench-") as tmp:
+        # the inputs are made in a process of their own: this one stays small, so the arms it
+        # forks start small (a forked process's ru_maxrss starts at its parent's)
+        own = [sys.executable, __file__, "--dir", tmp, "--ranks", str(args.ranks), "--arm"]
+        subprocess.run([*own, "make"], check=True)
+        size = sum(p.stat().st_size for p in Path(tmp).glob("kineto_rank*.json.gz")) / 2**20
+        for _ in range(args.repeat):
+            for arm in arms:
+                done = subprocess.run([*own, arm], capture_output=True, text=True, check=True)
+                results[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    digests = {r["report"] for arm in arms if arm not in STAGES for r in results[arm]}
+    print(
+        f"{args.ranks} ranks, {size:.1f} MiB of gzipped Kineto JSON; reports identical: "
+        f"{len(digests) == 1}; medians of {args.repeat}"
+    )
+    print("| arm | wall s | CPU s, all its processes | peak RSS of its largest process, MiB |")
+    print("|---|---|---|---|")
+    for arm, rows in results.items():
+        wall, cpu, peak = (
+            statistics.median(float(r[key]) for r in rows)
+            for key in ("wall_s", "cpu_s", "peak_mib")
+        )
+        print(f"| {label(arm)} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |")
+    parts = statistics.median(float(r["parts_mib"]) for r in results[arms[1]])
+    print(f"part blobs of the run: {parts:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

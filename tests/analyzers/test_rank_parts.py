@@ -1,0 +1,158 @@
+"""Typed analysis inputs and the per-rank analysis (issue 26 seam 1, issue 27 item 4).
+
+Every trace set in tests/data: typed inputs give the report bare paths give, without sniffing
+again; per-rank parts, each written to a blob and read back, merge into the report of the
+one-process analysis, byte for byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from testkit import DATA_DIR
+from testkit.calls import calls_of
+
+from analyzers.bundle import read_bundle
+from analyzers.errors import CorruptTraceError, UnsupportedTraceError
+from analyzers.pipeline import analyze
+from analyzers.rank_parts import analyze_rank, dump_part, load_part, merge_parts
+from analyzers.readers import TraceInput, _files, check_trace, trace_input
+from tests.analyzers.conftest import KINETO_3ARMS, NSYS_3ARMS, te_manifest
+
+SYNTHETIC = DATA_DIR / "synthetic-h200x2"
+OPENWORLD = DATA_DIR / "openworld"
+BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
+PROFILE_BUNDLE = DATA_DIR / "te-2.20.2-h200-profile"
+
+TRACE_SETS = {
+    "synthetic-kineto-pair": [
+        SYNTHETIC / "kineto_rank0.json.gz",
+        SYNTHETIC / "kineto_rank1.json.gz",
+    ],
+    "synthetic-nsys": [SYNTHETIC / "nsys_single.sqlite.gz"],
+    "te-kineto-3arms": KINETO_3ARMS,
+    "te-nsys-3arms": [NSYS_3ARMS],
+    **{f"openworld-{p.name}": [p] for p in sorted(OPENWORLD.glob("*.gz"))},
+}
+MANIFESTS = {
+    "te-kineto-3arms": lambda: te_manifest("arm"),
+    "te-nsys-3arms": lambda: te_manifest("nsys_arm", steps_per_window=3),
+}
+MULTI_RANK = ["synthetic-kineto-pair", "te-kineto-3arms", "te-nsys-3arms"]
+BUNDLES = [BUNDLE, PROFILE_BUNDLE]
+
+
+def sniff_calls() -> AbstractContextManager[list[str]]:
+    """Counts the calls of the one content sniffer while open."""
+    return calls_of(_files.sniff, _files.sniff_head, _files.read_head)
+
+
+def _per_rank(items: list[TraceInput], tmp_path: Path, **kwargs: Any) -> str:
+    """Each file through its own stage, written to a blob and read back, then the merge."""
+    blobs = []
+    for i, item in enumerate(items):
+        blob = tmp_path / f"part{i}.npz"
+        size = dump_part(analyze_rank(item, files=len(items)), blob)
+        assert size == blob.stat().st_size
+        blobs.append(blob)
+    return merge_parts([load_part(b) for b in blobs], **kwargs).report.model_dump_json()
+
+
+@functools.cache
+def _today(name: str) -> str:
+    """The one-process analysis of a trace set from bare paths (as the CLI runs it)."""
+    manifest = MANIFESTS[name]() if name in MANIFESTS else None
+    return analyze(TRACE_SETS[name], manifest=manifest).model_dump_json()
+
+
+@pytest.mark.parametrize("name", sorted(TRACE_SETS))
+def test_typed_inputs_give_the_report_of_bare_paths_without_sniffing(name: str) -> None:
+    manifest = MANIFESTS[name]() if name in MANIFESTS else None
+    typed = [trace_input(p) for p in TRACE_SETS[name]]
+    with sniff_calls() as seen:
+        again = analyze(typed, manifest=manifest).model_dump_json()
+    assert seen == []
+    assert again == _today(name)
+
+
+def test_the_sniff_observable_sees_bare_paths_sniffed() -> None:
+    """The counter above can fail: bare paths are sniffed (once per file, to type them)."""
+    paths = TRACE_SETS["synthetic-kineto-pair"]
+    with sniff_calls() as seen:
+        analyze(paths)
+    assert seen.count("sniff") == len(paths)
+
+
+def test_a_typed_format_is_trusted_not_sniffed() -> None:
+    """The readers take the format they are given: a Kineto file typed nsys goes to the nsys
+    reader (which says it is no SQLite export) instead of being sniffed and read as Kineto."""
+    path = SYNTHETIC / "kineto_rank0.json.gz"
+    wrong = TraceInput(path=path, format="nsys", gzipped=True)
+    with pytest.raises((CorruptTraceError, UnsupportedTraceError)):
+        analyze([wrong])
+    analyze([trace_input(path)])
+
+
+@pytest.mark.parametrize("name", sorted(TRACE_SETS))
+def test_per_rank_parts_merge_into_the_same_report(name: str, tmp_path: Path) -> None:
+    manifest = MANIFESTS[name]() if name in MANIFESTS else None
+    typed = [trace_input(p) for p in TRACE_SETS[name]]
+    assert _per_rank(typed, tmp_path, manifest=manifest) == _today(name)
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=lambda p: p.name)
+def test_bundles_typed_and_per_rank_give_the_same_report(bundle: Path, tmp_path: Path) -> None:
+    today = analyze(bundle).model_dump_json()
+    with read_bundle(bundle) as opened:
+        items = [t.as_input(label=f"{bundle.name}:{t.member}") for t in opened.analysis_traces()]
+        assert len(json.loads(today)["ranks"]) == (2 if bundle == BUNDLE else 1)
+        assert _per_rank(items, tmp_path, manifest=opened.manifest) == today
+        for trace in opened.traces:  # the kind the bundle reader found, not sniffed again
+            with sniff_calls() as seen:
+                check_trace(trace.path, kind=trace.kind, gzipped=trace.gzipped)
+            assert seen == []
+
+
+def test_multi_rank_sets_are_really_several_ranks() -> None:
+    """The byte-identity above is about multi-rank runs: each of these has two ranks."""
+    for name in MULTI_RANK:
+        assert json.loads(_today(name))["ranks"] == [0, 1], name
+
+
+def test_several_rankless_files_are_refused_by_the_merge(tmp_path: Path) -> None:
+    """A rank rule that needs every file (several files, one without a rank) holds per rank."""
+    files = []
+    for i in range(2):
+        raw = json.loads(gzip.decompress((SYNTHETIC / f"kineto_rank{i}.json.gz").read_bytes()))
+        raw.pop("distributedInfo", None)
+        target = tmp_path / f"profile_{'ab'[i]}.json"
+        target.write_text(json.dumps(raw))
+        files.append(trace_input(target))
+    with pytest.raises(UnsupportedTraceError, match="cannot tell the rank of 2 of 2"):
+        analyze(files)
+    parts = [analyze_rank(item, files=2) for item in files]
+    assert all(p.attribution is None for p in parts)
+    with pytest.raises(UnsupportedTraceError, match="cannot tell the rank of 2 of 2"):
+        merge_parts(parts)
+
+
+def test_a_damaged_part_blob_is_a_clear_error(tmp_path: Path) -> None:
+    blob = tmp_path / "part.npz"
+    blob.write_bytes(b"not a part")
+    with pytest.raises(CorruptTraceError, match="not a per-rank part"):
+        load_part(blob)
+    other = tmp_path / "other.npz"
+    np.savez(other, meta=np.frombuffer(json.dumps({"version": 0}).encode(), dtype=np.uint8))
+    with pytest.raises(CorruptTraceError, match="another version"):
+        load_part(other)
+    half = tmp_path / "half.npz"
+    np.savez(half, meta=np.frombuffer(json.dumps({"version": 1}).encode(), dtype=np.uint8))
+    with pytest.raises(CorruptTraceError, match="damaged per-rank part"):
+        load_part(half)

@@ -1,0 +1,125 @@
+"""A run of several trace files analysed per rank in parallel processes, then merged.
+
+Real spawned processes under the real limits, real traces, a real worker on a real SQLite file
+and blob store: the stored report is the one-process analysis' byte for byte.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from service_factories import KINETO_RANK0, KINETO_RANK1, drain_worker, kineto_bundle
+from testkit.calls import calls_of
+
+from analyzers.manifest import parse_manifest
+from analyzers.pipeline import analyze
+from analyzers.readers import TraceInput, _files
+from service.analysis_exec import AnalysisFailed, validate_report
+from service.core.config import MiB
+from service.ingest import Limits, stage_bundle
+from service.rank_exec import run_per_rank
+from service.worker import trace_input
+
+
+def _inputs(*paths: Path) -> list[TraceInput]:
+    return [
+        TraceInput(path=p, format="kineto", gzipped=True, rank=i, label=f"traces/rank{i}.json.gz")
+        for i, p in enumerate(paths)
+    ]
+
+
+def _run(inputs: list[TraceInput], scratch: Path, **limits: Any) -> tuple[Any, list[str]]:
+    seen: list[str] = []
+    options: dict[str, Any] = {"time_limit_s": 300.0, "memory_limit_bytes": 4096 * MiB}
+    options.update(limits)
+    report = run_per_rank(inputs, None, scratch=scratch, workers=2, progress=seen.append, **options)
+    return report, seen
+
+
+def test_per_rank_processes_give_the_one_process_report(tmp_path: Path) -> None:
+    inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
+    report, seen = _run(inputs, tmp_path)
+    one_process = validate_report(analyze(inputs).model_dump_json())
+    assert report.model_dump_json() == one_process.model_dump_json()
+    assert report.ranks == [0, 1]
+    parts = sorted(tmp_path.glob("part*.npz"))
+    assert [p.name for p in parts] == ["part0000.npz", "part0001.npz"]
+    assert seen[-1] == "merging 2 files"
+    assert "ranks: 2 of 2 files read and attributed" in seen
+
+
+def test_a_bad_rank_file_fails_the_run_for_good_naming_it(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": '))
+    inputs = _inputs(KINETO_RANK0, broken)
+    with pytest.raises(AnalysisFailed) as caught:
+        _run(inputs, tmp_path)
+    assert caught.value.final
+    assert "broken.json.gz" in str(caught.value)
+
+
+def test_each_rank_process_is_under_the_memory_limit(tmp_path: Path) -> None:
+    """A limit below what reading one file needs fails the run with the reason, for good."""
+    with pytest.raises(AnalysisFailed, match="more memory than its limit of 64 MiB") as caught:
+        _run(_inputs(KINETO_RANK0, KINETO_RANK1), tmp_path, memory_limit_bytes=64 * MiB)
+    assert caught.value.final
+
+
+def test_the_worker_stores_the_per_rank_report(
+    client: TestClient,
+    runner: dict[str, str],
+    app_env: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bundle = kineto_bundle(salt="rank-exec")
+    with tarfile.open(fileobj=io.BytesIO(bundle)) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        manifest = parse_manifest(json.load(member), source="manifest.json")
+    resp = client.post(
+        "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", bundle)}, headers=runner
+    )
+    assert resp.status_code == 201, resp.text
+    run_id = resp.json()["run_id"]
+    settings = app_env["app"].state.settings.model_copy(update={"analysis_per_rank_min_bytes": 0})
+    with caplog.at_level(logging.INFO, logger="cptrace.worker"):
+        drain_worker(settings)
+    assert "analysing 2 files per rank in up to 2 processes" in caplog.messages
+    status = client.get(f"/api/v1/runs/{run_id}/analysis").json()
+    assert status["status"] == "done", status
+    result = client.get(f"/api/v1/runs/{run_id}/analysis/result")
+    stored, stored_report = result.json(), validate_report(result.text)
+    # the sources name the uploaded members, never the worker's scratch links
+    assert [s["path"] for s in stored["sources"]] == [
+        "traces/rank0.json.gz",
+        "traces/rank1.json.gz",
+    ]
+    inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
+    one_process = validate_report(analyze(inputs, manifest=manifest).model_dump_json())
+    assert stored_report.model_dump_json() == one_process.model_dump_json()
+
+
+def test_an_upload_sniffs_each_trace_once(tmp_path: Path) -> None:
+    """The bundle reader sniffs each trace to check its listed format; the upload check takes
+    that kind (it sniffed it a second time before), and the worker's inputs are typed."""
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(kineto_bundle(salt="sniff-once"))
+    limits = Limits(max_decompressed_bytes=64 * MiB, max_members=16)
+    with calls_of(_files.sniff) as seen:
+        staged = stage_bundle(bundle, tmp_path / "blobs", tmp_path / "tmp", limits)
+    traces = [f for f in staged.files if f.role == "trace"]
+    assert len(seen) == len(traces) == 2
+    stored = [{"format": f"{f.format}+gzip", "rank": f.rank, "name": f.name} for f in traces]
+    typed = [trace_input(row, tmp_path / "link") for row in stored]
+    assert typed == [
+        TraceInput(path=tmp_path / "link", format="kineto", gzipped=True, rank=i, label=f.name)
+        for i, f in enumerate(traces)
+    ]
