@@ -140,11 +140,14 @@ class BlobSink:
             self.blobs.commit(f.path, f.sha256, f.size)
 
     def discard(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):  # a failed spool already failed the upload
             self._wait_for_disk()
         self._pool.shutdown(wait=True)
         for temp in self._temps:
-            self.blobs.discard_temp(temp)  # committed ones are gone from tmp/ already
+            # committed ones are gone from tmp/ already; a staging object S3 would not delete
+            # now is swept at a later start
+            with contextlib.suppress(Exception):
+                self.blobs.discard_temp(temp)
 
     def _wait_for_disk(self) -> None:
         syncs, self._syncs = self._syncs, []

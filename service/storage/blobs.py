@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from service.core.errors import PayloadTooLarge
+from service.core.errors import ApiError, PayloadTooLarge
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -48,6 +48,12 @@ hosts may be between storing a blob and recording its run (or validating a stage
 
 class BlobConfigError(ValueError):
     """A blob location (``--blobs`` / ``CPTRACE_BLOBS``) that cannot be used."""
+
+
+class BlobStoreUnavailable(ApiError):
+    """The S3 store refused or did not answer a call (a 503: retry later)."""
+
+    status = 503
 
 
 @contextlib.contextmanager
@@ -390,6 +396,16 @@ class S3BlobStore(Blobs):
             where = self.location.endpoint_url or "boto3's default endpoint"
             raise BlobConfigError(f"blob store {self.location.url} at {where}: {exc}") from None
 
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Turn the S3 client's failures (store down, refused) into one clear 503."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except (BotoCoreError, ClientError) as exc:
+            raise BlobStoreUnavailable(f"blob store {self.location.url}: {exc}") from None
+
     def key_for(self, sha256: str) -> str:
         check_digest(sha256)
         return f"{self.location.prefix}blobs/{sha256[:2]}/{sha256[2:]}"
@@ -406,7 +422,8 @@ class S3BlobStore(Blobs):
         return head
 
     def exists(self, sha256: str) -> bool:
-        return self._head(self.key_for(sha256)) is not None
+        with self._answering():
+            return self._head(self.key_for(sha256)) is not None
 
     def describe(self, sha256: str) -> str:
         return f"s3://{self.location.bucket}/{self.key_for(sha256)}"
@@ -414,7 +431,8 @@ class S3BlobStore(Blobs):
     def spool(self, temp: Path) -> None:
         """Multipart upload of the temp file to a staging key of its own."""
         key = f"{self.location.prefix}staging/{uuid.uuid4().hex}"
-        self._client.upload_file(str(temp), self.location.bucket, key, Config=self._transfer)
+        with self._answering():
+            self._client.upload_file(str(temp), self.location.bucket, key, Config=self._transfer)
         with self._lock:
             self._staged[temp] = key
 
@@ -425,25 +443,24 @@ class S3BlobStore(Blobs):
         with self._lock:
             staged = self._staged.pop(temp, None)
         bucket = self.location.bucket
-        try:
+        with self._answering(), contextlib.ExitStack() as cleanup:
+            if staged is not None:
+                cleanup.callback(self._client.delete_object, Bucket=bucket, Key=staged)
             if self._head(target) is None:
                 if staged is not None:
                     source = {"Bucket": bucket, "Key": staged}
                     self._client.copy(source, bucket, target, Config=self._transfer)
                 else:
                     self._client.upload_file(str(temp), bucket, target, Config=self._transfer)
-        finally:
-            if staged is not None:
-                self._client.delete_object(Bucket=bucket, Key=staged)
         temp.unlink(missing_ok=True)
         return StoredBlob(sha256, size)
 
     def discard_temp(self, temp: Path) -> None:
         with self._lock:
             staged = self._staged.pop(temp, None)
-        if staged is not None:
-            self._client.delete_object(Bucket=self.location.bucket, Key=staged)
         temp.unlink(missing_ok=True)
+        if staged is not None:
+            self._delete_key(staged)
 
     def read_chunks(
         self, sha256: str, *, start: int = 0, end: int | None = None
@@ -455,24 +472,29 @@ class S3BlobStore(Blobs):
             if end is not None and end <= start:
                 return
             extra["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        try:
-            answer = self._client.get_object(
-                Bucket=self.location.bucket, Key=self.key_for(sha256), **extra
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                raise FileNotFoundError(self.describe(sha256)) from None
-            if exc.response.get("Error", {}).get("Code") == "InvalidRange":
-                return
-            raise
-        body = answer["Body"]
-        try:
-            yield from body.iter_chunks(CHUNK)
-        finally:
-            body.close()
+        with self._answering():
+            try:
+                answer = self._client.get_object(
+                    Bucket=self.location.bucket, Key=self.key_for(sha256), **extra
+                )
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                    raise FileNotFoundError(self.describe(sha256)) from None
+                if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                    return
+                raise
+            body = answer["Body"]
+            try:
+                yield from body.iter_chunks(CHUNK)
+            finally:
+                body.close()
 
     def materialise(self, sha256: str, dest: Path, *, limit: int) -> None:
         """Download in ranged parts to ``dest`` (a temp name beside it, renamed when complete)."""
+        with self._answering():
+            self._download(sha256, dest, limit)
+
+    def _download(self, sha256: str, dest: Path, limit: int) -> None:
         head = self._head(self.key_for(sha256))
         if head is None:
             raise FileNotFoundError(self.describe(sha256))
@@ -490,17 +512,19 @@ class S3BlobStore(Blobs):
             partial.unlink(missing_ok=True)
 
     def delete(self, sha256: str) -> None:
-        self._client.delete_object(Bucket=self.location.bucket, Key=self.key_for(sha256))
+        with self._answering():
+            self._client.delete_object(Bucket=self.location.bucket, Key=self.key_for(sha256))
 
     def objects(self, under: str) -> Iterator[tuple[str, float]]:
         """(key, age in seconds) of every object under ``prefix + under``."""
-        pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.location.bucket, Prefix=self.location.prefix + under
-        )
-        now = time.time()
-        for page in pages:
-            for item in page.get("Contents", []):
-                yield item["Key"], now - item["LastModified"].timestamp()
+        with self._answering():
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=self.location.prefix + under
+            )
+            now = time.time()
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield item["Key"], now - item["LastModified"].timestamp()
 
     def _digest_of(self, key: str) -> str | None:
         rest = key.removeprefix(f"{self.location.prefix}blobs/")
@@ -520,7 +544,7 @@ class S3BlobStore(Blobs):
         for key, age in list(self.objects("blobs/")):
             digest = self._digest_of(key)
             if digest is not None and age > S3_GRACE_S and not known(digest):
-                self._client.delete_object(Bucket=self.location.bucket, Key=key)
+                self._delete_key(key)
                 removed += 1
         return removed
 
@@ -530,9 +554,13 @@ class S3BlobStore(Blobs):
         removed = super().clean_tmp()
         for key, age in list(self.objects("staging/")):
             if age > S3_GRACE_S:
-                self._client.delete_object(Bucket=self.location.bucket, Key=key)
+                self._delete_key(key)
                 removed += 1
         return removed
+
+    def _delete_key(self, key: str) -> None:
+        with self._answering():
+            self._client.delete_object(Bucket=self.location.bucket, Key=key)
 
 
 def _s3_client(endpoint_url: str | None) -> Any:

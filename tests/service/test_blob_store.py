@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from service.storage.blobs import (
     BlobConfigError,
     Blobs,
     BlobStore,
+    BlobStoreUnavailable,
     S3BlobStore,
     S3Location,
     blob_location,
@@ -155,6 +157,10 @@ def test_unreachable_store_is_one_clear_error(
     store = S3BlobStore(location, tmp_path / "tmp")
     with pytest.raises(BlobConfigError, match=r"blob store s3://bucket/ at http://127\.0\.0\.1"):
         store.check()
+    with pytest.raises(BlobStoreUnavailable, match="blob store s3://bucket/") as down:
+        store.exists("0" * 64)  # a store that goes away later: a 503, never a 500
+    assert down.value.status == 503
+    assert pickle.loads(pickle.dumps(down.value)).status == 503  # crosses the process boundary
 
 
 def test_a_trace_upload_is_stored_after_its_check(any_blobs: Blobs) -> None:
