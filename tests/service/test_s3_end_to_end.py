@@ -28,7 +28,12 @@ def _stored_digests(data_dir: Path) -> set[str]:
 def test_upload_and_analysis_with_s3_blobs(s3_location: S3Location, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    env = {"CPTRACE_BLOBS": s3_location.url, "CPTRACE_S3_ENDPOINT_URL": s3_location.endpoint_url}
+    env = {
+        "CPTRACE_BLOBS": s3_location.url,
+        "CPTRACE_S3_ENDPOINT_URL": s3_location.endpoint_url,
+        "CPTRACE_INGEST_WORKERS": "1",  # one validation process to start on this busy machine
+        "CPTRACE_WORKER_POLL_S": "0.1",
+    }
     server = Server(data_dir, env=env).start()  # creates the bucket at start
     bucket = S3BlobStore(s3_location, tmp_path / "probe-tmp")
     api = f"{server.url}/api/v1"
