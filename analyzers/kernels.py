@@ -12,6 +12,12 @@ over ranks (``rank=None``, what nsys prints for a multi-process export).
 
 Durations are ``end - start`` in integer ns; counts, totals, minima and maxima are exact
 integers, the average, median and standard deviation are the only non-integers.
+
+Each table (one window group, one rank or all ranks) lists at most ``MAX_KERNEL_ROWS`` names,
+those with the most kernel time; the rest are one more row named ``OTHER_KERNELS`` whose
+figures are those of all their instances together (``names`` says how many names it holds),
+so the rows still add up to the group's kernel time and count. A trace of 5,000 distinct
+4 KB kernel names (a 300 KB upload) made 43 MB of rows before (issue 24, item 6).
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ from analyzers.report import DeviceFigures, KernelStat
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+MAX_KERNEL_ROWS = 100
+"""Kernel names listed per table; the real TE traces have at most 44."""
+OTHER_KERNELS = "(other kernel names)"
+"""The name of the row that holds every name past ``MAX_KERNEL_ROWS``."""
+_Row = tuple[int, int, int, int, float, float, int, int, float]
 
 
 def device_figures(trace: Trace, rank: IntArray, launch: IntArray) -> list[DeviceFigures]:
@@ -97,9 +109,7 @@ def device_figures(trace: Trace, rank: IntArray, launch: IntArray) -> list[Devic
     return out
 
 
-def _table(
-    key: IntArray, name: IntArray, duration: IntArray
-) -> list[tuple[int, int, int, int, float, float, int, int, float]]:
+def _table(key: IntArray, name: IntArray, duration: IntArray) -> list[_Row]:
     """(key, name, count, total, average, median, min, max, stddev) per distinct (key, name).
 
     The rows must already be ordered by (name, duration); a stable sort by ``key`` (a radix sort
@@ -182,17 +192,19 @@ class KernelTables:
         out = []
         for per_rank in (True, False):
             key = ranks if per_rank else np.zeros(len(duration), dtype=np.int64)
-            table = _table(key, name, duration)
+            table = _capped(_table(key, name, duration), key, name, duration)
             kernel_time: dict[int, int] = {}
             for k, _, _, tot, *_ in table:
                 kernel_time[k] = kernel_time.get(k, 0) + tot
-            for k, nm, n, tot, avg, med, lo, hi, sd in table:
+            for (k, nm, n, tot, avg, med, lo, hi, sd), names in zip(
+                table, _names_per_row(table), strict=True
+            ):
                 out.append(
                     KernelStat(
                         rank=k if per_rank else None,
                         window=group,
                         steps=steps.get((k, group), 1) if per_rank else max(all_steps, default=1),
-                        name=self.trace.strings[nm],
+                        name=self.trace.strings[nm] if names == 1 else OTHER_KERNELS,
                         count=n,
                         total_ns=tot,
                         average_ns=avg,
@@ -201,10 +213,41 @@ class KernelTables:
                         max_ns=hi,
                         stddev_ns=sd,
                         time_pct=100.0 * tot / kernel_time[k] if kernel_time[k] else 0.0,
+                        names=names,
                     )
                 )
-        out.sort(key=lambda s: (s.rank is None, s.rank or 0, -s.total_ns, s.name))
+        out.sort(key=lambda s: (s.rank is None, s.rank or 0, s.names > 1, -s.total_ns, s.name))
         return out
+
+
+_OTHER = -1
+"""``name`` of a folded row in ``_capped``'s output; its name count is in ``_names_per_row``."""
+
+
+def _capped(rows: list[_Row], key: IntArray, name: IntArray, duration: IntArray) -> list[_Row]:
+    """Per key, the ``MAX_KERNEL_ROWS`` rows with the most time, and one row (name ``-(n+1)``
+    for ``n >= 2`` folded names) with the exact figures of all the other names' instances."""
+    by_key: dict[int, list[_Row]] = {}
+    for row in rows:
+        by_key.setdefault(row[0], []).append(row)
+    out: list[_Row] = []
+    for k, group in by_key.items():
+        if len(group) <= MAX_KERNEL_ROWS + 1:  # folding one name would save nothing
+            out += group
+            continue
+        group.sort(key=lambda r: (-r[3], r[1]))
+        kept, rest = group[:MAX_KERNEL_ROWS], group[MAX_KERNEL_ROWS:]
+        folded = (key == k) & np.isin(name, [r[1] for r in rest])
+        d = np.sort(duration[folded])
+        zeros = np.zeros(len(d), dtype=np.int64)
+        (whole,) = _table(zeros, zeros, d)  # all the folded instances as one name
+        out += [*kept, (k, _OTHER - len(rest), *whole[2:])]
+    return out
+
+
+def _names_per_row(rows: list[_Row]) -> list[int]:
+    """1 for a named row, the number of names a folded row holds."""
+    return [_OTHER - nm if nm < 0 else 1 for _, nm, *_ in rows]
 
 
 def kernel_table(

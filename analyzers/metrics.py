@@ -28,7 +28,7 @@ from analyzers.attribution import (
 from analyzers.catalog import Catalog
 from analyzers.intervals import GAP_THRESHOLD_NS, interval_union
 from analyzers.kernels import KernelTables, device_figures
-from analyzers.model import ActivityKind, Trace, launch_calls
+from analyzers.model import ActivityKind, SymbolTable, Trace, launch_calls, truncated_name
 from analyzers.report import (
     UNATTRIBUTED,
     Category,
@@ -51,6 +51,14 @@ from analyzers.timeline import GpuActivities, GpuTimeline, group_timelines, wind
 from analyzers.windows import WHOLE_TRACE, group_names
 
 TIMELINE_LIMIT = 2000
+TIMELINE_NAME_BUDGET = 256 * 1024
+"""Characters of distinct activity names one timeline spells out in full (the real TE traces
+need under 10,000); past it a new name is cut to ``TIMELINE_SHORT_NAME`` characters, and so is
+any name over ``TIMELINE_LONG_NAME`` (their longest is 1,010): 5,000 distinct 4 KB names had
+drawn 8 MB of names (issue 24, item 6). Each event still carries its name, so a timeline's
+names are at most ``TIMELINE_LIMIT`` x ``TIMELINE_LONG_NAME`` characters per rank."""
+TIMELINE_SHORT_NAME = 120
+TIMELINE_LONG_NAME = 1024
 
 IntArray = npt.NDArray[np.int64]
 
@@ -529,8 +537,32 @@ def _host_syncs(
     return out
 
 
+class _TimelineNames:
+    """Each distinct name of one timeline in full while ``TIMELINE_NAME_BUDGET`` lasts and it
+    is at most ``TIMELINE_LONG_NAME`` long; else cut (``truncated_name``: its full length in
+    the marker) to ``TIMELINE_SHORT_NAME``."""
+
+    def __init__(self, strings: SymbolTable) -> None:
+        self.strings = strings
+        self.shown: dict[int, str] = {}
+        self.left = TIMELINE_NAME_BUDGET
+
+    def __call__(self, index: int) -> str:
+        shown = self.shown.get(index)
+        if shown is None:
+            full = self.strings[index]
+            if len(full) <= TIMELINE_SHORT_NAME or TIMELINE_LONG_NAME >= len(full) <= self.left:
+                shown = full
+                self.left -= len(full)
+            else:
+                shown = truncated_name(full, TIMELINE_SHORT_NAME)
+            self.shown[index] = shown
+        return shown
+
+
 def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Timeline:
     acts = trace.activities
+    name_of = _TimelineNames(trace.strings)
     events: list[TimelineEvent] = []
     steps: list[TimelineStep] = []
     dropped = 0
@@ -564,7 +596,7 @@ def _timeline(trace: Trace, att: Attribution, placed: _Placed, limit: int) -> Ti
                     stream=stream,
                     start_ns=start,
                     end_ns=end,
-                    name=trace.strings[name],
+                    name=name_of(name),
                     helper=att.name_of(h),
                     category=att.category_of(h),
                 )

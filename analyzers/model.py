@@ -128,17 +128,17 @@ def launch_calls(launches: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
     return out
 
 
-def truncated_name(name: str) -> str:
-    """``name`` cut to at most ``MAX_NAME_CHARS`` characters, its full length in the marker.
+def truncated_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``name`` cut to at most ``limit`` characters, its full length in the marker.
 
     A hostile trace can carry a 10 MB kernel name; every report, page and JSON twin would copy
     it. The marker keeps the cut visible and the result stays within the cap, so truncating a
     truncated name changes nothing (tables are merged by re-interning).
     """
-    if len(name) <= MAX_NAME_CHARS:
+    if len(name) <= limit:
         return name
     marker = f"...[truncated: {len(name)} chars]"
-    return name[: MAX_NAME_CHARS - len(marker)] + marker
+    return name[: max(limit - len(marker), 0)] + marker
 
 
 class SymbolTable:

@@ -251,6 +251,9 @@ class KernelStat(_Model):
     max_ns: int
     stddev_ns: float  # sample standard deviation (n - 1); 0 for one instance
     time_pct: float  # share of the (rank's, or all ranks') kernel time in the group
+    names: int = 1
+    """Kernel names the row holds: 1, or more on the one row named ``(other kernel names)``
+    that holds every name past the table's first 100 (``analyzers.kernels.MAX_KERNEL_ROWS``)."""
 
 
 class Imbalance(_Model):

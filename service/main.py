@@ -83,6 +83,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if status in (401, 403):  # an auth failure keeps no connection (issue 24, item 10)
+            headers["Connection"] = "close"
         if isinstance(exc, ApiError) and exc.headers:
             headers = {**headers, **exc.headers}
         return JSONResponse(

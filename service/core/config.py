@@ -8,6 +8,7 @@ is refused with one line naming the variable and what it expects (``SettingsErro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,31 @@ def _seconds(default: float, description: str, *, zero_ok: bool = False) -> Any:
     return Field(default=default, gt=0, description=description)
 
 
+ANALYSIS_MEMORY_SHARE = 0.5
+"""Share of the host's memory (``MemTotal``) one analysis may address by default."""
+ANALYSIS_MEMORY_CAP = 16384 * MiB
+"""Most the default analysis memory limit is, however large the host."""
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory: ``MemTotal`` of ``/proc/meminfo`` (else ``sysconf``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_analysis_memory_bytes() -> int:
+    """Half the host's memory, at most 16 GiB, at least the 64 MiB floor of the setting: a
+    small host is not promised memory it does not have (issue 24, item 15)."""
+    share = int(host_memory_bytes() * ANALYSIS_MEMORY_SHARE)
+    return max(64 * MiB, min(ANALYSIS_MEMORY_CAP, share))
+
+
 def _flag(default: bool, description: str) -> Any:
     """On or off (``true``/``false``, ``1``/``0``, ``yes``/``no``)."""
     return Field(default=default, description=description)
@@ -75,6 +101,14 @@ class Settings(BaseSettings):
         ge=1,
         description="Most bytes a bundle may store per byte uploaded (its members as stored, "
         "after the archive's own gzip), above a floor of 64 MiB.",
+    )
+    max_stored_bytes_per_upload: int = _size(
+        4096, "Most bytes one upload may add to the blob store (its files as stored)."
+    )
+    token_stored_quota_bytes: int = _size(
+        65536,
+        "Most bytes the runs one token uploaded may store together; past it the token's "
+        "uploads are refused (413) until runs are deleted.",
     )
     read_time_limit_ms: int = _count(2000, "Time limit of one read query (progress handler).")
     busy_timeout_ms: int = _count(10000, "SQLite busy timeout for every connection.", minimum=0)
@@ -116,10 +150,12 @@ class Settings(BaseSettings):
         "(smaller runs: one process, cheaper than starting several).",
         minimum_bytes=0,
     )
-    analysis_memory_limit_bytes: int = _size(
-        16384,
-        "Address-space limit of the process that runs one analysis (RLIMIT_AS).",
-        minimum_bytes=64 * MiB,
+    analysis_memory_limit_bytes: int = Field(
+        default_factory=default_analysis_memory_bytes,
+        ge=64 * MiB,
+        description="Address-space limit of the process that runs one analysis (RLIMIT_AS); "
+        "by default half the host's MemTotal, at most 16 GiB.",
+        json_schema_extra={"documented_default": "half of MemTotal, at most 17179869184"},
     )
     run_worker: bool = _flag(
         False,
@@ -148,13 +184,23 @@ class Settings(BaseSettings):
         "reported as a stalled queue.",
     )
     health_min_free_bytes: int = _size(
-        256, "Free disk under data_dir below which /health is 503.", minimum_bytes=0
+        256,
+        "Free disk under data_dir below which /health is 503 and uploads are refused (507).",
+        minimum_bytes=0,
     )
     http_header_timeout_s: float = _seconds(10.0, "Time a client has to send a request's headers.")
     http_body_timeout_s: float = _seconds(
         60.0, "Longest pause between two pieces of a request body."
     )
+    http_body_min_bytes_per_s: int = _count(
+        65536,
+        "Least average rate of a request body after its first http_body_timeout_s "
+        "(a trickle cannot extend the body's deadline).",
+    )
     http_keep_alive_s: int = _count(5, "Idle keep-alive connections are closed after this.")
+    http_max_connections: int = _count(
+        512, "Most connections open at once; one more is answered 503 and closed."
+    )
     max_page_size: int = _count(500, "Largest `limit` of a list call.")
 
     def __init__(self, **values: Any) -> None:

@@ -86,6 +86,12 @@ class UnprocessableEntity(ApiError):
     status = 422
 
 
+class InsufficientStorage(ApiError):
+    """The server's disk is too full to store an upload (retry once space is freed)."""
+
+    status = 507
+
+
 class QueryTimeout(ApiError):
     """A read took longer than ``read_time_limit_ms``."""
 

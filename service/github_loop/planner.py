@@ -99,6 +99,13 @@ def _get(payload: Any, *path: str) -> Any:
     return payload
 
 
+def payload_text(payload: Any, *path: str) -> str | None:
+    """The string at ``path`` of a delivery, or None (missing, or another type: a signed
+    payload is still untrusted in shape)."""
+    value = _get(payload, *path)
+    return value if isinstance(value, str) else None
+
+
 MAX_PR_NUMBER = 2**31 - 1
 
 
@@ -118,10 +125,10 @@ def _pr_target(repo: str, clone_url: str, pull: dict[str, Any]) -> Target:
         repo=repo,
         clone_url=clone_url,
         head_sha=head_sha,
-        head_ref=_get(pull, "head", "ref"),
+        head_ref=payload_text(pull, "head", "ref"),
         pr=_pr_number(_get(pull, "number"), "pull_request.number"),
-        base_sha=_get(pull, "base", "sha"),
-        base_ref=_get(pull, "base", "ref"),
+        base_sha=payload_text(pull, "base", "sha"),
+        base_ref=payload_text(pull, "base", "ref"),
         fork=head_repo != repo,
     )
 
@@ -140,7 +147,7 @@ def intent_from_event(
     clone_url = repo_config.clone_url or str(_get(payload, "repository", "clone_url") or "")
     if not repo or not clone_url:
         raise PlanError("payload: repository.full_name and repository.clone_url are required")
-    action = payload.get("action")
+    action = payload_text(payload, "action")
     if event == "push":
         ref, after = str(payload.get("ref") or ""), str(payload.get("after") or "")
         branch = ref.removeprefix("refs/heads/")

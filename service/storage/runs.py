@@ -436,6 +436,16 @@ def uploaded_by(conn: sqlite3.Connection, *, run_id: int, token_id: int) -> bool
     return conn.execute(sql, (run_id, token_id)).fetchone() is not None
 
 
+def stored_bytes_of_token(conn: sqlite3.Connection, *, token_id: int) -> int:
+    """Bytes the runs token ``token_id`` uploaded (some of) hold: the sizes of their files, a
+    file shared by two runs counted in each (what the token's stored-bytes quota counts)."""
+    sql = (
+        "SELECT COALESCE(SUM(size), 0) FROM run_files WHERE run_id IN "
+        "(SELECT run_id FROM uploads WHERE token_id = ?)"
+    )
+    return int(conn.execute(sql, (token_id,)).fetchone()[0])
+
+
 def run_job(conn: sqlite3.Connection, *, run_id: int) -> int | None:
     """The job that produced ``run_id``, if one did."""
     row = conn.execute("SELECT job_id FROM runs WHERE id = ?", (run_id,)).fetchone()

@@ -26,7 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from pr_bot.github import GitHubClient, GitHubConfig, GitHubError
+from pr_bot.github import GitHubClient, GitHubConfig, GitHubError, GitHubInputError
 from service.api.deps import Credentials, DbDep, ReadAccess, TokenRole
 from service.auth import Principal, Role, lookup_principal
 from service.core.errors import (
@@ -180,7 +180,7 @@ def _handle_event(
     payload: dict[str, Any],
     delivery: str,
 ) -> tuple[list[int], str]:
-    repo = str((payload.get("repository") or {}).get("full_name") or "")
+    repo = planner.payload_text(payload, "repository", "full_name") or ""
     client = GitHubClient(config, retry=loop.retry_policy()) if config is not None else None
     try:
         repo_config = loop.repo_config(repo)
@@ -253,8 +253,10 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
         created, outcome = await run_in_threadpool(
             _handle_event, db, loop, config, event, payload, delivery
         )
-    except (planner.PlanError, LoopConfigError) as exc:
-        created, outcome = [], f"not queued: {exc}"
+    except (planner.PlanError, LoopConfigError, GitHubInputError) as exc:
+        # GitHubInputError: the payload names what no GitHub request can be made for (a bad
+        # OWNER/NAME): nothing was sent, and a redelivery would carry the same data
+        created, outcome = [], f"not queued: {str(exc)[:300]}"
     except GitHubError as exc:
         # Forget the delivery so that GitHub's redelivery is not taken for a replay.
         await db.awrite(

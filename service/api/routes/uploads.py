@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sqlite3
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
+from analyzers.bundle import OversizedBundleError
 from service.api.deps import BlobsDep, DbDep, RunnerPrincipal, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
 from service.core.config import MAX_RANK, Settings
-from service.core.errors import BadRequest
+from service.core.errors import BadRequest, InsufficientStorage, PayloadTooLarge
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import RAW_TYPES, receive_upload
 from service.storage import runs
 from service.storage.blobs import staging_dir
-from service.storage.database import immediate
+from service.storage.database import Database, immediate
 from service.uploads_exec import run_staging
 
 router = APIRouter(prefix="/uploads", tags=["uploads"])
@@ -85,6 +90,7 @@ async def upload_bundle(
     (`Content-Type: application/gzip`, `application/x-tar` or `application/octet-stream`).
     """
     clock = _Clock()
+    room = _room(db, settings, principal.token_id)
     received = await receive_upload(
         request, field="bundle", blobs=blobs, limit=settings.max_upload_bytes, raw=True
     )
@@ -101,14 +107,11 @@ async def upload_bundle(
             response.status_code = 200
             response.headers["Server-Timing"] = clock.header(None)
             return UploadResult(run_id=known, created=False, sha256=received.sha256)
-        with staging_dir(settings.tmp_dir) as scratch:
+        limits = _limits(settings, room, received.size)
+        stored = limits.max_stored_bytes
+        with staging_dir(settings.tmp_dir) as scratch, _quota_message(stored, room):
             staged = await run_staging(
-                request.app,
-                stage_bundle,
-                received.path,
-                settings.blob_location,
-                scratch,
-                _limits(settings, received.size),
+                request.app, stage_bundle, received.path, settings.blob_location, scratch, limits
             )
         clock.lap("stage")
     finally:
@@ -148,9 +151,10 @@ async def upload_trace(
 ) -> UploadResult:
     """Upload one trace: a new run, or another file of `run_id` (re-analysed)."""
     clock = _Clock()
-    received = await receive_upload(
-        request, field="trace", blobs=blobs, limit=settings.max_upload_bytes
-    )
+    room = _room(db, settings, principal.token_id)
+    limit = min(settings.max_upload_bytes, room.bytes)
+    with _quota_message(limit, room):
+        received = await receive_upload(request, field="trace", blobs=blobs, limit=limit)
     clock.lap("receive")
     try:
         rank = _rank(received.fields.get("rank"))
@@ -166,7 +170,7 @@ async def upload_trace(
                 name,
                 settings.blob_location,
                 scratch,
-                _limits(settings),
+                _limits(settings, room),
                 rank,
             )
         clock.lap("stage")
@@ -209,10 +213,56 @@ STORED_FLOOR_BYTES = 64 * 1024 * 1024
 """Any bundle may store this much, whatever its upload's size (``max_stored_ratio`` above)."""
 
 
-def _limits(settings: Settings, uploaded_bytes: int | None = None) -> Limits:
-    """The caps of one upload; a bundle's stored bytes are bounded by its upload's size."""
-    stored = None
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """What one upload may store: ``bytes``, and whether the token's quota set it."""
+
+    bytes: int
+    by_quota: bool
+    quota_left: int
+
+
+def _room(db: Database, settings: Settings, token_id: int) -> _Room:
+    """Checked before a byte of the body is read: a disk below its free-space floor is a 507,
+    a token whose runs already hold its quota a 413 (issue 24, item 4)."""
+    free = shutil.disk_usage(settings.data_dir).free
+    if free < settings.health_min_free_bytes:
+        raise InsufficientStorage(
+            f"the server's disk is full: {free} bytes free, below the floor of "
+            f"{settings.health_min_free_bytes} (CPTRACE_HEALTH_MIN_FREE_BYTES); nothing was "
+            "stored; retry once space is freed"
+        )
+    used = db.read(lambda c: runs.stored_bytes_of_token(c, token_id=token_id))
+    left = settings.token_stored_quota_bytes - used
+    if left <= 0:
+        raise PayloadTooLarge(
+            f"this token's runs store {used} bytes, its quota is "
+            f"{settings.token_stored_quota_bytes} (CPTRACE_TOKEN_STORED_QUOTA_BYTES); "
+            "delete runs to upload more"
+        )
+    per_upload = settings.max_stored_bytes_per_upload
+    return _Room(min(per_upload, left), left < per_upload, left)
+
+
+@contextlib.contextmanager
+def _quota_message(limit: int | None, room: _Room) -> Iterator[None]:
+    """An upload refused at a ``limit`` the token's quota set says so (not just "the limit")."""
+    try:
+        yield
+    except (OversizedBundleError, PayloadTooLarge) as exc:
+        if room.by_quota and limit == room.bytes:
+            raise PayloadTooLarge(
+                f"{exc}: this token may store {room.quota_left} more bytes of its quota of "
+                "CPTRACE_TOKEN_STORED_QUOTA_BYTES; delete runs to upload more"
+            ) from None
+        raise
+
+
+def _limits(settings: Settings, room: _Room, uploaded_bytes: int | None = None) -> Limits:
+    """The caps of one upload: what it may store (``room``), a bundle's also bounded by its
+    upload's size (``max_stored_ratio``)."""
+    stored = room.bytes
     if uploaded_bytes is not None:
         by_ratio = int(settings.max_stored_ratio * uploaded_bytes)
-        stored = min(settings.max_decompressed_bytes, max(STORED_FLOOR_BYTES, by_ratio))
+        stored = min(stored, max(STORED_FLOOR_BYTES, by_ratio))
     return Limits(settings.max_decompressed_bytes, settings.max_bundle_members, stored)
