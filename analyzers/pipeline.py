@@ -638,7 +638,7 @@ def saved_report(paths: Inputs) -> AnalysisReport | None:
     from pydantic import ValidationError
 
     from analyzers.bundle import is_bundle
-    from analyzers.readers import CappedGunzip, is_gzip, max_decompressed_bytes, sniff
+    from analyzers.readers import DEFAULT_MAX_DECOMPRESSED, CappedGunzip, is_gzip, sniff
 
     def is_report(path: Path) -> bool:
         if not path.is_file() or is_bundle(path):
@@ -661,7 +661,7 @@ def saved_report(paths: Inputs) -> AnalysisReport | None:
     path = reports[0]
     with path.open("rb") as raw:
         data = (
-            CappedGunzip(raw, max_decompressed_bytes(), label=str(path)).read()
+            CappedGunzip(raw, DEFAULT_MAX_DECOMPRESSED, label=str(path)).read()
             if is_gzip(path)
             else raw.read()
         )

@@ -27,6 +27,7 @@ Prints a table; it asserts nothing (benchmarks are not tests).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import statistics
@@ -101,6 +102,14 @@ def _layouts(trace: Path, out: Path) -> dict[str, Path]:
     return {name: Path(path) for name, path in files.items()}
 
 
+def _text_bytes(path: Path) -> int:
+    """Bytes of JSON text the read parses (a gzip file's decompressed size)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rb") as fh:
+            return sum(len(block) for block in iter(lambda: fh.read(1 << 20), b""))
+    return path.stat().st_size
+
+
 def _measure(path: Path) -> dict[str, float | str | int]:
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path)],
@@ -138,6 +147,7 @@ def main() -> None:
             for name in names:
                 runs[name].append(_measure(files[name]))
         sizes = {name: path.stat().st_size for name, path in files.items()}
+        texts = {name: _text_bytes(path) for name, path in files.items()}
     digests = {name: {str(r["digest"]) for r in items} for name, items in runs.items()}
     differ = [name for name, found in digests.items() if found != digests[BASE]]
     if differ:
@@ -146,7 +156,8 @@ def main() -> None:
     base_gz = statistics.median(float(r["cpu"]) for r in runs[BASE_GZ])
     print(f"trace: {args.trace} ({args.repeat} rounds, medians; every layout read the same)")
     head = (
-        f"{'layout':<22} {'MB':>6} {'parser':<14} {'rows':>7} {'wall s':>7} {'CPU s':>7} "
+        f"{'layout':<22} {'MB':>6} {'parser':<15} {'rows':>7} {'wall s':>7} {'CPU s':>7} "
+        f"{'JSON MB/s':>9} "
         f"{'peak RSS MB':>11} {'read MB':>7} {'CPU ratio':>9} {'paired':>7}"
     )
     print(head)
@@ -157,8 +168,9 @@ def main() -> None:
         peak = statistics.median(float(r["peak"]) for r in items)
         grown = statistics.median(float(r["peak"]) - float(r["base"]) for r in items)
         print(
-            f"{name:<22} {sizes[name] / 1e6:>6.1f} {items[0]['parser']!s:<14} "
-            f"{items[0]['rows']!s:>7} {wall:>7.3f} {cpu:>7.3f} {peak / 1e6:>11.1f} "
+            f"{name:<22} {sizes[name] / 1e6:>6.1f} {items[0]['parser']!s:<15} "
+            f"{items[0]['rows']!s:>7} {wall:>7.3f} {cpu:>7.3f} {texts[name] / 1e6 / cpu:>9.0f} "
+            f"{peak / 1e6:>11.1f} "
             f"{grown / 1e6:>7.1f} "
             f"{cpu / (base_gz if name.endswith('gzip') else base):>8.2f}x "
             f"{_paired(items, runs[BASE_GZ if name.endswith('gzip') else BASE]):>6.2f}x"

@@ -17,6 +17,7 @@ from typing import Any
 
 from analyzers.report import REPORT_SCHEMA_VERSION, AnalysisReport, IterationStats
 from service.auth import now_iso
+from service.page_summary import PAGE_SUMMARY_VERSION, page_summary
 from service.storage import runs
 from service.storage.database import immediate, one
 from service.storage.runs import Metric
@@ -209,7 +210,9 @@ def _iteration_rows(label: str, stats: IterationStats) -> list[tuple[Metric, str
 def complete_analysis(
     conn: sqlite3.Connection, task: ClaimedTask, report: AnalysisReport, duration_s: float
 ) -> bool:
-    """Store the report and metrics; False when the task was taken away meanwhile."""
+    """Store the report, its page summary and metrics; False when the task was taken away
+    meanwhile."""
+    page = (PAGE_SUMMARY_VERSION, page_summary(report).model_dump_json())  # outside the lock
     with immediate(conn):
         held = one(conn, "SELECT status FROM analysis_tasks WHERE id = ?", (task.id,))
         if held is None or held["status"] != "running":
@@ -224,6 +227,7 @@ def complete_analysis(
             report_json=report.model_dump_json(),
             duration_s=duration_s,
             metrics=report_metrics(report),
+            page=page,
         )
         _finish(conn, task.id, task.run_id, status="analysed", error=None)
     return True

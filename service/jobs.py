@@ -282,3 +282,13 @@ def release_job(
              now_iso(), job_id),
         )  # fmt: skip
         touch_runner(conn, job["runner"], job_id=None)
+
+
+def delete_job(conn: sqlite3.Connection, *, job_id: int) -> None:
+    """Delete a job (run it inside the caller's transaction); the run it produced stays,
+    without its job link. :raises NotFound: no such job."""
+    if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+        raise NotFound(f"job {job_id} does not exist")
+    runs.unlink_job(conn, job_id=job_id)
+    conn.execute("UPDATE runners SET current_job_id = NULL WHERE current_job_id = ?", (job_id,))
+    conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+from collections import OrderedDict
 from collections.abc import Container
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.core.errors import Conflict, NotFound
+from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
 from service.storage import runs
 from service.storage.database import Database
 from service.storage.runs import Metric, RunFilters
@@ -31,7 +34,8 @@ from service.storage.runs import Metric, RunFilters
 __all__ = [
     "AnalysisStatus", "ComparisonRecord", "ComparisonSummary", "HistoryPoint", "Metric",
     "RunDetail", "RunFile", "RunFilters", "RunSummary", "count_runs", "find_comparison",
-    "get_analysis_status", "get_comparison", "get_comparison_record", "get_report", "get_run",
+    "get_analysis_status", "get_comparison", "get_comparison_record", "get_page_summary",
+    "get_report", "get_run",
     "list_comparisons", "list_runs", "metric_history", "run_detail_json", "run_page_json",
     "scans_runs",
 ]  # fmt: skip
@@ -123,26 +127,9 @@ class HistoryPoint(BaseModel):
     """The manifest's workload block (what the configuration hash is made from)."""
 
 
-def _run_implementation(workload: object, variants: object) -> str | None:
-    """The distinct implementations of a run's variants (the run's own without variants)."""
-    own = workload.get("implementation") if isinstance(workload, dict) else None
-    found = {
-        (v.get("workload") or {}).get("implementation") or own
-        for v in (variants if isinstance(variants, list) else [])
-        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
-    } or {own}
-    names = sorted(str(i) for i in found if i)
-    return ", ".join(names) or None
-
-
 def _history_point(row: dict[str, Any]) -> HistoryPoint:
     workload = json.loads(row.pop("workload_json") or "null")
-    variants = json.loads(row.pop("variants_json") or "null")
-    return HistoryPoint(
-        **row,
-        implementation=_run_implementation(workload, variants),
-        workload=workload if isinstance(workload, dict) else None,
-    )
+    return HistoryPoint(**row, workload=workload if isinstance(workload, dict) else None)
 
 
 class ComparisonSummary(BaseModel):
@@ -287,6 +274,60 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     return None if text is None else AnalysisReport.model_validate_json(text)
 
 
+PARSED_PAGES = 8
+"""Page summaries kept parsed (the newest read; ~3 MB each for the reference workload)."""
+_parsed: OrderedDict[tuple[int, str], RunPageSummary] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def _remember(key: tuple[int, str], summary: RunPageSummary) -> None:
+    with _parsed_lock:
+        _parsed[key] = summary
+        _parsed.move_to_end(key)
+        while len(_parsed) > PARSED_PAGES:
+            _parsed.popitem(last=False)
+
+
+def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
+    """What the run page shows of the run's report (``service.page_summary``), or None when it
+    has no report (yet). Stored with the report; a run analysed before the summary existed
+    (or with an older or unreadable one) has its summary built from the report once, and
+    stored. The newest :data:`PARSED_PAGES` are kept parsed, keyed by the stored row's stamp
+    (new at every write), so a view of an unchanged summary reads two short columns.
+    Callers must not change the summary they get."""
+    stamp = db.read(lambda c: runs.page_stamp(c, run_id=run_id))
+    if stamp is not None and stamp[0] == PAGE_SUMMARY_VERSION:
+        with _parsed_lock:
+            cached = _parsed.get((run_id, stamp[1]))
+            if cached is not None:
+                _parsed.move_to_end((run_id, stamp[1]))
+        if cached is not None:
+            return cached
+    stored = db.read(lambda c: runs.page_json(c, run_id=run_id))
+    unreadable = None
+    if stored is not None and stored[0] == PAGE_SUMMARY_VERSION:
+        try:
+            summary = RunPageSummary.model_validate_json(stored[2])
+        except ValidationError:
+            unreadable = stored[2]  # rebuilt below, like a missing one
+        else:
+            summary.stamp = stored[1]
+            _remember((run_id, stored[1]), summary)
+            return summary
+    report = get_report(db, run_id)
+    if report is None:
+        return None
+    built = page_summary(report)
+    text = built.model_dump_json()
+    db.write_tx(
+        lambda c: runs.store_page(
+            c, run_id=run_id, version=built.version, page_json=text, if_stale=True,
+            unreadable=unreadable,
+        )
+    )  # fmt: skip
+    return built
+
+
 def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
     """``RunDetail`` fields but the report, read on one connection; ``manifest`` and ``spec``
     stay the stored JSON text (the JSON path embeds it as is, the model path parses it).
@@ -415,7 +456,8 @@ def get_comparison(
         return stored.report
     from analyzers import compare_reports
 
-    base, head = (_require_report(db, run_id) for run_id in (base_id, head_id))
+    base = _require_report(db, base_id)
+    head = base if head_id == base_id else _require_report(db, head_id)  # two arms: one parse
     return compare_reports(base, head, base_window=base_window, head_window=head_window)
 
 

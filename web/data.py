@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+import markupsafe
+import numpy as np
 from pydantic import BaseModel, Field, field_validator
 
 from analyzers.catalog import Catalog
@@ -23,19 +27,19 @@ from analyzers.failure import failure_headline, failure_of, rank_stacks
 from analyzers.manifest import FailureRecord
 from analyzers.report import (
     Action,
-    AnalysisReport,
     ComparisonReport,
     Finding,
     GroupAccount,
+    GroupTimeline,
     HelperDelta,
     HelperStat,
-    Timeline,
     TraceSummary,
 )
 from pr_bot.comment import CommentContext, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
 from pr_bot.labels import compare_url, run_label
 from service.core.errors import BadRequest
+from service.page_summary import RunPageSummary, TimelineColumns
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web import figures
@@ -185,6 +189,10 @@ def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
 
 class RunPage(BaseModel):
     run: RunDetail
+    """The run's row (its ``report`` is None: the page reads the page summary)."""
+    report: RunPageSummary | None = None
+    """What the page shows of the stored report (``service.page_summary``); None until the
+    run is analysed. The whole report: ``/api/v1/runs/{id}/analysis/result``."""
     failure: FailureView | None = None
     """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
     implementation: str | None
@@ -203,7 +211,10 @@ class RunPage(BaseModel):
     """The report's "do this first" (at most three actions), shown at the top of the page."""
     summary: TraceSummary | None = None
     """The report's whole-trace summary, :data:`SUMMARY_ROWS` rows per table (the full one is
-    in ``run.report.summary``)."""
+    in ``report.summary``)."""
+    figure_json: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    """``figures`` already written as the page embeds them (``figures.html_json``), built
+    with them; not part of the ``.json`` twin."""
 
 
 SUMMARY_ROWS = 5
@@ -259,29 +270,35 @@ class IdleCause(BaseModel):
     drawn_window: str | None = None  # the window the timeline draws for this rank
 
 
-def drawn_timelines(report: AnalysisReport) -> dict[str, tuple[str, Timeline]]:
+def drawn_timelines(report: RunPageSummary) -> dict[str, tuple[str, TimelineColumns]]:
     """window group -> (figure name, timeline) of every step timeline the run page draws."""
-    timelines = ([report.timeline] if report.timeline else []) + list(report.other_timelines)
-    names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(timelines))]
-    return {t.window: (name, t) for name, t in zip(names, timelines, strict=False) if t.events}
+    names = ["timeline"] + [f"timeline_{i}" for i in range(1, len(report.timelines))]
+    return {
+        t.window: (name, t)
+        for name, t in zip(names, report.timelines, strict=False)
+        if t.event_count
+    }
 
 
 def timeline_zoom(
-    drawn: dict[str, tuple[str, Timeline]], window: str, rank: int, part: str, label: str
+    drawn: dict[str, tuple[str, TimelineColumns]], window: str, rank: int, part: str, label: str
 ) -> tuple[TimelineZoom | None, str | None]:
     """The longest drawn gap of one idle cause, and the window drawn for that rank."""
     if window not in drawn:
         return None, None
     chart, timeline = drawn[window]
     drawn_window = next((s.window for s in timeline.steps if s.rank == rank), None)
-    gaps = [
-        g
-        for g in timeline.gaps
-        if g.rank == rank and g.part.value == part and g.label == label
-    ]
-    if not gaps:
+    code = {text: i for i, text in enumerate(timeline.strings)}
+    if part not in code or label not in code:
         return None, drawn_window
-    g = max(gaps, key=lambda g: g.end_ns - g.start_ns)
+    g = figures.longest_gap(
+        timeline,
+        (np.asarray(timeline.gap_rank) == rank)
+        & (np.asarray(timeline.gap_part) == code[part])
+        & (np.asarray(timeline.gap_label) == code[label]),
+    )
+    if g is None:
+        return None, drawn_window
     x0, x1 = g.start_ns / 1e6, g.end_ns / 1e6
     margin = max(x1 - x0, 0.01) * 4  # the gap and the kernels around it
     return (
@@ -304,7 +321,7 @@ def timeline_zoom(
 def idle_causes(
     accounts: Sequence[GroupAccount],
     limit: int = 5,
-    drawn: dict[str, tuple[str, Timeline]] | None = None,
+    drawn: dict[str, tuple[str, TimelineColumns]] | None = None,
 ) -> list[IdleCause]:
     """The largest idle lines (ms per step) of each step group, over its ranks, each with a
     link to its longest gap in the drawn timeline when the timeline draws its group."""
@@ -372,70 +389,93 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
     return windowed or list(stats)
 
 
-def run_page(store: WebStore, run_id: int) -> RunPage:
-    run = store.get_run(run_id)
-    report = run.report
+def _report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
+    """The run page's fields built from its page summary alone (figures, tables, links)."""
     figs: dict[str, Figure] = {}
-    helpers: list[HelperRow] = []
-    findings: list[Finding] = []
-    arms: list[ArmComparison] = []
-    if report is not None:
-        if report.iterations:
-            figs["iterations"] = figures.iteration_distribution(report.iterations)
-        shown = windowed_helpers(report.helpers)
-        if shown:
-            figs["helper_launches"] = figures.helper_bars(shown, "launches")
-            figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
-            figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
-        gpu_observed = report.host_time is None or report.host_time.gpu_activity
-        drawn = drawn_timelines(report)
-        for name, timeline in drawn.values():
-            figs[name] = figures.timeline_figure(timeline)
-        if gpu_observed:  # without GPU activity both would be one "idle" bar per window
-            figs.update(gpu_timeline_figures(report))
-            if report.accounts:
-                figs["account"] = figures.account_bars(report.accounts)
-        helpers = helper_rows(report.helpers)
-        severity_order = {"error": 0, "warning": 1, "info": 2}
-        findings = sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3))
-        groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
-        arms = [
+    drawn = drawn_timelines(report) if report is not None else {}
+    gpu_observed = report is None or report.host_time is None or report.host_time.gpu_activity
+    if report is None:
+        return {"figures": figs, "gpu_observed": gpu_observed, "helpers": [], "findings": [],
+                "arm_comparisons": []}  # fmt: skip
+    if report.iterations:
+        figs["iterations"] = figures.iteration_distribution(report.iterations)
+    shown = windowed_helpers(report.helpers)
+    if shown:
+        figs["helper_launches"] = figures.helper_bars(shown, "launches")
+        figs["helper_time"] = figures.helper_bars(shown, "gpu_time_ms")
+        figs["category_time"] = figures.category_bars(shown, "gpu_time_ms")
+    for name, timeline in drawn.values():
+        figs[name] = figures.timeline_figure(timeline)
+    if gpu_observed:  # without GPU activity both would be one "idle" bar per window
+        figs.update(gpu_timeline_figures(report.gpu_timeline))
+        if report.accounts:
+            figs["account"] = figures.account_bars(report.accounts)
+    severity_order = {"error": 0, "warning": 1, "info": 2}
+    groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
+    return {
+        "figures": figs,
+        "figure_json": {name: markupsafe.Markup(figures.html_json(f)) for name, f in figs.items()},
+        "gpu_observed": gpu_observed,
+        "helpers": helper_rows(report.helpers),
+        "findings": sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3)),
+        "arm_comparisons": [
             ArmComparison(base_window=a, head_window=b, url=compare_url(run_id, run_id, a, b))
             for a in groups
             for b in groups
             if a < b
-        ]
+        ],
+        "idle_causes": idle_causes(report.accounts, drawn=drawn) if "account" in figs else [],
+        "timelines": [(name, group) for group, (name, _) in drawn.items()],
+        "do_first": list(report.summary.do_first) if report.summary else [],
+        "summary": compact_summary(report.summary),
+    }
+
+
+BUILT_PAGES = 8
+"""Run pages whose parts (figures: ~2.5 MB for the reference workload) are kept built."""
+_built: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
+_built_lock = threading.Lock()
+
+
+def report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
+    """:func:`_report_parts`, kept for the newest :data:`BUILT_PAGES` stored summaries (keyed
+    by the stored row's stamp, new at every write: a re-analysed run is built anew)."""
+    if report is None or report.stamp is None:
+        return _report_parts(run_id, report)
+    key = (run_id, report.stamp)
+    with _built_lock:
+        found = _built.get(key)
+        if found is not None:
+            _built.move_to_end(key)
+    if found is None:
+        found = _report_parts(run_id, report)
+        with _built_lock:
+            _built[key] = found
+            while len(_built) > BUILT_PAGES:
+                _built.popitem(last=False)
+    return found
+
+
+def run_page(store: WebStore, run_id: int) -> RunPage:
+    """The run page: the run's row and its stored page summary (never the whole report)."""
+    run = store.get_run(run_id, include_report=False)
+    report = store.get_page_summary(run_id)
     return RunPage(
         run=run,
+        report=report,
         failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
-        helpers=helpers,
-        findings=findings,
-        arm_comparisons=arms,
-        figures=figs,
-        idle_causes=(
-            idle_causes(report.accounts, drawn=drawn_timelines(report))
-            if report is not None and "account" in figs
-            else []
-        ),
-        timelines=(
-            [(name, group) for group, (name, _) in drawn_timelines(report).items()]
-            if report is not None
-            else []
-        ),
-        gpu_observed=report is None or report.host_time is None or report.host_time.gpu_activity,
-        do_first=list(report.summary.do_first) if report and report.summary else [],
-        summary=compact_summary(report.summary if report else None),
+        **report_parts(run_id, report),
     )
 
 
-def gpu_timeline_figures(report: AnalysisReport) -> dict[str, Figure]:
+def gpu_timeline_figures(timeline: Sequence[GroupTimeline]) -> dict[str, Figure]:
     """The run page's stacked GPU-timeline bars (none for a report without a timeline: one
     stored before the timeline existed)."""
-    if not report.gpu_timeline:
+    if not timeline:
         return {}
-    return {"gpu_timeline": figures.run_timeline_breakdown(report.gpu_timeline)}
+    return {"gpu_timeline": figures.run_timeline_breakdown(list(timeline))}
 
 
 def comparison_timeline_figures(report: ComparisonReport) -> dict[str, Figure]:

@@ -19,8 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+import orjson
+
 from analyzers.report import (
     AccountDelta,
+    AccountPartKind,
     Category,
     GroupAccount,
     GroupTimeline,
@@ -31,6 +35,7 @@ from analyzers.report import (
     Timeline,
     TimelineGap,
 )
+from service.page_summary import TimelineColumns, timeline_columns
 
 Figure = dict[str, Any]
 
@@ -68,6 +73,19 @@ def svg_text(text: str) -> str:
     unknown tag.
     """
     return html.escape(text, quote=False)
+
+
+_HTML_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027"))
+
+
+def html_json(value: Any) -> str:
+    """``value`` as JSON that is safe inside an HTML ``<script>`` block: Jinja's ``tojson``
+    (sorted keys; ``<``, ``>``, ``&`` and ``'`` as ``\\u`` escapes), written by orjson."""
+    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    for char, code in _HTML_SAFE:
+        if char in text:
+            text = text.replace(char, code)
+    return text
 
 
 def helper_color(helper: str) -> str:
@@ -200,74 +218,95 @@ def category_bars(helpers: Sequence[HelperStat], metric: HelperMetric) -> Figure
     return {"data": data, "layout": layout}
 
 
-def decimate_events(timeline: Timeline, max_events: int) -> tuple[list[Any], int]:
-    """Keep the ``max_events`` longest events per rank (the analyzer already decimates; this
-    bounds what a browser must draw even for reports produced with a larger limit)."""
-    by_rank: dict[int, list[Any]] = defaultdict(list)
-    for event in timeline.events:
-        by_rank[event.rank].append(event)
-    kept: list[Any] = []
+def _as_columns(timeline: Timeline | TimelineColumns) -> TimelineColumns:
+    return timeline if isinstance(timeline, TimelineColumns) else timeline_columns(timeline)
+
+
+def decimate_events(timeline: TimelineColumns, max_events: int) -> tuple[np.ndarray, int]:
+    """The indices of the ``max_events`` longest events per rank (the analyzer already
+    decimates; this bounds what a browser must draw even for reports produced with a larger
+    limit), in (rank, stream, start) order, and how many were left out."""
+    rank = np.asarray(timeline.rank, dtype=np.int64)
+    duration = np.asarray(timeline.end_ns, dtype=np.int64) - np.asarray(
+        timeline.start_ns, dtype=np.int64
+    )
+    kept: list[np.ndarray] = []
     dropped = 0
-    for events in by_rank.values():
-        events.sort(key=lambda e: e.end_ns - e.start_ns, reverse=True)
-        kept.extend(events[:max_events])
-        dropped += max(0, len(events) - max_events)
-    kept.sort(key=lambda e: (e.rank, e.stream, e.start_ns))
-    return kept, dropped
+    for r in dict.fromkeys(timeline.rank):  # ranks in order of appearance
+        mine = np.flatnonzero(rank == r)
+        longest = mine[np.argsort(-duration[mine], kind="stable")]
+        kept.append(longest[:max_events])
+        dropped += max(0, len(mine) - max_events)
+    order = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    stream, start = np.asarray(timeline.stream), np.asarray(timeline.start_ns)
+    if len(order):
+        order = order[np.lexsort((start[order], stream[order], rank[order]))]
+    return order, dropped
 
 
-def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
+def _ms(ns: np.ndarray) -> list[float]:
+    """Integer ns as ms: an int below 2^53 divided by 1e6 is the float nearest to its 6-decimal
+    value, which prints with those digits and none more."""
+    return (ns.astype(np.float64) / NS_PER_MS).tolist()  # type: ignore[no-any-return]
+
+
+def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000) -> Figure:
     """Horizontal bars on one row per rank and stream, one trace (colour) per helper, and above
     each rank's streams a row of its idle gaps, coloured by cause and labelled with the cause
     and helper ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms"; outline in the helper's
     colour).
 
     Bars are ``base=start, x=duration`` in milliseconds from the window start, which renders
-    thousands of kernels in one SVG trace per helper instead of one shape per kernel.
+    thousands of kernels in one SVG trace per helper instead of one shape per kernel. Built
+    column-wise (``TimelineColumns``: the page summary stores the timeline that way).
     """
-    events, extra_dropped = decimate_events(timeline, max_events)
-    rows = sorted({(e.rank, e.stream) for e in events})
+    cols = _as_columns(timeline)
+    kept, extra_dropped = decimate_events(cols, max_events)
+    rank = np.asarray(cols.rank, dtype=np.int64)[kept]
+    stream = np.asarray(cols.stream, dtype=np.int64)[kept]
+    start = np.asarray(cols.start_ns, dtype=np.int64)[kept]
+    width = np.maximum(np.asarray(cols.end_ns, dtype=np.int64)[kept] - start, 1)
+    helper = np.asarray(cols.helper, dtype=np.int64)[kept]
+    rows = sorted(set(zip(rank.tolist(), stream.tolist(), strict=True)))
     row_label = {row: f"rank {row[0]} · stream {row[1]}" for row in rows}
-    by_helper: dict[str, dict[str, list[Any]]] = {}
-    for event in events:
-        trace = by_helper.setdefault(
-            event.helper, {"base": [], "x": [], "y": [], "text": [], "category": []}
+    row_of = np.asarray(
+        [row_label[r] for r in zip(rank.tolist(), stream.tolist(), strict=True)], dtype=object
+    )
+    strings = np.asarray([svg_text(t) for t in cols.strings], dtype=object)  # each once
+    names = np.asarray(cols.name, dtype=np.int64)[kept]
+    data = []
+    for index in sorted(set(helper.tolist()), key=lambda i: cols.strings[i]):
+        mask = helper == index
+        name = str(strings[index])
+        data.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": name,
+                "base": _ms(start[mask]),
+                "x": _ms(width[mask]),
+                "y": row_of[mask].tolist(),
+                "hovertext": strings[names[mask]].tolist(),
+                "hovertemplate": (
+                    f"<b>{name}</b><br>%{{hovertext}}<br>start %{{base:.3f}} ms, "
+                    "%{x:.4f} ms<extra></extra>"
+                ),
+                "marker": {"color": helper_color(cols.strings[index]), "line": {"width": 0}},
+            }
         )
-        trace["base"].append(_ms6(event.start_ns))
-        trace["x"].append(_ms6(max(event.end_ns - event.start_ns, 1)))
-        trace["y"].append(row_label[(event.rank, event.stream)])
-        trace["text"].append(svg_text(event.name))
-        trace["category"].append(event.category.value)
-    data = [
-        {
-            "type": "bar",
-            "orientation": "h",
-            "name": svg_text(helper),
-            "base": cols["base"],
-            "x": cols["x"],
-            "y": cols["y"],
-            "hovertext": cols["text"],
-            "hovertemplate": (
-                f"<b>{svg_text(helper)}</b><br>%{{hovertext}}<br>start %{{base:.3f}} ms, "
-                "%{x:.4f} ms<extra></extra>"
-            ),
-            "marker": {"color": helper_color(helper), "line": {"width": 0}},
-        }
-        for helper, cols in sorted(by_helper.items())
-    ]
-    data += idle_gap_traces(timeline)
-    gap_ranks = sorted({g.rank for g in timeline.gaps})
+    data += idle_gap_traces(cols)
+    gap_ranks = sorted(set(cols.gap_rank))
     order: list[str] = []
-    for rank in sorted({r for r, _ in rows} | set(gap_ranks)):
-        if rank in gap_ranks:
-            order.append(gap_row(rank))
-        order += [row_label[r] for r in rows if r[0] == rank]
-    dropped = timeline.dropped + extra_dropped
+    for r in sorted({r for r, _ in rows} | set(gap_ranks)):
+        if r in gap_ranks:
+            order.append(gap_row(r))
+        order += [row_label[row] for row in rows if row[0] == r]
+    dropped = cols.dropped + extra_dropped
     subtitle = f" ({dropped} shortest events not drawn)" if dropped else ""
-    if timeline.gaps_dropped:
-        subtitle += f" ({timeline.gaps_dropped} shortest idle gaps not drawn)"
+    if cols.gaps_dropped:
+        subtitle += f" ({cols.gaps_dropped} shortest idle gaps not drawn)"
     layout = _layout(
-        f"Timeline of {timeline.window}{subtitle}",
+        f"Timeline of {cols.window}{subtitle}",
         barmode="overlay",
         bargap=0.3,
         xaxis={"title": {"text": "time from window start (ms)"}},
@@ -278,28 +317,44 @@ def timeline_figure(timeline: Timeline, max_events: int = 3000) -> Figure:
             "categoryarray": list(reversed(order)),
         },
         uniformtext={"mode": "hide", "minsize": 8},
-        annotations=gap_annotations(timeline),
+        annotations=gap_annotations(cols),
         height=max(260, 90 * len(order) + 120),
     )
     return {"data": data, "layout": layout}
 
 
-def gap_annotations(timeline: Timeline, per_rank: int = 1) -> list[dict[str, Any]]:
+def longest_gap(timeline: TimelineColumns, keep: np.ndarray) -> TimelineGap | None:
+    """The longest of the gaps where ``keep`` is true (the first of equals), or None."""
+    found = np.flatnonzero(keep)
+    if not len(found):
+        return None
+    duration = np.asarray(timeline.gap_end_ns, dtype=np.int64)[found] - np.asarray(
+        timeline.gap_start_ns, dtype=np.int64
+    )[found]
+    i = int(found[int(np.argmax(duration))])
+    s = timeline.strings
+    return TimelineGap(
+        rank=timeline.gap_rank[i],
+        start_ns=timeline.gap_start_ns[i],
+        end_ns=timeline.gap_end_ns[i],
+        part=AccountPartKind(s[timeline.gap_part[i]]),
+        label=s[timeline.gap_label[i]],
+    )
+
+
+def gap_annotations(timeline: TimelineColumns, per_rank: int = 1) -> list[dict[str, Any]]:
     """The label of each rank's longest idle gap, readable before any zoom (a bar's own text
     shows only where it fits; more labels would overlap at full width)."""
     out = []
-    for rank in sorted({g.rank for g in timeline.gaps}):
-        mine = sorted(
-            (g for g in timeline.gaps if g.rank == rank),
-            key=lambda g: g.end_ns - g.start_ns,
-            reverse=True,
-        )
-        for g in mine[:per_rank]:
+    ranks = np.asarray(timeline.gap_rank, dtype=np.int64)
+    for rank in sorted(set(timeline.gap_rank)):
+        g = longest_gap(timeline, ranks == rank)
+        for gap in [g][:per_rank] if g else []:
             out.append(
                 {
-                    "x": (g.start_ns + g.end_ns) / 2 / NS_PER_MS,
+                    "x": (gap.start_ns + gap.end_ns) / 2 / NS_PER_MS,
                     "y": gap_row(rank),
-                    "text": svg_text(gap_text(g)),
+                    "text": svg_text(gap_text(gap)),
                     "showarrow": True,
                     "arrowhead": 0,
                     "ax": 0,
@@ -309,12 +364,6 @@ def gap_annotations(timeline: Timeline, per_rank: int = 1) -> list[dict[str, Any
                 }
             )
     return out
-
-
-def _ms6(ns: int) -> float:
-    """Integer ns as ms with every digit kept and none more (a float of ns / 1e6 prints up to
-    17 digits: twice the page weight of a timeline for nothing)."""
-    return round(ns / NS_PER_MS, 6)
 
 
 def gap_row(rank: int) -> str:
@@ -327,37 +376,50 @@ def gap_text(gap: TimelineGap) -> str:
     return f"{gap.part.value}: {gap.label} {(gap.end_ns - gap.start_ns) / NS_PER_MS:.3f} ms"
 
 
-def idle_gap_traces(timeline: Timeline) -> list[dict[str, Any]]:
+def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]]:
     """One bar trace per idle cause (account part) on the ranks' idle-gap rows: the full label
     ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms") in ``hovertext``, helper and
     duration as the bar's ``text``."""
+    cols = _as_columns(timeline)
+    s = cols.strings
+    part_of = np.asarray(cols.gap_part, dtype=np.int64)
+    start = np.asarray(cols.gap_start_ns, dtype=np.int64)
+    end = np.asarray(cols.gap_end_ns, dtype=np.int64)
+    label_of = np.asarray(cols.gap_label, dtype=np.int64)
+    rank_of = np.asarray(cols.gap_rank, dtype=np.int64)
+    used = set(cols.gap_label)
+    # escaping is per character: each label is escaped once, the numbers need none
+    escaped = {i: svg_text(s[i]) for i in used}
+    colors = {i: helper_color(s[i]) for i in used}
     out = []
     for part, color in ACCOUNT_COLORS.items():
-        gaps = [g for g in timeline.gaps if g.part.value == part]
-        if not gaps:
+        if part not in s:
             continue
-        labels = [svg_text(gap_text(g)) for g in gaps]
+        mask = part_of == s.index(part)
+        if not mask.any():
+            continue
+        labels = label_of[mask].tolist()
+        ms = ((end[mask] - start[mask]) / NS_PER_MS).tolist()
         # on the bar (where it fits): helper and duration; the colour and hover give the cause
-        short = [
-            svg_text(f"{g.label} {(g.end_ns - g.start_ns) / NS_PER_MS:.3f} ms") for g in gaps
-        ]
+        short = [f"{escaped[i]} {d:.3f} ms" for i, d in zip(labels, ms, strict=True)]
+        cause = svg_text(part)
         out.append(
             {
                 "type": "bar",
                 "orientation": "h",
                 "name": part,
                 "legendgroup": "idle gaps",
-                "base": [_ms6(g.start_ns) for g in gaps],
-                "x": [_ms6(max(g.end_ns - g.start_ns, 1)) for g in gaps],
-                "y": [gap_row(g.rank) for g in gaps],
+                "base": _ms(start[mask]),
+                "x": _ms(np.maximum(end[mask] - start[mask], 1)),
+                "y": [gap_row(r) for r in rank_of[mask].tolist()],
                 "text": short,
                 "textposition": "inside",
                 "insidetextanchor": "start",
-                "hovertext": labels,
+                "hovertext": [f"{cause}: {t}" for t in short],  # = svg_text(gap_text(gap))
                 "hovertemplate": "<b>%{hovertext}</b><br>start %{base:.3f} ms<extra></extra>",
                 "marker": {
                     "color": color,
-                    "line": {"color": [helper_color(g.label) for g in gaps], "width": 1.5},
+                    "line": {"color": [colors[i] for i in labels], "width": 1.5},
                 },
             }
         )

@@ -17,6 +17,7 @@ from service import loop_store, store
 from service.api.deps import DbDep
 from service.api.schemas import RunId as RunId
 from service.loop_store import BatchSummary, JobDetail, JobSummary, PullSummary
+from service.page_summary import RunPageSummary
 from service.storage.database import Database
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 
@@ -38,6 +39,8 @@ class WebStore(Protocol):
     def run_list_options(self) -> dict[str, list[str]]: ...
 
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail: ...
+
+    def get_page_summary(self, run_id: int) -> RunPageSummary | None: ...
 
     def get_comparison(
         self, base_id: int, head_id: int, base_window: str | None, head_window: str | None
@@ -76,6 +79,9 @@ class ServiceStore:
 
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail:
         return store.get_run(self.db, run_id, include_report=include_report)
+
+    def get_page_summary(self, run_id: int) -> RunPageSummary | None:
+        return store.get_page_summary(self.db, run_id)
 
     def get_comparison(
         self, base_id: int, head_id: int, base_window: str | None, head_window: str | None

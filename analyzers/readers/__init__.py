@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING
 from analyzers.errors import MissingRankError, RankConflictError, TraceError, UnsupportedTraceError
 from analyzers.model import Trace, merge_traces
 from analyzers.readers._files import (
+    DEFAULT_MAX_DECOMPRESSED,
     FORMAT_OF_KIND,
     GZIP_MAGIC,
     CappedGunzip,
     Kind,
     TraceFormat,
     decompressed_copy,
+    inflated,
     is_gzip,
-    max_decompressed_bytes,
     open_maybe_gzip,
     sniff,
 )
@@ -66,6 +67,7 @@ def __getattr__(name: str) -> Callable[..., object]:
 
 
 __all__ = [
+    "DEFAULT_MAX_DECOMPRESSED",
     "FORMAT_OF_KIND",
     "GZIP_MAGIC",
     "CappedGunzip",
@@ -75,8 +77,8 @@ __all__ = [
     "TraceInput",
     "check_trace",
     "give_listed_rank",
+    "inflated",
     "is_gzip",
-    "max_decompressed_bytes",
     "rankless",
     "read_input",
     "read_inputs",
@@ -156,7 +158,7 @@ def check_trace(
     path: str | Path,
     *,
     label: str | None = None,
-    max_bytes: int | None = None,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     kind: Kind | None = None,
     gzipped: bool | None = None,
 ) -> CheckedTrace:
@@ -171,7 +173,9 @@ def check_trace(
     Args:
         path: the file (gzipped or not; its name is only used for ``.nsys-rep``).
         label: the name messages use (the uploaded name, never a server path).
-        max_bytes: decompression cap for a gzipped SQLite export (default as the readers').
+        max_bytes: decompression cap of gzip data (the readers' default unless given). A
+            gzipped file is inflated to its end (``_files.inflated``, discarding what the
+            check does not read), so the check and the readers accept the same gzip data.
         kind: what the file holds when the caller already sniffed it (the bundle reader does,
             to check the manifest's format): not sniffed again.
         gzipped: whether the file is gzip, when the caller knows (with ``kind``).
@@ -187,7 +191,7 @@ def check_trace(
 
     source = Path(path)
     name = label or str(source)
-    cap = max_decompressed_bytes() if max_bytes is None else max_bytes
+    cap = max_bytes
     try:
         kind = sniff(source, label=name) if kind is None else kind
         gzipped = is_gzip(source) if gzipped is None else gzipped
@@ -195,6 +199,8 @@ def check_trace(
             with source.open("rb") as raw:
                 stream, _ = open_maybe_gzip(raw, cap, label=name)
                 check_json_trace(stream, label=name)
+                if isinstance(stream, CappedGunzip):
+                    stream.drain()
         elif kind == "sqlite" and gzipped:
             with decompressed_copy(source, cap) as plain:
                 sqlite_tables_ok(plain, label=name)
@@ -212,34 +218,42 @@ def check_trace(
     return CheckedTrace(kind=kind, gzipped=gzipped)
 
 
-def read_trace(path: str | Path, *, rank: int | None = None) -> Trace:
+def read_trace(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> Trace:
     """Read one trace file of any supported format, chosen by content.
 
     ``rank`` sets the file's rank (``cptrace analyze --rank N``); a file that does not say its
-    rank is rank 0, with a note.
+    rank is rank 0, with a note. ``max_decompressed_bytes`` caps a gzipped file's expansion.
 
     Raises:
         UnsupportedTraceError: neither an nsys export nor Kineto JSON.
         CorruptTraceError, HostileTraceError: see the format readers.
     """
-    trace = _read_one(Path(path))
+    trace = _read_one(Path(path), max_decompressed_bytes)
     resolve_ranks([trace], rank)
     return trace
 
 
-def _read_one(source: Path) -> Trace:
-    return read_input(trace_input(source))
+def _read_one(source: Path, cap: int) -> Trace:
+    return read_input(trace_input(source), max_decompressed_bytes=cap)
 
 
-def read_input(item: TraceInput) -> Trace:
-    """Read one file of a known format (no sniffing, no rank rule: see ``read_inputs``)."""
+def read_input(
+    item: TraceInput, *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+) -> Trace:
+    """Read one file of a known format (no sniffing, no rank rule: see ``read_inputs``);
+    ``max_decompressed_bytes`` caps a gzipped file's expansion."""
     if item.format == "kineto":
         from analyzers.readers.kineto import read_kineto
 
-        return read_kineto(item.path)
+        return read_kineto(item.path, max_decompressed_bytes=max_decompressed_bytes)
     from analyzers.readers.nsys import read_nsys
 
-    return read_nsys(item.path, gzipped=item.gzipped)
+    return read_nsys(item.path, gzipped=item.gzipped, max_decompressed_bytes=max_decompressed_bytes)
 
 
 def give_listed_rank(trace: Trace, item: TraceInput) -> None:
@@ -248,25 +262,43 @@ def give_listed_rank(trace: Trace, item: TraceInput) -> None:
         set_rank(trace, item.rank, "the run bundle's manifest")
 
 
-def read_trace_files(paths: Iterable[str | Path], *, rank: int | None = None) -> list[Trace]:
+def read_trace_files(
+    paths: Iterable[str | Path],
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> list[Trace]:
     """Read each file like ``read_trace``, in order; several Kineto files (one per rank) may be
     read in parallel worker processes (``CPTRACE_READ_WORKERS``, see ``read_kineto_files``).
 
     ``rank`` applies to a single file only; several files that do not say their rank are an
     ``UnsupportedTraceError`` naming the ``--rank`` option (see ``_ranks.resolve_ranks``)."""
-    return read_inputs([trace_input(p) for p in paths], rank=rank)
+    return read_inputs(
+        [trace_input(p) for p in paths], rank=rank, max_decompressed_bytes=max_decompressed_bytes
+    )
 
 
-def read_inputs(items: Sequence[TraceInput], *, rank: int | None = None) -> list[Trace]:
+def read_inputs(
+    items: Sequence[TraceInput],
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> list[Trace]:
     """``read_trace_files`` for files of known format: each read once, never sniffed."""
+    cap = max_decompressed_bytes
     kineto = [item.path for item in items if item.format == "kineto"]
     if len(kineto) < 2:
-        traces = [read_input(item) for item in items]
+        traces = [read_input(item, max_decompressed_bytes=cap) for item in items]
     else:
         from analyzers.readers.kineto import read_kineto_files
 
-        parsed = iter(read_kineto_files(kineto))
-        traces = [next(parsed) if item.format == "kineto" else read_input(item) for item in items]
+        parsed = iter(read_kineto_files(kineto, max_decompressed_bytes=cap))
+        traces = [
+            next(parsed)
+            if item.format == "kineto"
+            else read_input(item, max_decompressed_bytes=cap)
+            for item in items
+        ]
     for trace, item in zip(traces, items, strict=True):
         give_listed_rank(trace, item)
     resolve_ranks(traces, rank)

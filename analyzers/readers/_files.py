@@ -11,14 +11,14 @@ an uploaded trace must not be able to fill the disk of the analysis worker.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import os
 import re
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, BinaryIO, Literal
+from typing import IO, Literal
+
+from isal import isal_zlib
 
 from analyzers.errors import CorruptTraceError, TraceTooLargeError, UnsupportedTraceError
 
@@ -26,9 +26,9 @@ GZIP_MAGIC = b"\x1f\x8b"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 DEFAULT_MAX_DECOMPRESSED = 64 << 30
-"""Largest decompressed trace accepted (64 GiB); override with CPTRACE_MAX_DECOMPRESSED_BYTES."""
+"""Largest decompressed trace accepted when the caller gives no cap (64 GiB): the CLI on local
+files. The service passes its own (``Settings.max_decompressed_bytes``)."""
 
-_COPY_CHUNK = 4 << 20
 
 Kind = Literal["sqlite", "json", "nsys-rep", "report"]
 """What a file holds: an nsys SQLite export, trace JSON (Kineto/Chrome), a ``.nsys-rep``
@@ -50,30 +50,14 @@ _REPORT_HEAD = re.compile(rb'^\{\s*"schema_version"\s*:\s*\d+\s*,\s*"catalog_ver
 SNIFF_BYTES = 256
 
 
-def max_decompressed_bytes() -> int:
-    """The decompression cap in bytes, from the environment or the default."""
-    raw = os.environ.get("CPTRACE_MAX_DECOMPRESSED_BYTES")
-    if raw is None:
-        return DEFAULT_MAX_DECOMPRESSED
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ValueError(
-            f"CPTRACE_MAX_DECOMPRESSED_BYTES={raw!r}: expected an integer number of bytes"
-        ) from exc
-
-
 def read_head(path: Path, size: int = SNIFF_BYTES) -> bytes:
-    """First ``size`` bytes of the file, decompressed when it is gzip."""
-    with open(path, "rb") as raw:
-        head = raw.read(size)
-    if not head.startswith(GZIP_MAGIC):
-        return head
-    try:
-        with gzip.open(path, "rb") as unzipped:
-            return unzipped.read(size)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise CorruptTraceError(f"{path}: gzip stream is truncated or damaged ({exc})") from exc
+    """First ``size`` bytes of the file, decompressed when it is gzip (``inflated``)."""
+    head = b""
+    for block in file_blocks(path, DEFAULT_MAX_DECOMPRESSED):
+        head += block
+        if len(head) >= size:
+            break
+    return head[:size]
 
 
 def is_gzip(path: Path) -> bool:
@@ -114,24 +98,104 @@ def sniff_head(head: bytes, *, name: str, label: str) -> Kind:
     )
 
 
-class CappedGunzip:
-    """A read-only stream over gzip data that refuses to expand past ``cap`` bytes.
+READ_BYTES = 256 << 10
+"""Compressed bytes read per system call."""
+BLOCK_BYTES = 1 << 20
+"""Most decompressed bytes one inflate step produces (bounds memory per block)."""
 
-    Reads concatenated gzip members as one stream (``gzip`` does), ignores trailing NUL padding,
-    and reports truncation, which ``zlib`` alone would silently accept. Used for the outer
-    gzip of a bundle and for the upload check of gzipped traces.
+_INFLATE_ERROR: type[Exception] = isal_zlib.error  # type: ignore[assignment]
+"""ISA-L's damaged-stream error (its stub declares an instance, not the class)."""
+
+
+def inflated(raw: IO[bytes], cap: int, *, label: str) -> Iterator[bytes]:
+    """The one capped inflate: gzip data from ``raw`` as decompressed blocks.
+
+    One rule for every reader of gzip (the upload check, the bundle reader, the Kineto and nsys
+    readers): concatenated gzip members are one stream; NUL bytes after a member (padding) are
+    ignored; anything else after a member must be the next member. The inflater is ISA-L's
+    (``isal.isal_zlib``, the same API as ``zlib``): about 2.5x faster than zlib's on trace text.
+
+    :raises CorruptTraceError: damaged or truncated data, or bytes after a member that are
+        neither NUL padding nor another gzip member.
+    :raises TraceTooLargeError: the data expands past ``cap`` bytes.
+    """
+    produced = 0
+    inflater = None  # between members (or before the first)
+    started = False
+    data = b""
+    while True:
+        if not data:
+            data = raw.read(READ_BYTES)
+            if not data:
+                break
+        if inflater is None:
+            if started:
+                data = data.lstrip(b"\x00")  # padding after a member
+                if not data:
+                    continue
+            if len(data) < len(GZIP_MAGIC) and (more := raw.read(READ_BYTES)):
+                data += more
+                continue
+            if not data.startswith(GZIP_MAGIC):
+                raise _trailing(label) if started else CorruptTraceError(f"{label}: not gzip data")
+            inflater = isal_zlib.decompressobj(16 + isal_zlib.MAX_WBITS)
+            started = True
+        while True:
+            try:
+                out = inflater.decompress(data, BLOCK_BYTES)
+            except _INFLATE_ERROR as exc:
+                raise CorruptTraceError(
+                    f"{label}: not valid gzip data (damaged after {produced} bytes: {exc})"
+                ) from exc
+            produced += len(out)
+            if produced > cap:
+                raise TraceTooLargeError(
+                    f"{label}: decompresses to more than the limit of {cap} bytes (the cap)"
+                )
+            if out:
+                yield out
+            if inflater.eof:
+                data, inflater = inflater.unused_data, None
+                break
+            data = inflater.unconsumed_tail
+            if not data and len(out) < BLOCK_BYTES:
+                break  # all input taken, no output held back: read on
+    if inflater is not None:
+        raise CorruptTraceError(
+            f"{label}: gzip data is truncated (ended after {produced} bytes, inside a member)"
+        )
+
+
+def _trailing(label: str) -> CorruptTraceError:
+    return CorruptTraceError(
+        f"{label}: bytes after the gzip data that are neither NUL padding nor another gzip member"
+    )
+
+
+def file_blocks(path: Path, cap: int) -> Iterator[bytes]:
+    """The file's bytes in blocks, gunzipped by content (``inflated``) under ``cap``."""
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        if gzipped:
+            yield from inflated(raw, cap, label=str(path))
+            return
+        while data := raw.read(READ_BYTES):
+            yield data
+
+
+class CappedGunzip:
+    """A read-only stream over gzip data (``inflated``: its rules, its cap).
+
+    Used where a file object is wanted: the outer gzip of a bundle (``tarfile``) and the
+    upload check of gzipped traces.
     """
 
     def __init__(self, raw: IO[bytes], cap: int, *, label: str) -> None:
         self._raw = raw
-        self._cap = cap
-        self._label = label
-        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._blocks = inflated(raw, cap, label=label)
         self._buffer = bytearray()
         self._produced = 0
-        self._eof = False
-        self._in_member = False
-        self._pending = b""
 
     @property
     def produced(self) -> int:
@@ -146,45 +210,27 @@ class CappedGunzip:
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            chunks = []
-            while chunk := self.read(_COPY_CHUNK):
-                chunks.append(chunk)
+            chunks = [bytes(self._buffer)]
+            self._buffer.clear()
+            for block in self._blocks:
+                self._produced += len(block)
+                chunks.append(block)
             return b"".join(chunks)
-        try:
-            self._fill(size)
-        except zlib.error as exc:
-            raise CorruptTraceError(f"{self._label}: not valid gzip data ({exc})") from exc
+        while len(self._buffer) < size:
+            more = next(self._blocks, None)
+            if more is None:
+                break
+            self._produced += len(more)
+            self._buffer += more
         out = bytes(self._buffer[:size])
         del self._buffer[:size]
         return out
 
-    def _fill(self, want: int) -> None:
-        while len(self._buffer) < want and not self._eof:
-            if self._inflater.unconsumed_tail:
-                data = self._inflater.unconsumed_tail
-            elif self._pending:
-                data, self._pending = self._pending, b""
-            else:
-                data = self._raw.read(1 << 16)
-                if not data:
-                    if self._in_member:
-                        raise CorruptTraceError(f"{self._label}: gzip data is truncated")
-                    self._eof = True
-                    break
-            self._in_member = True
-            out = self._inflater.decompress(data, 1 << 20)
-            self._produced += len(out)
-            if self._produced > self._cap:
-                raise TraceTooLargeError(
-                    f"{self._label}: decompresses to more than the limit of {self._cap} bytes "
-                    "(the cap)"
-                )
-            self._buffer += out
-            if self._inflater.eof:
-                rest = self._inflater.unused_data
-                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                self._in_member = False
-                self._pending = rest if rest.strip(b"\x00") else b""
+    def drain(self) -> None:
+        """Inflate the rest, discarding it: the whole stream is checked against the rules."""
+        self._buffer.clear()
+        for block in self._blocks:
+            self._produced += len(block)
 
 
 def open_maybe_gzip(raw: IO[bytes], cap: int, *, label: str) -> tuple[IO[bytes], bool]:
@@ -198,37 +244,20 @@ def open_maybe_gzip(raw: IO[bytes], cap: int, *, label: str) -> tuple[IO[bytes],
 
 
 @contextlib.contextmanager
-def decompressed_copy(path: Path, max_bytes: int | None = None) -> Iterator[Path]:
-    """Decompress a gzip file into a private temporary file, removed on exit.
+def decompressed_copy(path: Path, max_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> Iterator[Path]:
+    """Decompress a gzip file (``inflated``) into a private temporary file, removed on exit.
 
     SQLite needs a real file to open, so a ``.sqlite.gz`` export cannot be streamed.
 
-    :raises CorruptTraceError: the gzip stream is truncated or damaged.
+    :raises CorruptTraceError: the gzip data is truncated or damaged.
     :raises TraceTooLargeError: the decompressed size exceeds ``max_bytes``.
     """
-    limit = max_decompressed_bytes() if max_bytes is None else max_bytes
     fd, name = tempfile.mkstemp(prefix="cptrace-", suffix=".sqlite")
     target = Path(name)
     try:
-        with os.fdopen(fd, "wb") as out, gzip.open(path, "rb") as src:
-            _copy_capped(src, out, limit, path)
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            for block in inflated(src, max_bytes, label=str(path)):
+                out.write(block)
         yield target
     finally:
         target.unlink(missing_ok=True)
-
-
-def _copy_capped(src: gzip.GzipFile, out: BinaryIO, limit: int, path: Path) -> None:
-    written = 0
-    try:
-        while chunk := src.read(_COPY_CHUNK):
-            written += len(chunk)
-            if written > limit:
-                raise TraceTooLargeError(
-                    f"{path}: decompresses to more than the limit of {limit} bytes (the cap); "
-                    "raise CPTRACE_MAX_DECOMPRESSED_BYTES if this trace is genuine"
-                )
-            out.write(chunk)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise CorruptTraceError(
-            f"{path}: gzip stream is truncated or damaged after {written} bytes ({exc})"
-        ) from exc

@@ -40,21 +40,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import repeat
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import orjson
-from isal import isal_zlib
 
-from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import LAUNCH_DTYPE, RANGE_DTYPE, RangeKind, SymbolTable
-from analyzers.readers._files import GZIP_MAGIC, max_decompressed_bytes
 
 CHUNK_BYTES = 1 << 20
 """Decompressed text handled per vectorized pass (whole events only)."""
-READ_BYTES = 256 << 10
-"""Compressed bytes read per system call."""
 MAX_HEADER_BYTES = 64 << 20
 """Text before ``traceEvents`` (device properties, ...) larger than this: not Kineto's layout."""
 MAX_EVENT_BYTES = 64 << 20
@@ -87,10 +81,6 @@ _MAX_DIGITS = 18  # int64-safe decimal digits
 _INT64_MAX = 2**63 - 1
 
 
-_INFLATE_ERROR: type[Exception] = isal_zlib.error  # type: ignore[assignment]
-"""ISA-L's damaged-stream error (its stub declares an instance, not the class)."""
-
-
 class ExactNs(int):
     """A time already converted to integer ns from its text (not µs, not via a float): set on
     the JSON-path events of a chunk, so the row builders take it as is."""
@@ -100,63 +90,6 @@ class ExactNs(int):
 
 class LayoutMismatch(Exception):
     """The text is not Kineto's fixed layout: read the file with the general scanner."""
-
-
-def decompressed_blocks(path: Path) -> Iterator[bytes]:
-    """The file's bytes, gunzipped by content in blocks, under the decompression cap.
-
-    Why not ``gzip.open``: its Python-level buffering costs more than inflating itself; an
-    inflater fed megabyte reads is about twice as fast. The inflater is ISA-L's
-    (``isal.isal_zlib``, the same API as ``zlib``): about 2.5x faster than zlib's on Kineto
-    text (20 ms instead of 55 ms of CPU for the 26 MB of a TE reference rank), which was a
-    tenth of the read.
-
-    :raises CorruptTraceError: the gzip stream is truncated or damaged.
-    :raises HostileTraceError: the text exceeds ``max_decompressed_bytes()``.
-    """
-    limit = max_decompressed_bytes()
-    total = 0
-    with open(path, "rb") as raw:
-        compressed = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        inflater = isal_zlib.decompressobj(16 + isal_zlib.MAX_WBITS) if compressed else None
-        while data := raw.read(READ_BYTES):
-            while data:
-                if inflater is None:
-                    out, data = data, b""
-                else:
-                    out, data, inflater = _inflate(inflater, data, path, total)
-                total += len(out)
-                if total > limit:
-                    raise HostileTraceError(
-                        f"{path}: decompresses to more than {limit} bytes (the cap); raise "
-                        "CPTRACE_MAX_DECOMPRESSED_BYTES if this trace is genuine"
-                    )
-                if out:
-                    yield out
-        if inflater is not None and not inflater.eof:
-            raise CorruptTraceError(
-                f"{path}: gzip stream is truncated or damaged (ended after {total} bytes of "
-                "text, before the end of the gzip member)"
-            )
-
-
-def _inflate(
-    inflater: isal_zlib.Decompress, data: bytes, path: Path, total: int
-) -> tuple[bytes, bytes, isal_zlib.Decompress]:
-    """One bounded inflate step; starts a new inflater at a concatenated gzip member."""
-    if inflater.eof:
-        if not data.startswith(GZIP_MAGIC):
-            raise CorruptTraceError(f"{path}: trailing bytes after the gzip stream (not gzip)")
-        inflater = isal_zlib.decompressobj(16 + isal_zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, CHUNK_BYTES)
-    except _INFLATE_ERROR as exc:
-        raise CorruptTraceError(
-            f"{path}: gzip stream is truncated or damaged after {total} bytes ({exc})"
-        ) from exc
-    rest = inflater.unconsumed_tail if not inflater.eof else inflater.unused_data
-    return out, rest, inflater
 
 
 @dataclass(slots=True)

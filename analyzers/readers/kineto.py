@@ -22,17 +22,19 @@ gpu_user_annotation         gpu_ranges (GPU-side mirror of a CPU annotation, not
 
 Timestamps are microseconds; they become integer ns exactly, from their decimal text, never
 through a float: an integer, or up to three decimals, is exact; more decimals round half to even
-at the nanosecond (``_ns``). The fast path cuts the digits out itself; the streaming scanner
+at the nanosecond (``_ns``). The struct and layout paths read the digits themselves; the scanner
 parses numbers as ``Decimal``. Only a ``ts`` the layout reader could not cut out of its line
 (an exponent, a sign) arrives as a float; it is read through its shortest decimal form.
 
-Three parsers give the same rows: ``_kineto_layout`` cuts the range events out of Kineto's fixed
-line layout with numpy (the fast path, about 10x faster than building a dict per event); a file
-in any other JSON layout (re-indented, compact, other writers) is read by ``_json_chunks``,
-which finds the events' keys from the string delimiters of a chunk and vectorizes the range
-events the same way; and malformed JSON ends in the streaming scanner ``_json_stream``, which
-reports the exact position of the error. Each hands over early (the layout reader after its
-first chunk), so a file is not read twice in full.
+Four paths give the same rows. ``_kineto_structs`` decodes whole events of any JSON layout
+with ``msgspec`` into typed structs and builds the columns with numpy; it reads clean traces
+only and gives up (``StructMismatch``) on anything the others decide specially (a string pid,
+a ``null`` time, an event that is not an object, malformed JSON). Then ``_kineto_layout`` cuts
+the range events out of Kineto's fixed line layout with numpy; a file in any other JSON layout
+is read by ``_json_chunks``, which finds the events' keys from the string delimiters of a chunk
+and vectorizes the range events the same way; and malformed JSON ends in the streaming scanner
+``_json_stream``, which reports the exact position of the error. The layout reader hands over
+early (after its first chunk); the struct path gives up at the first chunk it cannot read.
 
 The rank comes from the ``rank`` argument, else ``distributedInfo.rank``, else ``rank<N>`` in
 the file name, else it is -1 with ``metadata["rank_source"] == "unknown"``: ``read_trace`` and
@@ -43,6 +45,7 @@ since a trace set whose ranks are guessed would compare the wrong ranks (``_rank
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 import threading
@@ -70,15 +73,16 @@ from analyzers.model import (
     launch_calls,
 )
 from analyzers.readers._cuda_api import is_kept_api, sync_column
+from analyzers.readers._files import DEFAULT_MAX_DECOMPRESSED, file_blocks
 from analyzers.readers._json_chunks import ChunkMismatch, read_chunks
 from analyzers.readers._json_stream import iter_events
 from analyzers.readers._kineto_layout import (
     ExactNs,
     LayoutMismatch,
     RowSink,
-    decompressed_blocks,
     read_layout,
 )
+from analyzers.readers._kineto_structs import StructMismatch, StructSink, read_structs
 from analyzers.readers._labels import python_frame_label, relabel
 from analyzers.readers._nesting import nest
 from analyzers.readers._ranks import UNKNOWN
@@ -103,8 +107,10 @@ STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 FLUSH_ROWS = 1 << 16
 """Rows gathered as tuples before they are packed into numpy (bounds Python-object memory)."""
+STRUCTS_PATH = True
+"""Try the typed-struct decode first; tests switch it off to compare with the other paths."""
 LAYOUT_FAST_PATH = True
-"""Try Kineto's fixed layout first; tests switch it off to compare with the other paths."""
+"""Then Kineto's fixed layout; tests switch it off to compare with the other paths."""
 CHUNKS_PATH = True
 """Then the any-layout chunked path; tests switch it off to compare with the scanner."""
 WORKERS_ENV = "CPTRACE_READ_WORKERS"
@@ -165,42 +171,27 @@ class _Tables:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
 
-def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
+def read_kineto(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> Trace:
     """Read one Kineto trace file into the normalized model.
 
     Args:
         path: ``.json`` or ``.json.gz`` (detected from content).
         rank: override the rank (else ``distributedInfo.rank``, else ``rank<N>`` in the name,
             else -1: see the module docstring).
+        max_decompressed_bytes: the cap of a ``.json.gz``'s expansion (``_files.inflated``).
 
     Raises:
         UnsupportedTraceError: JSON that is not a trace.
         CorruptTraceError: truncated or malformed file, or no events.
+        TraceTooLargeError: the file expands past ``max_decompressed_bytes``.
     """
     source = Path(path)
-    header: dict[str, object] = {}
-    tables = _Tables()
-    try:
-        if not LAYOUT_FAST_PATH:
-            raise LayoutMismatch("fast path switched off")
-        _read_layout(source, header, tables)
-        parser = "kineto-layout"
-    except LayoutMismatch:
-        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
-        header, tables = {}, _Tables()
-        try:
-            if not CHUNKS_PATH:
-                raise ChunkMismatch("chunked path switched off")
-            _read_chunks(source, header, tables)
-            parser = "json-chunks"
-        except (ChunkMismatch, LayoutMismatch):
-            # Malformed (or not a trace): the streaming scanner names the exact position of
-            # a syntax error, or reads what the chunked path could not.
-            header, tables = {}, _Tables()
-            with _open_text(source) as stream:
-                for event in iter_events(stream, str(source), header):
-                    _take(event, tables)
-            parser = "json-scanner"
+    header, tables, parser = _read_any(source, max_decompressed_bytes)
     for name in ("activities", "launches", "ranges"):
         tables.flush(name)
     if not any(tables.count(t) for t in ("activities", "launches", "ranges")):
@@ -214,6 +205,41 @@ def read_kineto(path: str | Path, *, rank: int | None = None) -> Trace:
         set_process_ranks(trace, process_ranks)
         trace.metadata["rank_source"] = PROCESS_RANKS_SOURCE
     return trace
+
+
+def _read_any(source: Path, cap: int) -> tuple[dict[str, object], _Tables, str]:
+    """(header, rows, parser name): each path in turn, starting over when one cannot read the
+    file (see the module docstring)."""
+    header: dict[str, object] = {}
+    tables = _Tables()
+    try:
+        if not STRUCTS_PATH:
+            raise StructMismatch("struct path switched off")
+        read_structs(file_blocks(source, cap), header, _struct_sink(tables))
+        return header, tables, "msgspec-structs"
+    except StructMismatch:
+        header, tables = {}, _Tables()
+    try:
+        if not LAYOUT_FAST_PATH:
+            raise LayoutMismatch("fast path switched off")
+        read_layout(file_blocks(source, cap), header, _sink(tables))
+        return header, tables, "kineto-layout"
+    except LayoutMismatch:
+        # Not Kineto's own layout: start over, cutting whole events out of any JSON layout.
+        header, tables = {}, _Tables()
+    try:
+        if not CHUNKS_PATH:
+            raise ChunkMismatch("chunked path switched off")
+        read_chunks(file_blocks(source, cap), header, _sink(tables))
+        return header, tables, "json-chunks"
+    except (ChunkMismatch, LayoutMismatch):
+        # Malformed (or not a trace): the streaming scanner names the exact position of a
+        # syntax error, or reads what the chunked path could not.
+        header, tables = {}, _Tables()
+    with _open_text(source, cap) as stream:
+        for event in iter_events(stream, str(source), header):
+            _take(event, tables)
+    return header, tables, "json-scanner"
 
 
 PROCESS_RANKS_SOURCE = "otherData.cptrace.process_ranks"
@@ -249,7 +275,9 @@ def set_process_ranks(trace: Trace, process_ranks: dict[int, int]) -> None:
     trace.ranks = {p: process_ranks.get(p, r) for p, r in trace.ranks.items()}
 
 
-def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
+def read_kineto_files(
+    paths: Sequence[str | Path], *, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+) -> list[Trace]:
     """Read several Kineto files (one per rank); in forked workers if ``WORKERS_ENV`` asks.
 
     A worker returns its ``Trace`` pickled: numpy arrays and a string table, a few MB per rank,
@@ -261,13 +289,14 @@ def read_kineto_files(paths: Sequence[str | Path]) -> list[Trace]:
         The first error of ``read_kineto`` among the files, as ``read_kineto`` raises it.
     """
     items = [Path(p) for p in paths]
+    read = functools.partial(read_kineto, max_decompressed_bytes=max_decompressed_bytes)
     workers = _workers(len(items))
     if workers <= 1:
-        return [read_kineto(p) for p in items]
+        return [read(p) for p in items]
     import multiprocessing  # only here: most reads are one file
 
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return [adopt_dtypes(t) for t in pool.map(read_kineto, items, chunksize=1)]
+        return [adopt_dtypes(t) for t in pool.map(read, items, chunksize=1)]
 
 
 def _workers(files: int) -> int:
@@ -287,41 +316,44 @@ def _workers(files: int) -> int:
     return max(1, min(files, limit))
 
 
-def _read_layout(source: Path, header: dict[str, object], tables: _Tables) -> None:
-    """The fast path: vectorized ranges and launches, every other event through ``_take``."""
-    read_layout(decompressed_blocks(source), header, _sink(tables))
-
-
-def _read_chunks(source: Path, header: dict[str, object], tables: _Tables) -> None:
-    """Any JSON layout: vectorized ranges, every other event through ``_take``."""
-    read_chunks(decompressed_blocks(source), header, _sink(tables))
-
-
 def _sink(tables: _Tables) -> RowSink:
     """Where the vectorized readers put their rows (and hand every other event)."""
     tables.drained = frozenset(("ranges", "launches"))  # merged per chunk, in file order
-
-    def emit(table: str, rows: npt.NDArray[np.void]) -> None:
-        if table == "ranges":
-            steps = rows["kind"] == _RECORD_FUNCTION
-            if steps.any():
-                steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
-                rows["kind"][steps] = _STEP
-        tables.extend(table, rows)
-
-    def keeps_api(name: str) -> bool:
-        found = tables.launch_names.get(name)
-        if found is None:
-            found = tables.launch_names[name] = is_kept_api(name)
-        return found
-
     return RowSink(
         strings=tables.strings,
         take=lambda event: _take(event, tables),
         pending=tables.pending,
-        emit=emit,
-        keeps_api=keeps_api,
+        emit=lambda table, rows: _emit(table, rows, tables),
+        keeps_api=lambda name: _keeps_api(name, tables),
     )
+
+
+def _struct_sink(tables: _Tables) -> StructSink:
+    """Where the struct path puts its rows."""
+    return StructSink(
+        strings=tables.strings,
+        keeps_api=lambda name: _keeps_api(name, tables),
+        emit=lambda table, rows: _emit(table, rows, tables),
+        gpu_ranges=tables.gpu_ranges,
+        thread_names=tables.thread_names,
+    )
+
+
+def _emit(table: str, rows: npt.NDArray[np.void], tables: _Tables) -> None:
+    """Take a block of rows in file order; RecordFunction ranges named like steps are steps."""
+    if table == "ranges":
+        steps = rows["kind"] == _RECORD_FUNCTION
+        if steps.any():
+            steps[steps] = [_is_step(int(i), tables) for i in rows["name"][steps]]
+            rows["kind"][steps] = _STEP
+    tables.extend(table, rows)
+
+
+def _keeps_api(name: str, tables: _Tables) -> bool:
+    found = tables.launch_names.get(name)
+    if found is None:  # a handful of API names repeat over millions of calls
+        found = tables.launch_names[name] = is_kept_api(name)
+    return found
 
 
 def _is_step(name_id: int, tables: _Tables) -> bool:
@@ -359,10 +391,10 @@ class _BlockText:
 
 
 @contextmanager
-def _open_text(path: Path) -> Iterator[TextIO]:
+def _open_text(path: Path, cap: int) -> Iterator[TextIO]:
     """Text stream over the file, gunzipped by content; decoding errors name the file."""
     try:
-        yield _BlockText(decompressed_blocks(path))  # type: ignore[misc]
+        yield _BlockText(file_blocks(path, cap))  # type: ignore[misc]
     except UnicodeDecodeError as exc:
         raise CorruptTraceError(f"{path}: not UTF-8 text at byte {exc.start} ({exc})") from exc
 

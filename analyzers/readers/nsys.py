@@ -41,7 +41,7 @@ from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.model import ActivityKind, Trace
 from analyzers.readers import _nsys_ranges
 from analyzers.readers._arrow_sqlite import open_arrow
-from analyzers.readers._files import decompressed_copy, is_gzip
+from analyzers.readers._files import DEFAULT_MAX_DECOMPRESSED, decompressed_copy, is_gzip
 from analyzers.readers._nsys_activities import KERNEL, MEMCPY, MEMSET, read_activities
 from analyzers.readers._nsys_launches import DRIVER, RUNTIME, read_launches
 from analyzers.readers._nsys_sql import NsysSource, Query
@@ -64,14 +64,16 @@ READ_TABLES = {
 
 
 def read_nsys(
-    path: str | Path, *, max_decompressed_bytes: int | None = None, gzipped: bool | None = None
+    path: str | Path,
+    *,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    gzipped: bool | None = None,
 ) -> Trace:
     """Read an nsys export into the normalized model.
 
     Args:
         path: ``.sqlite`` export, the same gzipped, or a ``.nsys-rep`` (needs ``nsys``).
-        max_decompressed_bytes: cap for ``.sqlite.gz`` expansion (default 64 GiB or
-            ``CPTRACE_MAX_DECOMPRESSED_BYTES``).
+        max_decompressed_bytes: cap for ``.sqlite.gz`` expansion (``_files.inflated``).
         gzipped: whether the file is gzip, when the caller already knows (a ``TraceInput``);
             None looks at the file's first bytes.
 
@@ -86,7 +88,7 @@ def read_nsys(
 
 
 @contextlib.contextmanager
-def _sqlite_file(source: Path, max_bytes: int | None, gzipped: bool | None) -> Iterator[Path]:
+def _sqlite_file(source: Path, max_bytes: int, gzipped: bool | None) -> Iterator[Path]:
     if source.name.endswith(".nsys-rep"):
         with tempfile.TemporaryDirectory(prefix="cptrace-nsys-") as tmp:
             yield export_nsys_rep(source, Path(tmp) / (source.stem + ".sqlite"))

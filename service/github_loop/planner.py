@@ -222,7 +222,7 @@ MAX_JOB_SPEC_BYTES = 64 * 1024
 """Largest job spec (as JSON) a suite entry may become."""
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """YAML without aliases: a 504-byte alias bomb expands to gigabytes; suite files need none."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
@@ -239,7 +239,7 @@ def _yaml(text: str, where: str) -> Any:
     if size > MAX_SUITE_FILE_BYTES:
         raise PlanError(f"{where}: {size} bytes, over the {MAX_SUITE_FILE_BYTES}-byte limit")
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)
+        return yaml.load(text, Loader=NoAliasLoader)
     except yaml.YAMLError as exc:
         raise PlanError(f"{where}: not valid YAML ({exc})") from exc
 
@@ -254,7 +254,7 @@ def load_suite_file(text: str, where: str) -> SuiteFile:
             f"keep {SUITE_FILE} under {MAX_SUITE_FILE_BYTES} bytes (name spec files by path)",
         )  # fmt: skip
     try:
-        raw = yaml.load(text, Loader=_NoAliasLoader)  # no aliases: no alias bomb
+        raw = yaml.load(text, Loader=NoAliasLoader)  # no aliases: no alias bomb
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(YAML)"

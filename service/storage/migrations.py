@@ -7,6 +7,7 @@ next number.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import sqlite_utils
@@ -195,6 +196,49 @@ def m030_token_scopes(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE tokens ADD COLUMN repo TEXT")
     db.execute("ALTER TABLE uploads ADD COLUMN token_id INTEGER")
     db.execute("ALTER TABLE jobs ADD COLUMN releases INTEGER NOT NULL DEFAULT 0")
+
+
+@migrations()
+def m040_run_pages(db: sqlite_utils.Database) -> None:
+    """What the run page shows of a report (``service.page_summary``), stored beside it so a
+    page view never parses the whole report. Runs analysed before this have none: their first
+    view builds it from the report once and stores it."""
+    # stamp: new at every write (what a reader's cache of the parsed summary is keyed by);
+    # page_json last: the columns before it are read without walking its overflow pages
+    db.execute(
+        "CREATE TABLE run_pages (run_id INTEGER PRIMARY KEY REFERENCES runs(id),"
+        " version INTEGER NOT NULL, created_at TEXT NOT NULL, stamp TEXT NOT NULL,"
+        " page_json TEXT NOT NULL)"
+    )
+
+
+@migrations()
+def m041_run_summary_columns(db: sqlite_utils.Database) -> None:
+    """The manifest facts lists, filters, the history and the loop read, as columns stored at
+    insert (``service.storage.runs.manifest_columns``), so no read runs json_extract over a
+    manifest; and the analysis duration, so a run's detail reads no report row (its duration
+    sits behind the report's overflow pages). Older runs are filled here, once."""
+    from service.storage.runs import set_manifest_columns
+
+    for column, kind in (
+        ("implementation", "TEXT"), ("implementations", "TEXT"), ("workload_json", "TEXT"),
+        ("repo", "TEXT"), ("pr", "INTEGER"), ("suite", "TEXT"), ("spec_name", "TEXT"),
+        ("entry_key", "TEXT"), ("analysis_s", "REAL"),
+    ):  # fmt: skip
+        db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+    conn = db.conn
+    found = conn.execute("SELECT id, manifest_json FROM runs WHERE manifest_json IS NOT NULL")
+    for run_id, text in found.fetchall():
+        try:
+            manifest = json.loads(text)
+        except ValueError:
+            continue  # never stored by this service (it stores what it parsed)
+        set_manifest_columns(conn, run_id=run_id, manifest=manifest)
+    conn.execute(
+        "UPDATE runs SET analysis_s = (SELECT duration_s FROM reports p WHERE p.run_id = runs.id)"
+    )
+    db.execute("CREATE INDEX runs_loop_tags ON runs (repo, suite, spec_name, branch)")
+    db.execute("CREATE INDEX runs_implementation ON runs (implementation)")
 
 
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:

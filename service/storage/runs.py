@@ -15,6 +15,7 @@ upload or an analysis result; these statements must commit together.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 from collections.abc import Iterable
 from enum import StrEnum
@@ -87,49 +88,69 @@ _VERDICT = (
     "WHEN r.status != 'analysed' THEN 'pending' "
     "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
 )
-_IMPLEMENTATION = (
-    "CASE WHEN json_valid(r.manifest_json) "
-    "THEN CAST(json_extract(r.manifest_json, '$.workload.implementation') AS TEXT) END"
-)
+_IMPLEMENTATION = "r.implementation"
+# The manifest facts the list, its filters, the history and the loop read are columns, stored
+# at insert (``create_run`` with :func:`manifest_columns`; migration m041 filled them for older
+# runs): no read parses a manifest (an 8 MB manifest string cut the run list from 614 to 50
+# req/s when every listed row ran json_extract over it).
+_TAG_COLUMNS: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
 
 
-def _run_tag(path: str, kind: Literal["text", "integer"] = "text") -> str:
-    """A manifest ``run`` tag the loop writes (``cptrace agent``); NULL when absent or not of
-    ``kind`` (the manifest is the uploader's JSON)."""
-    at = f"r.manifest_json, '$.run.{path}'"
-    return (
-        f"CASE WHEN json_valid(r.manifest_json) AND json_type({at}) = '{kind}' "
-        f"THEN json_extract({at}) END"
-    )
+def _implementations(workload: object, variants: object) -> str | None:
+    """The distinct implementations of a run's variants (the run's own without variants), e.g.
+    "te, te-adapter": the history's series split runs of one configuration by it."""
+    own = workload.get("implementation") if isinstance(workload, dict) else None
+    found = {
+        (v.get("workload") or {}).get("implementation") or own
+        for v in (variants if isinstance(variants, list) else [])
+        if isinstance(v, dict) and isinstance(v.get("workload") or {}, dict)
+    } or {own}
+    names = sorted(str(i) for i in found if i)
+    return ", ".join(names) or None
 
 
-# One extraction of the manifest's ``run`` block per row (SQLite 3.40 re-parses the JSON for
-# every json_* call: four tags read one by one cost a sort by verdict over 10,000 runs 2x).
-_RUN_BLOCK = (
-    "CASE WHEN json_valid(r.manifest_json) AND json_type(r.manifest_json, '$.run') = 'object'"
-    " THEN json_extract(r.manifest_json, '$.run') END"
-)
+def _scalar_text(value: object) -> str | None:
+    """A manifest value as the run list shows it: text as is, a number as its digits."""
+    if isinstance(value, bool) or value is None or isinstance(value, dict | list):
+        return None
+    return str(value)
+
+
+def manifest_columns(manifest: object) -> dict[str, Any]:
+    """The ``runs`` columns taken from a manifest: the workload's implementation, the
+    variants' implementations and the workload block (the history), and the loop's tags from
+    the ``run`` block (``cptrace agent``), each None unless of its type."""
+    data = manifest if isinstance(manifest, dict) else {}
+    workload = data.get("workload")
+    block = data.get("run")
+    run: dict[str, Any] = block if isinstance(block, dict) else {}
+    out: dict[str, Any] = {
+        "implementation": _scalar_text(workload.get("implementation"))
+        if isinstance(workload, dict)
+        else None,
+        "implementations": _implementations(workload, data.get("variants")),
+        "workload_json": _dump(workload) if isinstance(workload, dict) else None,
+    }
+    for key, kind in {**_TAG_COLUMNS, "entry_key": str}.items():
+        value = run.get(key)
+        out[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+    return out
+
+
 SUMMARY_COLUMNS = f"""
 SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
        r.error, r.config_key, r.created_at, r.updated_at,
        (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
-       fm.value AS findings, mm.value AS median_ms, {_IMPLEMENTATION} AS implementation,
-       {_VERDICT} AS verdict, {_RUN_BLOCK} AS run_tags"""
-"""The ``RunSummary`` columns (``run_tags`` is split by :func:`summary_fields`); append
-``SUMMARY_FROM`` (and any extra columns before it)."""
-_TAG_TYPES: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
+       fm.value AS findings, mm.value AS median_ms, r.implementation, {_VERDICT} AS verdict,
+       r.repo, r.pr, r.suite, r.spec_name"""
+"""The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
 
 
 def summary_fields(row: dict[str, Any]) -> dict[str, Any]:
     """A ``SUMMARY_COLUMNS`` row as ``RunSummary`` fields: findings as an int (metrics are
-    REAL), the loop's tags out of the manifest's ``run`` block (each None unless its type)."""
+    REAL)."""
     if row["findings"] is not None:
         row["findings"] = int(row["findings"])
-    block = row.pop("run_tags", None)
-    tags = json.loads(block) if isinstance(block, str) else {}
-    for key, kind in _TAG_TYPES.items():
-        value = tags.get(key)
-        row[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
     return row
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
@@ -159,9 +180,9 @@ def _where(filters: RunFilters) -> tuple[str, list[Any]]:
         ("r.config_key", filters.config_key),
         (_IMPLEMENTATION, filters.implementation),
         (_VERDICT, filters.verdict),
-        (_run_tag("repo"), filters.repo),
-        (_run_tag("pr", "integer"), filters.pr),
-        (_run_tag("suite"), filters.suite),
+        ("r.repo", filters.repo),
+        ("r.pr", filters.pr),
+        ("r.suite", filters.suite),
     ):
         if value:
             clauses.append(f"{column} = ?")
@@ -271,13 +292,14 @@ def analysis_facts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any]:
         "ORDER BY id DESC LIMIT 1",
         (run_id,),
     )
-    run = rows(conn, "SELECT progress, error FROM runs WHERE id = ?", (run_id,))
-    duration = rows(conn, "SELECT duration_s FROM reports WHERE run_id = ?", (run_id,))
+    run = rows(conn, "SELECT progress, error, analysis_s FROM runs WHERE id = ?", (run_id,))
+    # the report row's key only: its later columns sit behind the report's overflow pages
+    has_report = conn.execute("SELECT 1 FROM reports WHERE run_id = ?", (run_id,)).fetchone()
     return {
         "task": task[0] if task else None,
         "run": run[0] if run else {},
-        "duration_s": duration[0]["duration_s"] if duration else None,
-        "has_report": bool(duration),
+        "duration_s": run[0]["analysis_s"] if run and has_report else None,
+        "has_report": has_report is not None,
     }
 
 
@@ -285,6 +307,52 @@ def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
     """The stored report text of a run, or None."""
     row = conn.execute("SELECT report_json FROM reports WHERE run_id = ?", (run_id,)).fetchone()
     return None if row is None else str(row[0])
+
+
+def page_stamp(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:
+    """``(version, stamp)`` of the run's stored page summary, read without its text (the stamp
+    is new at every write), or None."""
+    row = conn.execute("SELECT version, stamp FROM run_pages WHERE run_id = ?", (run_id,))
+    found = row.fetchone()
+    return None if found is None else (int(found[0]), str(found[1]))
+
+
+def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str, str] | None:
+    """The run's stored page summary ``(version, stamp, JSON)``, or None."""
+    row = conn.execute(
+        "SELECT version, stamp, page_json FROM run_pages WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+
+
+def store_page(
+    conn: sqlite3.Connection,
+    *,
+    run_id: int,
+    version: int,
+    page_json: str,
+    if_stale: bool = False,
+    unreadable: str | None = None,
+) -> None:
+    """Store (or replace) the run's page summary. ``if_stale``: only while the run has a report
+    and no summary of ``version`` other than ``unreadable`` (a page view's build never replaces
+    what a newer analysis stored meanwhile, nor outlives a deleted run)."""
+    keep = (
+        " WHERE run_pages.version != excluded.version OR run_pages.page_json IS ?5"
+        if if_stale
+        else ""
+    )
+    exists = "EXISTS (SELECT 1 FROM reports WHERE run_id = ?1)" if if_stale else "true"
+    conn.execute(
+        "INSERT INTO run_pages (run_id, version, page_json, created_at, stamp)"
+        f" SELECT ?1, ?2, ?3, ?4, ?{6 if if_stale else 5} WHERE {exists}"
+        " ON CONFLICT(run_id) DO UPDATE SET version = excluded.version, page_json ="
+        f" excluded.page_json, created_at = excluded.created_at, stamp = excluded.stamp{keep}",
+        (
+            run_id, version, page_json, now_iso(), *([unreadable] if if_stale else []),
+            secrets.token_hex(8),
+        ),
+    )  # fmt: skip
 
 
 def find_comparison(
@@ -328,14 +396,11 @@ def metric_history(
     conn: sqlite3.Connection, *, config_key: str, metric: str, label: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """One metric across the runs of one configuration (``HistoryPoint`` fields, the workload
-    and variants as JSON texts), oldest first."""
+    as JSON text), oldest first."""
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
         f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed, "
-        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.workload') "
-        "END AS workload_json, "
-        "CASE WHEN json_valid(r.manifest_json) THEN json_extract(r.manifest_json, '$.variants') "
-        "END AS variants_json "
+        "r.implementations AS implementation, r.workload_json "
         "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
@@ -346,6 +411,14 @@ def metric_history(
     sql += " ORDER BY r.id LIMIT ?"
     params.append(limit)
     return rows(conn, sql, params)
+
+
+def set_manifest_columns(conn: sqlite3.Connection, *, run_id: int, manifest: object) -> None:
+    """Fill the run's :func:`manifest_columns` from ``manifest`` (a run inserted without them:
+    migration m041's backfill)."""
+    facts = manifest_columns(manifest)
+    sets = ", ".join(f"{column} = ?" for column in facts)
+    conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*facts.values(), run_id))
 
 
 def require_run(conn: sqlite3.Connection, *, run_id: int) -> None:
@@ -379,13 +452,15 @@ def create_run(
 ) -> int:
     """Insert a run; returns its id. Run it inside the caller's transaction."""
     now = now_iso()
+    facts = manifest_columns(manifest)
     cur = conn.execute(
         "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
-        "manifest_json, spec_json, created_at, updated_at, job_failed)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"manifest_json, spec_json, created_at, updated_at, job_failed, {', '.join(facts)})"
+        f" VALUES (?,?,?,?,?,?,?,?,?,?,?,?{',?' * len(facts)})",
         (
             name, branch, commit, host, source, status, config_key, _dump(manifest),
             _dump(spec), now, now, int(isinstance((manifest or {}).get("failure"), dict)),
+            *facts.values(),
         ),
     )  # fmt: skip
     return int(cur.lastrowid or 0)
@@ -468,6 +543,7 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
         "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
         "DELETE FROM run_metrics WHERE run_id = ?1",
         "DELETE FROM reports WHERE run_id = ?1",
+        "DELETE FROM run_pages WHERE run_id = ?1",
         "DELETE FROM analysis_tasks WHERE run_id = ?1",
         "DELETE FROM uploads WHERE run_id = ?1",
         "DELETE FROM run_files WHERE run_id = ?1",
@@ -495,14 +571,20 @@ def record_report(
     report_json: str,
     duration_s: float,
     metrics: Iterable[tuple[Metric, str, float]],
+    page: tuple[int, str] | None = None,
 ) -> None:
-    """Store a run's report and its metrics, replacing the previous ones; comparisons computed
-    from the previous report are stale, so they go."""
+    """Store a run's report and its metrics, replacing the previous ones, and ``page``: the
+    page summary's ``(version, JSON)`` (``service.page_summary``; None: the first view builds
+    it); comparisons computed from the previous report are stale, so they go."""
     conn.execute(
         "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
         " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
         (run_id, schema_version, catalog_version, report_json, duration_s, now_iso()),
     )
+    conn.execute("UPDATE runs SET analysis_s = ? WHERE id = ?", (duration_s, run_id))
+    conn.execute("DELETE FROM run_pages WHERE run_id = ?", (run_id,))
+    if page is not None:
+        store_page(conn, run_id=run_id, version=page[0], page_json=page[1])
     conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (run_id,))
     conn.executemany(
         "INSERT OR REPLACE INTO run_metrics (run_id, metric, label, value) VALUES (?,?,?,?)",
@@ -549,6 +631,11 @@ def set_run_state(
 def link_job(conn: sqlite3.Connection, *, run_id: int, job_id: int) -> None:
     """Record that job ``job_id`` produced run ``run_id`` (a runner completed it)."""
     conn.execute("UPDATE runs SET job_id = ? WHERE id = ?", (job_id, run_id))
+
+
+def unlink_job(conn: sqlite3.Connection, *, job_id: int) -> None:
+    """Forget that job ``job_id`` produced its runs (the job is being deleted; they stay)."""
+    conn.execute("UPDATE runs SET job_id = NULL WHERE job_id = ?", (job_id,))
 
 
 def total_runs(conn: sqlite3.Connection) -> int:
@@ -602,12 +689,8 @@ def loop_baseline_candidates(
     return rows(
         conn,
         _LOOP_TAGS + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
-        " AND json_extract(r.manifest_json, '$.run.repo') = ?"
-        " AND json_extract(r.manifest_json, '$.run.suite') = ?"
-        " AND json_extract(r.manifest_json, '$.run.spec_name') = ?"
-        " AND json_extract(r.manifest_json, '$.run.pr') IS NULL"
-        " AND json_extract(r.manifest_json, '$.run.entry_key') IS ?"
-        " ORDER BY r.id DESC LIMIT ?",
+        " AND r.repo = ? AND r.suite = ? AND r.spec_name = ? AND r.pr IS NULL"
+        " AND r.entry_key IS ? ORDER BY r.id DESC LIMIT ?",
         (branch, exclude_run_id, repo, suite, spec_name, entry_key, limit),
     )
 

@@ -15,6 +15,7 @@ from testkit import DATA_DIR
 from analyzers.errors import CorruptTraceError, HostileTraceError
 from analyzers.model import ACTIVITY_DTYPE, LAUNCH_DTYPE, ActivityKind, RangeKind, Trace
 from analyzers.readers import (
+    _files,
     _json_stream,
     _kineto_layout,
     kineto,
@@ -169,6 +170,7 @@ def test_timestamps_are_exact_nanoseconds() -> None:
 def test_tiny_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk boundaries inside keys, numbers and strings must not change the result."""
     reference = read_kineto(SYNTH[1])
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", False)
     monkeypatch.setattr(kineto, "LAYOUT_FAST_PATH", False)
     monkeypatch.setattr(kineto, "CHUNKS_PATH", False)
     monkeypatch.setattr(_json_stream, "CHUNK_CHARS", 7)
@@ -188,6 +190,7 @@ def test_content_sniffing_ignores_the_extension(tmp_path: Path) -> None:
 
 def _scanner(path: Path, monkeypatch: pytest.MonkeyPatch) -> Trace:
     with monkeypatch.context() as patch:
+        patch.setattr(kineto, "STRUCTS_PATH", False)
         patch.setattr(kineto, "LAYOUT_FAST_PATH", False)
         patch.setattr(kineto, "CHUNKS_PATH", False)
         trace = read_kineto(path)
@@ -206,18 +209,24 @@ def _assert_same(fast: Trace, slow: Trace) -> None:
     assert facts == {k: v for k, v in slow.metadata.items() if k != "json_parser"}
 
 
-def test_layout_fast_path_equals_the_scanner_on_real_traces(
+def test_struct_and_layout_paths_equal_the_scanner_on_real_traces(
     arms: list[Trace], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for path, fast in zip(ARMS, arms, strict=True):
-        assert fast.metadata["json_parser"] == "kineto-layout"
+        assert fast.metadata["json_parser"] == "msgspec-structs"
         _assert_same(fast, _scanner(path, monkeypatch))
+        with monkeypatch.context() as patch:
+            patch.setattr(kineto, "STRUCTS_PATH", False)
+            layout = read_kineto(path)
+        assert layout.metadata["json_parser"] == "kineto-layout"
+        _assert_same(layout, fast)
 
 
 def test_layout_chunk_boundaries_do_not_matter(monkeypatch: pytest.MonkeyPatch) -> None:
     reference = read_kineto(SYNTH[0])
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", False)
     monkeypatch.setattr(_kineto_layout, "CHUNK_BYTES", 900)  # a few events per chunk
-    monkeypatch.setattr(_kineto_layout, "READ_BYTES", 97)
+    monkeypatch.setattr(_files, "READ_BYTES", 97)
     chunked = read_kineto(SYNTH[0])
     assert chunked.metadata["json_parser"] == "kineto-layout"
     _assert_same(chunked, reference)
@@ -230,6 +239,7 @@ def test_other_json_layouts_take_the_chunked_path(
         document = json.load(fh)
     compact = tmp_path / "kineto_rank0.json"
     compact.write_text(json.dumps(document, separators=(",", ":")))
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", False)
     trace = read_kineto(compact)
     assert trace.metadata["json_parser"] == "json-chunks"
     _assert_same(trace, read_kineto(SYNTH[0]))
@@ -348,10 +358,9 @@ def test_truncated_layout_text_reports_the_json_position(tmp_path: Path) -> None
         read_kineto(cut)
 
 
-def test_decompression_cap_applies_to_kineto(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CPTRACE_MAX_DECOMPRESSED_BYTES", "100000")
+def test_decompression_cap_applies_to_kineto() -> None:
     with pytest.raises(HostileTraceError, match="the cap"):
-        read_kineto(SYNTH[0])
+        read_kineto(SYNTH[0], max_decompressed_bytes=100_000)
 
 
 def test_concatenated_gzip_members_read_whole(tmp_path: Path) -> None:

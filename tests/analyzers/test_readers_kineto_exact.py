@@ -82,14 +82,26 @@ PARSERS = {
     "sorted": "json-chunks",
     "crlf": "json-chunks",
 }
+"""The path each layout takes with the struct path switched off."""
 
 
-@pytest.mark.parametrize("path", [*SYNTH, TE0], ids=lambda p: p.name)
-def test_times_equal_the_decimal_text_in_every_layout(path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("path", "structs"),
+    [
+        *((p, s) for p in SYNTH for s in (True, False)),
+        (TE0, True),  # the real reference rank through the default path only: ~25 s a mode
+    ],
+    ids=lambda v: v.name if isinstance(v, Path) else ("structs" if v else "layout-or-chunks"),
+)
+def test_times_equal_the_decimal_text_in_every_layout(
+    path: Path, structs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", structs)
     traces = []
     for variant in _variants(path, tmp_path):
         trace = read_kineto(variant)
-        assert trace.metadata["json_parser"] == PARSERS[variant.name.partition("_")[0]]
+        layout = variant.name.partition("_")[0]
+        assert trace.metadata["json_parser"] == ("msgspec-structs" if structs else PARSERS[layout])
         acts, ranges = _expected(variant.read_bytes())
         assert _rows(trace.activities) == acts
         assert _rows(trace.ranges) == ranges
@@ -164,7 +176,11 @@ EPOCH_EVENTS: list[dict[str, Any]] = [
 ]
 
 
-def test_epoch_microseconds_and_sub_ns_digits_are_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("structs", [True, False], ids=["structs", "layout-or-chunks"])
+def test_epoch_microseconds_and_sub_ns_digits_are_exact(
+    structs: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", structs)
     own = tmp_path / "own_rank0.json"
     own.write_text(_layout(EPOCH_EVENTS))
     compact = tmp_path / "compact_rank0.json"  # the same, compact, numbers as the same text
@@ -178,7 +194,7 @@ def test_epoch_microseconds_and_sub_ns_digits_are_exact(tmp_path: Path) -> None:
     compact.write_text('{"traceEvents":[' + ",".join(events) + "]}")
     for path, parser in ((own, "kineto-layout"), (compact, "json-chunks")):
         trace = read_kineto(path)
-        assert trace.metadata["json_parser"] == parser
+        assert trace.metadata["json_parser"] == ("msgspec-structs" if structs else parser)
         kernel = trace.activities[trace.activities["kind"] == ActivityKind.KERNEL]
         assert kernel["start"].tolist() == [1764633600123470123]
         assert kernel["end"].tolist() == [1764633600123470124]
@@ -199,6 +215,7 @@ def test_chunk_boundaries_of_the_any_layout_path_do_not_matter(
     compact.write_text(json.dumps(doc, separators=(",", ":")))
     reference = read_kineto(compact)
     monkeypatch.setattr(_json_chunks, "CHUNK_BYTES", 600)  # a few events per chunk
+    monkeypatch.setattr(kineto, "STRUCTS_PATH", False)
     monkeypatch.setattr(kineto, "LAYOUT_FAST_PATH", False)
     chunked = read_kineto(compact)
     assert chunked.metadata["json_parser"] == "json-chunks"

@@ -60,6 +60,7 @@ def _insert(db: Any, run_id: int, report: AnalysisReport, *, branch: str, pr: in
             " created_at) VALUES (?, 'loop-smoke', ?, ?, 'upload', 'analysed', ?, '2026-12-01')",
             (run_id, branch, f"{run_id:02d}" * 20, json.dumps(manifest)),
         )
+        runs.set_manifest_columns(conn, run_id=run_id, manifest=manifest)
         runs.record_report(
             conn,
             run_id=run_id,

@@ -28,6 +28,7 @@ from pr_bot.suite_comment import (
 from service.core.config import Settings
 from service.github_loop.baseline import choose_baseline, run_tags
 from service.main import open_database
+from service.storage import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "demo" / "bundles" / "te-2.20.2-adapter-vs-stock-h200x2.tar.gz"
@@ -139,6 +140,7 @@ def _insert(db, run_id: int, *, branch: str, commit: str, pr: int | None = None,
         " created_at) VALUES (?, 'r', ?, ?, 'upload', ?, ?, '2026-12-01')",
         (run_id, branch, commit, status, json.dumps(manifest)),
     ))  # fmt: skip
+    db.write(lambda c: runs.set_manifest_columns(c, run_id=run_id, manifest=manifest))
 
 
 def test_baseline_is_the_merge_base_run_on_the_same_stack_else_the_newest(tmp_path) -> None:

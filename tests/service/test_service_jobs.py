@@ -107,6 +107,52 @@ def test_fail_and_release(
     assert final["log_tail"].endswith("out of memory")
 
 
+def test_submitted_specs_refuse_aliases_and_are_capped(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    """A 504-byte YAML alias bomb expanded to a 58 MB job spec that slowed every job read; an
+    admin's spec follows the pull-request loop's rules: no aliases, 64 KiB as JSON."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    resp = client.post("/api/v1/jobs", json={"spec_yaml": SPEC_YAML + bomb}, headers=admin)
+    assert resp.status_code == 400 and "aliases" in resp.json()["error"]
+    padded = SPEC_YAML + "notes: " + "x" * 70_000 + "\n"
+    resp = client.post("/api/v1/jobs", json={"spec_yaml": padded}, headers=admin)
+    assert resp.status_code == 413 and "65536-byte limit" in resp.json()["error"]
+    big = {"spec": {"name": "test-job", "notes": "x" * 70_000}}
+    assert client.post("/api/v1/jobs", json=big, headers=admin).status_code == 413
+
+
+def test_admin_deletes_a_job_in_any_state(
+    client: TestClient, admin: dict[str, str], runner: dict[str, str], viewer: dict[str, str]
+) -> None:
+    _drain(client, runner)
+    queued = _submit(client, admin, name="to-delete")
+    assert client.delete(f"/api/v1/jobs/{queued['id']}", headers=runner).status_code == 403
+    assert client.delete(f"/api/v1/jobs/{queued['id']}", headers=viewer).status_code == 403
+    assert client.delete(f"/api/v1/jobs/{queued['id']}").status_code == 401
+    gone = client.delete(f"/api/v1/jobs/{queued['id']}", headers=admin)
+    assert gone.status_code == 200 and gone.json()["ok"] is True
+    assert client.get(f"/api/v1/jobs/{queued['id']}").status_code == 404
+    assert queued["id"] not in {j["id"] for j in client.get("/api/v1/jobs").json()}
+    nothing = client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner)
+    assert nothing.status_code == 204
+    again = client.delete(f"/api/v1/jobs/{queued['id']}", headers=admin)
+    assert again.status_code == 404 and f"job {queued['id']} does not exist" in again.text
+    # a completed job's run stays, without the link; a running job's runner loses it (404)
+    done = _submit(client, admin)
+    claimed = client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner).json()
+    run = client.post("/api/v1/runs", json={"name": "from-deleted-job"}, headers=runner).json()
+    client.post(f"/api/v1/jobs/{claimed['id']}/complete", json={"run_id": run["id"]},
+                headers=runner).raise_for_status()  # fmt: skip
+    assert client.delete(f"/api/v1/jobs/{done['id']}", headers=admin).status_code == 200
+    assert client.get(f"/api/v1/runs/{run['id']}").status_code == 200
+    running = _submit(client, admin)
+    client.post("/api/v1/jobs/claim", json={"runner": "r1"}, headers=runner).raise_for_status()
+    assert client.delete(f"/api/v1/jobs/{running['id']}", headers=admin).status_code == 200
+    beat = client.post(f"/api/v1/jobs/{running['id']}/heartbeat", json={}, headers=runner)
+    assert beat.status_code == 404
+
+
 def test_long_poll_waits_then_204(client: TestClient, runner: dict[str, str]) -> None:
     _drain(client, runner)
     started = time.monotonic()

@@ -81,7 +81,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
 
 
 def _report(runs: Runs, key: str) -> dict[str, Any]:
-    report: dict[str, Any] = runs.client.get(f"/runs/{runs.ids[key]}.json").json()["run"]["report"]
+    resp = runs.client.get(f"/api/v1/runs/{runs.ids[key]}/analysis/result")
+    assert resp.status_code == 200, resp.text
+    report: dict[str, Any] = resp.json()
     return report
 
 

@@ -13,6 +13,7 @@ from analyzers.compare import CompareError
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.api.deps import read_access
 from service.core.errors import ApiError, Conflict, NotFound, error_body
+from service.page_summary import RunPageSummary, page_summary
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web.routes import router
 from web.store import get_store
@@ -93,6 +94,10 @@ class FakeStore:
             raise NotFound(f"run {run_id} does not exist")
         report = self.reports.get(run_id) if include_report else None
         return RunDetail(**self.runs[run_id].model_dump(), report=report)
+
+    def get_page_summary(self, run_id: int) -> RunPageSummary | None:
+        report = self.reports.get(run_id)
+        return None if report is None else page_summary(report)
 
     def get_comparison(self, base_id, head_id, base_window, head_window) -> ComparisonReport:
         for run_id in (base_id, head_id):

@@ -33,8 +33,9 @@ from service.api.schemas import (
     OkBody,
 )
 from service.auth import Principal, bind_runner
-from service.core.errors import BadRequest, NotFound, UnprocessableEntity
-from service.storage.database import one, rows
+from service.core.errors import BadRequest, NotFound, PayloadTooLarge, UnprocessableEntity
+from service.github_loop.planner import MAX_JOB_SPEC_BYTES, NoAliasLoader
+from service.storage import loop
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -53,12 +54,17 @@ def validate_spec(body: JobSubmit) -> tuple[dict[str, Any], str | None]:
         raise BadRequest("give exactly one of 'spec' (an object) or 'spec_yaml' (YAML text)")
     raw: Any = body.spec
     if body.spec_yaml is not None:
-        try:
-            raw = yaml.safe_load(body.spec_yaml)
+        try:  # no aliases: a 504-byte alias bomb expands to gigabytes
+            raw = yaml.load(body.spec_yaml, Loader=NoAliasLoader)
         except yaml.YAMLError as exc:
             raise BadRequest(f"spec_yaml: not valid YAML ({exc})") from exc
     if not isinstance(raw, dict):
         raise UnprocessableEntity("spec: expected a mapping of workload fields at the top level")
+    size = len(json.dumps(raw, default=str))
+    if size > MAX_JOB_SPEC_BYTES:  # the rule the pull-request loop's specs follow
+        raise PayloadTooLarge(
+            f"spec: {size} bytes as JSON, over the {MAX_JOB_SPEC_BYTES}-byte limit"
+        )
     try:
         parse_spec(raw, source="spec")
     except SpecError as exc:
@@ -100,19 +106,28 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
 ) -> list[Job]:
-    """Jobs, newest first."""
-    where, params = ("WHERE status = ?", [status]) if status else ("", [])
-    sql = f"SELECT * FROM jobs {where} ORDER BY id DESC LIMIT ? OFFSET ?"
-    return [_job(r) for r in db.read(lambda c: rows(c, sql, [*params, limit, offset]))]
+    """Jobs, newest first (without their specs and logs: those are on the job itself)."""
+    found = db.read(
+        lambda c: loop.list_jobs(c, batch_id=None, status=status, limit=limit, offset=offset)
+    )
+    return [_job(r) for r in found]
 
 
 @router.get("/{job_id}", response_model=Job)
 def read_job(job_id: JobId, db: DbDep, _: ReadAccess) -> Job:
     """One job with its spec and log tail."""
-    row = db.read(lambda c: one(c, "SELECT * FROM jobs WHERE id = ?", (job_id,)))
+    row = db.read(lambda c: loop.get_job(c, job_id=job_id))
     if row is None:
         raise NotFound(f"job {job_id} does not exist")
     return _job(row, full=True)
+
+
+@router.delete("/{job_id}", response_model=OkBody)
+def delete_job(job_id: JobId, db: DbDep, _: AdminAccess) -> OkBody:
+    """Delete a job in any state (a running job's runner loses it at its next heartbeat: 404);
+    the run it produced stays."""
+    db.write_tx(lambda c: jobs.delete_job(c, job_id=job_id))
+    return OkBody()
 
 
 @router.post(

@@ -1,0 +1,568 @@
+"""First path of the Kineto reader: whole events of any JSON layout decoded by ``msgspec`` into
+typed structs, a chunk at a time, and the rows built column by column with numpy.
+
+Why: the reader needs seven fields of an event (``ph``, ``cat``, ``name``, ``pid``, ``tid``,
+``ts``, ``dur``) and six of its ``args``. A JSON parser that builds a dict per event spends most
+of its time on the keys and values the reader throws away (``Python id``, ``Ev Idx``, flow
+events); ``msgspec`` decoding into a ``Struct`` that names only those fields skips the others
+inside its C scanner, and structs made with ``gc=False`` cost the garbage collector nothing.
+It reads any layout alike (Kineto's own lines, ``indent=N``, compact, sorted keys, CRLF), so a
+re-serialized trace reads as fast as Kineto's.
+
+Chunks: the text is cut after an event's closing brace followed by a comma and the next
+event's opening brace (``}`` ``,`` ``{`` with any whitespace). A cut found inside a string or
+inside an event's ``args`` leaves the text before it unbalanced (an unterminated string, an
+unclosed brace), so its decode fails: a chunk that decodes as a list of events was cut between
+two events. The end of ``traceEvents`` is the first ``}`` ``]`` after which the same holds.
+
+Times stay exact: ``ts``/``dur`` are kept as the raw text of the number (``msgspec.Raw``) and
+converted to integer ns by integer arithmetic (``_kineto_layout._numbers``, ``_ns``), never
+through a float; a number that does not read as ``digits(.digits)?`` is read as a ``Decimal``,
+as the streaming scanner reads it.
+
+This path reads clean traces only. Anything the other paths would count as a skipped event or
+treat specially (a non-integer pid on a range, a ``null`` where a number belongs, a time beyond
+int64, an event that is not an object, malformed JSON) raises ``StructMismatch``, and the
+caller reads the file with the layout and chunk paths and the streaming scanner, which decide
+those cases (and name the position of a syntax error).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from itertools import compress
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from analyzers.model import (
+    ACTIVITY_DTYPE,
+    LAUNCH_DTYPE,
+    RANGE_DTYPE,
+    ActivityKind,
+    RangeKind,
+    SymbolTable,
+)
+from analyzers.readers._kineto_layout import _WIDTH, _fits_ns, _ns
+
+CHUNK_BYTES = 1 << 20
+"""Text decoded per ``msgspec`` call (whole events only)."""
+MAX_HEADER_BYTES = 64 << 20
+"""Text before ``traceEvents`` larger than this: left to the other paths."""
+MAX_EVENT_BYTES = 64 << 20
+"""Text without a cut between two events larger than this: left to the other paths."""
+MAX_RETRIES = 64
+"""Cuts tried per chunk (one found inside a string or ``args`` fails, the one before is tried)."""
+MAX_FAILED_CUTS = 256
+"""Cuts that failed in one file past which it is left to the other paths (bounds the work on
+text made to mislead)."""
+
+_UNSET = msgspec.UNSET
+_EMPTY = msgspec.Raw(b"")
+_INT64_MAX = 2**63 - 1
+_INT16 = (-(2**15), 2**15 - 1)
+
+
+class StructMismatch(Exception):
+    """Not a clean trace for this path: read the file with the other paths."""
+
+
+class _Args(msgspec.Struct, gc=False):
+    correlation: int | msgspec.UnsetType | None = _UNSET
+    device: int | msgspec.UnsetType = _UNSET
+    stream: int | msgspec.UnsetType = _UNSET
+    graph_node: int | msgspec.UnsetType = msgspec.field(default=_UNSET, name="graph node id")
+    size: int | msgspec.UnsetType = msgspec.field(default=_UNSET, name="bytes")
+    external: msgspec.Raw = msgspec.field(default=_EMPTY, name="External id")
+    name: msgspec.Raw = _EMPTY
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str = ""
+    pid: int | str | msgspec.UnsetType | None = _UNSET
+    tid: int | str | msgspec.UnsetType | None = _UNSET
+    ts: msgspec.Raw = _EMPTY
+    dur: msgspec.Raw = _EMPTY
+    args: _Args | None = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
+_NO_ARGS = _Args()
+
+# Route codes of an event (``ph`` "X" unless said otherwise).
+_NONE, _RANGE, _LAUNCH, _ACTIVITY, _GPU_RANGE = 0, 1, 2, 3, 4
+_RANGE_KINDS = {
+    "user_annotation": RangeKind.RECORD_FUNCTION,
+    "python_function": RangeKind.PYTHON,
+    "python": RangeKind.PYTHON,
+    "cpu_op": RangeKind.CPU_OP,
+    "operator": RangeKind.CPU_OP,
+}
+_ACTIVITY_KINDS = {
+    "kernel": ActivityKind.KERNEL,
+    "gpu_memcpy": ActivityKind.MEMCPY,
+    "memcpy": ActivityKind.MEMCPY,
+    "gpu_memset": ActivityKind.MEMSET,
+    "memset": ActivityKind.MEMSET,
+}
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+"""The categories ``kineto`` routes (lower case; the same tables as its ``_ROUTES``)."""
+
+
+def _route(cat: str | None) -> int:
+    """Route code * 16 + row kind of an "X" event's category, as ``kineto._take`` routes it."""
+    if not isinstance(cat, str):
+        return _NONE
+    for key in (cat, cat.lower()):
+        if key in _RANGE_KINDS:
+            return _RANGE * 16 + int(_RANGE_KINDS[key])
+        if key in _ACTIVITY_KINDS:
+            return _ACTIVITY * 16 + int(_ACTIVITY_KINDS[key])
+        if key in _LAUNCH_CATS:
+            return _LAUNCH * 16
+    if cat == "gpu_user_annotation":
+        return _GPU_RANGE * 16
+    return _NONE
+
+
+class _Routes(dict[str | None, int]):
+    """An "X" event's category -> route code * 16 + row kind, computed once per category."""
+
+    def __missing__(self, cat: str | None) -> int:
+        found = self[cat] = _route(cat)
+        return found
+
+
+@dataclass(slots=True)
+class StructSink:
+    """Where the rows of each chunk go, in file order."""
+
+    strings: SymbolTable
+    keeps_api: Callable[[str], bool]
+    """Whether a runtime/driver API call becomes a row of the launches table."""
+    emit: Callable[[str, npt.NDArray[np.void]], None]
+    """Receives ("activities" | "launches" | "ranges", rows in file order) once per chunk."""
+    gpu_ranges: list[tuple[object, ...]]
+    thread_names: dict[int, str]
+
+
+def read_structs(blocks: Iterator[bytes], header: dict[str, object], sink: StructSink) -> None:
+    """Read a JSON trace from its text blocks; fill ``header`` and the sink.
+
+    :raises StructMismatch: not a clean trace for this path (the caller starts over).
+    """
+    prefix, buf = _find_events(blocks)
+    routes = _Routes()
+    failed = [0]
+    done = False
+    while True:
+        parts, size = [buf], len(buf)
+        while not done and size < CHUNK_BYTES:  # joined once: no copy per block read
+            block = next(blocks, b"")
+            done = not block
+            parts.append(block)
+            size += len(block)
+        buf = b"".join(parts)
+        if done:
+            events, rest = _last_events(buf)
+            _rows(events, routes, sink)
+            _header(prefix, rest, header)
+            return
+        cut = _cut(buf, failed)
+        if cut is None:
+            if len(buf) > MAX_EVENT_BYTES:
+                raise StructMismatch("no cut between two events within the event limit")
+            block = next(blocks, b"")
+            done = not block
+            buf += block
+            continue
+        events, end = cut
+        _rows(events, routes, sink)
+        buf = buf[end:]
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+_SEPARATOR = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_ARRAY_END = re.compile(rb"\}[ \t\r\n]*\]")
+_TAIL_WINDOW = 1 << 16
+
+
+def _find_events(blocks: Iterator[bytes]) -> tuple[bytes, bytes]:
+    """(the text before the events array's ``[``, the text after it read so far)."""
+    buf = b""
+    for block in blocks:
+        buf += block
+        head = buf.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+        if head and head != b"{":
+            raise StructMismatch("the document is not a JSON object")
+        found = _EVENTS_KEY.search(buf)
+        if found:
+            return buf[: found.start()], buf[found.end() :]
+        if len(buf) > MAX_HEADER_BYTES:
+            break
+    raise StructMismatch("no traceEvents array")
+
+
+def _decode(text: bytes) -> list[_Event] | None:
+    """The events of ``[text]``, or None when that is not a JSON array (a wrong cut).
+
+    :raises StructMismatch: valid JSON whose events this path does not read.
+    """
+    try:
+        return _DECODER.decode(b"[" + text + b"]")
+    except msgspec.ValidationError as exc:
+        raise StructMismatch(f"an event this path does not read ({exc})") from exc
+    except msgspec.DecodeError:
+        return None
+
+
+def _cut(buf: bytes, failed: list[int]) -> tuple[list[_Event], int] | None:
+    """(the events before the last cut of ``buf`` that decodes, where the next one starts);
+    None when no cut of ``buf`` decodes (one event longer than the text so far: read on).
+    ``failed`` counts the cuts that failed in the file so far."""
+    window = min(_TAIL_WINDOW, len(buf))
+    while True:
+        start = len(buf) - window
+        cuts = [m.start() for m in _SEPARATOR.finditer(buf, start)]
+        if cuts or window == len(buf):
+            break
+        window = min(2 * window, len(buf))
+    for at in reversed(cuts[-MAX_RETRIES:]):
+        events = _decode(buf[: at + 1])
+        if events is not None:
+            return events, buf.index(b"{", at + 1)
+        failed[0] += 1
+        if failed[0] > MAX_FAILED_CUTS:
+            raise StructMismatch("too many cuts of the text do not decode as whole events")
+    return None
+
+
+def _last_events(buf: bytes) -> tuple[list[_Event], bytes]:
+    """(the last events, the text after the events array's ``]``)."""
+    stripped = buf.lstrip(b" \t\r\n")
+    if stripped.startswith(b"]"):
+        return [], stripped[1:]
+    for tries, found in enumerate(_ARRAY_END.finditer(buf)):
+        if tries >= MAX_RETRIES:
+            break
+        events = _decode(buf[: found.start() + 1])
+        if events is not None:
+            return events, buf[found.end() :]
+    raise StructMismatch("the traceEvents array does not end")
+
+
+def _header(prefix: bytes, rest: bytes, header: dict[str, object]) -> None:
+    """The top-level keys before and after the events (the document without its events)."""
+    try:
+        document = orjson.loads(prefix + b'"traceEvents": []' + rest)
+    except orjson.JSONDecodeError as exc:
+        raise StructMismatch(f"the text around the events is not a JSON object ({exc})") from exc
+    if not isinstance(document, dict) or document.get("traceEvents") != []:
+        raise StructMismatch("the traceEvents found is not the document's own")
+    del document["traceEvents"]
+    header.update(document)
+
+
+def _rows(events: list[_Event], routes: _Routes, sink: StructSink) -> None:
+    """The rows of one chunk's events, table by table, in file order."""
+    if not events:
+        return
+    count = len(events)
+    phases = [e.ph for e in events]
+    routed = np.fromiter(map(routes.__getitem__, [e.cat for e in events]), np.int8, count)
+    routed[~np.fromiter(map("X".__eq__, phases), bool, count)] = _NONE
+    for index in np.flatnonzero(np.fromiter(map("M".__eq__, phases), bool, count)).tolist():
+        _metadata(events[index], sink)
+    code = routed >> 4
+    rows = code != _NONE
+    if not rows.any():
+        return
+    chosen = list(compress(events, rows.tolist()))
+    code, kind = code[rows], routed[rows] & 15
+    start, end = _times(chosen)
+    pid, tid = _ids([e.pid for e in chosen]), _ids([e.tid for e in chosen])
+    names = [e.name for e in chosen]
+    keep = _launch_rows(chosen, code, names, sink)
+    if not keep.all():
+        chosen = list(compress(chosen, keep.tolist()))
+        code, kind, start, end = code[keep], kind[keep], start[keep], end[keep]
+        pid, tid = pid[keep], tid[keep]
+        names = list(compress(names, keep.tolist()))
+    name_ids = _intern(names, sink.strings)
+    _ranges(code == _RANGE, kind, pid, tid, start, end, name_ids, sink)
+    _launches(code == _LAUNCH, chosen, pid, tid, start, end, name_ids, sink)
+    _activities(code == _ACTIVITY, chosen, kind, pid, tid, start, end, name_ids, sink)
+    for index in np.flatnonzero(code == _GPU_RANGE).tolist():
+        event = chosen[index]
+        sink.gpu_ranges.append(
+            (
+                -1,
+                int(pid[index]) if event.pid is not _UNSET else -1,
+                int(tid[index]) if event.tid is not _UNSET else -1,
+                int(start[index]),
+                int(end[index]),
+                int(name_ids[index]),
+                _external(event.args),
+            )
+        )
+
+
+_MISSING_ID = np.iinfo(np.int64).min
+"""Placeholder of an absent pid/tid (only GPU annotations may lack them)."""
+
+
+def _ids(values: list[int | str | msgspec.UnsetType | None]) -> npt.NDArray[np.int64]:
+    """pid or tid column: integers only (a string or ``null`` on a row: the other paths)."""
+    if set(map(type, values)) == {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError as exc:
+            raise StructMismatch("a pid or tid beyond int64") from exc
+    if not all(type(v) is int or v is _UNSET for v in values):
+        raise StructMismatch("a pid or tid that is not an integer")
+    return _ids([_MISSING_ID if v is _UNSET else v for v in values])
+
+
+def _launch_rows(
+    chosen: list[_Event], code: npt.NDArray[np.int8], names: list[str], sink: StructSink
+) -> npt.NDArray[np.bool_]:
+    """Which events make rows: all but the API calls without a correlation id or whose API the
+    launches table does not keep (``kineto._launch``)."""
+    keep = np.ones(len(chosen), dtype=bool)
+    for index in np.flatnonzero(code == _LAUNCH).tolist():
+        args = chosen[index].args
+        correlation = args.correlation if args is not None else None
+        if correlation is None or correlation is _UNSET or not sink.keeps_api(names[index]):
+            keep[index] = False
+    return keep
+
+
+def _intern(names: list[str], strings: SymbolTable) -> npt.NDArray[np.int32]:
+    """String ids of the names, new ones interned in order of first appearance."""
+    ids = {name: strings.intern(name) for name in dict.fromkeys(names)}
+    return np.fromiter(map(ids.__getitem__, names), np.int32, len(names))
+
+
+def _times(chosen: list[_Event]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Exact (start ns, end ns) of the events: ``ts`` required, ``dur`` 0 when absent."""
+    start = _exact_ns([e.ts for e in chosen], required=True)
+    duration = _exact_ns([e.dur for e in chosen], required=False)
+    if ((duration > 0) & (start > _INT64_MAX - duration)).any():
+        raise StructMismatch("an end time beyond int64")
+    return start, start + duration
+
+
+def _exact_ns(values: list[msgspec.Raw], *, required: bool) -> npt.NDArray[np.int64]:
+    """µs number texts -> integer ns, vectorized; the texts it cannot read, one by one.
+
+    A JSON number made only of digits and at most one dot (what Kineto and ``json.dumps``
+    write) is its digits without the dot (``numpy.fromstring``, base 10) scaled by its decimals
+    (``_kineto_layout._ns``); any other text (a sign, an exponent, more than 18 characters, no
+    value) goes through ``_decimal_ns``. The texts are valid JSON values (``msgspec`` checked
+    them), so a number holds at most one dot, and commas only separate them here.
+    """
+    count = len(values)
+    text = b",".join(values)
+    arr = np.frombuffer(text, dtype=np.uint8)
+    odd = np.zeros(count, dtype=bool)
+    other = ((arr - np.uint8(48)) >= 10) & (arr != 46)
+    separators = np.flatnonzero(arr == 44)
+    if len(separators) != count - 1 or (other.sum() != count - 1):
+        return _exact_ns_one_by_one(values, required=required)
+    starts = np.concatenate(([0], separators + 1))
+    ends = np.concatenate((separators, [len(text)]))
+    dots = np.flatnonzero(arr == 46)
+    fraction = np.zeros(count, dtype=np.int64)
+    if len(dots) == count:  # one dot in every number
+        fraction = ends - dots - 1
+    elif len(dots):
+        owner = np.searchsorted(starts, dots, "right") - 1
+        fraction[owner] = ends[owner] - dots - 1
+    lengths = ends - starts
+    odd |= (lengths == 0) | (lengths > _WIDTH)
+    good = ~odd
+    if odd.any():
+        text = b",".join(compress(values, good.tolist()))
+    out = np.zeros(count, dtype=np.int64)
+    if good.any():
+        mantissa = np.fromstring(text.replace(b".", b""), dtype=np.int64, sep=",")
+        fits = _fits_ns(mantissa, fraction[good])
+        where = np.flatnonzero(good)
+        out[where[fits]] = _ns(mantissa[fits], fraction[good][fits])
+        odd[where[~fits]] = True
+    for index in np.flatnonzero(odd).tolist():
+        out[index] = _one_ns(values[index], required=required)
+    return out
+
+
+def _exact_ns_one_by_one(values: list[msgspec.Raw], *, required: bool) -> npt.NDArray[np.int64]:
+    """``_exact_ns`` of texts among which some are no plain number (strings, ``null``, ...)."""
+    plain = [_PLAIN_NUMBER.fullmatch(bytes(v)) is not None for v in values]
+    out = np.zeros(len(values), dtype=np.int64)
+    numbers = [v for v, ok in zip(values, plain, strict=True) if ok]
+    if numbers:
+        out[np.flatnonzero(plain)] = _exact_ns(numbers, required=required)
+    for index in np.flatnonzero(~np.array(plain, dtype=bool)).tolist():
+        out[index] = _one_ns(values[index], required=required)
+    return out
+
+
+_PLAIN_NUMBER = re.compile(rb"[0-9]+(?:\.[0-9]+)?")
+
+
+def _one_ns(value: msgspec.Raw, *, required: bool) -> int:
+    raw = bytes(value)
+    if not raw:
+        if required:
+            raise StructMismatch("an event without ts")
+        return 0
+    return _decimal_ns(raw)
+
+
+def _decimal_ns(raw: bytes) -> int:
+    """A JSON number's text in µs -> ns, as the scanner reads it (``Decimal``, half to even)."""
+    try:
+        exact = Decimal(raw.decode("ascii")) * 1000
+    except (UnicodeDecodeError, InvalidOperation) as exc:
+        raise StructMismatch(f"a time that is not a number: {raw[:40]!r}") from exc
+    if not exact.is_finite() or raw.startswith((b"t", b"f", b"n", b'"')):
+        raise StructMismatch(f"a time that is not a number: {raw[:40]!r}")
+    value = int(exact.to_integral_value(ROUND_HALF_EVEN))
+    if not -_INT64_MAX <= value <= _INT64_MAX:
+        raise StructMismatch("a time beyond int64")
+    return value
+
+
+def _ranges(
+    rows: npt.NDArray[np.bool_],
+    kind: npt.NDArray[np.int8],
+    pid: npt.NDArray[np.int64],
+    tid: npt.NDArray[np.int64],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    name_ids: npt.NDArray[np.int32],
+    sink: StructSink,
+) -> None:
+    if not rows.any():
+        return
+    _require_ids(pid[rows], tid[rows])
+    out = np.empty(int(rows.sum()), dtype=RANGE_DTYPE)
+    out["kind"] = kind[rows]
+    out["rank"] = -1
+    out["process"] = pid[rows]
+    out["thread"] = tid[rows]
+    out["start"] = start[rows]
+    out["end"] = end[rows]
+    out["name"] = name_ids[rows]
+    out["parent"] = -1
+    out["depth"] = 0
+    sink.emit("ranges", out)
+
+
+def _launches(
+    rows: npt.NDArray[np.bool_],
+    chosen: list[_Event],
+    pid: npt.NDArray[np.int64],
+    tid: npt.NDArray[np.int64],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    name_ids: npt.NDArray[np.int32],
+    sink: StructSink,
+) -> None:
+    if not rows.any():
+        return
+    _require_ids(pid[rows], tid[rows])
+    where = np.flatnonzero(rows).tolist()
+    out = np.empty(len(where), dtype=LAUNCH_DTYPE)
+    out["rank"] = -1
+    out["process"] = pid[rows]
+    out["thread"] = tid[rows]
+    out["start"] = start[rows]
+    out["end"] = end[rows]
+    out["correlation"] = _column([chosen[i].args.correlation for i in where])  # type: ignore[union-attr]
+    out["api"] = name_ids[rows]
+    out["sync"] = False  # set from the API names once the file is read
+    sink.emit("launches", out)
+
+
+def _activities(
+    rows: npt.NDArray[np.bool_],
+    chosen: list[_Event],
+    kind: npt.NDArray[np.int8],
+    pid: npt.NDArray[np.int64],
+    tid: npt.NDArray[np.int64],
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    name_ids: npt.NDArray[np.int32],
+    sink: StructSink,
+) -> None:
+    """Kernels, memcpy, memset (``kineto._activity``): device and stream from ``args``, else
+    the event's pid and tid."""
+    if not rows.any():
+        return
+    where = np.flatnonzero(rows).tolist()
+    args = [_NO_ARGS if (a := chosen[i].args) is None else a for i in where]
+    device = _column([a.device for a in args], pid[rows])
+    if (device == _MISSING_ID).any():
+        raise StructMismatch("a GPU activity without a device or pid")
+    threads = tid[rows]
+    stream = _column([a.stream for a in args], np.where(threads == _MISSING_ID, -1, threads))
+    if (device < _INT16[0]).any() or (device > _INT16[1]).any():
+        raise StructMismatch("a device index beyond int16")
+    out = np.empty(len(where), dtype=ACTIVITY_DTYPE)
+    out["kind"] = kind[rows]
+    out["rank"] = -1
+    out["process"] = -1  # filled from the launch that owns the correlation id
+    out["device"] = device
+    out["stream"] = stream
+    out["start"] = start[rows]
+    out["end"] = end[rows]
+    out["name"] = name_ids[rows]
+    out["correlation"] = _column([a.correlation for a in args])
+    out["graph_node"] = _column([a.graph_node for a in args])
+    size = _column([a.size for a in args])
+    out["bytes"] = np.where(kind[rows] == ActivityKind.KERNEL, -1, size)
+    sink.emit("activities", out)
+
+
+def _column(
+    values: list[int | msgspec.UnsetType | None], default: npt.NDArray[np.int64] | None = None
+) -> npt.NDArray[np.int64]:
+    """An int64 column of ``args`` values: absent ones from ``default`` (else -1)."""
+    try:
+        out = np.fromiter((-1 if v is _UNSET else v for v in values), np.int64, len(values))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise StructMismatch(f"an args value that is not an int64 ({exc})") from exc
+    if default is not None:
+        absent = np.fromiter((v is _UNSET for v in values), bool, len(values))
+        out[absent] = default[absent]
+    return out
+
+
+def _require_ids(pid: npt.NDArray[np.int64], tid: npt.NDArray[np.int64]) -> None:
+    if (pid == _MISSING_ID).any() or (tid == _MISSING_ID).any():
+        raise StructMismatch("a range or launch without pid or tid")
+
+
+def _external(args: _Args | None) -> int:
+    """A GPU annotation's ``External id`` when it is an integer, else -1."""
+    raw = bytes(args.external) if args is not None else b""
+    value = orjson.loads(raw) if raw else -1
+    return int(value) if isinstance(value, int) else -1
+
+
+def _metadata(event: _Event, sink: StructSink) -> None:
+    """``thread_name`` metadata: the thread's name (``kineto._metadata_event``)."""
+    if event.name != "thread_name" or event.args is None or not isinstance(event.tid, int):
+        return
+    raw = bytes(event.args.name)
+    value = orjson.loads(raw) if raw else None
+    if isinstance(value, str):
+        sink.thread_names[event.tid] = value
