@@ -9,7 +9,7 @@ FROM python:3.11-slim AS service
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY . .
-RUN pip install '.[fast]' && useradd --uid 10001 --create-home cptrace \
+RUN pip install '.[fast,s3]' && useradd --uid 10001 --create-home cptrace \
     && mkdir -p /data && chown cptrace /data
 USER cptrace
 VOLUME ["/data"]

@@ -27,7 +27,7 @@ $(BIN)/.installed-run: pyproject.toml | $(BIN)/python
 # CUDA build), then the test and lint tools.
 $(BIN)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,s3]'
 	touch $@
 
 setup: $(BIN)/.installed

@@ -18,7 +18,7 @@ from service.auth import Role, count_tokens, create_token
 from service.core.config import Settings
 from service.ingest import Limits, StagedRun, record_run, stage_bundle
 from service.storage import runs
-from service.storage.blobs import BlobStore
+from service.storage.blobs import open_blobs
 from service.storage.database import Database, immediate
 
 
@@ -48,7 +48,8 @@ def sweep_at_startup(db: Database, settings: Settings) -> Swept:
     """
     from service.worker import sweep_scratch
 
-    blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+    blobs = open_blobs(settings.blob_location, settings.tmp_dir)
+    blobs.check()  # an unreachable or missing S3 bucket stops the start, with its reason
     temp = blobs.clean_tmp()
     scratch = db.read(lambda c: sweep_scratch(settings.tmp_dir, c))
     known = set(db.read(lambda c: [r[0] for r in c.execute("SELECT sha256 FROM blobs").fetchall()]))
@@ -101,7 +102,7 @@ def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedRe
             results.append(SeedResult(path, known, False))
             continue
         try:
-            staged = stage_bundle(path, settings.blob_dir, settings.tmp_dir, limits)
+            staged = stage_bundle(path, settings.blob_location, settings.tmp_dir, limits)
         except Exception as exc:  # one bad demo bundle must not stop the server
             results.append(SeedResult(path, None, False, str(exc)))
             continue

@@ -15,20 +15,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from analyzers.bundle import BundleFile, read_bundle_stream
 from analyzers.readers import check_trace
 from service.phase_timer import PhaseTimer
 from service.storage import runs
-from service.storage.blobs import BlobStore
+from service.storage.blobs import BlobLocation, Blobs, open_blobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,16 +86,17 @@ MAX_PENDING_SYNCS = 32
 
 class BlobSink:
     """The bundle reader's ``MemberSink`` over the blob store: each member goes to a temp file
-    in ``tmp/``; ``commit`` moves it under the sha256 the reader computed, once the whole
+    in ``tmp/``; ``commit`` stores it under the sha256 the reader computed, once the whole
     bundle passed; ``discard`` removes whatever was not committed.
 
-    Each temp file is flushed to disk (``fsync``) before it is renamed into the store, as
-    ``BlobStore`` does, but in a background thread started as soon as the member is written:
-    the disk works while the reader inflates the next member and the traces are checked,
-    instead of the upload waiting for each file in turn. ``commit`` waits for them all.
+    Each temp file is spooled (``Blobs.spool``: flushed to disk with ``fsync`` for the local
+    folder, uploaded in parts to a staging key for S3) in a background thread started as soon
+    as the member is written: the disk or the network works while the reader inflates the next
+    member and the traces are checked, instead of the upload waiting for each file in turn.
+    ``commit`` waits for them all.
     """
 
-    def __init__(self, blobs: BlobStore) -> None:
+    def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
         self._temps: list[Path] = []
         self._syncs: list[Future[None]] = []
@@ -107,16 +107,12 @@ class BlobSink:
     def put(self, member: str, chunks: Iterable[bytes]) -> Path:
         fh, temp = self.blobs.open_temp()
         self._temps.append(temp)
-        try:
+        with fh:
             for chunk in chunks:
                 fh.write(chunk)
-            fh.flush()
-        except BaseException:
-            fh.close()
-            raise
-        if len(self._syncs) >= MAX_PENDING_SYNCS:  # bound the open files of a many-member bundle
+        if len(self._syncs) >= MAX_PENDING_SYNCS:  # bound the spools in flight of a big bundle
             self._syncs.pop(0).result()
-        self._syncs.append(self._pool.submit(_sync_and_close, fh))
+        self._syncs.append(self._pool.submit(self.blobs.spool, temp))
         return temp
 
     def commit(self, files: Iterable[BundleFile]) -> None:
@@ -127,24 +123,24 @@ class BlobSink:
             self.blobs.commit(f.path, f.sha256, f.size)
 
     def discard(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):  # a failed spool already failed the upload
             self._wait_for_disk()
         self._pool.shutdown(wait=True)
         for temp in self._temps:
-            temp.unlink(missing_ok=True)  # committed ones were renamed away already
+            # committed ones are gone from tmp/ already; a staging object S3 would not delete
+            # now is swept at a later start
+            with contextlib.suppress(Exception):
+                self.blobs.discard_temp(temp)
 
     def _wait_for_disk(self) -> None:
         syncs, self._syncs = self._syncs, []
         for sync in syncs:
-            sync.result()  # an OSError (disk full, I/O error) fails the upload
+            sync.result()  # an OSError (disk full, I/O error, S3 refused) fails the upload
 
 
-def _sync_and_close(fh: IO[bytes]) -> None:
-    with fh:
-        os.fsync(fh.fileno())
-
-
-def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -> StagedRun:
+def stage_bundle(
+    bundle: Path, blobs_at: BlobLocation, tmp_dir: Path, limits: Limits
+) -> StagedRun:
     """Read a ``.tar.gz`` (or ``.tar``) run bundle once, check it, store its files as blobs.
 
     The archive streams through ``analyzers.bundle.read_bundle_stream`` (member checks,
@@ -155,8 +151,7 @@ def stage_bundle(bundle: Path, blob_root: Path, tmp_dir: Path, limits: Limits) -
     :raises TraceError: (mapped to 4xx by the app) naming the member and field at fault.
     """
     phases = PhaseTimer(cpu=True)
-    blobs = BlobStore(blob_root, tmp_dir)
-    sink = BlobSink(blobs)
+    sink = BlobSink(open_blobs(blobs_at, tmp_dir))
     try:
         with bundle.open("rb") as fh:
             opened = read_bundle_stream(
@@ -209,7 +204,7 @@ def stage_trace(
     upload: Path,
     sha256: str,
     name: str,
-    blob_root: Path,
+    blobs_at: BlobLocation,
     tmp_dir: Path,
     limits: Limits,
     rank: int | None = None,
@@ -217,16 +212,23 @@ def stage_trace(
     """Check one uploaded trace file (or saved report) with ``check_trace``, then store it.
 
     ``upload`` is the received temp file (in ``tmp/``) and ``sha256`` its digest, computed
-    while it arrived: the file itself is flushed and renamed into the store, not copied and
-    hashed a second time.
+    while it arrived: the file itself is stored, not copied and hashed a second time. It is
+    spooled (flushed to disk, or uploaded in parts to S3) while the check runs.
     """
     phases = PhaseTimer(cpu=True)
-    blobs = BlobStore(blob_root, tmp_dir)
-    checked = check_trace(upload, label=name, max_bytes=limits.max_decompressed_bytes)
-    phases.lap("check")
+    blobs = open_blobs(blobs_at, tmp_dir)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cptrace-spool") as pool:
+        spooled = pool.submit(blobs.spool, upload)
+        try:
+            checked = check_trace(upload, label=name, max_bytes=limits.max_decompressed_bytes)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                spooled.result()
+            blobs.discard_temp(upload)
+            raise
+        phases.lap("check")
+        spooled.result()
     size = upload.stat().st_size
-    with upload.open("rb") as fh:
-        os.fsync(fh.fileno())
     blobs.commit(upload, sha256, size)
     phases.lap("commit")
     staged = StagedFile(

@@ -27,7 +27,7 @@ from service import supervisor, uploads_exec
 from service.api.main import api_router
 from service.core.config import Settings
 from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
-from service.storage.blobs import BlobStore
+from service.storage.blobs import open_blobs
 from service.storage.database import Database
 from service.storage.migrations import apply_migrations
 
@@ -137,7 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the cptrace JSON API over ``settings.data_dir`` (``cptrace.app`` adds the pages)."""
     settings = settings or Settings()
     db = open_database(settings)
-    blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+    blobs = open_blobs(settings.blob_location, settings.tmp_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -21,7 +21,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from service.core.errors import BadRequest, PayloadTooLarge
-from service.storage.blobs import BlobStore, aiter_limited
+from service.storage.blobs import Blobs, aiter_limited
 
 MAX_TEXT_FIELD = 64 * 1024
 MAX_BOUNDARY = 256  # RFC 2046 allows 70; python-multipart accepts up to 256
@@ -39,7 +39,7 @@ class ReceivedFile:
 
 
 class _Collector:
-    def __init__(self, blobs: BlobStore, file_field: str) -> None:
+    def __init__(self, blobs: Blobs, file_field: str) -> None:
         self.blobs = blobs
         self.file_field = file_field
         self.header_field = b""
@@ -119,7 +119,7 @@ RAW_TYPES = frozenset(
 
 
 async def receive_upload(
-    request: Request, *, field: str, blobs: BlobStore, limit: int, raw: bool = False
+    request: Request, *, field: str, blobs: Blobs, limit: int, raw: bool = False
 ) -> ReceivedFile:
     """The uploaded file in a temp file, from a multipart form (file field ``field``) or, where
     ``raw`` allows it, a raw body (``RAW_TYPES``); 400/413 on bad input or another body type."""
@@ -143,7 +143,7 @@ def _refuse_declared_size(request: Request, limit: int) -> None:
         )
 
 
-async def _receive_raw(request: Request, *, blobs: BlobStore, limit: int) -> ReceivedFile:
+async def _receive_raw(request: Request, *, blobs: Blobs, limit: int) -> ReceivedFile:
     """The whole body is the file: into a temp file, hashed on the way."""
     _refuse_declared_size(request, limit)
     out, path = blobs.open_temp()
@@ -165,7 +165,7 @@ async def _receive_raw(request: Request, *, blobs: BlobStore, limit: int) -> Rec
 
 
 async def _receive_form(
-    request: Request, boundary: bytes, *, field: str, blobs: BlobStore, limit: int
+    request: Request, boundary: bytes, *, field: str, blobs: Blobs, limit: int
 ) -> ReceivedFile:
     """Parse a multipart body, stream the ``field`` file part into a temp file."""
     if not 1 <= len(boundary) <= MAX_BOUNDARY:

@@ -34,7 +34,7 @@ from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
 from service.rank_exec import run_per_rank
-from service.storage.blobs import BlobStore
+from service.storage.blobs import open_blobs
 from service.storage.database import connect
 
 log = logging.getLogger("cptrace.worker")
@@ -76,7 +76,7 @@ class AnalysisWorker:
     ) -> None:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self.blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+        self.blobs = open_blobs(settings.blob_location, settings.tmp_dir)
         self.conn = connect(settings.db_path, busy_timeout_ms=settings.busy_timeout_ms)
         self._analyze = analyze
         self.stop = threading.Event()
@@ -154,10 +154,13 @@ class AnalysisWorker:
         for i, f in enumerate(files):
             rank = "" if f["rank"] is None else f"-rank{f['rank']}"
             link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
-            os.symlink(self.blobs.path_for(f["sha256"]), link)
+            # a local blob is linked; an S3 blob is streamed into the scratch folder (removed
+            # after the task), bounded by the caps every stored blob passed at upload
+            limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
+            self.blobs.materialise(f["sha256"], link, limit=limit)
             paths.append(trace_input(f, link))
             labels[str(link)] = f["name"]  # error messages name the uploaded file
-            labels[str(self.blobs.path_for(f["sha256"]))] = f["name"]
+            labels[self.blobs.describe(f["sha256"])] = f["name"]
         labels[str(scratch)] = "the run"
         return paths
 
@@ -358,6 +361,7 @@ def main(settings: Settings, *, once: bool = False) -> None:
     lower_priority()  # analyses yield the CPU to the API when they share a machine
     open_database(settings).close()  # schema up to date before the first claim
     runner = AnalysisWorker(settings)
+    runner.blobs.check()  # an unreachable S3 store stops the start, with its reason
     swept = sweep_scratch(settings.tmp_dir, runner.conn)
     if swept:
         log.info("removed %d scratch folder(s) of killed analyses", swept)

@@ -18,9 +18,11 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from re import _parser as _sre  # type: ignore[attr-defined]
+from typing import Any, Protocol
 
 from analyzers.report import Category
 
@@ -126,16 +128,99 @@ class _Matcher:
         return -1
 
 
+_Factor = tuple[str, bool]
+"""A literal a name must hold: (text, case-insensitive; then the text is lower-case ASCII)."""
+
+
+def _weight(factors: frozenset[_Factor]) -> int:
+    return min(len(text) for text, _ in factors)
+
+
+def _needed(items: Any, icase: bool) -> frozenset[_Factor] | None:
+    """Literals one of which every match of the parsed regex ``items`` holds (None: none known).
+
+    Only what is certain counts: literal runs, groups, alternations whose every branch has
+    one, repeats of at least one; anything else (classes, assertions, back-references) ends a
+    run and adds nothing. Case-insensitive literals are kept only when ASCII.
+    """
+    best: frozenset[_Factor] | None = None
+    run: list[str] = []
+
+    def take(candidate: frozenset[_Factor] | None) -> None:
+        nonlocal best
+        if candidate and (best is None or _weight(candidate) > _weight(best)):
+            best = candidate
+
+    def end_run() -> None:
+        if run:
+            take(frozenset({("".join(run), icase)}))
+            run.clear()
+
+    for op, av in items:
+        if op is _sre.LITERAL and (not icase or av < 128):
+            run.append(chr(av).lower() if icase else chr(av))
+            continue
+        end_run()
+        if op is _sre.SUBPATTERN:
+            _, add, remove, inner = av
+            inner_icase = (icase or bool(add & re.IGNORECASE)) and not remove & re.IGNORECASE
+            take(_needed(inner, inner_icase))
+        elif op is _sre.BRANCH:
+            branches = [_needed(branch, icase) for branch in av[1]]
+            if all(branches):
+                take(frozenset().union(*(b for b in branches if b)))
+        elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT) and av[0] >= 1:
+            take(_needed(av[2], icase))
+    end_run()
+    return best
+
+
+@lru_cache(maxsize=4)
+def _lower(name: str) -> str:
+    """``name.lower()``, kept for the few names being matched (each against every pattern)."""
+    return name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class _Regex:
+    """A compiled regex and literals one of which any match needs (``_needed``): on an ASCII
+    name holding none of them the regex is not run, so a long name that no pattern can match
+    costs a few substring searches per pattern instead of a regex attempt at every position.
+    ``anywhere``: searched (``re:`` patterns), else matched from the start (globs)."""
+
+    regex: re.Pattern[str]
+    needed: tuple[_Factor, ...]
+    anywhere: bool
+
+    def match(self, name: str) -> bool:
+        if (
+            self.needed
+            and name.isascii()
+            and not any(t in (_lower(name) if i else name) for t, i in self.needed)
+        ):
+            return False
+        found = self.regex.search(name) if self.anywhere else self.regex.match(name)
+        return found is not None
+
+
+def _regex(source: str, *, anywhere: bool, flags: int = 0) -> _Regex:
+    parsed = _sre.parse(source, flags)
+    icase = bool(parsed.state.flags & re.IGNORECASE)
+    needed = _needed(parsed, icase) or frozenset()
+    return _Regex(re.compile(source, flags), tuple(sorted(needed)), anywhere)
+
+
 def _compile(pattern: str) -> _Pattern:
     """Compile a glob (whole-name match) or a ``re:`` regex (searched anywhere) for ``.match``.
 
-    Globs with ``?`` or ``[...]`` become regexes (``fnmatch.translate``); ``*``-only globs are
-    matched without one (``_StarGlob``, same answers).
+    ``re:`` patterns are searched as written (``re.search``), not matched behind a ``.*?``
+    prefix. Globs with ``?`` or ``[...]`` become regexes (``fnmatch.translate``); ``*``-only
+    globs are matched without one (``_StarGlob``, same answers).
     """
     if pattern.startswith("re:"):
-        return re.compile(f".*?(?:{pattern[3:]})", re.DOTALL)
+        return _regex(pattern[3:], anywhere=True, flags=re.DOTALL)
     if "?" in pattern or "[" in pattern:
-        return re.compile(fnmatch.translate(pattern))
+        return _regex(fnmatch.translate(pattern), anywhere=False)
     return _StarGlob(tuple(pattern.split("*")))
 
 

@@ -52,8 +52,10 @@ TOP_ROWS = 10
 """Rows kept per table."""
 DO_FIRST = 3
 """Actions in "do this first"."""
-_OPTIMIZER = re.compile(r"(?i)multi_tensor_apply|adam|sgd|lamb_|optimizer|_foreach_")
-_ELEMENTWISE = re.compile(r"(?i)elementwise|reduce_kernel|unrolled_|vectorized_|at::native::")
+_OPTIMIZER_WORDS = ("multi_tensor_apply", "adam", "sgd", "lamb_", "optimizer", "_foreach_")
+_ELEMENTWISE_WORDS = ("elementwise", "reduce_kernel", "unrolled_", "vectorized_", "at::native::")
+_OPTIMIZER = re.compile("(?i)" + "|".join(map(re.escape, _OPTIMIZER_WORDS)))
+_ELEMENTWISE = re.compile("(?i)" + "|".join(map(re.escape, _ELEMENTWISE_WORDS)))
 _LIBRARY_FRAME = re.compile(r"site-packages|dist-packages|/torch/|^<built-in|^torch/|^<frozen")
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
 _FAMILY_OF_HELPER = {
@@ -92,20 +94,39 @@ def summarize(
     )
 
 
-def _family(kind: int, helper: str, category: Category | None, name: str) -> KernelFamily:
+def _holds(name: str, lower: str | None, words: tuple[str, ...], regex: re.Pattern[str]) -> bool:
+    """Whether ``name`` holds one of ``words`` in any case: substring searches on an ASCII name
+    (``lower`` is its lower case), the case-insensitive ``regex`` of the words otherwise (where
+    Unicode case folding differs from ``str.lower``)."""
+    if lower is not None:
+        return any(word in lower for word in words)
+    return regex.search(name) is not None
+
+
+def _name_family(name: str) -> KernelFamily:
+    """The family a kernel's name alone implies (communication, optimizer, elementwise)."""
+    lower = name.lower()
+    if "nccl" in lower:
+        return KernelFamily.COMMUNICATION
+    ascii_lower = lower if name.isascii() else None
+    if _holds(name, ascii_lower, _OPTIMIZER_WORDS, _OPTIMIZER):
+        return KernelFamily.OPTIMIZER
+    if _holds(name, ascii_lower, _ELEMENTWISE_WORDS, _ELEMENTWISE):
+        return KernelFamily.ELEMENTWISE
+    return KernelFamily.OTHER
+
+
+def _family(kind: int, helper: str, category: Category | None) -> KernelFamily | None:
+    """The family an activity's kind and helper imply; None: its name decides."""
     if kind != ActivityKind.KERNEL:
         return KernelFamily.MEMORY
     if helper in _FAMILY_OF_HELPER:
         return _FAMILY_OF_HELPER[helper]
     if category is Category.ATTENTION:
         return KernelFamily.ATTENTION
-    if category is Category.COMMUNICATION or "nccl" in name.lower():
+    if category is Category.COMMUNICATION:
         return KernelFamily.COMMUNICATION
-    if _OPTIMIZER.search(name):
-        return KernelFamily.OPTIMIZER
-    if _ELEMENTWISE.search(name):
-        return KernelFamily.ELEMENTWISE
-    return KernelFamily.OTHER
+    return None
 
 
 def _families(trace: Trace, att: Attribution) -> list[FamilyRow]:
@@ -122,12 +143,21 @@ def _families(trace: Trace, att: Attribution) -> list[FamilyRow]:
     time = np.bincount(inverse, weights=durations, minlength=len(unique))
     count = np.bincount(inverse, minlength=len(unique))
     rows: dict[tuple[KernelFamily, str], list[int]] = {}
+    name_families: dict[int, KernelFamily] = {}
+
+    def by_name(symbol: int) -> KernelFamily:  # once per distinct name, and only when needed
+        if symbol not in name_families:
+            name_families[symbol] = _name_family(trace.strings[symbol])
+        return name_families[symbol]
+
     for k, ns, n in zip(unique.tolist(), time.tolist(), count.tolist(), strict=True):
         name, rest = k % n_names, k // n_names
         helper, kind = rest % (len(att.helper_names) + 1) - 1, rest // (len(att.helper_names) + 1)
         label = att.name_of(helper)
         category = att.category_of(helper) if helper >= 0 else None
-        family = _family(kind, label, category, trace.strings[name])
+        family = _family(kind, label, category)
+        if family is None:
+            family = by_name(name)
         row = rows.setdefault((family, label), [0, 0])
         row[0] += n
         row[1] += int(ns)

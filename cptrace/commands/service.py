@@ -17,6 +17,17 @@ from cptrace.errors import CommandError
 token_app = typer.Typer(help="Manage API tokens (stored hashed; shown once).", no_args_is_help=True)
 
 DataDir = typer.Option(Path("var"), "--data-dir", help="Directory of the database and blobs.")
+BlobsAt = typer.Option(
+    None,
+    "--blobs",
+    help="Where blobs live: a folder or s3://bucket/prefix (default: DATA_DIR/blobs; "
+    "CPTRACE_BLOBS).",
+)
+
+
+def _blobs(blobs: str | None) -> dict[str, str]:
+    """``--blobs`` when given; else the ``CPTRACE_BLOBS`` variable or the default decides."""
+    return {} if blobs is None else {"blobs": blobs}
 
 
 def _settings(data_dir: Path, **values: object):  # type: ignore[no-untyped-def]
@@ -64,6 +75,7 @@ def serve(
         False, "--seed-demo", help="Ingest the demo bundles once (demo/bundles, demo/traces)."
     ),
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Start an analysis worker."),
+    blobs: str | None = BlobsAt,
 ) -> None:
     """Start the API and dashboards (and an analysis worker subprocess).
 
@@ -78,9 +90,14 @@ def serve(
     from service.http_timeouts import timed_protocol
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
-    settings = _settings(data_dir, run_worker=worker)
+    from service.storage.blobs import BlobConfigError
+
+    settings = _settings(data_dir, run_worker=worker, **_blobs(blobs))
     app = create_app(settings)
-    swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left behind
+    try:
+        swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left
+    except BlobConfigError as exc:  # an S3 store that cannot be reached: one line, no traceback
+        raise CommandError(str(exc)) from None
     if swept.total:
         typer.echo(f"Removed after an unclean stop: {swept.describe()}")
     token = ensure_admin_token(app.state.db)
@@ -104,6 +121,7 @@ def serve(
 def worker(
     data_dir: Path = DataDir,
     once: bool = typer.Option(False, "--once", help="Drain the queue, then exit."),
+    blobs: str | None = BlobsAt,
 ) -> None:
     """Run the analysis worker: takes analysis tasks from the database until stopped.
 
@@ -111,10 +129,14 @@ def worker(
     """
     import logging
 
+    from service.storage.blobs import BlobConfigError
     from service.worker import main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    main(_settings(data_dir), once=once)
+    try:
+        main(_settings(data_dir, **_blobs(blobs)), once=once)
+    except BlobConfigError as exc:  # an S3 store that cannot be reached: one line
+        raise CommandError(str(exc)) from None
 
 
 def token_create(

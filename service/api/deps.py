@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.auth import Principal, Role, hash_token, lookup_principal, lookup_token, role_allows
 from service.core.config import Settings
 from service.core.errors import Forbidden, Unauthorized
-from service.storage.blobs import BlobStore
+from service.storage.blobs import Blobs
 from service.storage.database import Database
 
 _bearer = HTTPBearer(auto_error=False, description="A cptrace token: `cptrace token create`.")
@@ -41,15 +41,15 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_blobs(request: Request) -> BlobStore:
-    """The content-addressed blob store."""
-    blobs: BlobStore = request.app.state.blobs
+async def get_blobs(request: Request) -> Blobs:
+    """The content-addressed blob store (a local folder or S3)."""
+    blobs: Blobs = request.app.state.blobs
     return blobs
 
 
 DbDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-BlobsDep = Annotated[BlobStore, Depends(get_blobs)]
+BlobsDep = Annotated[Blobs, Depends(get_blobs)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 

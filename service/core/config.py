@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.validation import field_errors
+from service.storage.blobs import BlobConfigError, BlobLocation, blob_location
 
 MiB = 1024 * 1024
 MAX_RANK = 2**31 - 1
@@ -80,6 +81,16 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CPTRACE_", extra="ignore")
 
     data_dir: Path = Field(default=Path("var"), description="Directory of the database and blobs.")
+    blobs: str = Field(
+        default="",
+        description="Where blobs live: empty for `data_dir/blobs`, another folder, or "
+        "`s3://bucket/prefix` (S3-compatible storage; needs the `[s3]` extra).",
+    )
+    s3_endpoint_url: str = Field(
+        default="",
+        description="Endpoint of the S3-compatible store (MinIO: `http://minio:9000`); empty: "
+        "boto3's own (`AWS_ENDPOINT_URL`, else AWS). Credentials: the usual AWS variables.",
+    )
     public_read: bool = _flag(True, "Allow reads (GET) without a token; writes always need one.")
     max_upload_bytes: int = _size(1024, "Largest accepted request body, checked while streaming.")
     max_decompressed_bytes: int = _size(
@@ -205,6 +216,23 @@ class Settings(BaseSettings):
         # Blob links and the worker's scratch paths must not depend on the process's cwd
         # (`make run` passes the relative "var"; a relative symlink target would dangle).
         return value.expanduser().absolute()
+
+    @field_validator("blobs")
+    @classmethod
+    def _valid_blobs(cls, value: str) -> str:
+        if value:
+            try:
+                blob_location(value)
+            except BlobConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def blob_location(self) -> BlobLocation:
+        """Where the blob store is: ``blob_dir`` by default, another folder, or S3."""
+        if not self.blobs:
+            return self.blob_dir
+        return blob_location(self.blobs, endpoint_url=self.s3_endpoint_url or None)
 
     @property
     def db_path(self) -> Path:

@@ -1,4 +1,5 @@
-"""Service fixtures: a real SQLite file per module, a module-scoped TestClient, role tokens."""
+"""Service fixtures: a real SQLite file per module, a module-scoped TestClient, role tokens; a
+real S3-compatible server (moto's) per session, and a blob store on either backend."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from s3_server import CREDENTIALS, moto_server, new_bucket_name
 from service_factories import auth
 
 from service.auth import Role, create_token
 from service.core.config import Settings
 from service.main import create_app
+from service.storage.blobs import Blobs, BlobStore, S3BlobStore, S3Location
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -52,3 +55,28 @@ def runner(app_env: dict[str, Any]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def viewer(app_env: dict[str, Any]) -> dict[str, str]:
     return auth(app_env["tokens"]["viewer"])
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The endpoint URL of a moto S3 server, started once per test process."""
+    with moto_server(tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
+@pytest.fixture
+def s3_location(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Location:
+    """A fresh bucket (created by the store's ``check``) and boto3's credentials."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    return S3Location(new_bucket_name(), "cptrace/", s3_endpoint)
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Blobs:
+    """The same blob-store tests on both backends."""
+    if request.param == "local":
+        return BlobStore(tmp_path / "blobs", tmp_path / "tmp")
+    store = S3BlobStore(request.getfixturevalue("s3_location"), tmp_path / "tmp")
+    store.check()
+    return store

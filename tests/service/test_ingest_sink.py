@@ -1,24 +1,23 @@
-"""``BlobSink``: members flushed to disk in the background, committed only once all are on disk."""
+"""``BlobSink``: members spooled in the background (flushed to disk, or uploaded to S3), committed
+only once all are spooled; on both blob backends."""
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 
 from analyzers.bundle import BundleFile
 from service.ingest import MAX_PENDING_SYNCS, BlobSink
-from service.storage.blobs import BlobStore
+from service.storage.blobs import Blobs, S3BlobStore
 
 
 def _chunks(data: bytes) -> list[bytes]:
     return [data[i : i + 1000] for i in range(0, len(data), 1000)]
 
 
-def test_many_members_are_all_committed_intact(tmp_path: Path) -> None:
-    blobs = BlobStore(tmp_path / "blobs", tmp_path / "tmp")
-    sink = BlobSink(blobs)
+def test_many_members_are_all_committed_intact(any_blobs: Blobs) -> None:
+    sink = BlobSink(any_blobs)
     contents = {f"traces/t{i}.json": f"member {i} ".encode() * (i + 1) for i in range(80)}
     assert len(contents) > 2 * MAX_PENDING_SYNCS  # the bound on open files is exercised
     files = []
@@ -29,13 +28,12 @@ def test_many_members_are_all_committed_intact(tmp_path: Path) -> None:
     sink.commit(files)
     sink.discard()
     for f, data in zip(files, contents.values(), strict=True):
-        assert blobs.path_for(f.sha256).read_bytes() == data
-    assert list((tmp_path / "tmp").iterdir()) == []
+        assert any_blobs.read_bytes(f.sha256) == data
+    assert list(any_blobs.tmp.iterdir()) == []
 
 
-def test_a_failing_member_leaves_nothing(tmp_path: Path) -> None:
-    blobs = BlobStore(tmp_path / "blobs", tmp_path / "tmp")
-    sink = BlobSink(blobs)
+def test_a_failing_member_leaves_nothing(any_blobs: Blobs) -> None:
+    sink = BlobSink(any_blobs)
     sink.put("traces/a.json", [b"a" * 5000])
 
     def broken() -> list[bytes]:
@@ -44,5 +42,7 @@ def test_a_failing_member_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cap"):
         sink.put("traces/b.json", (chunk for chunk in broken()))
     sink.discard()
-    assert list((tmp_path / "tmp").iterdir()) == []
-    assert not any(p.is_file() for p in (tmp_path / "blobs").rglob("*"))
+    assert list(any_blobs.tmp.iterdir()) == []
+    assert list(any_blobs.iter_digests()) == []
+    if isinstance(any_blobs, S3BlobStore):
+        assert list(any_blobs.objects("")) == []  # the spooled member's staging object too

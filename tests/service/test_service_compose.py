@@ -16,10 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 SERVICES: dict[str, Any] = COMPOSE["services"]
+THIRD_PARTY = {"minio": "minio/minio:"}
+"""Services that run an upstream image (not built from the Dockerfile)."""
 
 
 def test_services_and_images() -> None:
-    assert set(SERVICES) == {"api", "worker", "runner"}
+    assert set(SERVICES) == {"api", "worker", "runner", "minio"}
     stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", DOCKERFILE, re.MULTILINE | re.IGNORECASE))
     images = {}
     for name, service in SERVICES.items():
@@ -29,6 +31,9 @@ def test_services_and_images() -> None:
             assert build["target"] in stages, f"{name}: no Dockerfile stage {build['target']!r}"
             images[service["image"]] = build["target"]
     for name, service in SERVICES.items():
+        if name in THIRD_PARTY:
+            assert "build" not in service and service["image"].startswith(THIRD_PARTY[name])
+            continue
         assert "build" in service or service["image"] in images, f"{name}: image is never built"
     assert images[SERVICES["worker"]["image"]] == "service"
 
@@ -74,6 +79,31 @@ def test_runner_reserves_nvidia_gpus() -> None:
     assert devices[0]["capabilities"] == ["gpu"]
     assert "deploy" not in SERVICES["api"] and "deploy" not in SERVICES["worker"]
     assert "http://api:8000" in SERVICES["runner"]["command"]
+
+
+def test_minio_profile_wires_s3_blobs(tmp_path: Path) -> None:
+    """``--profile s3 --env-file compose.s3.env``: API and workers share the minio bucket."""
+    from service.core.config import Settings
+    from service.storage.blobs import S3Location
+
+    minio = SERVICES["minio"]
+    assert minio["profiles"] == ["s3"] and minio["image"].startswith("minio/minio")
+    assert SERVICES["api"]["depends_on"]["minio"]["required"] is False  # optional without s3
+    assert SERVICES["api"]["environment"] == SERVICES["worker"]["environment"]
+    env_file = dict(
+        line.split("=", 1)
+        for line in (ROOT / "compose.s3.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    wired = re.findall(r"\$\{(\w+):-", yaml.safe_dump(SERVICES["api"]["environment"]))
+    assert set(env_file) == set(wired)
+    endpoint = env_file["CPTRACE_S3_ENDPOINT_URL"]
+    assert endpoint == "http://minio:9000"  # the service name, MinIO's S3 port
+    settings = Settings(
+        data_dir=tmp_path, blobs=env_file["CPTRACE_BLOBS"], s3_endpoint_url=endpoint
+    )
+    assert isinstance(settings.blob_location, S3Location)
+    assert "--scale worker" in (ROOT / "docker-compose.yml").read_text()
 
 
 @pytest.mark.parametrize("name", ["api", "worker", "runner"])

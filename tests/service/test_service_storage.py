@@ -16,9 +16,8 @@ from analyzers.errors import CorruptTraceError, TraceTooLargeError
 from analyzers.readers import CappedGunzip
 from service.bootstrap import ensure_admin_token, seed_demo
 from service.core.config import Settings
-from service.core.errors import PayloadTooLarge, QueryTimeout
+from service.core.errors import QueryTimeout
 from service.main import open_database
-from service.storage.blobs import BlobStore
 from service.storage.database import Database
 from service.storage.migrations import apply_migrations, migrations
 
@@ -78,19 +77,6 @@ def test_reads_have_a_time_limit(tmp_path: Path) -> None:
     assert exc.value.status == 503 and "50 ms" in exc.value.message
     assert db.read(lambda c: c.execute("SELECT 1").fetchone()[0]) == 1  # the connection lives
     db.close()
-
-
-def test_blobs_are_content_addressed(tmp_path: Path) -> None:
-    blobs = BlobStore(tmp_path / "blobs", tmp_path / "tmp")
-    a = blobs.put_chunks([b"hello ", b"world"])
-    b = blobs.put_file(io.BytesIO(b"hello world"))
-    assert a == b and a.path == tmp_path / "blobs" / a.sha256[:2] / a.sha256[2:]
-    assert a.path.read_bytes() == b"hello world"
-    with pytest.raises(PayloadTooLarge):
-        blobs.put_chunks([b"x" * 10, b"y" * 10], limit=15)
-    assert list((tmp_path / "tmp").iterdir()) == []  # nothing partial left
-    with pytest.raises(ValueError):
-        blobs.path_for("../../etc/passwd")
 
 
 def test_capped_gzip() -> None:

@@ -150,5 +150,5 @@ def delete_run(run_id: RunId, db: DbDep, blobs: BlobsDep, _: AdminAccess) -> OkB
     """Delete a run with its files, report, metrics and comparisons; frees the blobs no other
     run shares."""
     for digest in db.write_tx(lambda conn: runs.delete_run(conn, run_id=run_id)):
-        blobs.path_for(digest).unlink(missing_ok=True)
+        blobs.delete(digest)
     return OkBody()

@@ -90,7 +90,7 @@ async def upload_bundle(
         stored = limits.max_stored_bytes
         with staging_dir(settings.tmp_dir) as scratch, _quota_message(stored, room):
             staged = await run_staging(
-                request.app, stage_bundle, received.path, settings.blob_dir, scratch, limits
+                request.app, stage_bundle, received.path, settings.blob_location, scratch, limits
             )
         clock.lap("stage")
     finally:
@@ -147,7 +147,7 @@ async def upload_trace(
                 received.path,
                 received.sha256,
                 name,
-                settings.blob_dir,
+                settings.blob_location,
                 scratch,
                 _limits(settings, room),
                 rank,
