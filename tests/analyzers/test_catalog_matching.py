@@ -13,16 +13,16 @@ import random
 import re
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers.catalog import Catalog, _compile, builtin_catalog
 from analyzers.findings.summary import _ELEMENTWISE, _OPTIMIZER, _name_family
 from analyzers.readers import read_trace
 from analyzers.report import KernelFamily
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = DATA_DIR
 TRACES = sorted([*DATA.glob("*/*.json.gz"), *DATA.glob("*/*.sqlite.gz")])
 CATALOG = builtin_catalog()
 
