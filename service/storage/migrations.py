@@ -223,7 +223,7 @@ def m041_run_summary_columns(db: sqlite_utils.Database) -> None:
     for column, kind in (
         ("implementation", "TEXT"), ("implementations", "TEXT"), ("workload_json", "TEXT"),
         ("repo", "TEXT"), ("pr", "INTEGER"), ("suite", "TEXT"), ("spec_name", "TEXT"),
-        ("entry_key", "TEXT"), ("analysis_s", "REAL"),
+        ("entry_key", "TEXT"), ("analysis_s", "REAL"), ("caveat", "TEXT"),
     ):  # fmt: skip
         db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
     conn = db.conn

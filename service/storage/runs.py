@@ -134,6 +134,8 @@ def manifest_columns(manifest: object) -> dict[str, Any]:
     for key, kind in {**_TAG_COLUMNS, "entry_key": str}.items():
         value = run.get(key)
         out[key] = value if isinstance(value, kind) and not isinstance(value, bool) else None
+    caveat = run.get("caveat")
+    out["caveat"] = caveat if isinstance(caveat, str) else None  # what the history badges
     return out
 
 
@@ -400,10 +402,7 @@ def metric_history(
     sql = (
         'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
         f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed, "
-        "r.implementations AS implementation, r.workload_json, "
-        "CASE WHEN json_valid(r.manifest_json) THEN CASE WHEN json_type(r.manifest_json, "
-        "'$.run.caveat') = 'text' THEN json_extract(r.manifest_json, '$.run.caveat') END "
-        "END AS caveat "
+        "r.implementations AS implementation, r.workload_json, r.caveat "
         "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
         "WHERE r.config_key = ? AND m.metric = ?"
     )
