@@ -187,7 +187,11 @@ def _open_bundle(path: Path) -> Bundle | None:
 
 
 def _read(
-    files: Sequence[TraceInput], progress: Progress | None, rank: int | None = None
+    files: Sequence[TraceInput],
+    progress: Progress | None,
+    rank: int | None = None,
+    *,
+    max_decompressed_bytes: int,
 ) -> tuple[Trace, list[SourceInfo]]:
     from analyzers.readers import read_inputs
 
@@ -196,7 +200,7 @@ def _read(
     if progress:
         progress(f"reading {', '.join(f.path.name for f in files)}", 0.0)
     # one call for all files: per-rank Kineto files can be read in parallel workers
-    traces = read_inputs(files, rank=rank)
+    traces = read_inputs(files, rank=rank, max_decompressed_bytes=max_decompressed_bytes)
     sources = source_infos(traces, files)
     return merge_traces(traces), sources
 
@@ -554,6 +558,7 @@ def run_analysis(
     catalog: Catalog | None = None,
     progress: Progress | None = None,
     rank: int | None = None,
+    max_decompressed_bytes: int | None = None,
 ) -> Analysis:
     """Like :func:`analyze` but returns the intermediate arrays too."""
     items = _items(paths)
@@ -561,7 +566,9 @@ def run_analysis(
         catalog = catalog or load_catalog()
         with ExitStack() as stack:
             files, manifest_obj = _expand(items, manifest, stack)
-            trace, sources = _read(files, progress, rank)
+            trace, sources = _read(
+                files, progress, rank, max_decompressed_bytes=_cap(max_decompressed_bytes)
+            )
         return analyze_trace(
             trace,
             manifest=manifest_obj,
@@ -580,6 +587,7 @@ def analyze(
     catalog: Catalog | None = None,
     progress: Progress | None = None,
     rank: int | None = None,
+    max_decompressed_bytes: int | None = None,
 ) -> AnalysisReport:
     """Analyze trace files (Kineto JSON per rank, nsys exports) or run bundles.
 
@@ -592,6 +600,8 @@ def analyze(
     :param progress: callback ``(stage, fraction)``.
     :param rank: the rank of a single trace file that does not say its own (default: what the
         file says, else rank 0 with a note).
+    :param max_decompressed_bytes: the most a gzipped trace may expand to (the service passes
+        its ``Settings`` cap; default ``readers.DEFAULT_MAX_DECOMPRESSED``).
 
     A saved report (``cptrace analyze --json`` output, recognised by content like a trace) is
     accepted wherever a trace is: given alone, it is validated and returned as is.
@@ -610,7 +620,14 @@ def analyze(
         catalog=catalog,
         progress=progress,
         rank=rank,
+        max_decompressed_bytes=max_decompressed_bytes,
     ).report
+
+
+def _cap(max_decompressed_bytes: int | None) -> int:
+    from analyzers.readers import DEFAULT_MAX_DECOMPRESSED
+
+    return DEFAULT_MAX_DECOMPRESSED if max_decompressed_bytes is None else max_decompressed_bytes
 
 
 def _items(paths: Inputs) -> list[PathLike | TraceInput]:

@@ -46,7 +46,14 @@ from analyzers.pipeline import (
     analyze_attributed,
     source_infos,
 )
-from analyzers.readers import TraceInput, give_listed_rank, rankless, read_input, resolve_ranks
+from analyzers.readers import (
+    DEFAULT_MAX_DECOMPRESSED,
+    TraceInput,
+    give_listed_rank,
+    rankless,
+    read_input,
+    resolve_ranks,
+)
 
 PART_VERSION = 1
 """Version of the blob layout ``dump_part`` writes; ``load_part`` refuses any other."""
@@ -73,6 +80,7 @@ def analyze_rank(
     files: int,
     catalog: Catalog | None = None,
     rank: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> RankPart:
     """The per-file stage: read ``item``, give it its rank, attribute it.
 
@@ -81,13 +89,14 @@ def analyze_rank(
         files: how many files the run has (the rank rule of one file differs: rank 0).
         catalog: the helper catalog (default: ``load_catalog()``).
         rank: the rank of the run's one file, when the user gives it (``--rank N``).
+        max_decompressed_bytes: the most a gzipped file may expand to.
 
     Raises:
         TraceError: the file cannot be read (see ``analyzers.readers``).
     """
     catalog = catalog or load_catalog()
     with _cycle_collector_paused():
-        trace = read_input(item)
+        trace = read_input(item, max_decompressed_bytes=max_decompressed_bytes)
         give_listed_rank(trace, item)
         if files == 1:
             resolve_ranks([trace], rank)

@@ -77,7 +77,11 @@ def run_arm(arm: str, folder: Path) -> Row:
 
     inputs = [trace_input(p) for p in sorted(folder.glob("kineto_rank*.json.gz"))]
     scratch = Path(tempfile.mkdtemp(prefix="rank-bench-"))
-    limits: dict[str, Any] = {"time_limit_s": 3600, "memory_limit_bytes": LIMIT_BYTES}
+    limits: dict[str, Any] = {
+        "time_limit_s": 3600,
+        "memory_limit_bytes": LIMIT_BYTES,
+        "max_decompressed_bytes": 64 << 30,
+    }
     started = time.perf_counter()
     if arm == "one":
         report = run_isolated(inputs, None, progress=lambda _m: None, **limits)

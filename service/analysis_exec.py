@@ -117,7 +117,10 @@ def analysis_call(
 
 
 def _analyse(
-    paths: list[Path | TraceInput], manifest_raw: Any, progress: Callable[[str], None]
+    paths: list[Path | TraceInput],
+    manifest_raw: Any,
+    max_decompressed_bytes: int,
+    progress: Callable[[str], None],
 ) -> str:
     """The child's call: the report as JSON (validated again by the parent)."""
     from analyzers import analyze
@@ -129,7 +132,12 @@ def _analyse(
 
     def run() -> str:
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
-        return analyze(paths, manifest=manifest, progress=report_progress).model_dump_json()
+        return analyze(
+            paths,
+            manifest=manifest,
+            progress=report_progress,
+            max_decompressed_bytes=max_decompressed_bytes,
+        ).model_dump_json()
 
     return input_errors_are_final(run)
 
@@ -140,6 +148,7 @@ def run_isolated(
     *,
     time_limit_s: float,
     memory_limit_bytes: int,
+    max_decompressed_bytes: int,
     progress: Callable[[str], None],
 ) -> AnalysisReport:
     """Analyse in a child process; :raises AnalysisFailed: with the reason."""
@@ -147,7 +156,7 @@ def run_isolated(
     child = analysis_child(memory_limit_bytes)
     try:
         text = analysis_call(
-            child, _analyse, list(paths), manifest_raw,
+            child, _analyse, list(paths), manifest_raw, max_decompressed_bytes,
             deadline=deadline, time_limit_s=time_limit_s, progress=progress,
         )  # fmt: skip
     finally:

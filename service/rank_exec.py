@@ -34,11 +34,15 @@ from service.limited_child import LimitedChild
 T = TypeVar("T")
 
 
-def _rank_stage(item: TraceInput, files: int, blob: str) -> int:
+def _rank_stage(item: TraceInput, files: int, blob: str, max_decompressed_bytes: int) -> int:
     """One file read and attributed, its part written to ``blob``; returns the blob's size."""
     from analyzers.rank_parts import analyze_rank, dump_part
 
-    return input_errors_are_final(lambda: dump_part(analyze_rank(item, files=files), Path(blob)))
+    def run() -> int:
+        part = analyze_rank(item, files=files, max_decompressed_bytes=max_decompressed_bytes)
+        return dump_part(part, Path(blob))
+
+    return input_errors_are_final(run)
 
 
 def _merge_stage(blobs: list[str], manifest_raw: Any) -> str:
@@ -64,6 +68,7 @@ def run_per_rank(
     workers: int,
     time_limit_s: float,
     memory_limit_bytes: int,
+    max_decompressed_bytes: int,
     progress: Callable[[str], None],
 ) -> AnalysisReport:
     """Analyse ``inputs`` per rank in up to ``workers`` limited children, then merge.
@@ -89,7 +94,7 @@ def run_per_rank(
     try:
         blobs = [str(scratch / f"part{i:04d}.npz") for i in range(count)]
         pending = [
-            threads.submit(stage, _rank_stage, item, count, blob)
+            threads.submit(stage, _rank_stage, item, count, blob, max_decompressed_bytes)
             for item, blob in zip(inputs, blobs, strict=True)
         ]
         for done, future in enumerate(pending, start=1):

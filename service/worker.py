@@ -189,6 +189,7 @@ class AnalysisWorker:
                 workers=self.settings.analysis_rank_workers,
                 time_limit_s=self.settings.analysis_time_limit_s,
                 memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+                max_decompressed_bytes=self.settings.max_decompressed_bytes,
                 progress=beat.progress,
             )
         if self._analyze is None:  # production: a child process under limits
@@ -197,6 +198,7 @@ class AnalysisWorker:
                 manifest_raw,
                 time_limit_s=self.settings.analysis_time_limit_s,
                 memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+                max_decompressed_bytes=self.settings.max_decompressed_bytes,
                 progress=beat.progress,
             )
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None

@@ -22,7 +22,7 @@ from testkit.calls import calls_of
 from analyzers.manifest import parse_manifest
 from analyzers.pipeline import analyze
 from analyzers.readers import TraceInput, _files
-from service.analysis_exec import AnalysisFailed, validate_report
+from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.core.config import MiB
 from service.ingest import Limits, stage_bundle
 from service.rank_exec import run_per_rank
@@ -38,7 +38,11 @@ def _inputs(*paths: Path) -> list[TraceInput]:
 
 def _run(inputs: list[TraceInput], scratch: Path, **limits: Any) -> tuple[Any, list[str]]:
     seen: list[str] = []
-    options: dict[str, Any] = {"time_limit_s": 300.0, "memory_limit_bytes": 4096 * MiB}
+    options: dict[str, Any] = {
+        "time_limit_s": 300.0,
+        "memory_limit_bytes": 4096 * MiB,
+        "max_decompressed_bytes": 4096 * MiB,
+    }
     options.update(limits)
     report = run_per_rank(inputs, None, scratch=scratch, workers=2, progress=seen.append, **options)
     return report, seen
@@ -70,6 +74,21 @@ def test_each_rank_process_is_under_the_memory_limit(tmp_path: Path) -> None:
     """A limit below what reading one file needs fails the run with the reason, for good."""
     with pytest.raises(AnalysisFailed, match="more memory than its limit of 64 MiB") as caught:
         _run(_inputs(KINETO_RANK0, KINETO_RANK1), tmp_path, memory_limit_bytes=64 * MiB)
+    assert caught.value.final
+
+
+def test_the_callers_decompression_cap_reaches_the_readers(tmp_path: Path) -> None:
+    """The service's cap (``Settings.max_decompressed_bytes``) is what the analysis children
+    read under, per rank and in one process: not the readers' 64 GiB default."""
+    inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
+    with pytest.raises(AnalysisFailed, match="1024") as caught:
+        _run(inputs, tmp_path, max_decompressed_bytes=1024)
+    assert caught.value.final
+    with pytest.raises(AnalysisFailed, match="1024") as caught:
+        run_isolated(
+            inputs, None, time_limit_s=300.0, memory_limit_bytes=4096 * MiB,
+            max_decompressed_bytes=1024, progress=lambda _m: None,
+        )  # fmt: skip
     assert caught.value.final
 
 
