@@ -72,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,18 +222,17 @@ def cli_args(paths: list[Path], step_pattern: str, sections: list[str]) -> list[
             *(a for s in sections for a in ("--report", s))]  # fmt: skip
 
 
-def _cli_table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
+def _print_rows(first: str, rows: Sequence[str], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """The markdown table of one median cpu/wall pair per tree and row (deltas for two trees)."""
     names = list(runs)
-    print(f"\n{label}: the whole `cptrace analyze` process; median of "
-          f"{len(runs[names[-1]])} fresh processes per tree, alternating")  # fmt: skip
-    head = ["part"]
+    head = [first]
     for name in names:
         head += [f"{name} cpu s", f"{name} wall s"]
     if len(names) == 2:
         head += ["cpu delta", "wall delta"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for row in CLI_ROWS:
+    for row in rows:
         cells = [row]
         values = {}
         for name in names:
@@ -244,6 +243,13 @@ def _cli_table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
             (bc, bw), (cc, cw) = values[names[0]], values[names[1]]
             cells += [_delta(bc, cc), _delta(bw, cw)]
         print("| " + " | ".join(cells) + " |")
+
+
+def _cli_table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
+    names = list(runs)
+    print(f"\n{label}: the whole `cptrace analyze` process; median of "
+          f"{len(runs[names[-1]])} fresh processes per tree, alternating")  # fmt: skip
+    _print_rows("part", CLI_ROWS, runs)
     rss = " | ".join(f"{n} {statistics.median(r['rss_mb'] for r in runs[n]):.0f}" for n in names)
     print(f"peak RSS MiB (median): {rss}; target: outside analyze <= 0.15 s")
 
@@ -282,24 +288,7 @@ def _table(label: str, runs: dict[str, list[dict[str, Any]]]) -> None:
         f"\n{label}: {first['activities']:,} activities, {first['windows']} windows; "
         f"median of {len(runs[names[-1]])} fresh processes per tree, alternating"
     )
-    head = ["stage"]
-    for name in names:
-        head += [f"{name} cpu s", f"{name} wall s"]
-    if len(names) == 2:
-        head += ["cpu delta", "wall delta"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for row in ROWS:
-        cells = [row]
-        values = {}
-        for name in names:
-            c, w = _median(runs[name], "cpu", row), _median(runs[name], "wall", row)
-            values[name] = (c, w)
-            cells += [f"{c:.3f}", f"{w:.3f}"]
-        if len(names) == 2:
-            (bc, bw), (cc, cw) = values[names[0]], values[names[1]]
-            cells += [_delta(bc, cc), _delta(bw, cw)]
-        print("| " + " | ".join(cells) + " |")
+    _print_rows("stage", ROWS, runs)
     rss = " | ".join(f"{n} {statistics.median(r['rss_mb'] for r in runs[n]):.0f}" for n in names)
     print(f"peak RSS MiB (median): {rss}")
     current = runs[names[-1]]
