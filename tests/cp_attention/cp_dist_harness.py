@@ -109,10 +109,17 @@ def run_distributed(
 
     :raises TimeoutError: when the ranks do not finish in time (they are terminated).
     """
+    # one thread per rank; set only while the ranks start (the forkserver and its children
+    # keep it), never left in this pytest worker's environment for the tests after it
+    before = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)  # before its first start
-    ctx = mp.start_processes(_worker, args=(cp, free_port(), cases, combos, str(out_dir)),
-                             nprocs=cp, join=False, start_method="forkserver")
+    try:
+        mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)  # before its first start
+        ctx = mp.start_processes(_worker, args=(cp, free_port(), cases, combos, str(out_dir)),
+                                 nprocs=cp, join=False, start_method="forkserver")
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s)
     while not ctx.join(timeout=5):
         if datetime.datetime.now() > deadline:

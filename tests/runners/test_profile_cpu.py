@@ -160,10 +160,11 @@ def test_steps_on_a_user_function_and_nothing_captured_is_an_error(tmp_path: Pat
     assert not (empty / "manifest.json").exists() and (empty / "logs" / "profile.log").is_file()
 
 
-def test_hung_job_gets_every_ranks_stack(tmp_path: Path) -> None:
+def test_hung_job_gets_every_ranks_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No rank raises: rank 1 sleeps, rank 0 waits in a barrier. The hang timeout finds rank 0
     waiting, the watchdog dumps both ranks' stacks, stops the job, and the bundle, the summary
     and the CLI output say where each rank was."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # torchrun's warning is the job output
     out = tmp_path / "hung"
     script = SCRIPTS / "hang_in_barrier.py"
     result = _profile(
