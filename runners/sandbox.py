@@ -9,7 +9,9 @@ credentials from their environment is not enough: a process of the same uid read
   setup command can install packages): no process of the host is visible, its own ``/proc``;
   every capability dropped, a new session (no terminal injection), killed with the agent;
 * the host's file system read-only, a private ``/tmp`` and ``/dev/shm``, the GPUs' device
-  nodes (``/dev/nvidia*``) and nothing else under ``/dev``;
+  nodes (``/dev/nvidia*``) and nothing else under ``/dev``; the agent's Python and the
+  directories on its ``PATH`` stay visible (read-only) even where they live under ``/tmp``, so
+  ``python``, ``torchrun`` and ``cptrace`` resolve in the job as they do for the agent;
 * the agent's token file, its work directory (other jobs' files) and the usual credential
   files (``~/.ssh``, ``~/.netrc``, ``~/.git-credentials``, ``~/.config/gh``, ``~/.aws``,
   ``~/.docker``, ``/etc/shadow``; plus ``Sandbox.hidden``) replaced by empty ones;
@@ -28,6 +30,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,8 @@ class Sandbox:
             )
         cmd = [binary, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         cmd += ["--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for tool_dir in _tool_dirs_under_private_mounts():  # before the hiding below
+            cmd += ["--ro-bind", tool_dir, tool_dir]
         for pattern in self.devices:
             for node in sorted(glob.glob(pattern)):
                 cmd += ["--dev-bind", node, node]
@@ -98,6 +103,24 @@ class Sandbox:
             home = str(Path(cwd).resolve())
             cmd += ["--chdir", home, "--setenv", "HOME", home]
         return [*cmd, "--", *argv]
+
+
+PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
+"""Where the sandbox mounts empty file systems of its own."""
+
+
+def _tool_dirs_under_private_mounts() -> list[str]:
+    """The agent's Python prefixes and ``PATH`` directories that a private mount would cover
+    (an agent installed in a venv under ``/tmp``): bound back read-only."""
+    found: list[str] = []
+    for raw in (sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)):
+        if not raw or not os.path.isdir(raw):
+            continue
+        resolved = str(Path(raw).resolve())
+        under = any(resolved.startswith(mount + os.sep) for mount in PRIVATE_MOUNTS)
+        if under and resolved not in found:
+            found.append(resolved)
+    return found
 
 
 def check_sandbox(sandbox: Sandbox, scratch: Path) -> None:

@@ -5,8 +5,10 @@ output, and redaction hides a part of a cptrace token too (issue 24, item 1)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,34 @@ def test_a_token_is_hidden_in_the_sandbox_and_the_job_sees_no_host_process(
 def test_redaction_hides_a_part_of_a_cptrace_token() -> None:
     text = "invalid JSON trace: unexpected 'cpt_abcdefghijklmnop'"
     assert redact_secrets(text) == f"invalid JSON trace: unexpected '{REDACTED}'"
+
+
+def test_tools_on_path_under_tmp_stay_visible_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent whose venv (``torchrun``, ``python``) lives under ``/tmp``: the sandbox's own
+    ``/tmp`` would hide it and the job would not start (``execvp torchrun``). Its ``PATH``
+    directories are bound back read-only; the rest of the host's ``/tmp`` stays out of sight."""
+    host_tmp = Path(tempfile.mkdtemp(dir="/tmp", prefix="cptrace-tools-"))  # what it is about
+    try:
+        tools = host_tmp / "venv" / "bin"
+        tools.mkdir(parents=True)
+        marker = tools / "cptrace-marker"
+        marker.write_text("#!/bin/sh\necho marker-ok\n")
+        marker.chmod(0o755)
+        other = host_tmp / "other.txt"
+        other.write_text("host file")
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+        script = (
+            f"cptrace-marker; cat {other} 2>/dev/null || echo other-hidden; "
+            f"touch {tools}/x 2>/dev/null && echo writable || echo read-only"
+        )
+        argv = Sandbox().wrap(["sh", "-c", script], writable=[work], cwd=work)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        shutil.rmtree(host_tmp)
+    assert done.stdout.split() == ["marker-ok", "other-hidden", "read-only"], (
+        done.stdout + done.stderr
+    )
