@@ -9,9 +9,11 @@ credentials from their environment is not enough: a process of the same uid read
   setup command can install packages): no process of the host is visible, its own ``/proc``;
   every capability dropped, a new session (no terminal injection), killed with the agent;
 * the host's file system read-only, a private ``/tmp`` and ``/dev/shm``, the GPUs' device
-  nodes (``/dev/nvidia*``) and nothing else under ``/dev``; the agent's Python and the
-  directories on its ``PATH`` stay visible (read-only) even where they live under ``/tmp``, so
-  ``python``, ``torchrun`` and ``cptrace`` resolve in the job as they do for the agent;
+  nodes (``/dev/nvidia*``) and nothing else under ``/dev``; the agent's Python, the
+  directories on its ``PATH`` and the folder cptrace's packages are imported from stay visible
+  (read-only) even where they live under ``/tmp``, so ``python``, ``torchrun``, ``cptrace`` and
+  ``cp_attention`` resolve in the job as they do for the agent (an editable install's sources
+  are outside the venv);
 * the agent's token file, its work directory (other jobs' files) and the usual credential
   files (``~/.ssh``, ``~/.netrc``, ``~/.git-credentials``, ``~/.config/gh``, ``~/.aws``,
   ``~/.docker``, ``/etc/shadow``; plus ``Sandbox.hidden``) replaced by empty ones;
@@ -109,11 +111,17 @@ PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
 """Where the sandbox mounts empty file systems of its own."""
 
 
+_PACKAGES_ROOT = str(Path(__file__).resolve().parents[1])
+"""The folder holding cptrace's packages (``runners`` beside ``cptrace``, ``cp_attention``...):
+the checkout for an editable install, ``site-packages`` for a wheel."""
+
+
 def _tool_dirs_under_private_mounts() -> list[str]:
-    """The agent's Python prefixes and ``PATH`` directories that a private mount would cover
-    (an agent installed in a venv under ``/tmp``): bound back read-only."""
+    """The agent's Python prefixes, ``PATH`` directories and packages folder that a private
+    mount would cover (an agent installed in a venv under ``/tmp``): bound back read-only."""
     found: list[str] = []
-    for raw in (sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)):
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    for raw in (sys.prefix, sys.base_prefix, _PACKAGES_ROOT, *path):
         if not raw or not os.path.isdir(raw):
             continue
         resolved = str(Path(raw).resolve())
