@@ -41,7 +41,7 @@ from analyzers.model import (
     launch_calls,
     merge_traces,
 )
-from analyzers.readers import TraceInput
+from analyzers.readers import DEFAULT_MAX_DECOMPRESSED, TraceInput
 from analyzers.report import (
     AnalysisReport,
     DeviceFigures,
@@ -558,7 +558,7 @@ def run_analysis(
     catalog: Catalog | None = None,
     progress: Progress | None = None,
     rank: int | None = None,
-    max_decompressed_bytes: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> Analysis:
     """Like :func:`analyze` but returns the intermediate arrays too."""
     items = _items(paths)
@@ -567,7 +567,7 @@ def run_analysis(
         with ExitStack() as stack:
             files, manifest_obj = _expand(items, manifest, stack)
             trace, sources = _read(
-                files, progress, rank, max_decompressed_bytes=_cap(max_decompressed_bytes)
+                files, progress, rank, max_decompressed_bytes=max_decompressed_bytes
             )
         return analyze_trace(
             trace,
@@ -587,7 +587,7 @@ def analyze(
     catalog: Catalog | None = None,
     progress: Progress | None = None,
     rank: int | None = None,
-    max_decompressed_bytes: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> AnalysisReport:
     """Analyze trace files (Kineto JSON per rank, nsys exports) or run bundles.
 
@@ -624,12 +624,6 @@ def analyze(
     ).report
 
 
-def _cap(max_decompressed_bytes: int | None) -> int:
-    from analyzers.readers import DEFAULT_MAX_DECOMPRESSED
-
-    return DEFAULT_MAX_DECOMPRESSED if max_decompressed_bytes is None else max_decompressed_bytes
-
-
 def _items(paths: Inputs) -> list[PathLike | TraceInput]:
     return [paths] if isinstance(paths, str | Path | TraceInput) else list(paths)
 
@@ -656,7 +650,7 @@ def saved_report(paths: Inputs) -> AnalysisReport | None:
     from pydantic import ValidationError
 
     from analyzers.bundle import is_bundle
-    from analyzers.readers import DEFAULT_MAX_DECOMPRESSED, CappedGunzip, is_gzip, sniff
+    from analyzers.readers import CappedGunzip, is_gzip, sniff
 
     def is_report(path: Path) -> bool:
         if not path.is_file() or is_bundle(path):
