@@ -245,9 +245,11 @@ def record_run(
     source: str,
     run_id: int | None = None,
     token_id: int | None = None,
+    quota: int | None = None,
 ) -> tuple[int, bool]:
     """Insert the run (or add files to ``run_id``) plus an analysis task; one transaction.
-    ``token_id``: the uploading token (whose runner may then complete a job with this run).
+    ``token_id``: the uploading token (whose runner may then complete a job with this run);
+    ``quota``: the most bytes that token's runs may store (:raises PayloadTooLarge: past it).
 
     Returns ``(run_id, created)``; ``created`` is False when ``key`` was seen before.
     :raises NotFound: ``run_id`` is given and does not exist.
@@ -283,7 +285,7 @@ def record_run(
             format=_file_format(f),
             rank=f.rank,
         )
-    runs.record_upload(conn, key=key, run_id=run_id, token_id=token_id)
+    runs.record_upload(conn, key=key, run_id=run_id, token_id=token_id, quota=quota)
     enqueue_analysis(conn, run_id)
     return run_id, True
 

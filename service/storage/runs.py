@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from service.auth import now_iso
-from service.core.errors import NotFound
+from service.core.errors import NotFound, PayloadTooLarge
 from service.storage.database import rows
 
 
@@ -498,13 +498,35 @@ def find_upload(conn: sqlite3.Connection, *, key: str) -> int | None:
 
 
 def record_upload(
-    conn: sqlite3.Connection, *, key: str, run_id: int, token_id: int | None = None
+    conn: sqlite3.Connection,
+    *,
+    key: str,
+    run_id: int,
+    token_id: int | None = None,
+    quota: int | None = None,
 ) -> None:
-    """Remember the upload ``key`` made ``run_id``, sent with token ``token_id``."""
+    """Remember the upload ``key`` made ``run_id``, sent with token ``token_id``.
+
+    ``quota``: the most bytes the token's runs may store (``stored_bytes_of_token``), checked
+    after the upload's files were inserted, in the caller's write transaction: two uploads
+    that each passed the check made before their bodies were read cannot both commit past it.
+
+    :raises PayloadTooLarge: the token's runs would store more than ``quota`` (the caller's
+        transaction must roll back).
+    """
     conn.execute(
         "INSERT INTO uploads (key, run_id, created_at, token_id) VALUES (?, ?, ?, ?)",
         (key, run_id, now_iso(), token_id),
     )
+    if quota is None or token_id is None:
+        return
+    stored = stored_bytes_of_token(conn, token_id=token_id)
+    if stored > quota:
+        raise PayloadTooLarge(
+            f"this upload would make this token's runs store {stored} bytes, over its quota "
+            f"of {quota} (CPTRACE_TOKEN_STORED_QUOTA_BYTES); nothing was stored; delete runs "
+            "to upload more"
+        )
 
 
 def uploaded_by(conn: sqlite3.Connection, *, run_id: int, token_id: int) -> bool:

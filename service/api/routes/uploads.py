@@ -14,13 +14,14 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from analyzers.bundle import OversizedBundleError
 from service.api.deps import BlobsDep, DbDep, RunnerPrincipal, SettingsDep
 from service.api.schemas import MAX_ID, UploadResult
+from service.auth import Principal
 from service.core.config import MAX_RANK, Settings
 from service.core.errors import BadRequest, InsufficientStorage, PayloadTooLarge
 from service.ingest import Limits, StagedRun, record_run, stage_bundle, stage_trace
 from service.multipart import RAW_TYPES, receive_upload
 from service.phase_timer import PhaseTimer
 from service.storage import runs
-from service.storage.blobs import staging_dir
+from service.storage.blobs import Blobs, staging_dir
 from service.storage.database import Database, immediate
 from service.uploads_exec import run_staging
 
@@ -95,8 +96,7 @@ async def upload_bundle(
         clock.lap("stage")
     finally:
         received.path.unlink(missing_ok=True)
-    token_id = principal.token_id
-    run_id, created = await db.awrite(lambda c: _record(c, staged, key, "bundle", None, token_id))
+    run_id, created = await _record(db, blobs, settings, staged, key, "bundle", None, principal)
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.server_timing(staged.timings, prefix="stage-")
@@ -156,25 +156,49 @@ async def upload_trace(
     finally:
         received.path.unlink(missing_ok=True)  # (renamed into the store once it passed)
     key = f"trace:{run_id or 'new'}:{received.sha256}"
-    token_id = principal.token_id
-    new_id, created = await db.awrite(lambda c: _record(c, staged, key, "trace", run_id, token_id))
+    new_id, created = await _record(db, blobs, settings, staged, key, "trace", run_id, principal)
     clock.lap("record")
     response.status_code = 201 if created else 200
     response.headers["Server-Timing"] = clock.server_timing(staged.timings, prefix="stage-")
     return UploadResult(run_id=new_id, created=created, sha256=received.sha256)
 
 
-def _record(
-    conn: sqlite3.Connection,
+async def _record(
+    db: Database,
+    blobs: Blobs,
+    settings: Settings,
     staged: StagedRun,
     key: str,
     source: str,
     run_id: int | None,
-    token_id: int,
+    principal: Principal,
 ) -> tuple[int, bool]:
-    """On the writer: the run (or the files added to ``run_id``), atomically."""
-    with immediate(conn):
-        return record_run(conn, staged, key=key, source=source, run_id=run_id, token_id=token_id)
+    """On the writer: the run (or the files added to ``run_id``), atomically, and the token's
+    stored-bytes quota checked in the same transaction (``_room`` checked it before the body
+    was read, when a concurrent upload of the same token may not have been recorded yet).
+
+    :raises PayloadTooLarge: the token's quota would be passed; the upload's blobs that no
+        run refers to are removed again.
+    """
+    quota = settings.token_stored_quota_bytes
+
+    def record(conn: sqlite3.Connection) -> tuple[int, bool]:
+        try:
+            with immediate(conn):
+                return record_run(
+                    conn, staged, key=key, source=source, run_id=run_id,
+                    token_id=principal.token_id, quota=quota,
+                )  # fmt: skip
+        except PayloadTooLarge:
+            # still on the writer, after the rollback: no other upload can record a run that
+            # refers to these blobs between this check and their removal
+            for digest in {f.sha256 for f in staged.files}:
+                known = conn.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (digest,))
+                if known.fetchone() is None:
+                    blobs.delete(digest)
+            raise
+
+    return await db.awrite(record)
 
 
 def _rank(raw: str | None) -> int | None:
