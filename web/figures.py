@@ -8,6 +8,13 @@ building a page costs no plotly import; tests validate the dicts with ``plotly.g
 Every text that ends up inside an SVG label (helper and kernel names, which contain C++ template
 brackets such as ``at::native::vectorized_elementwise_kernel<4, ...>``) goes through
 :func:`svg_text`, because plotly interprets a small HTML subset in labels and hover text.
+
+A figure with thousands of bars (the step timeline) sends each distinct string once: the
+figure's ``strings`` list, and per trace ``indexed``, the fields whose values are indexes into
+it; a field that repeats another field of its trace is sent once too (``copies``: field ->
+the field it repeats). :func:`expand_figure` (and ``expandFigure`` in ``static/cptrace.js``,
+before plotly draws) puts them back, so plotly gets exactly the figure it would have got with
+every value written out.
 """
 
 from __future__ import annotations
@@ -86,6 +93,44 @@ def html_json(value: Any) -> str:
         if char in text:
             text = text.replace(char, code)
     return text
+
+
+class StringTable:
+    """The distinct strings of one figure, in first-use order: a field that would repeat a
+    name per bar holds its index here instead (``indexed``)."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def add(self, text: str) -> int:
+        found = self._index.get(text)
+        if found is None:
+            found = self._index[text] = len(self.strings)
+            self.strings.append(text)
+        return found
+
+    def column(self, texts: Iterable[str]) -> list[int]:
+        return [self.add(t) for t in texts]
+
+
+def expand_figure(fig: Figure) -> Figure:
+    """``fig`` with every ``indexed`` field's indexes replaced by the figure's ``strings`` and
+    every ``copies`` field filled in (the plain plotly figure, as ``static/cptrace.js`` hands
+    it to plotly); a figure without a string table is returned as it is. ``fig`` is not
+    changed."""
+    strings = fig.get("strings")
+    if strings is None:
+        return fig
+    data = []
+    for trace in fig["data"]:
+        plain = {k: v for k, v in trace.items() if k not in ("indexed", "copies")}
+        for field in trace.get("indexed", ()):
+            plain[field] = [strings[i] for i in trace[field]]
+        for field, source in trace.get("copies", {}).items():
+            plain[field] = list(plain[source])
+        data.append(plain)
+    return {**{k: v for k, v in fig.items() if k != "strings"}, "data": data}
 
 
 def helper_color(helper: str) -> str:
@@ -269,15 +314,20 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
     helper = np.asarray(cols.helper, dtype=np.int64)[kept]
     rows = sorted(set(zip(rank.tolist(), stream.tolist(), strict=True)))
     row_label = {row: f"rank {row[0]} · stream {row[1]}" for row in rows}
+    table = StringTable()
+    row_index = {row: table.add(label) for row, label in row_label.items()}
     row_of = np.asarray(
-        [row_label[r] for r in zip(rank.tolist(), stream.tolist(), strict=True)], dtype=object
+        [row_index[r] for r in zip(rank.tolist(), stream.tolist(), strict=True)], dtype=np.int64
     )
-    strings = np.asarray([svg_text(t) for t in cols.strings], dtype=object)  # each once
     names = np.asarray(cols.name, dtype=np.int64)[kept]
+    # the summary's string index -> the figure's: only names of drawn bars, each escaped once
+    name_index = np.full(len(cols.strings), -1, dtype=np.int64)
+    for i in np.unique(names).tolist():
+        name_index[i] = table.add(svg_text(cols.strings[i]))
     data = []
     for index in sorted(set(helper.tolist()), key=lambda i: cols.strings[i]):
         mask = helper == index
-        name = str(strings[index])
+        name = svg_text(cols.strings[index])
         data.append(
             {
                 "type": "bar",
@@ -286,15 +336,18 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
                 "base": _ms(start[mask]),
                 "x": _ms(width[mask]),
                 "y": row_of[mask].tolist(),
-                "hovertext": strings[names[mask]].tolist(),
+                "hovertext": name_index[names[mask]].tolist(),
+                "indexed": ["y", "hovertext"],
+                # a bar with a base hovers %{x} as its end: the duration comes as customdata
+                "copies": {"customdata": "x"},
                 "hovertemplate": (
                     f"<b>{name}</b><br>%{{hovertext}}<br>start %{{base:.3f}} ms, "
-                    "%{x:.4f} ms<extra></extra>"
+                    "%{customdata:.4f} ms<extra></extra>"
                 ),
                 "marker": {"color": helper_color(cols.strings[index]), "line": {"width": 0}},
             }
         )
-    data += idle_gap_traces(cols)
+    data += idle_gap_traces(cols, table)
     gap_ranks = sorted(set(cols.gap_rank))
     order: list[str] = []
     for r in sorted({r for r, _ in rows} | set(gap_ranks)):
@@ -320,7 +373,7 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
         annotations=gap_annotations(cols),
         height=max(260, 90 * len(order) + 120),
     )
-    return {"data": data, "layout": layout}
+    return {"data": data, "layout": layout, "strings": table.strings}
 
 
 def longest_gap(timeline: TimelineColumns, keep: np.ndarray) -> TimelineGap | None:
@@ -376,10 +429,13 @@ def gap_text(gap: TimelineGap) -> str:
     return f"{gap.part.value}: {gap.label} {(gap.end_ns - gap.start_ns) / NS_PER_MS:.3f} ms"
 
 
-def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]]:
+def idle_gap_traces(
+    timeline: Timeline | TimelineColumns, table: StringTable
+) -> list[dict[str, Any]]:
     """One bar trace per idle cause (account part) on the ranks' idle-gap rows: the full label
-    ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms") in ``hovertext``, helper and
-    duration as the bar's ``text``."""
+    ("idle: host-bound: get_cu_seqlens_on_cp_rank 1.200 ms") in the hover, helper and duration
+    as the bar's text. Rows and labels are indexes into the figure's ``table``; plotly writes
+    the duration, the bar's width with 3 decimals (the same digits as :func:`gap_text`)."""
     cols = _as_columns(timeline)
     s = cols.strings
     part_of = np.asarray(cols.gap_part, dtype=np.int64)
@@ -399,9 +455,6 @@ def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]
         if not mask.any():
             continue
         labels = label_of[mask].tolist()
-        ms = ((end[mask] - start[mask]) / NS_PER_MS).tolist()
-        # on the bar (where it fits): helper and duration; the colour and hover give the cause
-        short = [f"{escaped[i]} {d:.3f} ms" for i, d in zip(labels, ms, strict=True)]
         cause = svg_text(part)
         out.append(
             {
@@ -411,12 +464,20 @@ def idle_gap_traces(timeline: Timeline | TimelineColumns) -> list[dict[str, Any]
                 "legendgroup": "idle gaps",
                 "base": _ms(start[mask]),
                 "x": _ms(np.maximum(end[mask] - start[mask], 1)),
-                "y": [gap_row(r) for r in rank_of[mask].tolist()],
-                "text": short,
+                "y": table.column(gap_row(r) for r in rank_of[mask].tolist()),
+                # on the bar (where it fits): helper and duration; the colour and hover give
+                # the cause; = svg_text(gap_text(gap)) in the hover
+                "text": table.column(escaped[i] for i in labels),
+                "texttemplate": "%{text} %{x:.3f} ms",
                 "textposition": "inside",
                 "insidetextanchor": "start",
-                "hovertext": [f"{cause}: {t}" for t in short],  # = svg_text(gap_text(gap))
-                "hovertemplate": "<b>%{hovertext}</b><br>start %{base:.3f} ms<extra></extra>",
+                "hovertext": table.column(f"{cause}: {escaped[i]}" for i in labels),
+                "indexed": ["y", "text", "hovertext"],
+                "copies": {"customdata": "x"},  # the hover's %{x} would be the bar's end
+                "hovertemplate": (
+                    "<b>%{hovertext} %{customdata:.3f} ms</b><br>start %{base:.3f} ms"
+                    "<extra></extra>"
+                ),
                 "marker": {
                     "color": color,
                     "line": {"color": [colors[i] for i in labels], "width": 1.5},

@@ -26,6 +26,7 @@ from testkit import DATA_DIR, demo_bundle
 from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
+from web import figures
 
 pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
@@ -67,7 +68,7 @@ def _figure(page: str, name: str) -> dict[str, Any]:
         rf'<script type="application/json" id="fig-{name}">(.*?)</script>', page, flags=re.S
     )
     assert block is not None, f"no figure {name}"
-    figure: dict[str, Any] = json.loads(html.unescape(block.group(1)))
+    figure: dict[str, Any] = figures.expand_figure(json.loads(html.unescape(block.group(1))))
     return figure
 
 
@@ -93,15 +94,17 @@ def _check_timeline(fig: dict[str, Any], timeline: dict[str, Any], report: dict[
     # what the figure draws, per (rank, cause, helper), in ns, from its labels and bar widths
     seen: dict[tuple[int, str, str], float] = defaultdict(float)
     for trace in gaps:
-        for y, text, short, width in zip(
+        # plotly writes the duration: the bar's width in ms, 3 decimals (cptrace.js and
+        # Chromium: test_gap_labels_and_hovers_read_as_before_in_chromium)
+        assert trace["texttemplate"] == "%{text} %{x:.3f} ms"
+        assert trace["hovertemplate"].startswith("<b>%{hovertext} %{customdata:.3f} ms</b>")
+        assert trace["customdata"] == trace["x"]  # (sent once: "copies")
+        for y, label, short, width in zip(
             trace["y"], trace["hovertext"], trace["text"], trace["x"], strict=True
         ):
             rank = int(re.fullmatch(r"rank (\d+) · idle gaps", y).group(1))  # type: ignore[union-attr]
-            label, ms = re.fullmatch(r"(.+) ([0-9.]+) ms", text).groups()  # type: ignore[union-attr]
-            assert label.startswith(trace["name"] + ": ")
-            assert short == f"{label[len(trace['name']) + 2 :]} {ms} ms"  # helper on the bar
-            assert float(ms) == pytest.approx(width, abs=5e-4)
-            seen[(rank, trace["name"], label[len(trace["name"]) + 2 :])] += width * 1e6
+            assert label == f"{trace['name']}: {short}"  # helper on the bar, cause in the hover
+            seen[(rank, trace["name"], short)] += width * 1e6
     # ... equals the stored step account's idle parts of exactly those windows
     account: dict[tuple[int, str, str], int] = defaultdict(int)
     for step in report["step_accounts"]:
@@ -162,7 +165,7 @@ def test_idle_causes_link_to_the_timeline_at_their_gap(
             if t.get("legendgroup") == "idle gaps"
             for y, text, base, width in zip(t["y"], t["hovertext"], t["base"], t["x"], strict=True)
             if y == f"rank {cause['rank']} · idle gaps"
-            and text.startswith(f"{cause['part']}: {cause['label']} ")
+            and text == f"{cause['part']}: {cause['label']}"
         ]
         longest = max(mine, key=lambda g: g[1])
         assert longest[0] == pytest.approx(zoom["x0_ms"])
@@ -251,3 +254,64 @@ def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
     data = client.get(f"/compare/{run}/{run}.json", params=params).json()
     assert data["report"]["gpu_observed"] is False
     assert any("no GPU activity in the base and head trace" in n for n in data["report"]["notes"])
+
+
+_DRAWN = """name => {
+  const el = document.getElementById('chart-' + name);
+  return el.data.map(t => ({name: t.name, y: t.y, hovertext: t.hovertext, text: t.text || null}));
+}"""
+_HOVER = """async ([name, curve, point]) => {
+  const el = document.getElementById('chart-' + name);
+  Plotly.Fx.unhover(el);
+  await new Promise(done => setTimeout(done, 120));  // plotly throttles hovers (50 ms)
+  Plotly.Fx.hover(el, [{curveNumber: curve, pointNumber: point}]);
+  const texts = Array.from(el.querySelectorAll('.hoverlayer .hovertext text'));
+  return texts.map(t => Array.from(t.querySelectorAll('tspan.line')).map(s => s.textContent)
+    .join('\\n') || t.textContent).join('\\n');
+}"""
+_BAR_TEXTS = """name => Array.from(
+  document.getElementById('chart-' + name).querySelectorAll('.barlayer .trace')
+).map(g => Array.from(g.querySelectorAll('.bartext')).map(t => t.textContent))"""
+
+
+@pytest.mark.browser
+def test_gap_labels_and_hovers_read_as_before_in_chromium(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    """The page sends each name once; in Chromium the timeline shows the texts it showed when
+    every bar carried its own: each kernel's name in its hover, "cause: helper 1.234 ms" in a
+    gap's hover and "helper 1.234 ms" on the bar (from the stored account: _check_timeline)."""
+    from web_browser import browser_page, require_chromium
+    from web_server import serve
+
+    require_chromium()
+    client, ids = store
+    html_page = client.get(f"/runs/{ids['nsys']}").text
+    fig = _figure(html_page, "timeline")  # expanded by figures.expand_figure
+    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
+        _load(page, f"{url}/runs/{ids['nsys']}")
+        drawn = page.evaluate(_DRAWN, "timeline")
+        # what cptrace.js handed plotly is what expand_figure makes of the page's figure
+        assert drawn == [
+            {k: t.get(k) for k in ("name", "y", "hovertext", "text")} for t in fig["data"]
+        ]
+        bar_texts = page.evaluate(_BAR_TEXTS, "timeline")
+        for curve, trace in enumerate(fig["data"]):
+            widths = trace["x"]
+            if trace.get("legendgroup") == "idle gaps":
+                labels = [
+                    html.unescape(f"{short} {w:.3f} ms")
+                    for short, w in zip(trace["text"], widths, strict=True)
+                ]
+                shown = [t for t in bar_texts[curve] if t]
+                assert shown and set(shown) <= set(labels), trace["name"]
+                expected = [html.unescape(f"{trace['hovertext'][0]} {widths[0]:.3f} ms")]
+                expected.append(f"start {trace['base'][0]:.3f} ms")
+            else:
+                expected = [
+                    html.unescape(trace["name"]),
+                    html.unescape(trace["hovertext"][0]),
+                    f"start {trace['base'][0]:.3f} ms, {widths[0]:.4f} ms",
+                ]
+            assert page.evaluate(_HOVER, ["timeline", curve, 0]) == "\n".join(expected)
+        assert page.errors == [], page.errors

@@ -12,8 +12,10 @@ from web import figures
 
 
 def _valid(fig: dict) -> dict:
-    go.Figure(fig)  # raises ValueError on any unknown or mistyped property
-    return fig
+    """The plain plotly figure (strings put back, as the page script does), validated."""
+    plain = figures.expand_figure(fig)
+    go.Figure(plain)  # raises ValueError on any unknown or mistyped property
+    return plain
 
 
 def test_iteration_distribution_groups_by_variant_with_one_trace_per_rank() -> None:
@@ -75,7 +77,7 @@ def test_timeline_bars_start_at_event_start_in_ms_one_row_per_rank_and_stream() 
 
 def test_timeline_decimation_keeps_the_longest_events_per_rank() -> None:
     tl = f.timeline()
-    fig = figures.timeline_figure(tl, max_events=5)
+    fig = _valid(figures.timeline_figure(tl, max_events=5))
     durations = sorted((x for t in fig["data"] for x in t["x"]), reverse=True)
     assert len(durations) == 10  # 5 per rank
     assert durations[0] == pytest.approx((5000 + 39 * 10) / 1e6)

@@ -2,6 +2,29 @@
 // Figures arrive as <script type="application/json"> (escaped by the server), never as inline JS.
 "use strict";
 (function () {
+  // A figure may send each distinct string once (web/figures.py, expand_figure): "strings"
+  // holds them, and each trace's "indexed" names its fields that hold indexes into it; a
+  // trace's "copies" maps a field to the field of the same trace it repeats. Put them back
+  // before plotly sees the figure.
+  function expandFigure(fig) {
+    var strings = fig.strings;
+    if (!strings) return fig;
+    fig.data.forEach(function (trace) {
+      (trace.indexed || []).forEach(function (field) {
+        trace[field] = trace[field].map(function (i) {
+          return strings[i];
+        });
+      });
+      Object.keys(trace.copies || {}).forEach(function (field) {
+        trace[field] = trace[trace.copies[field]].slice();
+      });
+      delete trace.indexed;
+      delete trace.copies;
+    });
+    delete fig.strings;
+    return fig;
+  }
+
   function drawCharts() {
     var charts = document.querySelectorAll(".chart[data-figure]");
     if (!charts.length) {
@@ -16,7 +39,7 @@
     charts.forEach(function (el) {
       var source = document.getElementById(el.dataset.figure);
       if (!source) return;
-      var fig = JSON.parse(source.textContent);
+      var fig = expandFigure(JSON.parse(source.textContent));
       drawn.push(
         Plotly.newPlot(el, fig.data, fig.layout, { responsive: true, displaylogo: false }).then(
           function () {
