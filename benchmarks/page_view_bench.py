@@ -1,14 +1,25 @@
-"""One run page view, in process: the HTML page and its ``.json`` twin of a real stored report.
+"""Run page views: bytes, server time (warm and cold) and Chromium's time to draw the page.
 
-The 3-arm Kineto traces are analysed once, the report is stored the way the worker stores it
-(``record_report`` in a real SQLite file; a tree with page summaries builds the run's summary at
-its first view), then each page is fetched ``--repeat`` times through the app (Starlette's
-``TestClient``: no network). The first view of each page is left out. Run it against another
-tree with ``PYTHONPATH=<that tree>`` to compare. A benchmark prints numbers; it asserts nothing.
+The 3-arm Kineto traces are analysed once and the report is stored ``--runs`` times the way
+the worker stores it (``record_report`` in a real SQLite file; a tree with page summaries
+builds each run's summary at its first view). Then, through the app (Starlette's
+``TestClient``: no network):
+
+* warm: one run's page fetched ``--repeat`` times after a first view (what the server keeps
+  built answers);
+* cold: every view a run not viewed for ``--runs`` views (more runs than the server keeps
+  built or parsed, so each view reads, parses and renders its page anew: what 100 readers
+  clicking through many runs cost). Each run was viewed once before, untimed (a run's first
+  view ever builds its page summary when the worker did not store one).
+
+With ``--browser`` (needs Chromium) the app is served by uvicorn and headless Chromium loads
+the HTML page ``--repeat`` times: milliseconds from navigation until every chart is drawn
+(``body[data-charts-ready]``). Run it against another tree with ``PYTHONPATH=<that tree>`` to
+compare. A benchmark prints numbers; it asserts nothing.
 
 Usage::
 
-    python benchmarks/page_view_bench.py [--repeat 7]
+    python benchmarks/page_view_bench.py [--repeat 7] [--runs 12] [--browser]
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -28,21 +40,13 @@ DATA = REPO / "tests" / "data" / "te-2.20.2-h200x2"
 KINETO = [DATA / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=7)
-    args = parser.parse_args()
-    from fastapi.testclient import TestClient
-
+def store_runs(app: Any, count: int) -> tuple[list[int], int]:
+    """``count`` runs holding the real 3-arm report; their ids and the report's size."""
     from analyzers import analyze
-    from cptrace.app import create_app
-    from service.core.config import Settings
     from service.storage import runs
 
     report = analyze(KINETO)
     text = report.model_dump_json()
-    data_dir = Path(tempfile.mkdtemp(prefix="cptrace-pages-"))
-    app = create_app(Settings(data_dir=data_dir, ingest_workers=0))
 
     def store(conn: sqlite3.Connection) -> int:
         run_id = runs.create_run(
@@ -56,30 +60,97 @@ def main() -> None:
         )  # fmt: skip
         return run_id
 
-    run_id = app.state.db.write_tx(store)
+    return [app.state.db.write_tx(store) for _ in range(count)], len(text)
+
+
+def timed(get: Any, path: str) -> float:
+    started = time.perf_counter()
+    get(path).raise_for_status()
+    return (time.perf_counter() - started) * 1000
+
+
+def server_rows(app: Any, ids: list[int], repeat: int) -> list[tuple[str, str, str, str]]:
+    """(page, warm median / min ms, cold median / min ms, MB) of the HTML page and its twin."""
+    from fastapi.testclient import TestClient
+
     rows = []
     with TestClient(app) as client:
-        for path in (f"/runs/{run_id}", f"/runs/{run_id}.json"):
-            first = client.get(path)
+        for run_id in ids:  # each run's first view builds and stores its page summary
+            client.get(f"/runs/{run_id}").raise_for_status()
+        for suffix in ("", ".json"):
+            first = client.get(f"/runs/{ids[0]}{suffix}")
             first.raise_for_status()
-            times = []
-            for _ in range(args.repeat):
-                started = time.perf_counter()
-                client.get(path).raise_for_status()
-                times.append((time.perf_counter() - started) * 1000)
+            warm = [timed(client.get, f"/runs/{ids[0]}{suffix}") for _ in range(repeat)]
+            cold = []
+            for _ in range(max(1, repeat // len(ids) + 1)):
+                cold += [timed(client.get, f"/runs/{i}{suffix}") for i in ids[1:] + ids[:1]]
             rows.append(
-                (path.replace(str(run_id), "{id}"), statistics.median(times), min(times),
-                 len(first.content) / 1e6)
-            )  # fmt: skip
+                (
+                    f"`/runs/{{id}}{suffix}`",
+                    f"{statistics.median(warm):.0f} / {min(warm):.0f}",
+                    f"{statistics.median(cold):.0f} / {min(cold):.0f}",
+                    f"{len(first.content) / 1e6:.2f}",
+                )
+            )
+    return rows
+
+
+def browser_row(app: Any, run_id: int, repeat: int) -> str:
+    """Median / min ms from navigation to every chart drawn, in headless Chromium."""
+    sys.path.insert(0, str(REPO / "tests" / "web"))
+    sys.path.insert(0, str(REPO / "tests"))
+    from web_server import serve
+
+    from web.screenshots import CHROMIUM_ARGS, find_chromium
+
+    executable = find_chromium()
+    if executable is None:
+        return "no Chromium (apt-get install chromium)"
+    from playwright.sync_api import sync_playwright
+
+    times = []
+    with serve(app) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=list(CHROMIUM_ARGS))
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        for i in range(repeat + 1):
+            page.goto("about:blank")
+            started = time.perf_counter()
+            page.goto(f"{url}/runs/{run_id}", wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_selector("body[data-charts-ready='true']", timeout=120_000)
+            if i:  # the first load fills the browser's cache of plotly.js
+                times.append((time.perf_counter() - started) * 1000)
+        browser.close()
+    return f"{statistics.median(times):.0f} / {min(times):.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--runs", type=int, default=12, help="runs stored (cold views cycle through them)"
+    )
+    parser.add_argument("--browser", action="store_true", help="also Chromium's time to draw")
+    args = parser.parse_args()
+    from cptrace.app import create_app
+    from service.core.config import Settings
+
+    data_dir = Path(tempfile.mkdtemp(prefix="cptrace-pages-"))
+    app = create_app(Settings(data_dir=data_dir, ingest_workers=0))
+    ids, stored = store_runs(app, max(2, args.runs))
+    rows = server_rows(app, ids, args.repeat)
+    drawn = browser_row(app, ids[0], args.repeat) if args.browser else None
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"run page views of the 3-arm Kineto report ({len(text) / 1e6:.1f} MB stored), "
-        f"{args.repeat} views each; load average {load}"
+        f"run page views of the 3-arm Kineto report ({stored / 1e6:.1f} MB stored, {len(ids)} "
+        f"runs), {args.repeat} warm views, cold views cycle through the runs; "
+        f"{os.cpu_count()} CPU cores, load average {load}"
     )
-    print("| page | median ms | min ms | MB |")
+    print("| page | MB | server warm: median / min ms | server cold: median / min ms |")
     print("|---|---|---|---|")
-    for path, median, best, size in rows:
-        print(f"| `{path}` | {median:.0f} | {best:.0f} | {size:.2f} |")
+    for path, warm, cold, size in rows:
+        print(f"| {path} | {size} | {warm} | {cold} |")
+    if drawn is not None:
+        print(f"\nChromium, navigation to every chart drawn (`/runs/{{id}}`): {drawn} ms")
 
 
 if __name__ == "__main__":

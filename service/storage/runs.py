@@ -19,7 +19,7 @@ import secrets
 import sqlite3
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -309,6 +309,23 @@ def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
     """The stored report text of a run, or None."""
     row = conn.execute("SELECT report_json FROM reports WHERE run_id = ?", (run_id,)).fetchone()
     return None if row is None else str(row[0])
+
+
+REPORT_CHUNK_BYTES = 256 * 1024
+
+
+def copy_report(conn: sqlite3.Connection, *, run_id: int, into: IO[bytes]) -> int | None:
+    """Write the stored report text of a run (UTF-8) into ``into``, 256 KiB at a time through
+    SQLite's incremental blob reads, never the whole text in memory; its size in bytes, or
+    None when the run has no report. ``reports.run_id`` is the table's rowid."""
+    try:
+        blob = conn.blobopen("reports", "report_json", run_id, readonly=True)
+    except sqlite3.OperationalError:  # "no such rowid": no report
+        return None
+    with blob:
+        while chunk := blob.read(REPORT_CHUNK_BYTES):
+            into.write(chunk)
+        return len(blob)
 
 
 def page_stamp(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:

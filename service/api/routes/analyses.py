@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Annotated, Any
+import tempfile
+from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from analyzers.report import AnalysisReport
 from service.analysis import enqueue_analysis
-from service.api.deps import AdminAccess, DbDep, ReadAccess
+from service.api.deps import AdminAccess, DbDep, ReadAccess, SettingsDep
 from service.api.schemas import RunId
 from service.core.errors import Conflict
 from service.storage import runs
@@ -18,7 +21,6 @@ from service.store import (
     AnalysisStatus,
     HistoryPoint,
     get_analysis_status,
-    get_report,
     metric_history,
 )
 
@@ -31,15 +33,44 @@ def read_analysis(run_id: RunId, db: DbDep, _: ReadAccess) -> AnalysisStatus:
     return get_analysis_status(db, run_id)
 
 
+REPORT_IN_MEMORY_BYTES = 1024 * 1024
+"""A report up to this size is answered from memory; a larger one from a temp file."""
+
+
+# the declared model documents the contract in /openapi.json; the body is the stored text
 @router.get("/runs/{run_id}/analysis/result", response_model=AnalysisReport)
-def read_analysis_result(run_id: RunId, db: DbDep, _: ReadAccess) -> Any:
-    """The analysis report; 409 while the analysis has not finished."""
+def read_analysis_result(
+    run_id: RunId, db: DbDep, settings: SettingsDep, _: ReadAccess
+) -> StreamingResponse:
+    """The analysis report; 409 while the analysis has not finished.
+
+    The stored text is streamed as it was stored (``AnalysisReport.model_dump_json()``): a
+    100 MB report is never one string, a parsed model and a second string in memory. It is
+    copied out of the database first (one short read; the largest in a temp file), so a slow
+    client holds no database snapshot.
+    """
     status = get_analysis_status(db, run_id)
-    report = get_report(db, run_id)
-    if report is None:
+    settings.tmp_dir.mkdir(parents=True, exist_ok=True)  # where a large report is spooled
+    # closed by the response once sent (or here on an error): it outlives this function
+    spool = tempfile.SpooledTemporaryFile(  # noqa: SIM115
+        max_size=REPORT_IN_MEMORY_BYTES, dir=settings.tmp_dir
+    )
+    try:
+        size = db.read(lambda c: runs.copy_report(c, run_id=run_id, into=spool))
+    except BaseException:
+        spool.close()
+        raise
+    if size is None:
+        spool.close()
         detail = f": {status.error}" if status.error else ""
         raise Conflict(f"run {run_id} has no analysis result (analysis {status.status}){detail}")
-    return report
+    spool.seek(0)
+    return StreamingResponse(
+        iter(lambda: spool.read(runs.REPORT_CHUNK_BYTES), b""),
+        media_type="application/json",
+        headers={"Content-Length": str(size)},
+        background=BackgroundTask(spool.close),
+    )
 
 
 @router.post("/runs/{run_id}/analysis", response_model=AnalysisStatus, status_code=202)
