@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import html
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,8 +110,14 @@ class StringTable:
             self.strings.append(text)
         return found
 
-    def column(self, texts: Iterable[str]) -> list[int]:
-        return [self.add(t) for t in texts]
+    def indexes(self, codes: np.ndarray, text: Callable[[int], str]) -> list[int]:
+        """The table index of ``text(code)`` for each of ``codes`` (integers), ``text``
+        called once per distinct code."""
+        if not len(codes):
+            return []
+        distinct, inverse = np.unique(codes, return_inverse=True)
+        found = np.asarray([self.add(text(int(c))) for c in distinct], dtype=np.int64)
+        return found[inverse.reshape(-1)].tolist()  # type: ignore[no-any-return]
 
 
 def expand_figure(fig: Figure) -> Figure:
@@ -315,15 +321,11 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
     rows = sorted(set(zip(rank.tolist(), stream.tolist(), strict=True)))
     row_label = {row: f"rank {row[0]} · stream {row[1]}" for row in rows}
     table = StringTable()
-    row_index = {row: table.add(label) for row, label in row_label.items()}
-    row_of = np.asarray(
-        [row_index[r] for r in zip(rank.tolist(), stream.tolist(), strict=True)], dtype=np.int64
-    )
+    row_code = np.searchsorted(
+        np.asarray([r * (1 << 32) + s for r, s in rows], dtype=np.int64),
+        rank * (1 << 32) + stream,
+    )  # the index in ``rows`` of each bar's (rank, stream)
     names = np.asarray(cols.name, dtype=np.int64)[kept]
-    # the summary's string index -> the figure's: only names of drawn bars, each escaped once
-    name_index = np.full(len(cols.strings), -1, dtype=np.int64)
-    for i in np.unique(names).tolist():
-        name_index[i] = table.add(svg_text(cols.strings[i]))
     data = []
     for index in sorted(set(helper.tolist()), key=lambda i: cols.strings[i]):
         mask = helper == index
@@ -335,8 +337,9 @@ def timeline_figure(timeline: Timeline | TimelineColumns, max_events: int = 3000
                 "name": name,
                 "base": _ms(start[mask]),
                 "x": _ms(width[mask]),
-                "y": row_of[mask].tolist(),
-                "hovertext": name_index[names[mask]].tolist(),
+                "y": table.indexes(row_code[mask], lambda i: row_label[rows[i]]),
+                # each drawn name escaped once
+                "hovertext": table.indexes(names[mask], lambda i: svg_text(cols.strings[i])),
                 "indexed": ["y", "hovertext"],
                 # a bar with a base hovers %{x} as its end: the duration comes as customdata
                 "copies": {"customdata": "x"},
@@ -456,6 +459,7 @@ def idle_gap_traces(
             continue
         labels = label_of[mask].tolist()
         cause = svg_text(part)
+        hover = {i: f"{cause}: {escaped[i]}" for i in set(labels)}
         out.append(
             {
                 "type": "bar",
@@ -464,14 +468,14 @@ def idle_gap_traces(
                 "legendgroup": "idle gaps",
                 "base": _ms(start[mask]),
                 "x": _ms(np.maximum(end[mask] - start[mask], 1)),
-                "y": table.column(gap_row(r) for r in rank_of[mask].tolist()),
+                "y": table.indexes(rank_of[mask], gap_row),
                 # on the bar (where it fits): helper and duration; the colour and hover give
                 # the cause; = svg_text(gap_text(gap)) in the hover
-                "text": table.column(escaped[i] for i in labels),
+                "text": table.indexes(label_of[mask], escaped.__getitem__),
                 "texttemplate": "%{text} %{x:.3f} ms",
                 "textposition": "inside",
                 "insidetextanchor": "start",
-                "hovertext": table.column(f"{cause}: {escaped[i]}" for i in labels),
+                "hovertext": table.indexes(label_of[mask], hover.__getitem__),
                 "indexed": ["y", "text", "hovertext"],
                 "copies": {"customdata": "x"},  # the hover's %{x} would be the bar's end
                 "hovertemplate": (
