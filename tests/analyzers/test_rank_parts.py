@@ -22,7 +22,15 @@ from testkit.calls import calls_of
 from analyzers.bundle import read_bundle
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.pipeline import analyze
-from analyzers.rank_parts import analyze_rank, dump_part, load_part, merge_parts
+from analyzers.rank_parts import (
+    PART_VERSION,
+    analyze_rank,
+    dump_part,
+    load_part,
+    merge_part_blobs,
+    merge_parts,
+    read_part_header,
+)
 from analyzers.readers import TraceInput, _files, check_trace, trace_input
 from tests.analyzers.conftest import KINETO_3ARMS, NSYS_3ARMS, te_manifest
 
@@ -62,7 +70,7 @@ def _per_rank(items: list[TraceInput], tmp_path: Path, **kwargs: Any) -> str:
         size = dump_part(analyze_rank(item, files=len(items)), blob)
         assert size == blob.stat().st_size
         blobs.append(blob)
-    return merge_parts([load_part(b) for b in blobs], **kwargs).report.model_dump_json()
+    return merge_part_blobs(blobs, **kwargs).report.model_dump_json()
 
 
 @functools.cache
@@ -153,6 +161,8 @@ def test_a_damaged_part_blob_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CorruptTraceError, match="another version"):
         load_part(other)
     half = tmp_path / "half.npz"
-    np.savez(half, meta=np.frombuffer(json.dumps({"version": 1}).encode(), dtype=np.uint8))
+    np.savez(
+        half, meta=np.frombuffer(json.dumps({"version": PART_VERSION}).encode(), dtype=np.uint8)
+    )
     with pytest.raises(CorruptTraceError, match="damaged per-rank part"):
         load_part(half)
