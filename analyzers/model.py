@@ -358,7 +358,8 @@ def merge_traces(traces: Iterable[Trace], rows: Sequence[TableRows] | None = Non
     starts: list[int] = []
     ends: list[int] = []
     index = -1
-    for index, trace in enumerate(traces):
+    for trace in traces:  # not enumerate(): its cached result tuple would hold the last one
+        index += 1
         if table_rows(trace) != tuple(rows[index]):
             raise ValueError(f"{trace.source}: table rows {table_rows(trace)}, told {rows[index]}")
         key_offset = index << 48

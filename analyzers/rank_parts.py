@@ -167,7 +167,9 @@ def merge_parts(
         claimed: dict[int, str] = {}
 
         def traces() -> Iterator[Trace]:
-            for index, part in enumerate(parts):
+            index = -1
+            for part in parts:  # not enumerate(): its cached result would hold the last part
+                index += 1
                 if index >= len(headers) or part_header(part) != headers[index]:
                     raise RuntimeError(f"{part.input.path}: part differs from its header")
                 sources.append(source_info(part.trace, part.input, claimed))
@@ -375,7 +377,7 @@ def _part(meta: dict[str, Any], arrays: dict[str, Any], catalog: Catalog) -> Ran
             helper_names=tuple(h.name for h in catalog.helpers),
             categories=tuple(h.category for h in catalog.helpers),
         )
-    return RankPart(
+    part = RankPart(
         input=TraceInput(
             path=Path(item["path"]),
             format=item["format"],
@@ -388,6 +390,23 @@ def _part(meta: dict[str, Any], arrays: dict[str, Any], catalog: Catalog) -> Ran
         via_python=arrays["via_python"],
         attribution=att,
     )
+    _check_rows(part, meta["rows"])
+    return part
+
+
+def _check_rows(part: RankPart, rows: Sequence[int]) -> None:
+    """The part's columns have the rows its header says (the merge allocates by the header)."""
+    acts, ranges = len(part.trace.activities), len(part.trace.ranges)
+    if list(table_rows(part.trace)) != list(rows):
+        raise ValueError(f"tables of {table_rows(part.trace)} rows, header says {rows}")
+    columns = [len(part.range_helper), len(part.via_python)]
+    expected = [0, 0]  # a part left unattributed (its rank unknown) has no matches either
+    if part.attribution is not None:
+        att = part.attribution
+        columns += [len(att.helper), len(att.matched_by), len(att.launch), len(att.range_row)]
+        expected = [ranges, ranges, acts, acts, acts, acts]
+    if columns != expected:
+        raise ValueError(f"match and attribution columns of {columns} rows, expected {expected}")
 
 
 __all__ = [
