@@ -5,14 +5,22 @@ processes is one file, so one part). ``analyze_rank`` is the per-file stage: rea
 catalog matches of the ranges, attribution of every activity. It runs in its own process
 wherever the caller likes (the service runs R of them in parallel), and its result, a
 ``RankPart``, is written to a blob with ``dump_part``: the normalized columnar tables plus
-the attribution columns, a fraction of the trace file's size. ``merge_parts`` loads the parts,
-concatenates them exactly as ``merge_traces`` does (row offsets applied to the attribution's
-row references), and runs the stages that need every rank (windows, metrics, accounts,
-findings, the report) through the same code as the one-process analysis: the report is the
-same, byte for byte (``tests/analyzers/test_rank_parts.py``).
+the attribution columns, a fraction of the trace file's size, and a header of their row counts.
+``merge_part_blobs`` reads the headers, allocates the run's tables once, and loads the parts
+one at a time into them (``merge_traces`` with row counts; row offsets applied to the
+attribution's row references), each part let go before the next is loaded; then it runs the
+stages that need every rank (windows, metrics, accounts, findings, the report) through the same
+code as the one-process analysis: the report is the same, byte for byte
+(``tests/analyzers/test_rank_parts.py``).
 
 What is bounded by one rank: the read (the parse of a file, the largest cost in time and
-memory) and the attribution's temporaries. The merge holds every rank's tables.
+memory), the attribution's temporaries, and what the merge holds of a part while it copies it.
+What is not: the merged tables (about a quarter of the merge's peak) and the stages after
+attribution over them (the rest; the account's host-state indexes over every rank's ranges are
+the largest). To bound the merge by one rank those stages must run per rank and leave
+summaries; the one figure that needs every rank's kernels is the kernel table's all-ranks row
+(median and standard deviation of each kernel name over every rank's instances, computed over
+the sorted durations: exact bytes need those durations, 8 bytes a kernel, not a sketch).
 
 Before / after of the merge's attribution (two parts, 3 and 2 activities, 4 and 3 launches,
 5 ranges in the first part)::
