@@ -110,12 +110,19 @@ class SyncLineRecorder:
             return  # CPU: no CUDA sync exists, nothing to record (the analysis falls back)
         self._cuda = cuda
         self._previous_mode = cuda.get_sync_debug_mode()
+        self._set_mode(WARN)
         self._previous_show = warnings.showwarning
         warnings.showwarning = self._show
         warnings.filterwarnings("always", message=SYNC_WARNING, category=UserWarning)
-        cuda.set_sync_debug_mode(WARN)
         self.mode = WARN
         self._active = True
+
+    def _set_mode(self, mode: Any) -> None:
+        # torch warns that sync debug mode is a prototype each time it is switched on: cptrace's
+        # doing, not the job's, so it stays out of the job's output
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._cuda.set_sync_debug_mode(mode)
 
     def _show(
         self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -141,7 +148,7 @@ class SyncLineRecorder:
         """Restore the job's sync debug mode and ``showwarning``; write the record."""
         if self._active:
             self._active = False
-            self._cuda.set_sync_debug_mode(self._previous_mode)
+            self._set_mode(self._previous_mode)
             if warnings.showwarning == self._show:
                 warnings.showwarning = self._previous_show
             # The "always" filter stays: Python has no public way to take one filter back, and
