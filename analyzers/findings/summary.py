@@ -49,7 +49,7 @@ from analyzers.report import (
 from analyzers.sweep import Union
 from analyzers.syncs import HostSyncs
 from analyzers.timeline import GpuActivities
-from contracts.frames import LIBRARY_FRAME, same_file
+from contracts.frames import LIBRARY_FRAME, PROFILE_HOOK_FRAME, same_file
 
 IntArray = npt.NDArray[np.int64]
 
@@ -342,14 +342,18 @@ def _sync_pointers(
 ) -> list[SyncPointer]:
     """Innermost user Python frame around each sync site, counted per frame and op, with the
     GPU idle the blocking ones were followed by (``_gpu_idle_after``) and, per step, the
-    saving estimated from it (the largest rank's)."""
+    saving estimated from it (the largest rank's). A site under one of cptrace's profile hooks
+    called from that frame (the PyTorch profiler synchronizing when it stops tracing) is
+    cptrace's, not the job's: no pointer."""
     table = trace.ranges
     names = table["name"]
+    python = table["kind"] == RangeKind.PYTHON
+    framed_names = [s for s in np.unique(names).tolist() if _FRAME.match(trace.strings[s])]
+    hook = [s for s in framed_names if PROFILE_HOOK_FRAME.search(trace.strings[s])]
     user = [
-        s for s in np.unique(names).tolist()
-        if _FRAME.match(trace.strings[s]) and not LIBRARY_FRAME.search(trace.strings[s])
+        s for s in framed_names if s not in hook and not LIBRARY_FRAME.search(trace.strings[s])
     ]
-    frames = np.flatnonzero(np.isin(names, user) & (table["kind"] == RangeKind.PYTHON))
+    frames = np.flatnonzero(np.isin(names, user) & python)
     sites = _sites(trace, catalog, syncs)
     if len(sites.start) == 0 or len(frames) == 0:
         return []
@@ -357,7 +361,15 @@ def _sync_pointers(
         table["thread"][frames], table["start"][frames], table["end"][frames], frames
     )
     found = index.lookup(sites.thread, sites.start)
-    framed = np.flatnonzero(found >= 0)
+    placed = found >= 0
+    hooks = np.flatnonzero(np.isin(names, hook) & python)
+    if len(hooks) and placed.any():
+        inner = RangeIndex(
+            table["thread"][hooks], table["start"][hooks], table["end"][hooks], hooks
+        ).lookup(sites.thread, sites.start)
+        # a hook inside the user's frame (not one around it: ``--step-function``'s wrapper)
+        placed &= ~((inner >= 0) & (table["start"][inner] >= table["start"][found]))
+    framed = np.flatnonzero(placed)
     if len(framed) == 0:
         return []
     idle = _gpu_idle_after(sites, acts)[framed]

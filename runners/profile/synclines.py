@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from contracts.frames import is_library_frame
+from contracts.frames import is_library_frame, is_profile_hook_frame
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """The start of the message c10 warns with in sync debug mode ``warn``."""
@@ -43,10 +43,6 @@ MAX_SITES = 1000
 MAX_MESSAGE_CHARS = 300
 WARN = "warn"
 NO_CUDA = "no_cuda"
-_HOOKS_DIR = os.path.dirname(os.path.abspath(__file__))
-"""``runners/profile``: the hooks cptrace runs inside the job (the step clock, the profiler, the
-probe). Only these frames are cptrace's own: a job may well live in cptrace's tree (its
-``runners.models.train``, the tests' scripts)."""
 _WARNING_MODULES = frozenset(("warnings", "_py_warnings"))
 """The machinery between the warning and the frame that raised it (``_py_warnings``: 3.14)."""
 _USER, _LIBRARY, _OURS = 0, 1, 2
@@ -57,8 +53,8 @@ _kinds: dict[str, int] = {}
 def _kind(filename: str) -> int:
     kind = _kinds.get(filename)
     if kind is None:
-        if os.path.abspath(filename).startswith(_HOOKS_DIR + os.sep):
-            kind = _OURS
+        if is_profile_hook_frame(filename):  # only these are cptrace's own: a job may well live
+            kind = _OURS  # in cptrace's tree (its ``runners.models.train``, the tests' scripts)
         else:
             kind = _LIBRARY if is_library_frame(filename) else _USER
         _kinds[filename] = kind

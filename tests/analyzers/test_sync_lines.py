@@ -18,6 +18,9 @@ of the unedited ``train.py`` beside it on one H200: its ``check_finite`` reads t
 
 from __future__ import annotations
 
+import gzip
+import json
+import tarfile
 from typing import Any
 
 import pytest
@@ -176,3 +179,24 @@ def test_the_real_h200_bundle_points_at_the_item_line_and_falls_back_without_rec
     assert pointer.frame == "train.py:6 in check_finite" and pointer.call_lines == []
     assert "at train.py:6 in check_finite" in before.do_first[0].action
     assert LINE_CAVEAT in before.do_first[0].evidence
+
+
+def test_the_profilers_own_sync_under_cptraces_hook_is_no_pointer() -> None:
+    """The PyTorch profiler synchronizes the device when it stops tracing, from cptrace's
+    ``runners/profile/torchprof.py`` step hook inside the user's ``opt.step()``: that sync is in
+    the trace, but it is cptrace's, so no pointer names it (nor the user's line around it)."""
+    with tarfile.open(PLAIN_BUNDLE) as archive:
+        member = next(m for m in archive.getnames() if m.endswith(".json.gz"))
+        raw = archive.extractfile(member)
+        assert raw is not None
+        events = [e for e in json.loads(gzip.decompress(raw.read()))["traceEvents"]
+                  if e.get("ph") == "X"]  # fmt: skip
+    (sync,) = [e for e in events if e["name"] == "cudaDeviceSynchronize"]
+    around = [e["name"] for e in events if e.get("cat") == "python_function"
+              and e["tid"] == sync["tid"] and e["ts"] <= sync["ts"]
+              and e["ts"] + e["dur"] >= sync["ts"] + sync["dur"]]  # fmt: skip
+    assert any(n.startswith("runners/profile/torchprof.py(") for n in around)
+    assert "train.py(25): main" in around
+    summary = _summary(PLAIN_BUNDLE, None)
+    assert [p.op for p in summary.sync_pointers] == ["aten::item", "aten::item"]
+    assert not [p for p in summary.sync_pointers if "runners/profile" in p.frame]
