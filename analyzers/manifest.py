@@ -235,7 +235,8 @@ class SyncLines(_Model):
     dropped: int = Field(default=0, ge=0)
     """Syncs at sites beyond ``MAX_SYNC_SITES`` (not in ``sites``)."""
     unplaced: int = Field(default=0, ge=0)
-    """Syncs with no frame of the user's code on the stack."""
+    """Syncs not counted at a site: no frame of the user's code on the stack, or one of
+    cptrace's profile hooks made them."""
 
 
 class RunManifest(_Model):

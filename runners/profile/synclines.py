@@ -89,7 +89,8 @@ class SyncLineRecorder:
         self.messages: dict[tuple[str, int, str, int], str] = {}
         self.dropped = 0
         self.unplaced = 0
-        """Sync warnings with no user frame on the stack (a library's own thread)."""
+        """Sync warnings counted at no site: no user frame on the stack (a library's own
+        thread), or cptrace's hooks made them."""
         self._lock = threading.Lock()
         self._cuda: Any = None
         self._previous_mode: Any = None
