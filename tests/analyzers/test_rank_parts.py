@@ -42,6 +42,7 @@ SYNTHETIC = DATA_DIR / "synthetic-h200x2"
 OPENWORLD = DATA_DIR / "openworld"
 BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 PROFILE_BUNDLE = DATA_DIR / "te-2.20.2-h200-profile"
+PLAIN_BUNDLE = DATA_DIR / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
 
 TRACE_SETS = {
     "synthetic-kineto-pair": [
@@ -58,7 +59,7 @@ MANIFESTS = {
     "te-nsys-3arms": lambda: te_manifest("nsys_arm", steps_per_window=3),
 }
 MULTI_RANK = ["synthetic-kineto-pair", "te-kineto-3arms", "te-nsys-3arms"]
-BUNDLES = [BUNDLE, PROFILE_BUNDLE]
+BUNDLES = [BUNDLE, PROFILE_BUNDLE, PLAIN_BUNDLE]
 
 
 def sniff_calls() -> AbstractContextManager[list[str]]:
