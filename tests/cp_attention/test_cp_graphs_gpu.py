@@ -71,9 +71,9 @@ CASES = [(p, cp) for p in PACKS for cp in (2, 4)] + [("many short sequences", 8)
 def _write_table() -> None:
     path = os.environ.get("CP_GRAPHS_TABLE")
     if path:
-        head = ["| kernel | pack | cp | forward bitwise | grads bitwise | eager run-to-run "
+        head = ["| kernel | comm | pack | cp | forward bitwise | grads bitwise | eager run-to-run "
                 "max diff (dq, dk, dv) | graph vs eager max diff (dq, dk, dv) |",
-                "|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|"]
         Path(path).write_text("\n".join(head + _ROWS) + "\n")
 
 
@@ -89,9 +89,10 @@ def _assert_same(name: str, got: torch.Tensor, want: torch.Tensor, kernel: str) 
         assert torch.equal(got, want), f"{name}: graph vs eager {_max_diff(got, want):.2e}"
 
 
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
 @pytest.mark.parametrize("kernel", ["cudnn", "flash"])
 @pytest.mark.parametrize(("pack", "cp"), CASES)
-def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
+def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int, comm: str) -> None:
     if kernel == "cudnn" and not cudnn_available():
         pytest.skip("nvidia-cudnn-frontend does not import")
     cu, cup, heads, kv_heads, dim = _pack(pack, cp)
@@ -100,9 +101,10 @@ def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
     full = {n: torch.randn(cup[-1], h, dim, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", heads), ("k", kv_heads), ("v", kv_heads), ("dout", heads))}
     local = local_parts(meta, full)
-    eager = [run_all_ranks(meta, full, True, Tuning(), kernel, local=local) for _ in range(2)]
+    eager = [run_all_ranks(meta, full, True, Tuning(), kernel, local=local, comm=comm)
+             for _ in range(2)]
     graphs = StepGraphs(capacity=64)
-    graphed = [run_all_ranks(meta, full, True, Tuning(), kernel, graphs, local)
+    graphed = [run_all_ranks(meta, full, True, Tuning(), kernel, graphs, local, comm)
                for _ in range(3)]  # capture + replay, then two more replays
     assert graphs.stats.captures == cp and not graphs.failed, graphs.failed
     assert graphs.stats.replays == 3 * cp
@@ -111,7 +113,7 @@ def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
     noise = [_max_diff(eager[0][n], eager[1][n]) for n in grads]
     diff = [max(_max_diff(g[n], eager[0][n]) for g in graphed) for n in grads]
     bitwise = all(torch.equal(g[n], eager[0][n]) for g in graphed for n in grads)
-    _ROWS.append(f"| {kernel} | {pack} | {cp} | {fwd_bitwise} | {bitwise} | "
+    _ROWS.append(f"| {kernel} | {comm} | {pack} | {cp} | {fwd_bitwise} | {bitwise} | "
                  f"{', '.join(f'{x:.1e}' for x in noise)} | "
                  f"{', '.join(f'{x:.1e}' for x in diff)} |")
     _write_table()
