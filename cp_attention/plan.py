@@ -340,7 +340,7 @@ def gather_calls(geom: Geometry, rank: int, causal: bool,
     share a query or a key row, so each call's outputs and dK/dV can be written in place, and
     the two calls' query rows are disjoint, so the forward needs no log-sum-exp merge of
     partial outputs. Otherwise one call (all our queries against the visible prefix, or the
-    whole sequence when not causal).
+    whole sequence when not causal; at cp = 1 the two chunks are the whole sequence).
 
     :param owner_rows: for every row of the gathered buffer (owner blocks in rank order), its
         row in the packed batch (the partitions of ranks ``0..cp-1``, concatenated).
@@ -354,12 +354,12 @@ def gather_calls(geom: Geometry, rank: int, causal: bool,
 
     if not causal:
         kinds = [[(mine, prefix(geom.padded_len))]]
-    elif geom.strategy == "dual_chunk_swap":
+    elif geom.strategy == "dual_chunk_swap" and geom.cp_size > 1:
         chunk = geom.padded_len // (2 * geom.cp_size)
         kinds = [[(mine[:1], prefix((rank + 1) * chunk))],
                  [(mine[1:], prefix((2 * geom.cp_size - rank) * chunk))]]
     else:
-        kinds = [[(mine, prefix(mine[0].pos + mine[0].length))]]
+        kinds = [[(mine, prefix(mine[-1].pos + mine[-1].length))]]
     calls = tuple(c for c in (build_call(k, geom, causal) for k in kinds) if c is not None)
     total = owner_rows.size
     identity = np.array_equal(owner_rows, np.arange(total))

@@ -54,7 +54,7 @@ def test_every_rank_local_work_reassembles_to_reference(cp: int, strategy: str,
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("cp", [1, 2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_rank_all_gather_local_work_reassembles_to_reference(cp: int, strategy: str,
