@@ -6,8 +6,10 @@ sequences, tail padding, pads of 128 and 256, head dims 64/128/256, GQA), with t
 the flash kernel. Outputs and gradients must be bitwise equal, with one exception: torch's
 flash backward (FlashAttention-2) accumulates dQ across key blocks with float32 atomics, so its
 dQ is not reproducible even eagerly (seen on H200: 3.7e-9 apart between two runs of one
-layer); there dQ must agree to within one bf16 rounding. ``CP_GRAPHS_TABLE=<file>`` writes
-what each case measured, bitwise or not.
+layer); there dQ must agree to within one bf16 rounding. The same holds for cuDNN's dQ where
+two eager runs already differ (its backward also accumulates dQ in float32; seen on H200 with
+the all-gather comm on the tail-padding pack, one bf16 rounding apart): out, dK and dV stay
+bitwise everywhere. ``CP_GRAPHS_TABLE=<file>`` writes what each case measured, bitwise or not.
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
 
 
-def _assert_same(name: str, got: torch.Tensor, want: torch.Tensor, kernel: str) -> None:
-    """Bitwise, except flash's dQ (atomics): one bf16 rounding of the same float32 sum."""
-    if kernel == "flash" and name == "dq":
+def _assert_same(name: str, got: torch.Tensor, want: torch.Tensor, kernel: str,
+                 eager_reproducible: bool = True) -> None:
+    """Bitwise, except a dQ summed with float32 atomics (flash always; cuDNN where two eager
+    runs already differ): one bf16 rounding of the same float32 sum."""
+    if name == "dq" and (kernel == "flash" or not eager_reproducible):
         torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-6)
     else:
         assert torch.equal(got, want), f"{name}: graph vs eager {_max_diff(got, want):.2e}"
@@ -119,8 +123,8 @@ def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int, comm: str
     _write_table()
     assert fwd_bitwise, "forward output differs between the graph and the eager path"
     for g in graphed:
-        for name in grads:
-            _assert_same(name, g[name], eager[0][name], kernel)
+        for name, eager_noise in zip(grads, noise, strict=True):
+            _assert_same(name, g[name], eager[0][name], kernel, eager_noise == 0.0)
 
 
 @pytest.mark.parametrize("kernel", ["cudnn", "flash"])
