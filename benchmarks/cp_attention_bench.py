@@ -26,8 +26,10 @@ with the other ranks' KV blocks and dK/dV handed in as local tensors
 arms interleaved in one process (ABBA), plus the whole workload on one GPU through the same
 path. Per rank and arm: CUDA-event time, GPU kernel time and launches (median of
 ``--profile-reps`` profiled iterations, by kernel family), TFLOP/s over the kernel time, and the
-ratio to the ideal split of the one-GPU kernel time. ``--floor --cpu`` is a tiny CPU smoke run
-of the same code.
+ratio to the ideal split of the one-GPU kernel time. Arms ``all_gather`` and ``graphs,
+all_gather`` run the all-gather comm instead (a :class:`~cp_attention.ring.LoopbackGather`
+hands over the gathered K/V and the peers' dK/dV); a per-call table times each cuDNN call of
+both comms alone. ``--floor --cpu`` is a tiny CPU smoke run of the same code.
 """
 
 from __future__ import annotations

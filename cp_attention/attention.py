@@ -7,9 +7,10 @@ Forward and backward use the comm, strategy and causal flag captured at forward 
 P2P ring (step ``i`` holds the KV block of rank ``(rank - i) % cp``): the next block is sent
 and received while the current block computes; partial outputs are merged by log-sum-exp.
 The backward passes KV around the ring again, together with the dK/dV accumulated for each
-block, which arrives back at its owner after one extra hop. All-gather: KV is gathered once,
-one kernel call attends every local query to its visible keys, and dK/dV are reduce-scattered
-back to their owners.
+block, which arrives back at its owner after one extra hop. All-gather: KV is gathered once and
+put in sequence order, one or two kernel calls attend every local query to its visible keys
+(:func:`cp_attention.plan.gather_calls`), and dK/dV, moved back to owner order, are
+reduce-scattered to their owners.
 """
 
 from __future__ import annotations
@@ -491,21 +492,6 @@ def _gather_backward(s: _Step, dout, q, kseq, vseq, out, lse):
     return dq, dk, dv
 
 
-def _all_gather(s: _Step, k, v, distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's K and V, owner blocks in rank order (this rank's own without peers)."""
-    if not distributed:
-        return k, v
-    return all_gather_tokens(k, s.cfg.group), all_gather_tokens(v, s.cfg.group)
-
-
-def _reduce_scatter(s: _Step, dk, dv, distributed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our block of the sum over ranks of the gathered dK/dV (the input dtype on the wire, as
-    the P2P ring's dK/dV)."""
-    if not distributed:
-        return dk, dv
-    return reduce_scatter_tokens(dk, s.cfg.group), reduce_scatter_tokens(dv, s.cfg.group)
-
-
 #: The graphs ``cp_attn(..., graphs=True)`` replays: forward and backward per layout.
 GRAPHS = StepGraphs()
 
@@ -523,12 +509,12 @@ def _layout(s: _Step, kind: str, ring: Ring | None, *extra: object) -> tuple:
             *extra)
 
 
-def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool,
-             distributed: bool = True) -> tuple[torch.Tensor, ...]:
+def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool) -> tuple[torch.Tensor, ...]:
     """``(out, lse, *rest)``: all-gather: the K and V in sequence order; P2P: the remote KV
     blocks."""
     if gather:
-        kseq, vseq = _sequence_order(s, *_all_gather(s, k, v, distributed))
+        kg, vg = all_gather_tokens(k, s.cfg.group), all_gather_tokens(v, s.cfg.group)
+        kseq, vseq = _sequence_order(s, kg, vg)
         out, lse = _gather_forward(s, q, kseq, vseq)
         return out, lse, kseq, vseq
     out, lse, blocks = _ring_forward(s, q, k, v, ring)
@@ -536,12 +522,15 @@ def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool,
 
 
 def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
-              gather: bool, distributed: bool = True) -> tuple[torch.Tensor, ...]:
+              gather: bool) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dv)`` from ``[dout, *saved tensors]`` (the layout :func:`_forward` saved)."""
     if gather:
         dout, q, kseq, vseq, out, lse = saved
-        dq, dk, dv = _gather_backward(s, dout, q, kseq, vseq, out, lse)
-        return (dq, *_reduce_scatter(s, dk, dv, distributed))
+        dq, dkg, dvg = _gather_backward(s, dout, q, kseq, vseq, out, lse)
+        # The cross-rank sum travels in the input dtype (half the bytes of float32), as the
+        # P2P ring's dK/dV do.
+        return (dq, reduce_scatter_tokens(dkg, s.cfg.group),
+                reduce_scatter_tokens(dvg, s.cfg.group))
     dout, q, out, lse, *flat = saved
     blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
     if len(blocks) == len(s.calls):
@@ -561,17 +550,18 @@ class _CPAttention(torch.autograd.Function):
             cfg.softmax_scale if cfg.softmax_scale is not None else q.shape[-1] ** -0.5,
         )
         ring = Ring(cfg.group) if distributed else None
-        gather = cfg.comm == "all_gather"
+        # At cp = 1 the all-gather plan is the ring's one local call: no gather, no way back.
+        gather = cfg.comm == "all_gather" and meta.cp_size > 1
         if cfg.graphs:
             # Static graph outputs are overwritten by the next replay (another layer of the
             # same layout): what outlives this call is cloned out of them.
             res = [t.clone() for t in GRAPHS.run(
                 _layout(step, "fwd", ring),
-                lambda xs: _forward(step, xs[0], xs[1], xs[2], ring, gather, distributed),
+                lambda xs: _forward(step, xs[0], xs[1], xs[2], ring, gather),
                 [q, k, v])]
             out, lse, rest = res[0], res[1], res[2:]
         else:
-            out, lse, *rest = _forward(step, q, k, v, ring, gather, distributed)
+            out, lse, *rest = _forward(step, q, k, v, ring, gather)
         if gather:
             ctx.save_for_backward(q, *rest, out, lse)
         else:
@@ -584,14 +574,14 @@ class _CPAttention(torch.autograd.Function):
     def backward(ctx, dout):
         step: _Step = ctx.step
         dout = dout.contiguous()
-        gather = step.cfg.comm == "all_gather"
+        gather = step.cfg.comm == "all_gather" and step.meta.cp_size > 1
         saved = [dout, *ctx.saved_tensors]
         if step.cfg.graphs:
             dq, dk, dv = (t.clone() for t in GRAPHS.run(
                 _layout(step, "bwd", ctx.ring, len(saved)),
-                lambda xs: _backward(step, xs, ctx.ring, gather, ctx.distributed), saved))
+                lambda xs: _backward(step, xs, ctx.ring, gather), saved))
         else:
-            dq, dk, dv = _backward(step, saved, ctx.ring, gather, ctx.distributed)
+            dq, dk, dv = _backward(step, saved, ctx.ring, gather)
         if step.cfg.broken_always_zero_fill:
             zero_fill_padding([dq, dk, dv], step.meta, step.rank)
         return dq, dk, dv, None, None
@@ -633,10 +623,10 @@ def rank_local_work(
         cfg, meta, rank, meta.calls_for(comm, causal, rank), get_backend(q.device, backend),
         softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5, tuning,
     )
-    gather = comm == "all_gather"
+    gather = comm == "all_gather" and meta.cp_size > 1  # cp = 1: the ring's one local call
     if gather and ring is not None and not isinstance(ring, LoopbackGather):
         raise ValueError(f"comm='all_gather' needs a LoopbackGather, got {type(ring).__name__}")
-    if not gather and ring is not None and not isinstance(ring, LoopbackRing):
+    if comm == "p2p" and ring is not None and not isinstance(ring, LoopbackRing):
         raise ValueError(f"comm='p2p' needs a LoopbackRing, got {type(ring).__name__}")
     work = _local_gather_work if gather else _local_work
     if graphs is None:
