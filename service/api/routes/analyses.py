@@ -53,7 +53,7 @@ def read_analysis_result(
     settings.tmp_dir.mkdir(parents=True, exist_ok=True)  # where a large report is spooled
     # closed by the response once sent (or here on an error): it outlives this function
     spool = tempfile.SpooledTemporaryFile(  # noqa: SIM115
-        max_size=REPORT_IN_MEMORY_BYTES, dir=settings.tmp_dir
+        max_size=REPORT_IN_MEMORY_BYTES, mode="w+b", dir=str(settings.tmp_dir)
     )
     try:
         size = db.read(lambda c: runs.copy_report(c, run_id=run_id, into=spool))
