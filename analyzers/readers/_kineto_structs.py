@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from itertools import compress
 
@@ -143,6 +143,19 @@ class _Routes(dict[str | None, int]):
         return found
 
 
+class _Interned(dict[str, int]):
+    """Name -> string id over the whole file: one lookup per row (names repeat over chunks),
+    new names interned in order of first appearance."""
+
+    def __init__(self, strings: SymbolTable) -> None:
+        super().__init__()
+        self.strings = strings
+
+    def __missing__(self, name: str) -> int:
+        found = self[name] = self.strings.intern(name)
+        return found
+
+
 @dataclass(slots=True)
 class StructSink:
     """Where the rows of each chunk go, in file order."""
@@ -154,6 +167,8 @@ class StructSink:
     """Receives ("activities" | "launches" | "ranges", rows in file order) once per chunk."""
     gpu_ranges: list[tuple[object, ...]]
     thread_names: dict[int, str]
+    interned: dict[str, int] = field(default_factory=dict)
+    """Name -> string id, filled as the file is read (``_Interned``)."""
 
 
 def read_structs(blocks: Iterator[bytes], header: dict[str, object], sink: StructSink) -> None:
@@ -170,6 +185,7 @@ def read_structs(blocks: Iterator[bytes], header: dict[str, object], sink: Struc
     buf = bytearray(b"[")
     buf += first
     routes = _Routes()
+    sink.interned = _Interned(sink.strings)
     failed = [0]
     done = False
     while True:
@@ -297,8 +313,9 @@ def _rows(events: list[_Event], routes: _Routes, sink: StructSink) -> None:
     phases = [e.ph for e in events]
     routed = np.fromiter(map(routes.__getitem__, [e.cat for e in events]), np.int8, count)
     routed[~np.fromiter(map("X".__eq__, phases), bool, count)] = _NONE
-    for index in np.flatnonzero(np.fromiter(map("M".__eq__, phases), bool, count)).tolist():
-        _metadata(events[index], sink)
+    if "M" in phases:  # metadata events: a few dozen, at the start of Kineto's files
+        for index in np.flatnonzero(np.fromiter(map("M".__eq__, phases), bool, count)).tolist():
+            _metadata(events[index], sink)
     code = routed >> 4
     rows = code != _NONE
     if not rows.any():
@@ -314,7 +331,7 @@ def _rows(events: list[_Event], routes: _Routes, sink: StructSink) -> None:
         code, kind, start, end = code[keep], kind[keep], start[keep], end[keep]
         pid, tid = pid[keep], tid[keep]
         names = list(compress(names, keep.tolist()))
-    name_ids = _intern(names, sink.strings)
+    name_ids = np.fromiter(map(sink.interned.__getitem__, names), np.int32, len(names))
     _ranges(code == _RANGE, kind, pid, tid, start, end, name_ids, sink)
     _launches(code == _LAUNCH, chosen, pid, tid, start, end, name_ids, sink)
     _activities(code == _ACTIVITY, chosen, kind, pid, tid, start, end, name_ids, sink)
@@ -361,12 +378,6 @@ def _launch_rows(
         if correlation is None or correlation is _UNSET or not sink.keeps_api(names[index]):
             keep[index] = False
     return keep
-
-
-def _intern(names: list[str], strings: SymbolTable) -> npt.NDArray[np.int32]:
-    """String ids of the names, new ones interned in order of first appearance."""
-    ids = {name: strings.intern(name) for name in dict.fromkeys(names)}
-    return np.fromiter(map(ids.__getitem__, names), np.int32, len(names))
 
 
 def _times(chosen: list[_Event]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
