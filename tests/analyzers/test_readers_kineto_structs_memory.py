@@ -1,10 +1,10 @@
 """The struct path decodes each chunk where it lies (issue 28, the Kineto read).
 
 A chunk used to be joined from the blocks, sliced at its cut and wrapped in ``[`` ``]`` before
-``msgspec`` saw it: three copies of every megabyte, about 0.02 s of a 0.25 s read of a reference
-rank. Now one buffer holds the text and the decoder reads a view of it, so the memory the read
-allocates stays well under twice the trace's text (the events of a chunk, the rows, one buffer);
-with the copies it was 2.6x on this trace.
+``msgspec`` saw it: three copies of every megabyte, 0.03-0.04 s of a 0.25-0.3 s read of a
+reference rank. Now one buffer holds the text and the decoder reads a view of it, so the memory
+the read allocates stays well under twice the trace's text (the events of a chunk, the rows,
+one buffer); with the copies it was 2.6x on this trace.
 """
 
 from __future__ import annotations
