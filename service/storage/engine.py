@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -31,6 +31,7 @@ Conn = sqlite3.Connection | SaConnection
 """What storage functions run on: a SQLite connection or a SQLAlchemy PostgreSQL one."""
 
 _SQLITE = sqlite_dialect.dialect()
+T = TypeVar("T")
 
 
 class Backend(StrEnum):
@@ -131,3 +132,41 @@ def postgres_read_limit(conn: SaConnection, ms: int) -> Iterator[None]:
             if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
                 raise QueryTimeout(f"query took longer than the read time limit ({ms} ms)") from exc
             raise
+
+
+class PostgresDatabase:
+    """A PostgreSQL database behind the same ``write``/``read`` calls as the SQLite
+    ``Database``: ``write(fn)`` runs ``fn(conn)`` in one transaction (committed when ``fn``
+    returns, rolled back when it raises); ``read(fn)`` runs it under ``statement_timeout``.
+    Connections come from a pool, so threads and processes write concurrently; the server
+    serialises what must be (row locks), which is what lets many hosts share it."""
+
+    backend = Backend.POSTGRESQL
+
+    def __init__(self, url: str, *, read_time_limit_ms: int = 2000, pool_size: int = 5):
+        self.url = url
+        self.read_time_limit_ms = read_time_limit_ms
+        self.engine = postgres_engine(url, pool_size=pool_size)
+
+    def apply_schema(self) -> list[str]:
+        """Create the tables when the database has none (``schema.create_postgres_schema``)."""
+        from service.storage.schema import create_postgres_schema
+
+        with self.engine.begin() as conn:
+            return create_postgres_schema(conn)
+
+    def write(self, fn: Callable[[SaConnection], T]) -> T:
+        with self.engine.begin() as conn:
+            return fn(conn)
+
+    write_tx = write
+
+    def read(self, fn: Callable[[SaConnection], T], *, time_limit_ms: int | None = None) -> T:
+        with (
+            self.engine.connect() as conn,
+            postgres_read_limit(conn, time_limit_ms or self.read_time_limit_ms),
+        ):
+            return fn(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
