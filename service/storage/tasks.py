@@ -161,9 +161,15 @@ def record_progress(conn: Conn, task: ClaimedTask, message: str, *, lease_s: flo
 
 
 def holds(conn: Conn, task: ClaimedTask) -> bool:
-    """Whether ``task`` is still running (not taken away by an expired lease meanwhile)."""
-    found = execute(conn, sa.select(_t.c.status).where(_t.c.id == task.id)).first()
-    return found is not None and found["status"] == "running"
+    """Whether this claim of ``task`` still holds it: running, and not claimed again since
+    (its lease expired and another worker took it: that worker's result is the one stored).
+    The row stays locked to the caller's transaction's end (PostgreSQL), so a claimer
+    expiring leases skips it meanwhile."""
+    query = sa.select(_t.c.status, _t.c.attempts).where(_t.c.id == task.id).with_for_update()
+    found = execute(conn, query).first()
+    return (
+        found is not None and found["status"] == "running" and found["attempts"] == task.attempt
+    )
 
 
 def fail_analysis(conn: Conn, task: ClaimedTask, error: str) -> None:
