@@ -43,20 +43,28 @@ class DatabaseUrlError(ValueError):
     """A ``--database`` / ``CPTRACE_DATABASE_URL`` value this service cannot use."""
 
 
-def backend_of(url: str) -> Backend:
-    """Which backend a database URL names: empty (the data directory's SQLite file),
-    ``sqlite:///PATH``, or ``postgresql://...`` (``postgresql+psycopg://`` too).
+POSTGRES_NOT_YET = (
+    "PostgreSQL is not a complete backend yet: the analysis-task and runner-job queues run on"
+    " it, the runs, uploads, tokens and pull-request loop tables do not; leave it empty"
+    " (SQLite in the data directory)"
+)
+"""Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
 
-    :raises DatabaseUrlError: any other scheme.
+
+def backend_of(url: str) -> Backend:
+    """Which backend a database URL names: empty (the data directory's SQLite file) or
+    ``postgresql://...`` (``postgres://``, ``postgresql+psycopg://`` too).
+
+    :raises DatabaseUrlError: any other value.
     """
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if not url or scheme == "sqlite":
+    if not url:
         return Backend.SQLITE
-    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+    scheme = url.partition("://")[0].lower()
+    if "://" in url and scheme in ("postgresql", "postgres", "postgresql+psycopg"):
         return Backend.POSTGRESQL
     raise DatabaseUrlError(
-        f"database URL scheme {scheme or url!r}: expected empty (SQLite in the data directory),"
-        " sqlite:///PATH or postgresql://USER@HOST/NAME"
+        f"database URL {url[:40]!r}: expected empty (SQLite in the data directory) or"
+        " postgresql://USER@HOST/NAME"
     )
 
 
