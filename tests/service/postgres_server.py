@@ -30,11 +30,20 @@ from service.storage.schema import create_postgres_schema
 TEMPLATE = "cptrace_template"
 
 
+def _tool(name: str) -> str | None:
+    """A server program: on PATH, else in Debian's versioned folder (newest first)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)
+    return str(candidates[0]) if candidates else None
+
+
 def postgres_missing() -> str | None:
     """Why no server can be started here, or None."""
     for tool in ("initdb", "pg_ctl"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH (make postgres installs Debian's postgresql)"
+        if _tool(tool) is None:
+            return f"no {tool} (make postgres installs Debian's postgresql)"
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "running as root without runuser: PostgreSQL refuses to run as root"
     return None
@@ -102,7 +111,17 @@ def running_postgres() -> Iterator[PostgresServer]:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "check": True}
     subprocess.run(
         _as_server_user(
-            ["initdb", "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8", "--no-sync"]
+            [
+                str(_tool("initdb")),
+                "-D",
+                str(data),
+                "-U",
+                user,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ]
         ),
         **quiet,  # type: ignore[arg-type]
     )
@@ -112,7 +131,17 @@ def running_postgres() -> Iterator[PostgresServer]:
     )
     subprocess.run(
         _as_server_user(
-            ["pg_ctl", "-D", str(data), "-l", str(folder / "log"), "-w", "-o", options, "start"]
+            [
+                str(_tool("pg_ctl")),
+                "-D",
+                str(data),
+                "-l",
+                str(folder / "log"),
+                "-w",
+                "-o",
+                options,
+                "start",
+            ]
         ),
         **quiet,  # type: ignore[arg-type]
     )
@@ -129,7 +158,9 @@ def running_postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         subprocess.run(
-            _as_server_user(["pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            _as_server_user(
+                [str(_tool("pg_ctl")), "-D", str(data), "-m", "immediate", "-w", "stop"]
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             check=False,
