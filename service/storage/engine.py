@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection as SaConnection
 from sqlalchemy.exc import OperationalError as SaOperationalError
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from service.core.errors import QueryTimeout
 from service.storage.database import immediate
@@ -91,8 +92,9 @@ class Outcome:
         return next(iter(self.rows[0].values())) if self.rows else None
 
 
-def _sqlite_sql(statement: sa.Executable) -> tuple[str, list[Any]]:
+def _sqlite_sql(statement: sa.ClauseElement) -> tuple[str, list[Any]]:
     compiled = statement.compile(dialect=_SQLITE, compile_kwargs={"render_postcompile": True})
+    assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
     params = compiled.params
     return str(compiled), [params[name] for name in compiled.positiontup or ()]
 
@@ -101,6 +103,7 @@ def execute(conn: Conn, statement: sa.Executable) -> Outcome:
     """Run one Core statement on ``conn`` (either backend), inside whatever transaction the
     caller holds."""
     if isinstance(conn, sqlite3.Connection):
+        assert isinstance(statement, sa.ClauseElement)
         sql, params = _sqlite_sql(statement)
         cur = conn.cursor()
         cur.row_factory = None

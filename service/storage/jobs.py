@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from service.auth import now_iso
 from service.core.errors import Conflict, Forbidden, NotFound
@@ -94,8 +96,8 @@ def touch_runner(
 ) -> None:
     """Record that a runner was seen (registration is implicit in its first claim)."""
     now = now_iso()
-    dialect = sa.dialects.postgresql if not _is_sqlite(conn) else sa.dialects.sqlite
-    insert = dialect.insert(_r).values(
+    upsert = sqlite_insert if _is_sqlite(conn) else postgresql_insert
+    insert = upsert(_r).values(
         name=runner, gpus=gpus, first_seen=now, last_seen=now, current_job_id=job_id
     )
     execute(

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from service.auth import now_iso
 from service.storage import schema
 from service.storage.database import Database
-from service.storage.engine import Backend, PostgresDatabase, execute
+from service.storage.engine import Backend, Conn, PostgresDatabase, execute
 from service.storage.migrations import apply_migrations
 
 
@@ -37,12 +37,12 @@ class QueueStore:
             db.close()
 
 
-def add_run(db: Database | PostgresDatabase, name: str = "run") -> int:
-    """A bare run row (what an analysis task belongs to)."""
+def add_run(conn: Conn, name: str = "run") -> int:
+    """A bare run row (what an analysis task belongs to), in the caller's transaction."""
     insert = sa.insert(schema.runs).values(
         name=name, source="test", status="queued", created_at=now_iso()
     )
-    return int(db.write(lambda c: execute(c, insert.returning(schema.runs.c.id)).scalar()))
+    return int(execute(conn, insert.returning(schema.runs.c.id)).scalar())
 
 
 def rows_of(

@@ -1,16 +1,16 @@
-"""An analysis-queue worker process for the multi-process tests: the real claim, lease
-heartbeat and completion (``service.storage.tasks``) around a job that only sleeps.
+"""An analysis-queue worker for the multi-process tests: the real claim, lease heartbeat and
+completion (``service.storage.tasks``) around a job that only sleeps.
 
-``python queue_worker.py URL NAME LOG WORK_S LEASE_S``: claims tasks until the queue stays
-empty for a second; appends ``start ID ATTEMPT`` before the work and ``done ID ATTEMPT`` once
-its completion committed, so the test counts how often each task ran and finished.
+``run_worker(url, log, work_s, lease_s)`` is a process's target (forked from the test, so it
+starts without importing anything again): it claims tasks until the queue stays empty for a
+second; appends ``start ID ATTEMPT`` before the work and ``done ID ATTEMPT`` once its
+completion committed, so the test counts how often each task ran and finished.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 
 from sqlalchemy import Connection
@@ -37,12 +37,10 @@ def work(db: PostgresDatabase, task: tasks.ClaimedTask, work_s: float, lease_s: 
         db.write(beat)
 
 
-def main() -> None:
-    url, name, log_path = sys.argv[1:4]
-    work_s, lease_s = float(sys.argv[4]), float(sys.argv[5])
+def run_worker(url: str, log_path: str, work_s: float, lease_s: float) -> None:
     db = PostgresDatabase(url, pool_size=1)
     claim = functools.partial(
-        tasks.claim_analysis, worker=f"{name}:{os.getpid()}", lease_s=lease_s, max_attempts=3
+        tasks.claim_analysis, worker=f"test:{os.getpid()}", lease_s=lease_s, max_attempts=3
     )
     idle_since = time.monotonic()
     with open(log_path, "a", buffering=1) as log:
@@ -57,7 +55,3 @@ def main() -> None:
                 log.write(f"done {task.id} {task.attempt}\n")
             idle_since = time.monotonic()
     db.close()
-
-
-if __name__ == "__main__":
-    main()

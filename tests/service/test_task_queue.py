@@ -7,27 +7,32 @@ from __future__ import annotations
 
 import collections
 import functools
+import multiprocessing
+import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from postgres_server import PostgresServer
 from queue_store import QueueStore, add_run, rows_of
+from queue_worker import run_worker
 
 from service.storage import schema, tasks
 from service.storage.database import Database
-from service.storage.engine import Backend, PostgresDatabase
-
-WORKER = Path(__file__).with_name("queue_worker.py")
+from service.storage.engine import Backend, Conn, PostgresDatabase, transaction
 
 
 def _enqueue(db: Database | PostgresDatabase, count: int) -> list[int]:
-    run_ids = [add_run(db, f"r{i}") for i in range(count)]
-    return [db.write(functools.partial(tasks.enqueue_analysis, run_id=r)) for r in run_ids]
+    """``count`` runs with a queued task each, in one transaction."""
+
+    def fill(conn: Conn) -> list[int]:
+        with transaction(conn):
+            return [tasks.enqueue_analysis(conn, add_run(conn, f"r{i}")) for i in range(count)]
+
+    return db.write(fill)
 
 
 def test_concurrent_claims_take_each_task_once(queue_store: QueueStore) -> None:
@@ -76,13 +81,16 @@ def test_expired_lease_is_reclaimed_and_the_stale_claim_cannot_complete(
     assert run["status"] == "failed" and "lost its lease 2 time(s)" in run["error"]
 
 
-def _workers(server_url: str, log: Path, count: int, work_s: float, lease_s: float) -> list:
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), server_url, f"w{i}", str(log), str(work_s), str(lease_s)]
-        )
-        for i in range(count)
+def _workers(url: str, log: Path, count: int, work_s: float, lease_s: float) -> list[Any]:
+    """Worker processes, forked: they start in milliseconds (no second interpreter importing
+    the service), so the test measures the queue, not the machine's load."""
+    fork = multiprocessing.get_context("fork")
+    procs = [
+        fork.Process(target=run_worker, args=(url, str(log), work_s, lease_s)) for _ in range(count)
     ]
+    for p in procs:
+        p.start()
+    return procs
 
 
 def _log_counts(log: Path) -> dict[str, collections.Counter[int]]:
@@ -110,7 +118,8 @@ def test_four_worker_processes_do_200_tasks_each_once(pg_queue: QueueStore, tmp_
     log = tmp_path / "log"
     procs = _workers(pg_queue.url, log, 4, work_s=0.0, lease_s=30)
     for p in procs:
-        assert p.wait(timeout=25) == 0
+        p.join(timeout=25)
+        assert p.exitcode == 0
     counts = _log_counts(log)
     assert sorted(counts["done"]) == ids and set(counts["done"].values()) == {1}
     assert set(counts["start"].values()) == {1}  # no task ran twice
@@ -129,10 +138,11 @@ def test_sigkilled_worker_task_finishes_once_after_lease_expiry(
     while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert log.read_text().split() == ["start", str(task_id), "1"]  # mid-task
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=5)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=5)
     (rescuer,) = _workers(pg_queue.url, log, 1, work_s=0.2, lease_s=1.0)
-    assert rescuer.wait(timeout=20) == 0
+    rescuer.join(timeout=20)
+    assert rescuer.exitcode == 0
     assert log.read_text().splitlines() == [
         f"start {task_id} 1",
         f"start {task_id} 2",
