@@ -535,6 +535,7 @@ def analyze_attributed(
             syncs=metrics.syncs,
             acts=metrics.gpu.acts,
             windows=windows,
+            sync_lines=manifest.sync_lines if manifest else (),
         ),
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
