@@ -167,9 +167,7 @@ def holds(conn: Conn, task: ClaimedTask) -> bool:
     expiring leases skips it meanwhile."""
     query = sa.select(_t.c.status, _t.c.attempts).where(_t.c.id == task.id).with_for_update()
     found = execute(conn, query).first()
-    return (
-        found is not None and found["status"] == "running" and found["attempts"] == task.attempt
-    )
+    return found is not None and found["status"] == "running" and found["attempts"] == task.attempt
 
 
 def fail_analysis(conn: Conn, task: ClaimedTask, error: str) -> None:
@@ -225,3 +223,16 @@ def expire_orphaned_leases(conn: Conn, *, host: str) -> list[int]:
         if gone:
             execute(conn, sa.update(_t).where(_t.c.id.in_(gone)).values(lease_expires_at=0))
     return gone
+
+
+def live_task_ids(conn: Conn, now: float) -> set[int]:
+    """Tasks running under an unexpired lease (their scratch folders are in use)."""
+    query = sa.select(_t.c.id).where(_t.c.status == "running", _t.c.lease_expires_at >= now)
+    return {int(r["id"]) for r in execute(conn, query).rows}
+
+
+def release_worker_leases(conn: Conn, *, worker: str) -> int:
+    """End now the leases of ``worker``'s (``host:pid``) running tasks, a worker known dead:
+    the next claim requeues them (the attempt stays counted). Returns how many."""
+    update = sa.update(_t).where(_t.c.worker == worker, _t.c.status == "running")
+    return execute(conn, update.values(lease_expires_at=0)).rowcount
