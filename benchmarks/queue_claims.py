@@ -1,8 +1,9 @@
 """Analysis-queue claim throughput on SQLite and PostgreSQL: W worker processes drain N
 queued tasks (claim with a lease, mark done: ``service.storage.tasks``), for W in 1, 2, 4.
 
-Prints one table: backend, workers, tasks, wall seconds, tasks per second, and whether every
-task was done exactly once. PostgreSQL needs a server: ``--postgres postgresql://...`` names
+Prints one table: backend, workers, tasks, wall seconds (first claim to last completion; the
+workers' start-up is not timed), tasks per second, and whether every task was done exactly
+once. PostgreSQL needs a server: ``--postgres postgresql://...`` names
 an empty database the script may create tables in (each trial drops and recreates them).
 
     python benchmarks/queue_claims.py --tasks 1000 --postgres postgresql://USER@HOST/DB
@@ -42,14 +43,19 @@ def _complete(conn: Conn, task: tasks.ClaimedTask) -> bool:
     return True
 
 
-def _drain(url: str, name: str) -> int:
+def _drain(url: str, name: str, start_at: float) -> tuple[int, float, float]:
+    """Drain the queue from ``start_at`` (epoch seconds: every worker has started by then, so
+    interpreter start-up is not timed); returns (tasks done, first claim, last completion)."""
     db = _open(url)
     claim = functools.partial(tasks.claim_analysis, worker=name, lease_s=60, max_attempts=3)
+    time.sleep(max(0.0, start_at - time.time()))
+    first = time.time()
     done = 0
     while (task := db.write(claim)) is not None:
         done += db.write(functools.partial(_complete, task=task))
+    last = time.time()
     db.close()
-    return done
+    return done, first, last
 
 
 def _prepare(url: str, count: int) -> None:
@@ -78,10 +84,11 @@ def _prepare(url: str, count: int) -> None:
 def trial(label: str, url: str, workers: int, count: int) -> dict[str, object]:
     _prepare(url, count)
     ctx = multiprocessing.get_context("spawn")
-    start = time.perf_counter()
+    start_at = time.time() + 5 + 3 * workers  # past every worker's start-up, even under load
     with ctx.Pool(workers) as pool:
-        done = pool.starmap(_drain, [(url, f"w{i}") for i in range(workers)])
-    wall = time.perf_counter() - start
+        found = pool.starmap(_drain, [(url, f"w{i}", start_at) for i in range(workers)])
+    done = [n for n, _, _ in found]
+    wall = max(last for _, _, last in found) - min(first for _, first, _ in found)
     db = _open(url)
     t = schema.analysis_tasks
     states = db.write(lambda c: execute(c, sa.select(t.c.status, t.c.attempts)).rows)
