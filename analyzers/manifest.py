@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -196,6 +197,48 @@ class VariantManifest(_Model):
     capture of an arm's last N steps); per-step numbers divide by it."""
 
 
+class SyncRecording(StrEnum):
+    """How one rank's sync lines were recorded (``runners/profile/synclines.py``)."""
+
+    WARN = "warn"
+    """CUDA's sync debug mode ``warn`` was on while the PyTorch profiler ran."""
+    NO_CUDA = "no_cuda"
+    """CUDA was not initialised when profiling started (a CPU run): no CUDA sync to record."""
+
+
+MAX_SYNC_SITES = 1000
+"""Call sites kept per rank (the recorder keeps no more)."""
+
+
+class SyncCallSite(_Model):
+    """One line of the user's code that made synchronizing CUDA calls while profiling."""
+
+    file: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    """The frame's file as the process named it (``co_filename``: usually a full path)."""
+    line: int = Field(ge=1, le=2**31)
+    """The line of the call (``.item()``, ``.cpu()``, ``torch.cuda.synchronize()``)."""
+    function: Name
+    first_line: int = Field(ge=1, le=2**31)
+    """The function's first line (``co_firstlineno``): what Kineto names the frame by."""
+    count: int = Field(ge=1)
+    """Synchronizing CUDA calls made at that line while the profiler ran (all its steps)."""
+    message: Annotated[str, StringConstraints(max_length=500)] = ""
+
+
+class SyncLines(_Model):
+    """One rank's record of the lines behind its synchronizing CUDA calls (``cptrace profile
+    --torch``): the analysis points a host sync at ``sites``' line instead of Kineto's."""
+
+    rank: int = Field(ge=0, le=2**31)
+    mode: SyncRecording
+    sites: list[SyncCallSite] = Field(default_factory=list, max_length=MAX_SYNC_SITES)
+    dropped: int = Field(default=0, ge=0)
+    """Syncs at sites beyond ``MAX_SYNC_SITES`` (not in ``sites``)."""
+    unplaced: int = Field(default=0, ge=0)
+    """Syncs not counted at a site: no frame of the user's code on the stack, or one of
+    cptrace's profile hooks made them."""
+
+
 class RunManifest(_Model):
     """Facts about a run that its traces cannot show."""
 
@@ -207,6 +250,9 @@ class RunManifest(_Model):
     environment: dict[str, object] = Field(default_factory=dict)
     failure: FailureRecord | None = None
     """Present when the run failed or hung (which rank, where, why)."""
+    sync_lines: list[SyncLines] = Field(default_factory=list, max_length=65536)
+    """Per rank, the lines of the synchronizing CUDA calls (``cptrace profile --torch``);
+    empty: not recorded (another runner, ``--no-sync-lines``, nsys only)."""
 
     def effective_workload(self, variant: VariantManifest) -> Workload:
         """The run's workload with the variant's overrides applied."""

@@ -315,61 +315,95 @@ def remap_symbols(target: SymbolTable, source: SymbolTable) -> npt.NDArray[np.in
     return np.fromiter((target.intern(n) for n in source.names), dtype=np.int32, count=len(source))
 
 
-def merge_traces(traces: Iterable[Trace]) -> Trace:
+TableRows = tuple[int, int, int, int]
+"""Rows of a trace's activities, launches, ranges and gpu_ranges (``table_rows``)."""
+
+
+def table_rows(trace: Trace) -> TableRows:
+    """The row counts ``merge_traces`` needs up front to merge a stream of traces."""
+    return (len(trace.activities), len(trace.launches), len(trace.ranges), len(trace.gpu_ranges))
+
+
+def merge_traces(traces: Iterable[Trace], rows: Sequence[TableRows] | None = None) -> Trace:
     """Concatenate traces (typically one Kineto file per rank) into one with a shared table.
 
     Process and thread keys of different files can collide (two ranks may both be pid 0 on
     different hosts), so each input's keys are offset into a disjoint range.
+
+    With ``rows`` (each trace's ``table_rows``, in order) ``traces`` may be a generator: each
+    trace is copied into the merged tables, which are allocated once, and let go before the
+    next one is made, so the merge holds the merged tables and one input (the per-rank merge,
+    ``analyzers.rank_parts``, loads its parts so), not every input and its copies.
     """
-    items = list(traces)
-    if len(items) == 1:
-        return items[0]
+    if rows is None:
+        items = list(traces)
+        rows = [table_rows(t) for t in items]
+        traces = items
+    if len(rows) == 1:
+        (only,) = traces
+        return only
+    names = ("activities", "launches", "ranges", "gpu_ranges")
+    out = {
+        name: np.empty(sum(r[i] for r in rows), dtype=_TABLE_DTYPES[name])
+        for i, name in enumerate(names)
+    }
+    at = [0, 0, 0, 0]
     strings = SymbolTable()
-    acts, launches, ranges, gpu_ranges = [], [], [], []
     ranks: dict[int, int] = {}
     thread_names: dict[int, str] = {}
     notes: list[str] = []
-    metadata: dict[str, object] = {"parts": []}
-    range_offset = 0
-    for index, trace in enumerate(items):
+    parts: list[object] = []
+    sources: list[str] = []
+    formats: set[str] = set()
+    starts: list[int] = []
+    ends: list[int] = []
+    index = -1
+    for trace in traces:  # not enumerate(): its cached result tuple would hold the last one
+        index += 1
+        if table_rows(trace) != tuple(rows[index]):
+            raise ValueError(f"{trace.source}: table rows {table_rows(trace)}, told {rows[index]}")
         key_offset = index << 48
         mapping = remap_symbols(strings, trace.strings)
-        a = trace.activities.copy()
+        tables = {name: getattr(trace, name) for name in names}
+        views: dict[str, npt.NDArray[np.void]] = {}
+        for i, name in enumerate(names):
+            views[name] = out[name][at[i] : at[i] + rows[index][i]]
+            views[name][...] = tables[name]
+            at[i] += rows[index][i]
+        a, l_, r, g = (views[name] for name in names)
         a["name"] = mapping[a["name"]]
         a["process"] += key_offset
-        l_ = trace.launches.copy()
         l_["api"] = mapping[l_["api"]]
         l_["process"] += key_offset
         l_["thread"] += key_offset
-        r = trace.ranges.copy()
         r["name"] = mapping[r["name"]]
         r["process"] += key_offset
         r["thread"] += key_offset
+        range_offset = at[2] - len(r)
         r["parent"] = np.where(r["parent"] >= 0, r["parent"] + range_offset, -1)
-        range_offset += len(r)
-        g = trace.gpu_ranges.copy()
         g["name"] = mapping[g["name"]]
-        gpu_ranges.append(g)
-        acts.append(a)
-        launches.append(l_)
-        ranges.append(r)
         ranks.update({p + key_offset: rk for p, rk in trace.ranks.items()})
         thread_names.update({t + key_offset: n for t, n in trace.thread_names.items()})
         notes.extend(trace.notes)
-        parts = metadata["parts"]
-        assert isinstance(parts, list)
         parts.append({"source": trace.source, **trace.metadata})
+        sources.append(trace.source)
+        formats.add(trace.format)
+        starts.append(trace.span[0])
+        ends.append(trace.span[1])
+        del trace, tables
+    if index + 1 != len(rows):
+        raise ValueError(f"{index + 1} traces, told {len(rows)}")
     return Trace(
-        source=";".join(t.source for t in items),
-        format=items[0].format if len({t.format for t in items}) == 1 else "mixed",
+        source=";".join(sources),
+        format=formats.pop() if len(formats) == 1 else "mixed",
         strings=strings,
-        activities=np.concatenate(acts),
-        launches=np.concatenate(launches),
-        ranges=np.concatenate(ranges),
+        activities=out["activities"],
+        launches=out["launches"],
+        ranges=out["ranges"],
         ranks=ranks,
         thread_names=thread_names,
-        span=(min(t.span[0] for t in items), max(t.span[1] for t in items)),
+        span=(min(starts), max(ends)),
         notes=notes,
-        metadata=metadata,
-        gpu_ranges=np.concatenate(gpu_ranges),
+        metadata={"parts": parts},
+        gpu_ranges=out["gpu_ranges"],
     )

@@ -210,28 +210,32 @@ def source_infos(traces: Sequence[Trace], files: Sequence[TraceInput]) -> list[S
 
     :raises RankConflictError: two files claim one rank.
     """
-    sources = []
     claimed: dict[int, str] = {}
-    for item, trace in zip(files, traces, strict=True):
-        ranks = [r for r in trace.rank_list() if r >= 0]
-        for found in ranks:
-            if found in claimed:
-                raise RankConflictError(
-                    f"{item.path}: rank {found} is also claimed by {claimed[found]}"
-                )
-            claimed[found] = str(item.path)
-        sources.append(
-            SourceInfo(
-                path=item.name,
-                format=trace.format,
-                ranks=ranks,
-                activities=len(trace.activities),
-                launches=int(launch_calls(trace.launches).sum()),
-                ranges=len(trace.ranges),
-                notes=list(trace.notes),
+    return [source_info(trace, item, claimed) for item, trace in zip(files, traces, strict=True)]
+
+
+def source_info(trace: Trace, item: TraceInput, claimed: dict[int, str]) -> SourceInfo:
+    """One file's ``SourceInfo``; its ranks join ``claimed`` (rank -> path), file by file, so
+    the per-rank merge can take its parts one at a time.
+
+    :raises RankConflictError: the file claims a rank already in ``claimed``.
+    """
+    ranks = [r for r in trace.rank_list() if r >= 0]
+    for found in ranks:
+        if found in claimed:
+            raise RankConflictError(
+                f"{item.path}: rank {found} is also claimed by {claimed[found]}"
             )
-        )
-    return sources
+        claimed[found] = str(item.path)
+    return SourceInfo(
+        path=item.name,
+        format=trace.format,
+        ranks=ranks,
+        activities=len(trace.activities),
+        launches=int(launch_calls(trace.launches).sum()),
+        ranges=len(trace.ranges),
+        notes=list(trace.notes),
+    )
 
 
 TIMED = "timed"
@@ -535,6 +539,7 @@ def analyze_attributed(
             syncs=metrics.syncs,
             acts=metrics.gpu.acts,
             windows=windows,
+            sync_lines=manifest.sync_lines if manifest else (),
         ),
         gpu_timeline=metrics.gpu_timeline,
         window_timelines=metrics.window_timelines,
@@ -693,5 +698,6 @@ __all__ = [
     "analyze_trace",
     "run_analysis",
     "saved_report",
+    "source_info",
     "source_infos",
 ]

@@ -5,14 +5,22 @@ processes is one file, so one part). ``analyze_rank`` is the per-file stage: rea
 catalog matches of the ranges, attribution of every activity. It runs in its own process
 wherever the caller likes (the service runs R of them in parallel), and its result, a
 ``RankPart``, is written to a blob with ``dump_part``: the normalized columnar tables plus
-the attribution columns, a fraction of the trace file's size. ``merge_parts`` loads the parts,
-concatenates them exactly as ``merge_traces`` does (row offsets applied to the attribution's
-row references), and runs the stages that need every rank (windows, metrics, accounts,
-findings, the report) through the same code as the one-process analysis: the report is the
-same, byte for byte (``tests/analyzers/test_rank_parts.py``).
+the attribution columns, a fraction of the trace file's size, and a header of their row counts.
+``merge_part_blobs`` reads the headers, allocates the run's tables once, and loads the parts
+one at a time into them (``merge_traces`` with row counts; row offsets applied to the
+attribution's row references), each part let go before the next is loaded; then it runs the
+stages that need every rank (windows, metrics, accounts, findings, the report) through the same
+code as the one-process analysis: the report is the same, byte for byte
+(``tests/analyzers/test_rank_parts.py``).
 
 What is bounded by one rank: the read (the parse of a file, the largest cost in time and
-memory) and the attribution's temporaries. The merge holds every rank's tables.
+memory), the attribution's temporaries, and what the merge holds of a part while it copies it.
+What is not: the merged tables (about a quarter of the merge's peak) and the stages after
+attribution over them (the rest; the account's host-state indexes over every rank's ranges are
+the largest). To bound the merge by one rank those stages must run per rank and leave
+summaries; the one figure that needs every rank's kernels is the kernel table's all-ranks row
+(median and standard deviation of each kernel name over every rank's instances, computed over
+the sorted durations: exact bytes need those durations, 8 bytes a kernel, not a sketch).
 
 Before / after of the merge's attribution (two parts, 3 and 2 activities, 4 and 3 launches,
 5 ranges in the first part)::
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,15 +44,22 @@ import numpy.typing as npt
 
 from analyzers.attribution import Attribution, RangeHelpers, attribute, index_ranges, match_ranges
 from analyzers.catalog import Catalog, load_catalog
-from analyzers.errors import CorruptTraceError
+from analyzers.errors import CorruptTraceError, TraceError
 from analyzers.manifest import RunManifest
-from analyzers.model import SymbolTable, Trace, adopt_dtypes, merge_traces
+from analyzers.model import (
+    SymbolTable,
+    TableRows,
+    Trace,
+    adopt_dtypes,
+    merge_traces,
+    table_rows,
+)
 from analyzers.pipeline import (
     Analysis,
     Progress,
     _cycle_collector_paused,
     analyze_attributed,
-    source_infos,
+    source_info,
 )
 from analyzers.readers import (
     DEFAULT_MAX_DECOMPRESSED,
@@ -54,8 +69,9 @@ from analyzers.readers import (
     read_input,
     resolve_ranks,
 )
+from analyzers.report import SourceInfo
 
-PART_VERSION = 1
+PART_VERSION = 2
 """Version of the blob layout ``dump_part`` writes; ``load_part`` refuses any other."""
 
 
@@ -108,9 +124,23 @@ def analyze_rank(
     return RankPart(item, trace, ranges.helper, ranges.via_python, att)
 
 
+@dataclass(frozen=True, slots=True)
+class PartHeader:
+    """What the merge needs of a part before its tables: their sizes, and whether it was
+    attributed (a part that was not makes the merge refuse the set)."""
+
+    rows: TableRows
+    attributed: bool
+
+
+def part_header(part: RankPart) -> PartHeader:
+    return PartHeader(table_rows(part.trace), part.attribution is not None)
+
+
 def merge_parts(
     parts: Iterable[RankPart],
     *,
+    headers: Sequence[PartHeader] | None = None,
     manifest: RunManifest | None = None,
     step_pattern: str | None = None,
     catalog: Catalog | None = None,
@@ -119,27 +149,44 @@ def merge_parts(
 ) -> Analysis:
     """The cross-rank stages over the parts of one run, in the run's file order.
 
-    Pass the parts as a generator (``load_part`` of each blob) to let the merge drop each
-    part's own tables once they are concatenated: the merge then holds the run's tables once.
+    With ``headers`` (each part's, in order: ``read_part_header`` of its blob) ``parts`` may
+    be a generator (``load_part`` of each blob): each part is copied into the merged tables and
+    let go before the next is loaded, so the merge holds the run's tables once and one part.
+    Without, the parts are taken as a list.
 
     Raises:
         TraceError: no parts, two files claiming one rank, several files of which one does
             not say its rank (as the one-process analysis raises them).
     """
-    from analyzers.errors import TraceError
-
-    items = list(parts)
-    if not items:
-        raise TraceError("no trace files given")
     catalog = catalog or load_catalog()
-    traces = [p.trace for p in items]
-    if len(items) > 1:
-        resolve_ranks(traces, rank)
+    if headers is None:
+        items = list(parts)
+        headers = [part_header(p) for p in items]
+        parts = items
+    if not headers:
+        raise TraceError("no trace files given")
+    if len(headers) > 1 and (rank is not None or not all(h.attributed for h in headers)):
+        # resolve_ranks refuses such a set, naming its files: they are needed, so load them
+        resolve_ranks([p.trace for p in parts], rank)
+        raise RuntimeError("resolve_ranks accepted a set the merge cannot merge")
     with _cycle_collector_paused():
-        sources = source_infos(traces, [p.input for p in items])
-        trace = merge_traces(traces)
-        ranges, att = _merge_attribution(items, trace, catalog)
-        del items, traces  # the parts' tables, now copied into the merged ones
+        merged = _MergedAttribution(headers, catalog)
+        sources: list[SourceInfo] = []
+        claimed: dict[int, str] = {}
+
+        def traces() -> Iterator[Trace]:
+            index = -1
+            for part in parts:  # not enumerate(): its cached result would hold the last part
+                index += 1
+                if index >= len(headers) or part_header(part) != headers[index]:
+                    raise RuntimeError(f"{part.input.path}: part differs from its header")
+                sources.append(source_info(part.trace, part.input, claimed))
+                merged.add(part)
+                yield part.trace
+                del part  # before the next part is loaded, not after
+
+        trace = merge_traces(traces(), [h.rows for h in headers])
+        ranges, att = merged.result(trace)
         return analyze_attributed(
             trace,
             ranges,
@@ -152,37 +199,64 @@ def merge_parts(
         )
 
 
-def _merge_attribution(
-    parts: Sequence[RankPart], trace: Trace, catalog: Catalog
-) -> tuple[RangeHelpers, Attribution]:
-    """The parts' matches and attributions as if made on the merged trace (row offsets)."""
-    atts = [p.attribution for p in parts]
-    if any(a is None for a in atts):  # resolve_ranks refused such a set already
-        raise RuntimeError("a part without attribution reached the merge")
-    launch, range_row = [], []
-    launch_offset = range_offset = 0
-    for part in parts:
+def merge_part_blobs(
+    blobs: Sequence[Path],
+    *,
+    manifest: RunManifest | None = None,
+    catalog: Catalog | None = None,
+) -> Analysis:
+    """``merge_parts`` of the parts ``dump_part`` wrote to ``blobs``, loaded one at a time."""
+    catalog = catalog or load_catalog()
+    headers = [read_part_header(b) for b in blobs]
+    parts = (load_part(b, catalog) for b in blobs)
+    return merge_parts(parts, headers=headers, manifest=manifest, catalog=catalog)
+
+
+class _MergedAttribution:
+    """The parts' range matches and attributions as if made on the merged trace: row
+    references offset by the rows of the parts before (see the module's example), written
+    part by part into columns allocated once."""
+
+    def __init__(self, headers: Sequence[PartHeader], catalog: Catalog) -> None:
+        self._catalog = catalog
+        acts = sum(h.rows[0] for h in headers)
+        ranges = sum(h.rows[2] for h in headers)
+        self._helper = np.empty(acts, dtype=np.int32)
+        self._matched_by = np.empty(acts, dtype=np.int8)
+        self._launch = np.empty(acts, dtype=np.int64)
+        self._range_row = np.empty(acts, dtype=np.int64)
+        self._range_helper = np.empty(ranges, dtype=np.int32)
+        self._via_python = np.empty(ranges, dtype=bool)
+        self._acts = self._launches = self._ranges = 0
+
+    def add(self, part: RankPart) -> None:
         att = part.attribution
-        assert att is not None
-        launch.append(np.where(att.launch >= 0, att.launch + launch_offset, -1))
-        range_row.append(np.where(att.range_row >= 0, att.range_row + range_offset, -1))
-        launch_offset += len(part.trace.launches)
-        range_offset += len(part.trace.ranges)
-    ranges = index_ranges(
-        trace,
-        catalog,
-        np.concatenate([p.range_helper for p in parts]).astype(np.int32, copy=False),
-        np.concatenate([p.via_python for p in parts]).astype(bool, copy=False),
-    )
-    merged = Attribution(
-        helper=np.concatenate([a.helper for a in atts if a is not None]),
-        matched_by=np.concatenate([a.matched_by for a in atts if a is not None]),
-        launch=np.concatenate(launch).astype(np.int64, copy=False),
-        range_row=np.concatenate(range_row).astype(np.int64, copy=False),
-        helper_names=tuple(h.name for h in catalog.helpers),
-        categories=tuple(h.category for h in catalog.helpers),
-    )
-    return ranges, merged
+        if att is None:  # merge_parts refused such a set already
+            raise RuntimeError("a part without attribution reached the merge")
+        here = slice(self._acts, self._acts + len(part.trace.activities))
+        self._helper[here] = att.helper
+        self._matched_by[here] = att.matched_by
+        self._launch[here] = np.where(att.launch >= 0, att.launch + self._launches, -1)
+        self._range_row[here] = np.where(att.range_row >= 0, att.range_row + self._ranges, -1)
+        rows = slice(self._ranges, self._ranges + len(part.trace.ranges))
+        self._range_helper[rows] = part.range_helper
+        self._via_python[rows] = part.via_python
+        self._acts = here.stop
+        self._launches += len(part.trace.launches)
+        self._ranges = rows.stop
+
+    def result(self, trace: Trace) -> tuple[RangeHelpers, Attribution]:
+        catalog = self._catalog
+        ranges = index_ranges(trace, catalog, self._range_helper, self._via_python)
+        merged = Attribution(
+            helper=self._helper,
+            matched_by=self._matched_by,
+            launch=self._launch,
+            range_row=self._range_row,
+            helper_names=tuple(h.name for h in catalog.helpers),
+            categories=tuple(h.category for h in catalog.helpers),
+        )
+        return ranges, merged
 
 
 _TABLES = ("activities", "launches", "ranges", "gpu_ranges")
@@ -216,6 +290,7 @@ def dump_part(part: RankPart, path: Path) -> int:
         "notes": trace.notes,
         "metadata": trace.metadata,
         "attributed": part.attribution is not None,
+        "rows": list(table_rows(trace)),
     }
     text = json.dumps(meta)
     if json.loads(text)["metadata"] != trace.metadata:
@@ -233,6 +308,34 @@ def dump_part(part: RankPart, path: Path) -> int:
     return len(data)
 
 
+def read_part_header(path: Path) -> PartHeader:
+    """The header of a part ``dump_part`` wrote, without loading its tables.
+
+    Raises:
+        CorruptTraceError: not such a blob, or one of another layout version.
+    """
+    meta = _read_meta(path)
+    try:
+        rows = tuple(int(n) for n in meta["rows"])
+        if len(rows) != 4 or min(rows) < 0:
+            raise ValueError(f"rows {rows}")
+        return PartHeader((rows[0], rows[1], rows[2], rows[3]), bool(meta["attributed"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptTraceError(f"{path}: a damaged per-rank part ({exc!r})") from exc
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """The part's JSON member alone (an ``.npz`` member is read only when asked for)."""
+    try:
+        with np.load(path, allow_pickle=False) as blob:
+            meta = json.loads(blob["meta"].tobytes())
+    except (OSError, ValueError, KeyError) as exc:
+        raise CorruptTraceError(f"{path}: not a per-rank part ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("version") != PART_VERSION:
+        raise CorruptTraceError(f"{path}: a per-rank part of another version")
+    return meta
+
+
 def load_part(path: Path, catalog: Catalog | None = None) -> RankPart:
     """Read a part ``dump_part`` wrote.
 
@@ -240,14 +343,12 @@ def load_part(path: Path, catalog: Catalog | None = None) -> RankPart:
         CorruptTraceError: not such a blob, or one of another layout version.
     """
     catalog = catalog or load_catalog()
+    meta = _read_meta(path)
     try:
         with np.load(path, allow_pickle=False) as blob:
-            arrays = {name: blob[name] for name in blob.files}
-        meta = json.loads(arrays.pop("meta").tobytes())
+            arrays = {name: blob[name] for name in blob.files if name != "meta"}
     except (OSError, ValueError, KeyError) as exc:
         raise CorruptTraceError(f"{path}: not a per-rank part ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("version") != PART_VERSION:
-        raise CorruptTraceError(f"{path}: a per-rank part of another version")
     try:
         return _part(meta, arrays, catalog)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -284,7 +385,7 @@ def _part(meta: dict[str, Any], arrays: dict[str, Any], catalog: Catalog) -> Ran
             helper_names=tuple(h.name for h in catalog.helpers),
             categories=tuple(h.category for h in catalog.helpers),
         )
-    return RankPart(
+    part = RankPart(
         input=TraceInput(
             path=Path(item["path"]),
             format=item["format"],
@@ -297,6 +398,33 @@ def _part(meta: dict[str, Any], arrays: dict[str, Any], catalog: Catalog) -> Ran
         via_python=arrays["via_python"],
         attribution=att,
     )
+    _check_rows(part, meta["rows"])
+    return part
 
 
-__all__ = ["PART_VERSION", "RankPart", "analyze_rank", "dump_part", "load_part", "merge_parts"]
+def _check_rows(part: RankPart, rows: Sequence[int]) -> None:
+    """The part's columns have the rows its header says (the merge allocates by the header)."""
+    acts, ranges = len(part.trace.activities), len(part.trace.ranges)
+    if list(table_rows(part.trace)) != list(rows):
+        raise ValueError(f"tables of {table_rows(part.trace)} rows, header says {rows}")
+    columns = [len(part.range_helper), len(part.via_python)]
+    expected = [0, 0]  # a part left unattributed (its rank unknown) has no matches either
+    if part.attribution is not None:
+        att = part.attribution
+        columns += [len(att.helper), len(att.matched_by), len(att.launch), len(att.range_row)]
+        expected = [ranges, ranges, acts, acts, acts, acts]
+    if columns != expected:
+        raise ValueError(f"match and attribution columns of {columns} rows, expected {expected}")
+
+
+__all__ = [
+    "PART_VERSION",
+    "PartHeader",
+    "RankPart",
+    "analyze_rank",
+    "dump_part",
+    "load_part",
+    "merge_part_blobs",
+    "merge_parts",
+    "read_part_header",
+]

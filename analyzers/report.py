@@ -537,7 +537,10 @@ class OpRow(_Model):
 class SyncPointer(_Model):
     """Where in the user's code the host blocked on the GPU (traces with Python stacks)."""
 
-    frame: str  # ``train.py:50 in zero_tail`` (the innermost frame outside torch / libraries)
+    frame: str
+    """``train.py:50 in zero_tail``: the innermost frame outside torch and libraries, at the
+    line of the call when the profiled process recorded it (``call_lines``), else at the line
+    Kineto names the frame by (its def line, or the line running when profiling started)."""
     op: str
     """The host-sync operator called there (``aten::item``), or the blocking CUDA call made
     outside any (``cudaDeviceSynchronize`` of ``torch.cuda.synchronize()``)."""
@@ -553,6 +556,10 @@ class SyncPointer(_Model):
     saving_ms: float | None = None
     """Per step, estimated: the GPU idle after the sites inside the steps, divided by the
     steps (the largest rank's); None without steps or without GPU."""
+    call_lines: list[int] = Field(default_factory=list)
+    """The lines of the synchronizing CUDA calls in the frame's function, as the profiled
+    process recorded them (the manifest's ``sync_lines``, ``cptrace profile --torch`` on CUDA),
+    most calls first; empty: not recorded, ``frame`` holds Kineto's line."""
 
     @property
     def text(self) -> str:

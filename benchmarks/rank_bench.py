@@ -14,17 +14,23 @@ per rank, W    ``service.rank_exec.run_per_rank`` with W processes reading and a
 
 Then, each in a fresh process of its own, that process's peak RSS: the libraries alone, one
 rank's stage alone (read, attribute, write the part blob), the merge alone (of parts written
-beforehand): where the per-rank split bounds memory (the stage) and where it does not yet (the
-merge holds every rank's tables).
+beforehand, loaded one at a time: ``merge_part_blobs``): where the per-rank split bounds memory
+(the stage) and where it does not yet (the merge still builds the run's tables and runs the
+stages after attribution over them).
 
 Input: the real TE 2.20.2 Kineto pair (``tests/data/te-2.20.2-h200x2``, ~100k events and
 ~2,900 kernels a rank), copied to R ranks (``distributedInfo.rank`` rewritten; R/2 copies of
-each real rank). Every arm's report is checked equal to the first arm's (sha256 of its JSON).
-Arms alternate (ABAB over ``--repeat``) so a shared machine's load moves them alike.
+each real rank). Not nsys: an nsys export numbers its ranks by device order within itself, so
+R exports of one rank each all claim rank 0 (a ``RankConflictError``), and one export of R
+processes is one file, one part. Every arm's report is checked equal to the first arm's
+(sha256 of its JSON). Arms alternate (ABAB over ``--repeat``) so a shared machine's load moves
+them alike. ``--ranks`` takes several counts (``16,32``): a table each, then the peaks side by
+side.
 
 Usage::
 
     python benchmarks/rank_bench.py --ranks 4 --workers 1,2 --repeat 2
+    python benchmarks/rank_bench.py --ranks 16,32 --arms imports,stage,merge --repeat 2
 """
 
 from __future__ import annotations
@@ -114,7 +120,7 @@ def run_stage(stage: str, folder: Path) -> Row:
     """One process's own peak RSS and CPU: the libraries alone (``imports``), one rank's stage
     (``stage``: read, attribute, write the part) or the merge of parts written beforehand."""
     sys.path.insert(0, str(ROOT))
-    from analyzers.rank_parts import analyze_rank, dump_part, load_part, merge_parts
+    from analyzers.rank_parts import analyze_rank, dump_part, merge_part_blobs
     from analyzers.readers import trace_input
 
     files = sorted(folder.glob("kineto_rank*.json.gz"))
@@ -128,7 +134,7 @@ def run_stage(stage: str, folder: Path) -> Row:
     if stage == "stage":
         dump_part(analyze_rank(trace_input(files[0]), files=len(files)), folder / "one.npz")
     elif stage == "merge":
-        merge_parts(load_part(b) for b in blobs)
+        merge_part_blobs(blobs)
     return {
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu,
@@ -158,50 +164,69 @@ def label(arm: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", default="4", help="comma-separated rank counts")
     parser.add_argument("--workers", default="1,2", help="comma-separated process counts")
+    parser.add_argument(
+        "--arms",
+        help="comma-separated arms (one, the worker counts, imports, stage, merge); default all",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm == "make":
-        make_ranks(args.dir, args.ranks)
+        make_ranks(args.dir, int(args.ranks))
     elif args.arm in STAGES:
         print(json.dumps(run_stage(args.arm, args.dir)))
     elif args.arm:
         print(json.dumps(run_arm(args.arm, args.dir)))
     else:
-        report(args)
+        arms = args.arms.split(",") if args.arms else ["one", *args.workers.split(","), *STAGES]
+        counts = [int(r) for r in args.ranks.split(",")]
+        peaks = {count: report(count, arms, args.repeat) for count in counts}
+        if len(counts) > 1:
+            print("\npeak RSS, MiB, by rank count")
+            print("| arm | " + " | ".join(f"{c} ranks" for c in counts) + " |")
+            print("|---|" + "---|" * len(counts))
+            for arm in arms:
+                print(
+                    f"| {label(arm)} | " + " | ".join(f"{peaks[c][arm]:.0f}" for c in counts) + " |"
+                )
 
 
-def report(args: argparse.Namespace) -> None:
-    arms = ["one", *args.workers.split(","), *STAGES]
+def report(ranks: int, arms: list[str], repeat: int) -> dict[str, float]:
+    """One rank count's table; returns each arm's median peak RSS (MiB)."""
     results: dict[str, list[Row]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="rank-bench-") as tmp:
         # the inputs are made in a process of their own: this one stays small, so the arms it
         # forks start small (a forked process's ru_maxrss starts at its parent's)
-        own = [sys.executable, __file__, "--dir", tmp, "--ranks", str(args.ranks), "--arm"]
+        own = [sys.executable, __file__, "--dir", tmp, "--ranks", str(ranks), "--arm"]
         subprocess.run([*own, "make"], check=True)
         size = sum(p.stat().st_size for p in Path(tmp).glob("kineto_rank*.json.gz")) / 2**20
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             for arm in arms:
                 done = subprocess.run([*own, arm], capture_output=True, text=True, check=True)
                 results[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
     digests = {r["report"] for arm in arms if arm not in STAGES for r in results[arm]}
     print(
-        f"{args.ranks} ranks, {size:.1f} MiB of gzipped Kineto JSON; reports identical: "
-        f"{len(digests) == 1}; medians of {args.repeat}"
+        f"{ranks} ranks, {size:.1f} MiB of gzipped Kineto JSON; reports identical: "
+        f"{len(digests) <= 1}; medians of {repeat}"
     )
     print("| arm | wall s | CPU s, all its processes | peak RSS of its largest process, MiB |")
     print("|---|---|---|---|")
+    peaks = {}
     for arm, rows in results.items():
         wall, cpu, peak = (
             statistics.median(float(r[key]) for r in rows)
             for key in ("wall_s", "cpu_s", "peak_mib")
         )
+        peaks[arm] = peak
         print(f"| {label(arm)} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |")
-    parts = statistics.median(float(r["parts_mib"]) for r in results[arms[1]])
-    print(f"part blobs of the run: {parts:.1f} MiB")
+    service = [arm for arm in arms if arm not in STAGES and arm != "one"]
+    if service:
+        parts = statistics.median(float(r["parts_mib"]) for r in results[service[0]])
+        print(f"part blobs of the run: {parts:.1f} MiB")
+    return peaks
 
 
 if __name__ == "__main__":

@@ -49,13 +49,13 @@ def _merge_stage(blobs: list[str], manifest_raw: Any) -> str:
     """The parts merged into the report (its JSON)."""
     from analyzers.catalog import load_catalog
     from analyzers.manifest import parse_manifest
-    from analyzers.rank_parts import load_part, merge_parts
+    from analyzers.rank_parts import merge_part_blobs
 
     def merge() -> str:
         manifest = parse_manifest(manifest_raw, source="manifest.json") if manifest_raw else None
         catalog = load_catalog()
-        parts = (load_part(Path(b), catalog) for b in blobs)  # the merge owns (frees) them
-        return merge_parts(parts, manifest=manifest, catalog=catalog).report.model_dump_json()
+        analysis = merge_part_blobs([Path(b) for b in blobs], manifest=manifest, catalog=catalog)
+        return analysis.report.model_dump_json()
 
     return input_errors_are_final(merge)
 

@@ -13,7 +13,9 @@ training script gets it too.
 * ``sync_pointers``: where the host may block on the GPU (host-sync operators, blocking CUDA
   calls outside them), by the innermost Python frame outside torch and installed libraries
   (Kineto ``with_stack``), with the blocking CUDA calls made there, the GPU idle that followed
-  them and, per step, the saving estimated from it.
+  them and, per step, the saving estimated from it. Kineto names a frame by its def line; where
+  the profiled process recorded the line of each synchronizing CUDA call (the manifest's
+  ``sync_lines``), a pointer that blocked names that line instead.
 * ``do_first``: at most three actions, from the findings (errors and warnings, the largest
   saving first), then the sync pointers whose syncs inside the steps cost GPU time.
 """
@@ -21,6 +23,7 @@ training script gets it too.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +32,7 @@ import numpy.typing as npt
 
 from analyzers.attribution import Attribution, RangeHelpers, RangeIndex
 from analyzers.catalog import Catalog
+from analyzers.manifest import SyncCallSite, SyncLines
 from analyzers.model import ActivityKind, RangeKind, Trace
 from analyzers.report import (
     Action,
@@ -45,6 +49,7 @@ from analyzers.report import (
 from analyzers.sweep import Union
 from analyzers.syncs import HostSyncs
 from analyzers.timeline import GpuActivities
+from contracts.frames import LIBRARY_FRAME, PROFILE_HOOK_FRAME, same_file
 
 IntArray = npt.NDArray[np.int64]
 
@@ -56,7 +61,6 @@ _OPTIMIZER_WORDS = ("multi_tensor_apply", "adam", "sgd", "lamb_", "optimizer", "
 _ELEMENTWISE_WORDS = ("elementwise", "reduce_kernel", "unrolled_", "vectorized_", "at::native::")
 _OPTIMIZER = re.compile("(?i)" + "|".join(map(re.escape, _OPTIMIZER_WORDS)))
 _ELEMENTWISE = re.compile("(?i)" + "|".join(map(re.escape, _ELEMENTWISE_WORDS)))
-_LIBRARY_FRAME = re.compile(r"site-packages|dist-packages|/torch/|^<built-in|^torch/|^<frozen")
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
 _FAMILY_OF_HELPER = {
     "gemm": KernelFamily.GEMM,
@@ -78,12 +82,17 @@ def summarize(
     syncs: HostSyncs | None = None,
     acts: GpuActivities | None = None,
     windows: Sequence[Window] = (),
+    sync_lines: Sequence[SyncLines] = (),
 ) -> TraceSummary:
     """The summary of ``trace`` (see the module docstring). ``syncs``, ``acts`` and ``windows``
     (the metrics' blocking calls, GPU activities and windows) give the sync pointers their
-    blocking calls and saving; without them a pointer counts operator calls only."""
+    blocking calls and saving; without them a pointer counts operator calls only.
+    ``sync_lines`` (the manifest's) give a pointer that blocked the line of its call."""
     families = _families(trace, att)
     pointers = _sync_pointers(trace, catalog, syncs, acts, windows)
+    sites = [site for rank in sync_lines for site in rank.sites]
+    if sites:
+        pointers = [_at_recorded_line(p, sites) for p in pointers]
     return TraceSummary(
         families=families,
         cpu_ops=_top(trace, trace.ranges["kind"] == RangeKind.CPU_OP, by_self=True),
@@ -333,14 +342,18 @@ def _sync_pointers(
 ) -> list[SyncPointer]:
     """Innermost user Python frame around each sync site, counted per frame and op, with the
     GPU idle the blocking ones were followed by (``_gpu_idle_after``) and, per step, the
-    saving estimated from it (the largest rank's)."""
+    saving estimated from it (the largest rank's). A site under one of cptrace's profile hooks
+    called from that frame (the PyTorch profiler synchronizing when it stops tracing) is
+    cptrace's, not the job's: no pointer."""
     table = trace.ranges
     names = table["name"]
+    python = table["kind"] == RangeKind.PYTHON
+    framed_names = [s for s in np.unique(names).tolist() if _FRAME.match(trace.strings[s])]
+    hook = [s for s in framed_names if PROFILE_HOOK_FRAME.search(trace.strings[s])]
     user = [
-        s for s in np.unique(names).tolist()
-        if _FRAME.match(trace.strings[s]) and not _LIBRARY_FRAME.search(trace.strings[s])
+        s for s in framed_names if s not in hook and not LIBRARY_FRAME.search(trace.strings[s])
     ]
-    frames = np.flatnonzero(np.isin(names, user) & (table["kind"] == RangeKind.PYTHON))
+    frames = np.flatnonzero(np.isin(names, user) & python)
     sites = _sites(trace, catalog, syncs)
     if len(sites.start) == 0 or len(frames) == 0:
         return []
@@ -348,7 +361,15 @@ def _sync_pointers(
         table["thread"][frames], table["start"][frames], table["end"][frames], frames
     )
     found = index.lookup(sites.thread, sites.start)
-    framed = np.flatnonzero(found >= 0)
+    placed = found >= 0
+    hooks = np.flatnonzero(np.isin(names, hook) & python)
+    if len(hooks) and placed.any():
+        inner = RangeIndex(
+            table["thread"][hooks], table["start"][hooks], table["end"][hooks], hooks
+        ).lookup(sites.thread, sites.start)
+        # a hook inside the user's frame (not one around it: ``--step-function``'s wrapper)
+        placed &= ~((inner >= 0) & (table["start"][inner] >= table["start"][found]))
+    framed = np.flatnonzero(placed)
     if len(framed) == 0:
         return []
     idle = _gpu_idle_after(sites, acts)[framed]
@@ -393,6 +414,46 @@ def _frame_text(name: str) -> str:
     """``train.py(50): zero_tail`` -> ``train.py:50 in zero_tail``."""
     m = _FRAME.match(name)
     return f"{m['file']}:{m['line']} in {m['function']}" if m else name
+
+
+_POINTER_FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<function>.*)$")
+
+
+def recorded_lines(frame: str, sites: Sequence[SyncCallSite]) -> list[int]:
+    """The recorded lines of the synchronizing calls in the function a pointer's ``frame``
+    (``train.py:6 in check_finite``, Kineto's line) names, most calls first: the sites of the
+    same file and function whose function starts at that line, or, for a frame Kineto named by
+    the line running when profiling started, at the nearest first line above it (two functions
+    of one name in one file start at different lines). None recorded: ``[]``."""
+    m = _POINTER_FRAME.match(frame)
+    if m is None:
+        return []
+    file, line, function = m["file"], int(m["line"]), m["function"]
+    mine = [
+        s for s in sites
+        if s.function == function and s.first_line <= line and same_file(file, s.file)
+    ]
+    if not mine:
+        return []
+    first = max(s.first_line for s in mine)
+    counts: Counter[int] = Counter()
+    for s in mine:
+        if s.first_line == first:
+            counts[s.line] += s.count
+    return [n for n, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _at_recorded_line(pointer: SyncPointer, sites: Sequence[SyncCallSite]) -> SyncPointer:
+    """``pointer`` at the recorded line of its call, when it blocked (a sync that waited for
+    nothing made no CUDA call, so no record is its) and one was recorded in its function."""
+    if not pointer.blocking_calls:
+        return pointer
+    lines = recorded_lines(pointer.frame, sites)
+    m = _POINTER_FRAME.match(pointer.frame)
+    if not lines or m is None:
+        return pointer
+    frame = f"{m['file']}:{','.join(map(str, lines))} in {m['function']}"
+    return pointer.model_copy(update={"frame": frame, "call_lines": lines})
 
 
 def do_first(
@@ -440,6 +501,11 @@ LINE_CAVEAT = (
 """Why a pointer's line may not be the line of the sync: a Kineto ``python_function`` event
 holds the line of its own frame when the tracer first saw it, and no event holds the caller's
 current line (``docs/analyzers.md``, summary)."""
+RECORDED_LINE = (
+    "the line of the call as the profiled process recorded it (CUDA sync debug mode 'warn', "
+    "cptrace profile --torch)"
+)
+"""Where a pointer's line came from when the bundle's manifest holds ``sync_lines``."""
 
 
 def _sync_actions(pointers: Sequence[SyncPointer], *, gpu: bool) -> list[Action]:
@@ -468,13 +534,14 @@ def _sync_actions(pointers: Sequence[SyncPointer], *, gpu: bool) -> list[Action]
                 "for the device (this run had no GPU activity)"
             )
         saving = sum(p.saving_ms or 0.0 for p in mine) if gpu else None
+        line = RECORDED_LINE if all(p.call_lines for p in mine) else LINE_CAVEAT
         actions.append(
             Action(
                 action=f"Take the host sync ({ops}) at {frame} out of the step, or compute the "
                 "value on the host",
                 saving_ms=round(saving, 4) if saving is not None else None,
                 saving_basis="estimate" if saving is not None else None,
-                evidence=f"{why}; {LINE_CAVEAT}",
+                evidence=f"{why}; {line}",
                 rule="host-sync-in-step",
             )
         )
@@ -487,4 +554,13 @@ def _first_sentence(text: str) -> str:
     return text[: cut.start() + 1] if cut else text
 
 
-__all__ = ["DO_FIRST", "LINE_CAVEAT", "SAVING_METHOD", "TOP_ROWS", "do_first", "summarize"]
+__all__ = [
+    "DO_FIRST",
+    "LINE_CAVEAT",
+    "RECORDED_LINE",
+    "SAVING_METHOD",
+    "TOP_ROWS",
+    "do_first",
+    "recorded_lines",
+    "summarize",
+]

@@ -43,6 +43,10 @@ def profile(
     ),
     no_stack: bool = typer.Option(False, "--no-stack", help="torch: no Python stacks."),
     record_shapes: bool = typer.Option(False, "--record-shapes", help="torch: input shapes."),
+    no_sync_lines: bool = typer.Option(
+        False, "--no-sync-lines",
+        help="torch: do not record the line of each CUDA sync (CUDA sync debug mode 'warn').",
+    ),
     probe_first: int = typer.Option(16, "--probe-first", min=0, help="Probe the first N calls."),
     probe_every: int = typer.Option(50, "--probe-every", min=0, help="Then 1 in M calls."),
     watchdog: float = typer.Option(
@@ -99,6 +103,7 @@ def profile(
         step_on=step_function,
         with_stack=not no_stack,
         record_shapes=record_shapes,
+        sync_lines=not no_sync_lines,
         probe_first=probe_first,
         probe_every=probe_every,
         watchdog_s=watchdog,

@@ -45,6 +45,7 @@ from runners.profile.rankstatus import STATUS_ENV
 from runners.profile.steps import STEPS_ENV, StepsConfig
 from runners.profile.steptimes import iteration_times, read_step_files
 from runners.profile.supervise import Supervised, failure_record, supervise
+from runners.profile.synclines import read_sync_files
 from runners.profile.torchprof import TORCH_PROFILE_ENV, TorchProfileConfig
 from runners.sandbox import Sandbox, remove_special_files
 
@@ -77,6 +78,8 @@ class ProfileOptions:
     step_on: str = "optimizer"
     with_stack: bool = True
     record_shapes: bool = False
+    sync_lines: bool = True
+    """``--torch``: record the line of each synchronizing CUDA call while profiling."""
     probe_first: int = 16
     probe_every: int = 50
     watchdog_s: float = 60.0
@@ -134,6 +137,7 @@ def options_argv(opts: ProfileOptions) -> list[str]:
         ("--no-python-functions-trace", not opts.python_functions_trace),
         ("--no-stack", not opts.with_stack),
         ("--record-shapes", opts.record_shapes),
+        ("--no-sync-lines", not opts.sync_lines),
         ("--hostname", opts.include_hostname),
     )
     return out + [flag for flag, on in switches if on]
@@ -181,6 +185,7 @@ def child_environment(opts: ProfileOptions, scratch: Path) -> dict[str, str]:
             step_on=opts.step_on,
             with_stack=opts.with_stack,
             record_shapes=opts.record_shapes,
+            sync_lines=opts.sync_lines,
         ).to_env()
     else:
         env.pop(TORCH_PROFILE_ENV, None)
@@ -375,6 +380,9 @@ def _finalize(
             "iteration_ms": {str(r): v for r, v in sorted(times.items())},
         })
     extra["step_times"] = step_summary
+    sync_lines = read_sync_files(scratch / "torch")
+    if sync_lines:
+        extra["sync_lines"] = sync_lines
     if probes:
         extra["probe"] = {str(r): probes[r] for r in sorted(probes)}
     if failure is not None:

@@ -6,7 +6,9 @@ user names (``module:qualname``): the boundaries ``runners/profile/steps.py`` fi
 ones the step clock times. The profiler
 starts at the first step boundary and follows ``schedule(wait, warmup, active)``; the active
 steps are exported to ``kineto_rank<r>.json`` in the profile directory, one file per rank. If the
-job fails (or exits) while steps are being recorded, what was recorded is exported then.
+job fails (or exits) while steps are being recorded, what was recorded is exported then. While
+the profiler runs, the line of each synchronizing CUDA call is recorded beside the trace
+(``sync_rank<r>.json``, ``runners/profile/synclines.py``) unless ``sync_lines`` is off.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from runners.profile import steps
 from runners.profile.probe import rank_from_environment
+from runners.profile.synclines import SyncLineRecorder
 
 TORCH_PROFILE_ENV = "CPTRACE_TORCH_PROFILE"
 OPTIMIZER_STEP = steps.OPTIMIZER_STEP
@@ -38,6 +41,9 @@ class TorchProfileConfig:
     """``optimizer`` or ``module:qualname`` of the function whose calls are the steps."""
     with_stack: bool = True
     record_shapes: bool = False
+    sync_lines: bool = True
+    """Record the line of each synchronizing CUDA call while profiling (CUDA's sync debug
+    mode ``warn``; nothing on CPU)."""
 
     def to_env(self) -> str:
         return json.dumps({**dataclasses.asdict(self), "out_dir": str(self.out_dir)})
@@ -59,6 +65,7 @@ class StepProfiler:
         self.exported: Path | None = None
         self._idle: Any = None
         """``ProfilerAction.NONE``, bound when the profiler starts (a step reads it)."""
+        self.syncs: SyncLineRecorder | None = None
         self._lock = threading.Lock()
 
     def recording(self) -> bool:
@@ -89,6 +96,9 @@ class StepProfiler:
             record_shapes=c.record_shapes,
         )
         self.prof.start()
+        if c.sync_lines:
+            self.syncs = SyncLineRecorder(c.out_dir, self.rank)
+            self.syncs.start()
 
     def _export(self, prof: Any) -> None:
         target = self.config.out_dir / f"kineto_rank{self.rank}.json"
@@ -111,6 +121,8 @@ class StepProfiler:
     def _finish(self) -> None:
         if self.prof is not None and not self.done:
             self.done = True
+            if self.syncs is not None:  # warn mode off first: the export must not warn
+                self.syncs.stop()
             self.prof.stop()  # exports when it stops inside the active steps
 
     def finish(self) -> None:

@@ -9,20 +9,32 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import json
+import weakref
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from testkit import DATA_DIR
+from testkit import DATA_DIR, shared_traces_dir
 from testkit.calls import calls_of
 
 from analyzers.bundle import read_bundle
 from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.pipeline import analyze
-from analyzers.rank_parts import analyze_rank, dump_part, load_part, merge_parts
+from analyzers.rank_parts import (
+    PART_VERSION,
+    RankPart,
+    analyze_rank,
+    dump_part,
+    load_part,
+    merge_part_blobs,
+    merge_parts,
+    read_part_header,
+)
 from analyzers.readers import TraceInput, _files, check_trace, trace_input
 from tests.analyzers.conftest import KINETO_3ARMS, NSYS_3ARMS, te_manifest
 
@@ -30,6 +42,7 @@ SYNTHETIC = DATA_DIR / "synthetic-h200x2"
 OPENWORLD = DATA_DIR / "openworld"
 BUNDLE = DATA_DIR / "cpu-gloo" / "cpu_smoke.tar.gz"
 PROFILE_BUNDLE = DATA_DIR / "te-2.20.2-h200-profile"
+PLAIN_BUNDLE = DATA_DIR / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
 
 TRACE_SETS = {
     "synthetic-kineto-pair": [
@@ -46,7 +59,7 @@ MANIFESTS = {
     "te-nsys-3arms": lambda: te_manifest("nsys_arm", steps_per_window=3),
 }
 MULTI_RANK = ["synthetic-kineto-pair", "te-kineto-3arms", "te-nsys-3arms"]
-BUNDLES = [BUNDLE, PROFILE_BUNDLE]
+BUNDLES = [BUNDLE, PROFILE_BUNDLE, PLAIN_BUNDLE]
 
 
 def sniff_calls() -> AbstractContextManager[list[str]]:
@@ -54,15 +67,20 @@ def sniff_calls() -> AbstractContextManager[list[str]]:
     return calls_of(_files.sniff, _files.sniff_head, _files.read_head)
 
 
-def _per_rank(items: list[TraceInput], tmp_path: Path, **kwargs: Any) -> str:
-    """Each file through its own stage, written to a blob and read back, then the merge."""
+def _blobs(items: list[TraceInput], tmp_path: Path) -> list[Path]:
+    """Each file through its own stage, written to a blob."""
     blobs = []
     for i, item in enumerate(items):
         blob = tmp_path / f"part{i}.npz"
         size = dump_part(analyze_rank(item, files=len(items)), blob)
         assert size == blob.stat().st_size
         blobs.append(blob)
-    return merge_parts([load_part(b) for b in blobs], **kwargs).report.model_dump_json()
+    return blobs
+
+
+def _per_rank(items: list[TraceInput], tmp_path: Path, **kwargs: Any) -> str:
+    """Each file through its own stage and blob, then the merge, the parts loaded one by one."""
+    return merge_part_blobs(_blobs(items, tmp_path), **kwargs).report.model_dump_json()
 
 
 @functools.cache
@@ -153,6 +171,102 @@ def test_a_damaged_part_blob_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CorruptTraceError, match="another version"):
         load_part(other)
     half = tmp_path / "half.npz"
-    np.savez(half, meta=np.frombuffer(json.dumps({"version": 1}).encode(), dtype=np.uint8))
+    np.savez(
+        half, meta=np.frombuffer(json.dumps({"version": PART_VERSION}).encode(), dtype=np.uint8)
+    )
     with pytest.raises(CorruptTraceError, match="damaged per-rank part"):
         load_part(half)
+
+
+def test_parts_merged_as_a_list_give_the_report_of_parts_streamed(tmp_path: Path) -> None:
+    """``merge_parts`` without headers (parts held in memory) is the same merge."""
+    name = "te-kineto-3arms"
+    blobs = _blobs([trace_input(p) for p in TRACE_SETS[name]], tmp_path)
+    merged = merge_parts([load_part(b) for b in blobs], manifest=MANIFESTS[name]())
+    assert merged.report.model_dump_json() == _today(name)
+
+
+def _copies(tmp_path: Path, ranks: int) -> list[Path]:
+    """The synthetic pair's events under ranks 0..ranks-1 (world size ``ranks``)."""
+    sources = [
+        json.loads(gzip.decompress(p.read_bytes())) for p in TRACE_SETS["synthetic-kineto-pair"]
+    ]
+    out = []
+    for rank in range(ranks):
+        doc = {**sources[rank % 2], "distributedInfo": {"rank": rank, "world_size": ranks}}
+        path = tmp_path / f"kineto_rank{rank}.json"
+        path.write_text(json.dumps(doc))
+        out.append(path)
+    return out
+
+
+def test_five_parts_merge_into_the_report_of_five_files(tmp_path: Path) -> None:
+    """More parts than two: each part's keys, symbols and row references rebased in turn."""
+    paths = _copies(tmp_path, 5)
+    today = analyze(paths).model_dump_json()
+    assert json.loads(today)["ranks"] == [0, 1, 2, 3, 4]
+    assert _per_rank([trace_input(p) for p in paths], tmp_path) == today
+
+
+def test_the_merge_lets_each_part_go_before_the_next_is_loaded(tmp_path: Path) -> None:
+    """Memory of the merge: one part at a time besides the merged tables, not every part."""
+    blobs = _blobs([trace_input(p) for p in _copies(tmp_path, 3)], tmp_path)
+    alive: list[int] = []
+    tables: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+    def parts() -> Iterator[RankPart]:
+        for blob in blobs:
+            alive.append(sum(ref() is not None for ref in tables))
+            part = load_part(blob)
+            tables.extend([weakref.ref(part.trace.activities), weakref.ref(part.trace.ranges)])
+            yield part
+            del part
+
+    merged = merge_parts(parts(), headers=[read_part_header(b) for b in blobs])
+    assert merged.report.ranks == [0, 1, 2]
+    assert alive == [0, 0, 0]
+
+
+def test_a_part_whose_header_disagrees_with_its_tables_is_a_clear_error(tmp_path: Path) -> None:
+    (blob,) = _blobs([trace_input(TRACE_SETS["synthetic-kineto-pair"][0])], tmp_path)
+    with np.load(blob) as opened:
+        arrays = {name: opened[name] for name in opened.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    assert read_part_header(blob).rows == tuple(meta["rows"])
+    meta["rows"][0] += 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(blob, **arrays)
+    with pytest.raises(CorruptTraceError, match=r"damaged per-rank part.*header says"):
+        load_part(blob)
+
+
+def _shared_sets() -> list[tuple[str, list[Path]]]:
+    """The shared folder's runs: each folder's Kineto files as one run, each nsys export."""
+    shared = shared_traces_dir()
+    if shared is None:
+        return []
+    out = []
+    for folder in sorted(p for p in shared.rglob("*") if p.is_dir()):
+        kineto = sorted(folder.glob("*rank*.json.gz"))
+        if kineto:
+            out.append((f"{folder.name}-kineto", kineto))
+        out += [(f"{folder.name}-{p.name}", [p]) for p in sorted(folder.glob("*.sqlite*"))]
+    return out
+
+
+def _digest(paths: list[Path]) -> str:
+    return hashlib.sha256(
+        b"".join(hashlib.sha256(p.read_bytes()).digest() for p in paths)
+    ).hexdigest()
+
+
+@pytest.mark.parametrize(("name", "paths"), _shared_sets(), ids=[n for n, _ in _shared_sets()])
+def test_shared_runs_per_rank_give_the_report_of_one_process(
+    name: str, paths: list[Path], tmp_path: Path
+) -> None:
+    """``$CPTRACE_SHARED_TRACES``: a run already in tests/data (same bytes) is covered there."""
+    known = {_digest(files): known for known, files in TRACE_SETS.items()}
+    if _digest(paths) in known:
+        pytest.skip(f"{name}: the bytes of tests/data's {known[_digest(paths)]}, compared above")
+    today = analyze(paths).model_dump_json()
+    assert _per_rank([trace_input(p) for p in paths], tmp_path) == today
