@@ -127,14 +127,14 @@ def tar_gz_bomb(members: list[tuple[str, bytes]], name: str, size: int) -> bytes
     """A ``.tar.gz`` of ``members`` and then ``name``: ``size`` spaces (the archive's own gzip
     as the bomb, ``gzip_repeating``)."""
     plain = io.BytesIO()
-    tar = tarfile.open(fileobj=plain, mode="w")
-    for member, data in members:
-        info = tarfile.TarInfo(member)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    info = tarfile.TarInfo(name)
-    info.size = size
-    head = plain.getvalue() + info.tobuf(tar.format, tar.encoding, tar.errors)
+    with tarfile.open(fileobj=plain, mode="w") as tar:
+        for member, data in members:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(name)
+        info.size = size
+        head = plain.getvalue() + info.tobuf(tar.format, tar.encoding, tar.errors)  # before close
     padding = -size % tarfile.BLOCKSIZE
     return gzip_repeating(head, b" ", size, b"\0" * (padding + 2 * tarfile.BLOCKSIZE))
 
