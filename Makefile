@@ -12,7 +12,7 @@ DATA_DIR ?= var
 TEST_WORKERS ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: run test setup setup-run lint browser sandbox clean
+.PHONY: run test setup setup-run lint browser sandbox postgres clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ browser:
 sandbox:
 	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
 
+# The storage, worker and job-queue tests also run on a real PostgreSQL server, which the tests
+# start themselves in a temp folder (tests/service/postgres_server.py) from Debian's binaries.
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; }
+
 run: setup-run
 	$(BIN)/cptrace serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --seed-demo
 
@@ -55,7 +60,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy $(MYPY_PACKAGES)
 
-test: setup browser sandbox lint
+test: setup browser sandbox postgres lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:

@@ -26,8 +26,10 @@ with the other ranks' KV blocks and dK/dV handed in as local tensors
 arms interleaved in one process (ABBA), plus the whole workload on one GPU through the same
 path. Per rank and arm: CUDA-event time, GPU kernel time and launches (median of
 ``--profile-reps`` profiled iterations, by kernel family), TFLOP/s over the kernel time, and the
-ratio to the ideal split of the one-GPU kernel time. ``--floor --cpu`` is a tiny CPU smoke run
-of the same code.
+ratio to the ideal split of the one-GPU kernel time. Arms ``all_gather`` and ``graphs,
+all_gather`` run the all-gather comm instead (a :class:`~cp_attention.ring.LoopbackGather`
+hands over the gathered K/V and the peers' dK/dV); a per-call table times each cuDNN call of
+both comms alone. ``--floor --cpu`` is a tiny CPU smoke run of the same code.
 """
 
 from __future__ import annotations
@@ -314,7 +316,13 @@ FLOOR_KERNEL_ARMS = {"after, flash kernel": ("after", "flash"),
 #: Arms that replay each rank's step from a CUDA graph (cp_attention.graphs, bound to the
 #: layer's tensors): (tuning arm, backend; None = the --kernels choice).
 FLOOR_GRAPH_ARMS = {"graphs": ("after", None), "graphs, flash kernel": ("after", "flash"),
-                    "graphs, no peer sum": ("after, no peer sum", None)}
+                    "graphs, no peer sum": ("after, no peer sum", None),
+                    "graphs, all_gather": ("after", None)}
+#: Arms of the all-gather comm (issue 29: one or two calls per rank over the gathered KV in
+#: sequence order instead of one call per ring step), eager and from graphs.
+FLOOR_ALL_GATHER_ARMS = {"all_gather": ("after", None)}
+#: Arms whose rank runs the all-gather comm (the others run the P2P ring).
+ALL_GATHER_ARMS = {"all_gather", "graphs, all_gather"}
 
 
 def _call_pairs(call) -> int:
@@ -401,6 +409,8 @@ def _floor_inputs(args, cp: int, device, dtype):
         dkv = [[[_peer_grad(local["k"][r], meta, r, step),
                  _peer_grad(local["v"][r], meta, r, step)]
                 for step in range(1, cp)] for r in range(cp)]
+        # What the all-gather would return (every rank's block in rank order).
+        local["gathered"] = [torch.cat(local["k"]), torch.cat(local["v"])]
         layers.append((local, dkv))
     return meta, layers
 
@@ -419,20 +429,33 @@ def _peer_grad(like: torch.Tensor, meta, owner: int, step: int) -> torch.Tensor:
     return grad
 
 
-def _rank_fn(meta, layers, rank: int, tuning, backend: str | None, graphs=None):
-    from cp_attention.attention import rank_local_work
-    from cp_attention.ring import LoopbackRing
+def _loopback(local: dict, dkv, meta, rank: int, comm: str):
+    """The loopback of ``comm`` for ``rank`` (None at cp = 1)."""
+    from cp_attention.ring import LoopbackGather, LoopbackRing
 
     cp = meta.cp_size
+    if cp == 1:
+        return None
+    if comm == "all_gather":
+        return LoopbackGather(rank, cp, local["gathered"], dkv[rank])
+    kv = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]] for i in range(1, cp)]
+    return LoopbackRing(rank, cp, kv, dkv[rank])
+
+
+def _rank_fn(meta, layers, rank: int, tuning, backend: str | None, graphs=None,
+             comm: str = "p2p"):
+    from cp_attention.attention import rank_local_work
+
+    # The loopbacks are built once: a bound graph's key is the tensors (the loopback's too).
+    rings = [_loopback(local, dkv, meta, rank, comm) for local, dkv in layers]
 
     def run() -> None:
-        for local, dkv in layers:
-            kv = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
-                  for i in range(1, cp)]
-            ring = LoopbackRing(rank, cp, kv, dkv[rank]) if cp > 1 else None
+        for (local, _), ring in zip(layers, rings, strict=True):
+            if ring is not None:
+                ring.sent.clear()
             rank_local_work(local["q"][rank], local["k"][rank], local["v"][rank],
                             local["dout"][rank], meta, rank, ring, causal=True, backend=backend,
-                            tuning=tuning, graphs=graphs)
+                            tuning=tuning, graphs=graphs, comm=comm)
 
     return run
 
@@ -456,6 +479,8 @@ def run_floor(args: argparse.Namespace) -> None:
         graph_arms -= {"graphs, flash kernel"}
     arms.update({n: (Tuning(**FLOOR_ARMS[FLOOR_GRAPH_ARMS[n][0]]),
                      FLOOR_GRAPH_ARMS[n][1] or backend) for n in graph_arms})
+    arms.update({n: (Tuning(**FLOOR_ARMS[a]), b or backend)
+                 for n, (a, b) in FLOOR_ALL_GATHER_ARMS.items() if not args.arms or n in args.arms})
     # One cache per graph arm, large enough for every (cp, rank, layer) graph of the run.
     caches = {n: StepGraphs(capacity=4096) for n in graph_arms}
     if device.type == "cuda":
@@ -466,12 +491,14 @@ def run_floor(args: argparse.Namespace) -> None:
     for cp in [1, *args.floor_cp]:
         meta, layers = _floor_inputs(args, cp, device, dtype)
         for rank in range(cp):
+            # The same query-key pairs under either comm (tests/cp_attention checks it).
             pairs = sum(_call_pairs(c) for c in meta.calls_for("p2p", True, rank)
                         if c is not None)
             flops[(cp, rank)] = 3.5 * 4 * pairs * args.heads * args.dim * args.layers
             for arm, (tuning, kernel) in arms.items():
+                comm = "all_gather" if arm in ALL_GATHER_ARMS else "p2p"
                 fns[(arm, cp, rank)] = _rank_fn(meta, layers, rank, tuning, kernel,
-                                                caches.get(arm))
+                                                caches.get(arm), comm)
     for key, fn in list(fns.items()):
         try:
             for _ in range(args.warmup):
@@ -526,6 +553,7 @@ def run_floor(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         _print_autotune()
         _per_call_table(args, device, dtype)
+        _comm_call_table(args, device, dtype)
     if device.type == "cuda" and args.options:
         _options_table(args, device, dtype)
     print(f"fallbacks: {fallback_counts() or 'none'}")
@@ -539,7 +567,6 @@ def run_floor(args: argparse.Namespace) -> None:
 def _print_numerics(args, device, dtype, arms) -> None:
     """Each arm's out/dQ/dK/dV of one layer vs the 'before' arm (numerics unchanged)."""
     from cp_attention.attention import rank_local_work
-    from cp_attention.ring import LoopbackRing
 
     if "before" not in arms:
         return
@@ -551,13 +578,12 @@ def _print_numerics(args, device, dtype, arms) -> None:
         for rank in range(cp):
             results = {}
             for arm, (tuning, kernel) in arms.items():
-                kv = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
-                      for i in range(1, cp)]
-                ring = LoopbackRing(rank, cp, kv, dkv[rank])
+                comm = "all_gather" if arm in ALL_GATHER_ARMS else "p2p"
+                ring = _loopback(local, dkv, meta, rank, comm)
                 try:
                     res = rank_local_work(local["q"][rank], local["k"][rank], local["v"][rank],
                                           local["dout"][rank], meta, rank, ring, causal=True,
-                                          backend=kernel, tuning=tuning)
+                                          backend=kernel, tuning=tuning, comm=comm)
                 except Exception as exc:
                     print(f"| {arm} | {cp} | {rank} | failed: {type(exc).__name__}: {exc} |")
                     continue
@@ -636,6 +662,55 @@ def _per_call_table(args: argparse.Namespace, device, dtype) -> None:
                               f"{call.k_rows.count} ({call.cu_q.numel() - 1}) | "
                               f"{call.causal} | {name} | {layout} | {ms:.3f} | "
                               f"{fl / (ms * 1e-3) / 1e12:.0f} |")
+
+
+def _comm_call_table(args: argparse.Namespace, device, dtype) -> None:
+    """Each cuDNN call of every rank at each ``--floor-cp`` under both comms, alone: P2P one
+    per ring step (on the owner's block), all-gather one or two (on the gathered KV in
+    sequence order): forward + backward ms and TFLOP/s, and the sum per rank."""
+    from cp_attention.local_attention import get_backend
+
+    kernel = get_backend(device, "cudnn").primary
+    scale = args.dim ** -0.5
+    print("| comm | cp | rank | call | q rows x k rows (segments) | causal | layout | "
+          "fwd+bwd ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for cp in args.floor_cp:
+        meta, layers = _floor_inputs(args, cp, device, dtype)
+        local = layers[0][0]
+        for comm in ("p2p", "all_gather"):
+            for rank in range(cp):
+                total_ms, total_fl = 0.0, 0.0
+                if comm == "all_gather":
+                    to_seq = meta.gather_order(True, rank).to_seq
+                    kseq, vseq = (t if to_seq is None else t.index_select(0, to_seq)
+                                  for t in local["gathered"])
+                for index, call in enumerate(meta.calls_for(comm, True, rank)):
+                    if call is None:
+                        continue
+                    if comm == "p2p":
+                        owner = (rank - index) % cp
+                        k, v = local["k"][owner], local["v"][owner]
+                    else:
+                        k, v = kseq, vseq
+                    tensors = (local["q"][rank], k, v, local["dout"][rank])
+                    fl = 3.5 * 4 * _call_pairs(call) * args.heads * args.dim
+                    try:
+                        fwd, bwd, layout = _step_call_fns(kernel, None, call, tensors, scale,
+                                                          index if comm == "p2p" else 1)
+                        ms = _time_ms(lambda fwd=fwd, bwd=bwd: (fwd(), bwd()), device)
+                    except Exception as exc:
+                        print(f"| {comm} | {cp} | {rank} | {index} | - | - | - | "
+                              f"{type(exc).__name__}: {str(exc)[:100]} | - |")
+                        continue
+                    total_ms += ms
+                    total_fl += fl
+                    print(f"| {comm} | {cp} | {rank} | {index} | {call.q_rows.count} x "
+                          f"{call.k_rows.count} ({call.cu_q.numel() - 1}) | {call.causal} | "
+                          f"{layout} | {ms:.3f} | {fl / (ms * 1e-3) / 1e12:.0f} |")
+                if total_ms:
+                    print(f"| {comm} | {cp} | {rank} | all | - | - | - | {total_ms:.3f} | "
+                          f"{total_fl / (total_ms * 1e-3) / 1e12:.0f} |")
 
 
 def _print_autotune() -> None:

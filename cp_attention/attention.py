@@ -7,9 +7,10 @@ Forward and backward use the comm, strategy and causal flag captured at forward 
 P2P ring (step ``i`` holds the KV block of rank ``(rank - i) % cp``): the next block is sent
 and received while the current block computes; partial outputs are merged by log-sum-exp.
 The backward passes KV around the ring again, together with the dK/dV accumulated for each
-block, which arrives back at its owner after one extra hop. All-gather: KV is gathered once,
-one kernel call attends every local query to its visible keys, and dK/dV are reduce-scattered
-back to their owners.
+block, which arrives back at its owner after one extra hop. All-gather: KV is gathered once and
+put in sequence order, one or two kernel calls attend every local query to its visible keys
+(:func:`cp_attention.plan.gather_calls`), and dK/dV, moved back to owner order, are
+reduce-scattered to their owners.
 """
 
 from __future__ import annotations
@@ -29,12 +30,19 @@ from cp_attention.merge import (
     add_block_rows,
     add_rows,
     gather_rows,
+    gather_sum,
     sum_parts,
 )
 from cp_attention.metadata import PackedBatch
 from cp_attention.plan import COMMS, AttnCall, JointBwd, Rows
 from cp_attention.ranges import phase
-from cp_attention.ring import LoopbackRing, Ring, all_gather_tokens, reduce_scatter_tokens
+from cp_attention.ring import (
+    LoopbackGather,
+    LoopbackRing,
+    Ring,
+    all_gather_tokens,
+    reduce_scatter_tokens,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,33 +430,66 @@ def _block_grad(incoming, rows: Rows | None, contrib, like, in_place: bool = Fal
     return incoming
 
 
-def _gather_forward(s: _Step, q, kg, vg):
+def _sequence_order(s: _Step, kg: torch.Tensor, vg: torch.Tensor):
+    """The gathered K and V (owner blocks in rank order) in the packed batch's sequence order,
+    which the all-gather calls address (:class:`~cp_attention.plan.GatherOrder`)."""
+    to_seq = s.meta.gather_order(s.cfg.causal, s.rank).to_seq
+    if to_seq is None:
+        return kg, vg
+    with phase("partition"):
+        return kg.index_select(0, to_seq), vg.index_select(0, to_seq)
+
+
+def _gather_forward(s: _Step, q, kseq, vseq):
+    """``(out, lse)`` of the all-gather calls over the sequence-ordered KV. The calls' query
+    rows are disjoint, so each merge only places a call's rows (exact: no rounding)."""
     merger = s.merger(q)
-    call = s.call(0)
-    if call is not None:
-        out, lse, in_place = s.fwd(call, q, kg, vg)
-        with phase("merge"):
-            merger.add(call.q_rows, out, lse, in_place)
+    for index in range(len(s.calls)):
+        call = s.call(index)
+        if call is not None:
+            out, lse, in_place = s.fwd(call, q, kseq, vseq)
+            with phase("merge"):
+                merger.add(call.q_rows, out, lse, in_place)
     with phase("merge"):
         return merger.result()
 
 
-def _gather_backward(s: _Step, dout, q, kg, vg, out, lse, group):
+def _gather_backward(s: _Step, dout, q, kseq, vseq, out, lse):
+    """``(dq, dk, dv)``: dQ of the local rows, dK/dV of every gathered row in owner order
+    (what the reduce-scatter sums), each rounded once to the input dtype.
+
+    In-place calls leave the rows they do not read unwritten; dQ is summed over the calls at
+    their query rows, and dK/dV are summed over the calls and moved back to owner order in one
+    pass (:attr:`GatherOrder.grad_src`)."""
     acc = accum_dtype(q.dtype)
-    call = s.call(0)
-    if call is None:
-        dq, dkg, dvg = torch.zeros_like(q), torch.zeros_like(kg), torch.zeros_like(vg)
-    else:
-        dq_s, dk_s, dv_s, in_place = s.bwd(call, dout, q, kg, vg, out, lse)
+    order = s.meta.gather_order(s.cfg.causal, s.rank)
+    dq_parts: list[tuple[torch.Tensor, Rows | None, dict | None]] = []
+    dk_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    dv_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for index in range(len(s.calls)):
+        call = s.call(index)
+        if call is None:
+            continue
+        dq_c, dk_c, dv_c, in_place = s.bwd(call, dout, q, kseq, vseq, out, lse,
+                                           zero_k_outside=False, zero_q_outside=False)
         with phase("grad_reduce"):
-            dq = add_rows(None, call.q_rows, dq_s, q, q.dtype, in_place)
-            dkg = add_rows(None, call.k_rows, dk_s, kg, acc, in_place)
-            dvg = add_rows(None, call.k_rows, dv_s, vg, acc, in_place)
-    # Each rank's partial sum is exact in the accumulator dtype; the cross-rank sum travels in
-    # the input dtype (half the bytes of float32), as the P2P ring's dK/dV do.
-    dk = reduce_scatter_tokens(dkg.to(kg.dtype), group)
-    dv = reduce_scatter_tokens(dvg.to(vg.dtype), group)
-    return dq, dk.to(kg.dtype), dv.to(vg.dtype)
+            if in_place:
+                dq_parts.append((dq_c, call.q_rows, call.cache.setdefault("gather_dq", {})))
+            else:
+                dq_parts.append((add_rows(None, call.q_rows, dq_c, q, acc), None, None))
+                dk_c = add_rows(None, call.k_rows, dk_c, kseq, kseq.dtype)
+                dv_c = add_rows(None, call.k_rows, dv_c, vseq, vseq.dtype)
+            dk_parts.append((dk_c, order.grad_src[index]))
+            dv_parts.append((dv_c, order.grad_src[index]))
+    with phase("grad_reduce"):
+        dq = sum_parts(dq_parts, q, s.fused)
+        dk, dv = torch.empty_like(kseq), torch.empty_like(vseq)
+        for dest, parts in ((dk, dk_parts), (dv, dv_parts)):
+            if parts:
+                gather_sum(dest, parts, s.fused)
+            else:
+                dest.zero_()
+    return dq, dk, dv
 
 
 #: The graphs ``cp_attn(..., graphs=True)`` replays: forward and backward per layout.
@@ -469,21 +510,27 @@ def _layout(s: _Step, kind: str, ring: Ring | None, *extra: object) -> tuple:
 
 
 def _forward(s: _Step, q, k, v, ring: Ring | None, gather: bool) -> tuple[torch.Tensor, ...]:
-    """``(out, lse, *rest)``: all-gather: the gathered K and V; P2P: the remote KV blocks."""
+    """``(out, lse, *rest)``: all-gather: the K and V in sequence order; P2P: the remote KV
+    blocks."""
     if gather:
         kg, vg = all_gather_tokens(k, s.cfg.group), all_gather_tokens(v, s.cfg.group)
-        out, lse = _gather_forward(s, q, kg, vg)
-        return out, lse, kg, vg
+        kseq, vseq = _sequence_order(s, kg, vg)
+        out, lse = _gather_forward(s, q, kseq, vseq)
+        return out, lse, kseq, vseq
     out, lse, blocks = _ring_forward(s, q, k, v, ring)
     return (out, lse, *[t for b in blocks[1:] for t in b])
 
 
 def _backward(s: _Step, saved: list[torch.Tensor], ring: Ring | None,
-              gather: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              gather: bool) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dv)`` from ``[dout, *saved tensors]`` (the layout :func:`_forward` saved)."""
     if gather:
-        dout, q, kg, vg, out, lse = saved
-        return _gather_backward(s, dout, q, kg, vg, out, lse, s.cfg.group)
+        dout, q, kseq, vseq, out, lse = saved
+        dq, dkg, dvg = _gather_backward(s, dout, q, kseq, vseq, out, lse)
+        # The cross-rank sum travels in the input dtype (half the bytes of float32), as the
+        # P2P ring's dK/dV do.
+        return (dq, reduce_scatter_tokens(dkg, s.cfg.group),
+                reduce_scatter_tokens(dvg, s.cfg.group))
     dout, q, out, lse, *flat = saved
     blocks = [flat[i : i + 2] for i in range(0, len(flat), 2)]
     if len(blocks) == len(s.calls):
@@ -503,7 +550,8 @@ class _CPAttention(torch.autograd.Function):
             cfg.softmax_scale if cfg.softmax_scale is not None else q.shape[-1] ** -0.5,
         )
         ring = Ring(cfg.group) if distributed else None
-        gather = cfg.comm == "all_gather" and distributed
+        # At cp = 1 the all-gather plan is the ring's one local call: no gather, no way back.
+        gather = cfg.comm == "all_gather" and meta.cp_size > 1
         if cfg.graphs:
             # Static graph outputs are overwritten by the next replay (another layer of the
             # same layout): what outlives this call is cloned out of them.
@@ -526,7 +574,7 @@ class _CPAttention(torch.autograd.Function):
     def backward(ctx, dout):
         step: _Step = ctx.step
         dout = dout.contiguous()
-        gather = step.cfg.comm == "all_gather" and ctx.distributed
+        gather = step.cfg.comm == "all_gather" and step.meta.cp_size > 1
         saved = [dout, *ctx.saved_tensors]
         if step.cfg.graphs:
             dq, dk, dv = (t.clone() for t in GRAPHS.run(
@@ -546,54 +594,79 @@ def rank_local_work(
     dout: torch.Tensor,
     meta: PackedBatch,
     rank: int,
-    ring: LoopbackRing | None,
+    ring: LoopbackRing | LoopbackGather | None,
     *,
     causal: bool = True,
     softmax_scale: float | None = None,
     backend: str | None = None,
     tuning: Tuning = Tuning(),
     graphs: StepGraphs | None = None,
+    comm: str = "p2p",
 ) -> tuple[torch.Tensor, ...]:
-    """One rank's P2P forward + backward (saved-KV ring) on one device, remote data local.
+    """One rank's forward + backward on one device, remote data local.
 
     Exactly the kernels, merges and corrections ``cp_attn`` launches on ``rank`` (without
-    autograd), with :class:`~cp_attention.ring.LoopbackRing` handing over the other ranks' KV
-    blocks and dK/dV contributions instead of the network: the per-rank compute floor
-    (``benchmarks/cp_attention_bench.py --floor``). ``ring`` may be None when ``cp_size`` is 1.
+    autograd), with the network replaced by local tensors: the per-rank compute floor
+    (``benchmarks/cp_attention_bench.py --floor``). ``comm="p2p"`` (saved-KV ring): a
+    :class:`~cp_attention.ring.LoopbackRing` hands over the other ranks' KV blocks and dK/dV
+    contributions; ``comm="all_gather"``: a :class:`~cp_attention.ring.LoopbackGather` hands
+    over the gathered K/V and the other ranks' dK/dV for our block (which this rank then
+    adds: NCCL's reduce-scatter would). ``ring`` may be None when ``cp_size`` is 1.
 
     :param graphs: run the step as one CUDA graph from this cache, bound to these tensors
         (``q``, ``k``, ``v``, ``dout`` and the ring's): the same tensors replay it with no
         copy; the outputs are the graph's, overwritten by its next replay.
     :returns: ``(out, lse, dq, dk, dv)`` of this rank (dk/dv include what the ring handed in).
     """
-    cfg = CPConfig(None, "p2p", causal, softmax_scale, backend=backend)
+    cfg = CPConfig(None, comm, causal, softmax_scale, backend=backend)
     step = _Step(
-        cfg, meta, rank, meta.calls_for("p2p", causal, rank), get_backend(q.device, backend),
+        cfg, meta, rank, meta.calls_for(comm, causal, rank), get_backend(q.device, backend),
         softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5, tuning,
     )
+    gather = comm == "all_gather" and meta.cp_size > 1  # cp = 1: the ring's one local call
+    if gather and ring is not None and not isinstance(ring, LoopbackGather):
+        raise ValueError(f"comm='all_gather' needs a LoopbackGather, got {type(ring).__name__}")
+    if comm == "p2p" and ring is not None and not isinstance(ring, LoopbackRing):
+        raise ValueError(f"comm='p2p' needs a LoopbackRing, got {type(ring).__name__}")
+    work = _local_gather_work if gather else _local_work
     if graphs is None:
-        return _local_work(step, q, k, v, dout, ring)
+        return work(step, q, k, v, dout, ring)
     cp = meta.cp_size
+    loop_type = LoopbackGather if gather else LoopbackRing
 
     def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        loop = LoopbackRing.from_tensors(rank, cp, xs[4:]) if ring is not None else None
-        res = _local_work(step, xs[0], xs[1], xs[2], xs[3], loop)
+        loop = loop_type.from_tensors(rank, cp, xs[4:]) if ring is not None else None
+        res = work(step, xs[0], xs[1], xs[2], xs[3], loop)
         sent = sorted(loop.sent, key=lambda item: item[1]) if loop is not None else []
         return (*res, *[t for tensors, _ in sent for t in tensors])
 
     extra = ring.tensors() if ring is not None else []
     outs = graphs.run(_layout(step, "local_work", None, ring is not None), run,
                       [q, k, v, dout, *extra], bind=True)
-    if ring is not None:  # what the rank sends to the owners of remote blocks, by owner
-        owners = sorted((rank - i) % cp for i in range(1, cp))
+    if ring is not None:  # what the rank sends to the other owners, by owner
+        owners = sorted(set(range(cp)) - {rank}) if gather else \
+            sorted((rank - i) % cp for i in range(1, cp))
         ring.sent += [(list(outs[5 + 2 * i : 7 + 2 * i]), owner)
                       for i, owner in enumerate(owners)]
     return outs[:5]
 
 
-def _local_work(s: _Step, q, k, v, dout, ring: LoopbackRing | None) -> tuple[torch.Tensor, ...]:
+def _local_work(s: _Step, q, k, v, dout, ring) -> tuple[torch.Tensor, ...]:
     out, lse, blocks = _ring_forward(s, q, k, v, ring)
     dq, dk, dv = _saved_kv_backward(s, dout, q, blocks, out, lse, ring)
+    return out, lse, dq, dk, dv
+
+
+def _local_gather_work(s: _Step, q, k, v, dout, loop) -> tuple[torch.Tensor, ...]:
+    kg, vg = loop.all_gather() if loop is not None else (k, v)
+    kseq, vseq = _sequence_order(s, kg, vg)
+    out, lse = _gather_forward(s, q, kseq, vseq)
+    dq, dkg, dvg = _gather_backward(s, dout, q, kseq, vseq, out, lse)
+    if loop is None:
+        return out, lse, dq, dkg, dvg
+    with phase("grad_reduce"):
+        dk, dv = (sum_parts([(t, None, None) for t in parts], like, s.fused)
+                  for parts, like in zip(loop.reduce_scatter([dkg, dvg]), (k, v), strict=True))
     return out, lse, dq, dk, dv
 
 

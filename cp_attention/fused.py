@@ -262,3 +262,51 @@ def sum_parts_(out: torch.Tensor, parts: list[tuple[torch.Tensor, tuple]]) -> No
     grid = (out.shape[0], triton.cdiv(width, block))
     _sum_kernel()[grid](out, out.stride(0), *args, WIDTH=width, BLOCK=block, K0=kinds[0],
                         K1=kinds[1], K2=kinds[2], K3=kinds[3], num_warps=4)
+
+
+@functools.cache
+def _gather_sum_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_sum(out_ptr, s_out_t, a_ptr, a_idx_ptr, s_a_t, b_ptr, b_idx_ptr, s_b_t,
+                   WIDTH: tl.constexpr, BLOCK: tl.constexpr, HAS_B: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < WIDTH
+        a_row = tl.load(a_idx_ptr + row)
+        val = tl.load(a_ptr + a_row * s_a_t + col, mask=mask & (a_row >= 0),
+                      other=0.0).to(tl.float32)
+        if HAS_B:
+            b_row = tl.load(b_idx_ptr + row)
+            val += tl.load(b_ptr + b_row * s_b_t + col, mask=mask & (b_row >= 0),
+                           other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * s_out_t + col, val.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return gather_sum
+
+
+def gather_sum_(out: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``out[i] = sum over sources of src[index[i]]`` (a negative index adds nothing), one
+    kernel for one or two sources, summed in float32 and rounded once to ``out``'s dtype.
+
+    Every row of ``out`` is written (rows no source reads come out zero); each ``index`` has
+    one int64 entry per row of ``out``.
+    """
+    import triton
+
+    if not 1 <= len(sources) <= 2:
+        raise ValueError(f"gather_sum_ takes one or two sources, got {len(sources)}")
+    if not out.is_contiguous() or any(not s.is_contiguous() or s.dtype != out.dtype
+                                      or i.numel() != out.shape[0] for s, i in sources):
+        raise ValueError("gather_sum_ needs contiguous sources of out's dtype and one index "
+                         "entry per output row")
+    if out.shape[0] == 0:
+        return
+    width = out[0].numel()
+    block = min(4096, triton.next_power_of_2(width))
+    (a, a_idx), (b, b_idx) = sources[0], sources[-1]
+    grid = (out.shape[0], triton.cdiv(width, block))
+    _gather_sum_kernel()[grid](out, out.stride(0), a, a_idx, a.stride(0), b, b_idx, b.stride(0),
+                               WIDTH=width, BLOCK=block, HAS_B=len(sources) == 2, num_warps=4)

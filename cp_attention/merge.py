@@ -206,3 +206,22 @@ def gather_rows(out: torch.Tensor, out_index: torch.Tensor | None, src: torch.Te
     if other is not None:
         value = value + other.index_select(0, out_index)
     out.index_copy_(0, out_index, value.to(out.dtype))
+
+
+def gather_sum(out: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor]],
+               fused: bool = False) -> None:
+    """``out[i] = sum of src[index[i]]`` over ``(src, index)`` sources, a negative index
+    adding nothing; summed in the accumulator dtype and rounded once to ``out``'s dtype, so
+    rows no source reads are zero. One Triton kernel for up to two sources when ``fused``
+    (CUDA), else eager ops with the same arithmetic."""
+    if fused and out.is_cuda and accum_dtype(out.dtype) == torch.float32 \
+            and 1 <= len(sources) <= 2:
+        from cp_attention.fused import gather_sum_
+
+        gather_sum_(out, [(s.contiguous(), i) for s, i in sources])
+        return
+    total = torch.zeros(out.shape, dtype=accum_dtype(out.dtype), device=out.device)
+    for src, index in sources:
+        valid = (index >= 0).view(-1, *([1] * (src.dim() - 1)))
+        total += torch.where(valid, src.index_select(0, index.clamp(min=0)), 0)
+    out.copy_(total)

@@ -28,9 +28,10 @@ from cp_attention.partition import (
 from cp_attention.plan import (
     COMMS,
     AttnCall,
+    GatherOrder,
     Geometry,
     JointBwd,
-    all_gather_call,
+    gather_calls,
     joint_bwd_plan,
     p2p_calls,
 )
@@ -72,13 +73,16 @@ class PackedBatch:
     local_tokens: int
     #: Per rank: global token index (DualChunkSwap) or ``(start, stop)`` block (NoLoadBalance).
     partition: tuple[torch.Tensor | tuple[int, int], ...]
-    #: ``(comm, causal, rank) -> calls``; P2P has one entry per ring step, all-gather one.
+    #: ``(comm, causal, rank) -> calls``; P2P has one entry per ring step, all-gather one
+    #: or two calls over the gathered KV in sequence order (:attr:`gather`).
     calls: dict[tuple[str, bool, int], tuple[AttnCall | None, ...]] = field(repr=False)
     #: Device copies of the offsets, used only by the TE-style A/B path.
     cu_seqlens_tensor: torch.Tensor = field(repr=False)
     cu_seqlens_padded_tensor: torch.Tensor = field(repr=False)
     #: ``(causal, rank) -> JointBwd`` for the ranks whose P2P backward is one call.
     joint: dict[tuple[bool, int], JointBwd] = field(default_factory=dict, repr=False)
+    #: ``(causal, rank) -> GatherOrder``: the all-gather calls' KV order and dK/dV way back.
+    gather: dict[tuple[bool, int], GatherOrder] = field(default_factory=dict, repr=False)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
@@ -110,6 +114,8 @@ class PackedBatch:
             total = int(cup[-1])
             geom = Geometry(cup, real_len, cp_size, strategy, total // cp_size)
             padded = bool(cu.shape != cup.shape or (cu != cup).any())
+            partition = _partitions(cup, cp_size, strategy)
+            calls, gather = _all_calls(geom, partition)
             meta = cls(
                 cu_seqlens=tuple(cu.tolist()),
                 cu_seqlens_padded=tuple(cup.tolist()),
@@ -121,11 +127,12 @@ class PackedBatch:
                 max_seqlen_padded=int(np.diff(cup).max()),
                 total_tokens=total,
                 local_tokens=total // cp_size,
-                partition=_partitions(cup, cp_size, strategy),
-                calls=_all_calls(geom),
+                partition=partition,
+                calls=calls,
                 cu_seqlens_tensor=torch.from_numpy(cu.astype(np.int32)),
                 cu_seqlens_padded_tensor=torch.from_numpy(cup.astype(np.int32)),
                 joint=_joint_plans(geom),
+                gather=gather,
             )
         return meta if device is None else meta.to(device)
 
@@ -150,11 +157,13 @@ class PackedBatch:
             }
             cu, cu_padded = next(leaves), next(leaves)
             joint = {key: plan.with_tensors(leaves) for key, plan in self.joint.items()}
+            gather = {key: order.with_tensors(leaves) for key, order in self.gather.items()}
         return replace(
             self,
             partition=partition,
             calls=calls,
             joint=joint,
+            gather=gather,
             cu_seqlens_tensor=cu,
             cu_seqlens_padded_tensor=cu_padded,
             device=dev,
@@ -170,6 +179,8 @@ class PackedBatch:
         leaves += [self.cu_seqlens_tensor, self.cu_seqlens_padded_tensor]
         for plan in self.joint.values():
             leaves.extend(plan.tensors())
+        for order in self.gather.values():
+            leaves.extend(order.tensors())
         return leaves
 
     def calls_for(self, comm: str, causal: bool, rank: int) -> tuple[AttnCall | None, ...]:
@@ -182,6 +193,10 @@ class PackedBatch:
         if not 0 <= rank < self.cp_size:
             raise ValueError(f"rank must be in [0, {self.cp_size}), got {rank}")
         return self.calls[(comm, bool(causal), rank)]
+
+    def gather_order(self, causal: bool, rank: int) -> GatherOrder:
+        """How ``rank``'s all-gather calls read the gathered KV and return its dK/dV."""
+        return self.gather[(bool(causal), rank)]
 
     def joint_bwd(self, causal: bool, rank: int) -> JointBwd | None:
         """The one-call P2P backward of ``rank`` (:class:`~cp_attention.plan.JointBwd`), if any."""
@@ -242,14 +257,21 @@ def _partitions(
     return tuple(torch.from_numpy(dual_chunk_swap_index(cup, cp_size, r)) for r in range(cp_size))
 
 
-def _all_calls(geom: Geometry) -> dict[tuple[str, bool, int], tuple[AttnCall | None, ...]]:
+def _all_calls(
+    geom: Geometry, partition: tuple[torch.Tensor | tuple[int, int], ...]
+) -> tuple[dict[tuple[str, bool, int], tuple[AttnCall | None, ...]],
+           dict[tuple[bool, int], GatherOrder]]:
     """Plan both comms, causal and not, for every rank (cheap: numpy over sequences)."""
+    owner_rows = np.concatenate([np.arange(*p) if isinstance(p, tuple) else p.numpy()
+                                 for p in partition]).astype(np.int64)
     calls: dict[tuple[str, bool, int], tuple[AttnCall | None, ...]] = {}
+    gather: dict[tuple[bool, int], GatherOrder] = {}
     for rank in range(geom.cp_size):
         for causal in (False, True):
             calls[("p2p", causal, rank)] = p2p_calls(geom, rank, causal)
-            calls[("all_gather", causal, rank)] = (all_gather_call(geom, rank, causal),)
-    return calls
+            calls[("all_gather", causal, rank)], gather[(causal, rank)] = gather_calls(
+                geom, rank, causal, owner_rows)
+    return calls, gather
 
 
 def _joint_plans(geom: Geometry) -> dict[tuple[bool, int], JointBwd]:

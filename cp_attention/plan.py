@@ -298,28 +298,86 @@ def _dual_chunk_step(
     return build_call([(mine[1:], theirs)], geom, causal=False, chunks=(1, 2))
 
 
-def all_gather_call(geom: Geometry, rank: int, causal: bool) -> AttnCall | None:
-    """The single call of all-gather CP over the gathered KV buffer (owner blocks in rank order)."""
-    cp = geom.cp_size
-    blocks = [owner_slots(geom, owner, base=owner * geom.local_tokens) for owner in range(cp)]
+@dataclass(frozen=True, slots=True)
+class GatherOrder:
+    """How all-gather CP of one rank moves the gathered KV into sequence order and back.
+
+    The all-gather returns the owners' blocks in rank order; under DualChunkSwap the chunks of
+    one sequence are then spread over every block, so no run of keys a query sees is
+    contiguous. Permuted once into the packed batch's own order (every sequence's rows in
+    position order, as in ``cu_seqlens_padded``), each query chunk sees one contiguous
+    prefix of its sequence, and the rank's attention is one or two kernel calls with offset
+    addressing (:func:`gather_calls`) instead of one call per owner block.
+
+    * ``to_seq``: for every row of the sequence-ordered buffer, its row in the gathered
+      (owner-ordered) buffer; None when the two orders are the same (NoLoadBalance);
+    * ``grad_src[c]``: for every row of the gathered buffer, the sequence-ordered row whose
+      dK/dV call ``c`` wrote, or -1 when call ``c`` reads no key there (a gathered row's
+      gradient is the sum over calls, so the permutation back and the sum are one pass).
+    """
+
+    to_seq: torch.Tensor | None
+    grad_src: tuple[torch.Tensor, ...]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensor leaves, in the order :meth:`with_tensors` consumes them."""
+        return [*([] if self.to_seq is None else [self.to_seq]), *self.grad_src]
+
+    def with_tensors(self, leaves: Iterator[torch.Tensor]) -> GatherOrder:
+        """The same order with its leaves taken, in order, from ``leaves``."""
+        to_seq = None if self.to_seq is None else next(leaves)
+        return GatherOrder(to_seq, tuple(next(leaves) for _ in self.grad_src))
+
+
+def gather_calls(geom: Geometry, rank: int, causal: bool,
+                 owner_rows: np.ndarray) -> tuple[tuple[AttnCall, ...], GatherOrder]:
+    """The calls of all-gather CP over the sequence-ordered KV, and the :class:`GatherOrder`.
+
+    Keys are addressed in the packed batch's order (sequence ``s`` at rows
+    ``cu_seqlens_padded[s]..``). Causal DualChunkSwap: two calls, our front chunk against
+    chunks ``0..r`` and our back chunk against chunks ``0..2cp-1-r`` (each a prefix of its
+    sequence ending at the chunk itself: bottom-right causal). Within a call no two segments
+    share a query or a key row, so each call's outputs and dK/dV can be written in place, and
+    the two calls' query rows are disjoint, so the forward needs no log-sum-exp merge of
+    partial outputs. Otherwise one call (all our queries against the visible prefix, or the
+    whole sequence when not causal; at cp = 1 the two chunks are the whole sequence).
+
+    :param owner_rows: for every row of the gathered buffer (owner blocks in rank order), its
+        row in the packed batch (the partitions of ranks ``0..cp-1``, concatenated).
+    """
+    starts = geom.cu_padded[:-1]
+    zeros = np.zeros_like(starts)
     mine = owner_slots(geom, rank)
-    if geom.strategy == "dual_chunk_swap":
-        fronts = [b[0] for b in blocks]
-        backs = [b[1] for b in reversed(blocks)]
-        in_order = fronts + backs  # chunk 0 .. 2cp-1 of every sequence
-        if not causal:
-            return build_call([(mine, in_order)], geom, causal=False)
-        # Two segments per sequence: our front chunk sees chunks 0..r, our back chunk sees
-        # chunks 0..2cp-1-r; both end with the chunk itself (bottom-right causal).
-        return build_call(
-            [(mine[:1], fronts[: rank + 1]), (mine[1:], in_order[: 2 * cp - rank])],
-            geom,
-            causal=True,
-        )
-    pieces = [b[0] for b in blocks]
+
+    def prefix(length: np.ndarray) -> list[Slot]:
+        return [Slot(zeros, length, starts)]
+
     if not causal:
-        return build_call([(mine, pieces)], geom, causal=False)
-    return build_call([(mine, pieces[: rank + 1])], geom, causal=True)
+        kinds = [[(mine, prefix(geom.padded_len))]]
+    elif geom.strategy == "dual_chunk_swap" and geom.cp_size > 1:
+        chunk = geom.padded_len // (2 * geom.cp_size)
+        kinds = [[(mine[:1], prefix((rank + 1) * chunk))],
+                 [(mine[1:], prefix((2 * geom.cp_size - rank) * chunk))]]
+    else:
+        kinds = [[(mine, prefix(mine[-1].pos + mine[-1].length))]]
+    calls = tuple(c for c in (build_call(k, geom, causal) for k in kinds) if c is not None)
+    total = owner_rows.size
+    identity = np.array_equal(owner_rows, np.arange(total))
+    to_seq = None
+    if not identity:
+        inverse = np.empty(total, dtype=np.int64)
+        inverse[owner_rows] = np.arange(total, dtype=np.int64)
+        to_seq = torch.from_numpy(inverse)
+    grad_src = []
+    for call in calls:
+        read = np.zeros(total, dtype=bool)
+        rows = call.k_rows
+        if rows.index is None:
+            read[rows.start : rows.stop] = True
+        else:
+            read[rows.index.numpy()] = True
+        grad_src.append(torch.from_numpy(np.where(read[owner_rows], owner_rows, -1)))
+    return calls, GatherOrder(to_seq, tuple(grad_src))
 
 
 @dataclass(frozen=True, slots=True)

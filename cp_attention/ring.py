@@ -165,3 +165,56 @@ class LoopbackRing:
             self.sent += [(list(t), peer) for t, peer in sends]
             received = [t for i in range(len(recvs)) for t in self._dkv[i]]
         return Pending([], received)
+
+
+class LoopbackGather:
+    """All-gather CP's collectives with their results given up front: one device, one rank.
+
+    For the per-rank compute floor of the all-gather comm
+    (:func:`cp_attention.attention.rank_local_work` with ``comm="all_gather"``): the forward
+    gets the gathered K and V (every owner's block, in rank order) as local tensors, and the
+    backward's reduce-scatter gets the other ranks' dK/dV for our block, so the rank's own
+    kernels run as in a CP run with no transfer. The gathered dK/dV blocks this rank would
+    contribute to other owners are kept in :attr:`sent` (``(tensors, owner)``).
+    """
+
+    def __init__(self, rank: int, size: int, gathered_kv: Sequence[torch.Tensor],
+                 dkv_from_peers: Sequence[Sequence[torch.Tensor]]) -> None:
+        """:param gathered_kv: ``[K, V]`` of all ranks, ``[size * local_tokens, ...]`` each.
+        :param dkv_from_peers: the dK/dV for our block from each of the ``size-1`` others.
+        """
+        if len(gathered_kv) != 2 or len(dkv_from_peers) != size - 1:
+            raise ValueError(f"a loopback all-gather of {size} ranks needs the gathered K and V "
+                             f"and {size - 1} dK/dV pairs, got {len(gathered_kv)} tensors and "
+                             f"{len(dkv_from_peers)} pairs")
+        self.rank, self.size = rank, size
+        self._kv = list(gathered_kv)
+        self._dkv = [list(g) for g in dkv_from_peers]
+        self.sent: list[tuple[list[torch.Tensor], int]] = []
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor handed in (K, V, then dK/dV), flat, as :meth:`from_tensors` takes them."""
+        return [*self._kv, *[t for pair in self._dkv for t in pair]]
+
+    @classmethod
+    def from_tensors(cls, rank: int, size: int, flat: Sequence[torch.Tensor]) -> LoopbackGather:
+        """A loopback over :meth:`tensors`' output."""
+        pairs = [list(flat[i : i + 2]) for i in range(2, len(flat), 2)]
+        return cls(rank, size, flat[:2], pairs)
+
+    def all_gather(self) -> list[torch.Tensor]:
+        """The gathered ``[K, V]``."""
+        with phase("comm_all_gather"):
+            return list(self._kv)
+
+    def reduce_scatter(self, grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Per tensor of ``grads`` (gathered dK, dV): our block's parts to add (ours first,
+        then each peer's); the other owners' blocks go to :attr:`sent`."""
+        block = grads[0].shape[0] // self.size
+        with phase("comm_send_recv"):
+            for owner in range(self.size):
+                if owner != self.rank:
+                    self.sent.append(([g[owner * block : (owner + 1) * block] for g in grads],
+                                      owner))
+            return [[g[self.rank * block : (self.rank + 1) * block],
+                     *[pair[t] for pair in self._dkv]] for t, g in enumerate(grads)]

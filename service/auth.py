@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from service.core.errors import Forbidden
+from service.storage import tokens
+from service.storage.engine import Conn
 
 TOKEN_PREFIX = "cpt_"
 """Every token starts with it (``contracts.redaction`` hides ``cpt_`` strings in logs)."""
@@ -73,7 +74,7 @@ class Principal:
 
 
 def create_token(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     role: Role,
     name: str = "",
@@ -96,16 +97,14 @@ def create_token(
     if repo is not None and not REPO_NAME.match(repo):
         raise ValueError(f"repository {repo!r}: expected OWNER/NAME")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    conn.execute(
-        "INSERT INTO tokens (name, role, token_hash, created_at, runner, repo)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (name or runner or repo or role.value, role.value, hash_token(token), now_iso(), runner,
-         repo),
+    tokens.insert_token(
+        conn, name=name or runner or repo or role.value, role=role.value,
+        token_hash=hash_token(token), created_at=now_iso(), runner=runner, repo=repo,
     )  # fmt: skip
     return token
 
 
-def bind_runner(conn: sqlite3.Connection, principal: Principal, runner: str) -> None:
+def bind_runner(conn: Conn, principal: Principal, runner: str) -> None:
     """Bind a runner token to ``runner`` on its first claim (or check its binding).
 
     :raises Forbidden: the token is bound to another name, or another token to this one.
@@ -113,61 +112,42 @@ def bind_runner(conn: sqlite3.Connection, principal: Principal, runner: str) -> 
     if principal.runner is not None:
         if principal.runner != runner:
             raise Forbidden(
-                f"this token is bound to runner {principal.runner!r}; it cannot claim as "
-                f"{runner!r}"
+                f"this token is bound to runner {principal.runner!r}; it cannot claim as {runner!r}"
             )
         return
-    other = conn.execute(
-        "SELECT id FROM tokens WHERE runner = ? AND id != ?", (runner, principal.token_id)
-    ).fetchone()
-    if other is not None:
+    if tokens.runner_owner(conn, runner, other_than=principal.token_id) is not None:
         raise Forbidden(f"runner name {runner!r} belongs to another token")
-    conn.execute(
-        "UPDATE tokens SET runner = ? WHERE id = ? AND runner IS NULL",
-        (runner, principal.token_id),
-    )
+    tokens.bind_runner_name(conn, principal.token_id, runner)
 
 
-def lookup_principal(conn: sqlite3.Connection, token: str) -> Principal | None:
+def lookup_principal(conn: Conn, token: str) -> Principal | None:
     """The presented token's id, role and runner identity, or None when it is unknown."""
-    row = conn.execute(
-        "SELECT id, role, runner, repo FROM tokens WHERE token_hash = ?", (hash_token(token),)
-    ).fetchone()
-    return Principal(int(row[0]), Role(row[1]), row[2], row[3]) if row else None
+    row = tokens.token_by_hash(conn, hash_token(token))
+    if row is None:
+        return None
+    return Principal(int(row["id"]), Role(row["role"]), row["runner"], row["repo"])
 
 
-def lookup_token(conn: sqlite3.Connection, token: str) -> Role | None:
+def lookup_token(conn: Conn, token: str) -> Role | None:
     """The role of a presented token, or None when it is unknown."""
-    row = conn.execute(
-        "SELECT role FROM tokens WHERE token_hash = ?", (hash_token(token),)
-    ).fetchone()
-    return Role(row[0]) if row else None
+    row = tokens.token_by_hash(conn, hash_token(token))
+    return Role(row["role"]) if row else None
 
 
-def count_tokens(conn: sqlite3.Connection, role: Role | None = None) -> int:
+def count_tokens(conn: Conn, role: Role | None = None) -> int:
     """How many tokens exist (of one role)."""
-    if role is None:
-        return int(conn.execute("SELECT count(*) FROM tokens").fetchone()[0])
-    return int(
-        conn.execute("SELECT count(*) FROM tokens WHERE role = ?", (role.value,)).fetchone()[0]
-    )
+    return tokens.count_tokens(conn, None if role is None else role.value)
 
 
-def list_tokens(conn: sqlite3.Connection) -> list[dict[str, object]]:
+def list_tokens(conn: Conn) -> list[dict[str, object]]:
     """Every token's id, name, role and creation time (never its hash)."""
-    rows = conn.execute(
-        "SELECT id, name, role, created_at, runner, repo FROM tokens ORDER BY id"
-    ).fetchall()
-    return [
-        {"id": r[0], "name": r[1], "role": r[2], "created_at": r[3], "runner": r[4], "repo": r[5]}
-        for r in rows
-    ]
+    return list(tokens.all_tokens(conn))
 
 
-def revoke_token(conn: sqlite3.Connection, token_id: int) -> bool:
+def revoke_token(conn: Conn, token_id: int) -> bool:
     """Delete a token; True when it existed.
 
     API processes cache verified tokens for a few seconds (``service.api.deps.TokenCache``),
     so a revocation made from another process takes effect there within that time.
     """
-    return conn.execute("DELETE FROM tokens WHERE id = ?", (token_id,)).rowcount > 0
+    return tokens.delete_token(conn, token_id)

@@ -232,16 +232,13 @@ class WorkerSupervisor:
         """The dead worker's tasks need not wait for their lease: expire it now, so the next
         claim requeues them (the attempt stays counted)."""
         from service.storage.database import connect
+        from service.storage.tasks import release_worker_leases
 
         name = f"{socket.gethostname()}:{pid}"
         try:
             conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
             try:
-                conn.execute(
-                    "UPDATE analysis_tasks SET lease_expires_at = 0 "
-                    "WHERE worker = ? AND status = 'running'",
-                    (name,),
-                )
+                release_worker_leases(conn, worker=name)
             finally:
                 conn.close()
         except Exception as exc:  # the lease still expires on its own

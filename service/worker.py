@@ -34,6 +34,7 @@ from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
 from service.rank_exec import run_per_rank
+from service.storage import tasks
 from service.storage.blobs import open_blobs
 from service.storage.database import connect
 
@@ -333,13 +334,7 @@ def sweep_scratch(tmp_dir: Path, conn: sqlite3.Connection) -> int:
     A folder is ``analysis-<task id>-<pid>``; it is kept while its task is running under an
     unexpired lease, so a worker in another container (another pid namespace) is never robbed.
     """
-    live = {
-        int(r[0])
-        for r in conn.execute(
-            "SELECT id FROM analysis_tasks WHERE status = 'running' AND lease_expires_at >= ?",
-            (time.time(),),
-        )
-    }
+    live = tasks.live_task_ids(conn, time.time())
     removed = 0
     for folder in tmp_dir.glob("analysis-*-*"):
         task = folder.name.split("-")[1]

@@ -305,6 +305,8 @@ def _workers(files: int) -> int:
         limit = int(raw) if raw is not None else 1
     except ValueError as exc:
         raise ValueError(f"{WORKERS_ENV}={raw!r}: expected an integer number of processes") from exc
+    if min(files, limit) <= 1:  # the common case: no pool, so no multiprocessing import
+        return 1
     import multiprocessing
 
     if (

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from cptrace.commands._account_tables import render_account, render_account_delta
+from cptrace.commands._numpy import import_numpy
 
 
 class Section(StrEnum):
@@ -162,6 +163,7 @@ def analyze(
 
     Example: cptrace analyze rank0.json.gz rank1.json.gz --step-pattern '^arm:' --manifest run.json
     """
+    import_numpy()
     from analyzers.pipeline import FailedRunError
 
     as_json = as_json or output_format is OutputFormat.JSON
@@ -275,6 +277,7 @@ def compare(
 
     Example: cptrace compare --base run.json --base-window arm:auto_clone --head-window arm:fast
     """
+    import_numpy()
     from analyzers import compare_reports
     from pr_bot.deltas import host_rows_for
 

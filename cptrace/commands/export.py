@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from cptrace.commands._numpy import import_numpy
 from cptrace.commands.analyze import _catalog, _fail, _library_errors
 
 export_app = typer.Typer(
@@ -51,6 +52,7 @@ def perfetto(
     """
     import re
 
+    import_numpy()
     from analyzers.export.perfetto import ExportError, perfetto_trace
     from analyzers.pipeline import run_analysis
 

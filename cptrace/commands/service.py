@@ -24,10 +24,22 @@ BlobsAt = typer.Option(
     "CPTRACE_BLOBS).",
 )
 
+DatabaseAt = typer.Option(
+    None,
+    "--database",
+    help="The database: empty for SQLite in DATA_DIR, or postgresql://USER@HOST/NAME "
+    "(CPTRACE_DATABASE_URL).",
+)
+
 
 def _blobs(blobs: str | None) -> dict[str, str]:
     """``--blobs`` when given; else the ``CPTRACE_BLOBS`` variable or the default decides."""
     return {} if blobs is None else {"blobs": blobs}
+
+
+def _database(url: str | None) -> dict[str, str]:
+    """``--database`` when given; else ``CPTRACE_DATABASE_URL`` or the default decides."""
+    return {} if url is None else {"database_url": url}
 
 
 def _settings(data_dir: Path, **values: object):  # type: ignore[no-untyped-def]
@@ -76,6 +88,7 @@ def serve(
     ),
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Start an analysis worker."),
     blobs: str | None = BlobsAt,
+    database: str | None = DatabaseAt,
 ) -> None:
     """Start the API and dashboards (and an analysis worker subprocess).
 
@@ -92,7 +105,7 @@ def serve(
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
     from service.storage.blobs import BlobConfigError
 
-    settings = _settings(data_dir, run_worker=worker, **_blobs(blobs))
+    settings = _settings(data_dir, run_worker=worker, **_blobs(blobs), **_database(database))
     app = create_app(settings)
     try:
         swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left
@@ -122,6 +135,7 @@ def worker(
     data_dir: Path = DataDir,
     once: bool = typer.Option(False, "--once", help="Drain the queue, then exit."),
     blobs: str | None = BlobsAt,
+    database: str | None = DatabaseAt,
 ) -> None:
     """Run the analysis worker: takes analysis tasks from the database until stopped.
 
@@ -134,7 +148,7 @@ def worker(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        main(_settings(data_dir, **_blobs(blobs)), once=once)
+        main(_settings(data_dir, **_blobs(blobs), **_database(database)), once=once)
     except BlobConfigError as exc:  # an S3 store that cannot be reached: one line
         raise CommandError(str(exc)) from None
 

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.validation import field_errors
 from service.storage.blobs import BlobConfigError, BlobLocation, blob_location
+from service.storage.engine import POSTGRES_NOT_YET, Backend, DatabaseUrlError, backend_of
 
 MiB = 1024 * 1024
 MAX_RANK = 2**31 - 1
@@ -90,6 +91,11 @@ class Settings(BaseSettings):
         default="",
         description="Endpoint of the S3-compatible store (MinIO: `http://minio:9000`); empty: "
         "boto3's own (`AWS_ENDPOINT_URL`, else AWS). Credentials: the usual AWS variables.",
+    )
+    database_url: str = Field(
+        default="",
+        description="The database: empty for SQLite in `data_dir`, or `postgresql://...` "
+        "(refused until every table's statements run on PostgreSQL; see docs/architecture.md).",
     )
     public_read: bool = _flag(True, "Allow reads (GET) without a token; writes always need one.")
     max_upload_bytes: int = _size(1024, "Largest accepted request body, checked while streaming.")
@@ -225,6 +231,19 @@ class Settings(BaseSettings):
                 blob_location(value)
             except BlobConfigError as exc:
                 raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _usable_database(cls, value: str) -> str:
+        try:
+            backend = backend_of(value)
+        except DatabaseUrlError as exc:
+            raise ValueError(str(exc)) from None
+        if backend is Backend.POSTGRESQL:
+            # Fail closed: the queues run there, the run store and tokens do not yet; a service
+            # half on PostgreSQL would accept uploads it cannot store.
+            raise ValueError(POSTGRES_NOT_YET)
         return value
 
     @property

@@ -21,11 +21,14 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from service.auth import now_iso
 from service.core.errors import NotFound
+from service.storage import schema
 from service.storage.database import rows
+from service.storage.engine import Conn, execute
 
 
 class Metric(StrEnum):
@@ -154,10 +157,11 @@ def summary_fields(row: dict[str, Any]) -> dict[str, Any]:
     if row["findings"] is not None:
         row["findings"] = int(row["findings"])
     return row
+
+
 _SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
 _SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
 _SORT_SQL.update(median_ms="mm.value", findings="fm.value")
-
 
 
 MAX_ROWS = 2**53 - 1
@@ -168,6 +172,7 @@ are not (a page number of 2^63 from a URL)."""
 def page_bounds(limit: int, offset: int) -> tuple[int, int]:
     """``LIMIT`` and ``OFFSET`` values SQLite can bind, same answer: clamped to ``MAX_ROWS``."""
     return max(0, min(int(limit), MAX_ROWS)), max(0, min(int(offset), MAX_ROWS))
+
 
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -423,9 +428,9 @@ def set_manifest_columns(conn: sqlite3.Connection, *, run_id: int, manifest: obj
     conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*facts.values(), run_id))
 
 
-def require_run(conn: sqlite3.Connection, *, run_id: int) -> None:
+def require_run(conn: Conn, *, run_id: int) -> None:
     """:raises NotFound: no run ``run_id`` (the one "does this run exist" check)."""
-    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+    if not run_exists(conn, run_id=run_id):
         raise NotFound(f"run {run_id} does not exist")
 
 
@@ -507,10 +512,11 @@ def record_upload(
     )
 
 
-def uploaded_by(conn: sqlite3.Connection, *, run_id: int, token_id: int) -> bool:
+def uploaded_by(conn: Conn, *, run_id: int, token_id: int) -> bool:
     """Whether token ``token_id`` uploaded (some of) run ``run_id``."""
-    sql = "SELECT 1 FROM uploads WHERE run_id = ? AND token_id = ? LIMIT 1"
-    return conn.execute(sql, (run_id, token_id)).fetchone() is not None
+    u = schema.uploads
+    query = sa.select(u.c.key).where(u.c.run_id == run_id, u.c.token_id == token_id).limit(1)
+    return execute(conn, query).first() is not None
 
 
 def stored_bytes_of_token(conn: sqlite3.Connection, *, token_id: int) -> int:
@@ -523,10 +529,11 @@ def stored_bytes_of_token(conn: sqlite3.Connection, *, token_id: int) -> int:
     return int(conn.execute(sql, (token_id,)).fetchone()[0])
 
 
-def run_job(conn: sqlite3.Connection, *, run_id: int) -> int | None:
+def run_job(conn: Conn, *, run_id: int) -> int | None:
     """The job that produced ``run_id``, if one did."""
-    row = conn.execute("SELECT job_id FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+    t = schema.runs
+    found = execute(conn, sa.select(t.c.job_id).where(t.c.id == run_id)).scalar()
+    return None if found is None else int(found)
 
 
 def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
@@ -556,8 +563,7 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
     unreferenced = [
         d
         for d in digests
-        if conn.execute("SELECT 1 FROM run_files WHERE sha256 = ? LIMIT 1", (d,)).fetchone()
-        is None
+        if conn.execute("SELECT 1 FROM run_files WHERE sha256 = ? LIMIT 1", (d,)).fetchone() is None
     ]
     for digest in unreferenced:
         conn.execute("DELETE FROM blobs WHERE sha256 = ?", (digest,))
@@ -605,7 +611,7 @@ KEEP = _Keep()
 
 
 def set_run_state(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     run_id: int,
     status: str | _Keep = KEEP,
@@ -615,38 +621,45 @@ def set_run_state(
     touch: bool = True,
 ) -> None:
     """Update where a run stands (status, progress line, error); columns given as ``KEEP``
-    stay. ``only_if_status``: change nothing unless the run is in that status."""
-    sets: list[str] = []
-    params: list[Any] = []
-    for column, value in (("status", status), ("progress", progress), ("error", error)):
-        if not isinstance(value, _Keep):
-            sets.append(f"{column} = ?")
-            params.append(value)
+    stay. ``only_if_status``: change nothing unless the run is in that status. Either backend
+    (the analysis queue's claims call it on PostgreSQL too)."""
+    values: dict[str, Any] = {
+        column: value
+        for column, value in (("status", status), ("progress", progress), ("error", error))
+        if not isinstance(value, _Keep)
+    }
     if touch:
-        sets.append("updated_at = ?")
-        params.append(now_iso())
-    where = "id = ?" + (" AND status = ?" if only_if_status else "")
-    params += [run_id, only_if_status] if only_if_status else [run_id]
-    conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE {where}", params)
+        values["updated_at"] = now_iso()
+    if not values:
+        return
+    t = schema.runs
+    update = sa.update(t).where(t.c.id == run_id).values(**values)
+    if only_if_status:
+        update = update.where(t.c.status == only_if_status)
+    execute(conn, update)
 
 
-def link_job(conn: sqlite3.Connection, *, run_id: int, job_id: int) -> None:
+def run_exists(conn: Conn, *, run_id: int) -> bool:
+    """Whether run ``run_id`` is stored (either backend)."""
+    t = schema.runs
+    return execute(conn, sa.select(t.c.id).where(t.c.id == run_id)).first() is not None
+
+
+def link_job(conn: Conn, *, run_id: int, job_id: int) -> None:
     """Record that job ``job_id`` produced run ``run_id`` (a runner completed it)."""
-    conn.execute("UPDATE runs SET job_id = ? WHERE id = ?", (job_id, run_id))
+    t = schema.runs
+    execute(conn, sa.update(t).where(t.c.id == run_id).values(job_id=job_id))
 
 
-def unlink_job(conn: sqlite3.Connection, *, job_id: int) -> None:
+def unlink_job(conn: Conn, *, job_id: int) -> None:
     """Forget that job ``job_id`` produced its runs (the job is being deleted; they stay)."""
-    conn.execute("UPDATE runs SET job_id = NULL WHERE job_id = ?", (job_id,))
+    t = schema.runs
+    execute(conn, sa.update(t).where(t.c.job_id == job_id).values(job_id=None))
 
 
 def total_runs(conn: sqlite3.Connection) -> int:
     """How many runs are stored (``/health``)."""
     return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
-
-
-def run_exists(conn: sqlite3.Connection, *, run_id: int) -> bool:
-    return conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 
 
 def trace_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:

@@ -1,8 +1,10 @@
-"""Every rank's CP work on one device (loopback ring), reassembled into full tensors.
+"""Every rank's CP work on one device (loopback ring or all-gather), reassembled.
 
-Shared by the CPU test of the harness and the GPU test of the cuDNN path: the dK/dV a rank
-would send for a remote block are added to the owner's result at the rows the sender's step
-read, exactly as ``_saved_kv_backward`` does on the receiving rank.
+Shared by the CPU test of the harness and the GPU test of the cuDNN path: P2P: the dK/dV a
+rank would send for a remote block are added to the owner's result at the rows the sender's
+step read, exactly as ``_saved_kv_backward`` does on the receiving rank; all-gather: the
+gathered dK/dV blocks a rank contributes to the other owners are added to theirs, as the
+reduce-scatter does.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from cp_attention import PackedBatch, partition_for_rank, unpartition
 from cp_attention.attention import Tuning, rank_local_work
 from cp_attention.graphs import StepGraphs
 from cp_attention.merge import add_block_rows
-from cp_attention.ring import LoopbackRing
+from cp_attention.ring import LoopbackGather, LoopbackRing
 
 
 def run_all_ranks(meta: PackedBatch, full: dict, causal: bool, tuning: Tuning,
                   backend: str | None = None, graphs: StepGraphs | None = None,
-                  local: dict | None = None) -> dict:
+                  local: dict | None = None, comm: str = "p2p") -> dict:
     """Full-batch out, dq, dk, dv from running every rank's local work in turn.
 
     ``graphs``: through CUDA graphs bound to the tensors of ``local`` (each rank's parts of
@@ -32,17 +34,25 @@ def run_all_ranks(meta: PackedBatch, full: dict, causal: bool, tuning: Tuning,
         kv_blocks = [[local["k"][(rank - i) % cp], local["v"][(rank - i) % cp]]
                      for i in range(1, cp)]
         zeros = local["zeros"][rank]
-        ring = LoopbackRing(rank, cp, kv_blocks, zeros) if cp > 1 else None
+        ring: LoopbackRing | LoopbackGather | None = None
+        if cp > 1 and comm == "all_gather":
+            ring = LoopbackGather(rank, cp, local["gathered"], zeros)
+        elif cp > 1:
+            ring = LoopbackRing(rank, cp, kv_blocks, zeros)
         out, _, dq, dk, dv = rank_local_work(local["q"][rank], local["k"][rank],
                                              local["v"][rank], local["dout"][rank], meta, rank,
                                              ring, causal=causal, tuning=tuning,
-                                             backend=backend, graphs=graphs)
+                                             backend=backend, graphs=graphs, comm=comm)
         # Cloned: a graph's outputs are overwritten by its next replay.
         results.append({"out": out.clone(), "dq": dq.clone(), "dk": dk.clone(),
                         "dv": dv.clone()})
         sent.append(ring.sent if ring is not None else [])
     for rank in range(cp):
-        for (dk, dv), owner in sent[rank]:  # dK/dV of remote blocks, back to their owners
+        for (dk, dv), owner in sent[rank] if comm == "all_gather" else ():
+            results[owner]["dk"] += dk  # a gathered block's dK/dV: every row is written
+            results[owner]["dv"] += dv
+        for (dk, dv), owner in sent[rank] if comm == "p2p" else ():
+            # dK/dV of remote blocks, back to their owners
             # The owner adds the rows the sender's step read (the rest may be garbage).
             step = (rank - owner) % cp
             call = meta.calls_for("p2p", causal, rank)[step]
@@ -57,6 +67,7 @@ def local_parts(meta: PackedBatch, full: dict) -> dict:
     cp = meta.cp_size
     local = {n: [partition_for_rank(t, meta, r).contiguous() for r in range(cp)]
              for n, t in full.items()}
+    local["gathered"] = [torch.cat(local["k"]), torch.cat(local["v"])]
     local["zeros"] = [[[torch.zeros_like(local["k"][r]), torch.zeros_like(local["v"][r])]
                        for _ in range(1, cp)] for r in range(cp)]
     return local

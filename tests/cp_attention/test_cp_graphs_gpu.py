@@ -6,8 +6,10 @@ sequences, tail padding, pads of 128 and 256, head dims 64/128/256, GQA), with t
 the flash kernel. Outputs and gradients must be bitwise equal, with one exception: torch's
 flash backward (FlashAttention-2) accumulates dQ across key blocks with float32 atomics, so its
 dQ is not reproducible even eagerly (seen on H200: 3.7e-9 apart between two runs of one
-layer); there dQ must agree to within one bf16 rounding. ``CP_GRAPHS_TABLE=<file>`` writes
-what each case measured, bitwise or not.
+layer); there dQ must agree to within one bf16 rounding. The same holds for cuDNN's dQ where
+two eager runs already differ (its backward also accumulates dQ in float32; seen on H200 with
+the all-gather comm on the tail-padding pack, one bf16 rounding apart): out, dK and dV stay
+bitwise everywhere. ``CP_GRAPHS_TABLE=<file>`` writes what each case measured, bitwise or not.
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ CASES = [(p, cp) for p in PACKS for cp in (2, 4)] + [("many short sequences", 8)
 def _write_table() -> None:
     path = os.environ.get("CP_GRAPHS_TABLE")
     if path:
-        head = ["| kernel | pack | cp | forward bitwise | grads bitwise | eager run-to-run "
+        head = ["| kernel | comm | pack | cp | forward bitwise | grads bitwise | eager run-to-run "
                 "max diff (dq, dk, dv) | graph vs eager max diff (dq, dk, dv) |",
-                "|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|"]
         Path(path).write_text("\n".join(head + _ROWS) + "\n")
 
 
@@ -81,17 +83,20 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
 
 
-def _assert_same(name: str, got: torch.Tensor, want: torch.Tensor, kernel: str) -> None:
-    """Bitwise, except flash's dQ (atomics): one bf16 rounding of the same float32 sum."""
-    if kernel == "flash" and name == "dq":
+def _assert_same(name: str, got: torch.Tensor, want: torch.Tensor, kernel: str,
+                 eager_reproducible: bool = True) -> None:
+    """Bitwise, except a dQ summed with float32 atomics (flash always; cuDNN where two eager
+    runs already differ): one bf16 rounding of the same float32 sum."""
+    if name == "dq" and (kernel == "flash" or not eager_reproducible):
         torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-6)
     else:
         assert torch.equal(got, want), f"{name}: graph vs eager {_max_diff(got, want):.2e}"
 
 
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
 @pytest.mark.parametrize("kernel", ["cudnn", "flash"])
 @pytest.mark.parametrize(("pack", "cp"), CASES)
-def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
+def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int, comm: str) -> None:
     if kernel == "cudnn" and not cudnn_available():
         pytest.skip("nvidia-cudnn-frontend does not import")
     cu, cup, heads, kv_heads, dim = _pack(pack, cp)
@@ -100,9 +105,10 @@ def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
     full = {n: torch.randn(cup[-1], h, dim, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", heads), ("k", kv_heads), ("v", kv_heads), ("dout", heads))}
     local = local_parts(meta, full)
-    eager = [run_all_ranks(meta, full, True, Tuning(), kernel, local=local) for _ in range(2)]
+    eager = [run_all_ranks(meta, full, True, Tuning(), kernel, local=local, comm=comm)
+             for _ in range(2)]
     graphs = StepGraphs(capacity=64)
-    graphed = [run_all_ranks(meta, full, True, Tuning(), kernel, graphs, local)
+    graphed = [run_all_ranks(meta, full, True, Tuning(), kernel, graphs, local, comm)
                for _ in range(3)]  # capture + replay, then two more replays
     assert graphs.stats.captures == cp and not graphs.failed, graphs.failed
     assert graphs.stats.replays == 3 * cp
@@ -111,14 +117,14 @@ def test_graph_path_equals_eager_path(kernel: str, pack: str, cp: int) -> None:
     noise = [_max_diff(eager[0][n], eager[1][n]) for n in grads]
     diff = [max(_max_diff(g[n], eager[0][n]) for g in graphed) for n in grads]
     bitwise = all(torch.equal(g[n], eager[0][n]) for g in graphed for n in grads)
-    _ROWS.append(f"| {kernel} | {pack} | {cp} | {fwd_bitwise} | {bitwise} | "
+    _ROWS.append(f"| {kernel} | {comm} | {pack} | {cp} | {fwd_bitwise} | {bitwise} | "
                  f"{', '.join(f'{x:.1e}' for x in noise)} | "
                  f"{', '.join(f'{x:.1e}' for x in diff)} |")
     _write_table()
     assert fwd_bitwise, "forward output differs between the graph and the eager path"
     for g in graphed:
-        for name in grads:
-            _assert_same(name, g[name], eager[0][name], kernel)
+        for name, eager_noise in zip(grads, noise, strict=True):
+            _assert_same(name, g[name], eager[0][name], kernel, eager_noise == 0.0)
 
 
 @pytest.mark.parametrize("kernel", ["cudnn", "flash"])

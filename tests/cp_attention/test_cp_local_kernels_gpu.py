@@ -140,6 +140,33 @@ def test_fused_gather_rows_matches_eager(indexed: bool, add: bool) -> None:
     assert torch.equal(got[0], got[1])
 
 
+@pytest.mark.parametrize("sources", [1, 2])
+def test_fused_gather_sum_matches_eager(sources: int) -> None:
+    """The one-pass dK/dV way back of the all-gather comm (rows of two sources summed, a
+    negative index reading nothing: NaN there must not leak) equals the eager sum bit for bit
+    (same float32 sum of two terms, one rounding)."""
+    from cp_attention import fused
+    from cp_attention.merge import gather_sum
+
+    if not fused.available():
+        pytest.skip("triton does not import")
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(13)
+    parts = []
+    for _ in range(sources):
+        src = torch.randn(800, 4, 128, device=device, generator=gen).bfloat16()
+        index = torch.randint(-1, 800, (600,), device=device, generator=gen)
+        src[~torch.isin(torch.arange(800, device=device), index)] = float("nan")
+        parts.append((src, index))
+    got = []
+    for use_fused in (False, True):
+        out = torch.full((600, 4, 128), 3.0, device=device, dtype=torch.bfloat16)
+        gather_sum(out, parts, fused=use_fused)
+        got.append(out)
+    assert not bool(got[1].isnan().any())
+    assert torch.equal(got[0], got[1])
+
+
 @pytest.mark.parametrize("count", [1, 2, 4, 6])
 def test_fused_sum_parts_matches_eager(count: int) -> None:
     """The one-kernel dQ sum (whole, ranged and indexed parts, float32 and bf16, more parts
@@ -180,12 +207,13 @@ def test_fused_sum_parts_matches_eager(count: int) -> None:
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("variant", ["default", "day1", "joint", "dq_fp32"])
+@pytest.mark.parametrize("variant", ["default", "day1", "joint", "dq_fp32", "all_gather"])
 def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: str,
                                                             causal: bool, variant: str) -> None:
     """All ranks' local work (in place, fused merge, remote dK/dV added by rows, dQ added by
     rows; ``day1``: without dQ by rows; ``joint``: with DualChunkSwap rank cp-1's one-call
-    backward; ``dq_fp32``: float32 dQ from cuDNN, summed once) on one GPU, reassembled,
+    backward; ``dq_fp32``: float32 dQ from cuDNN, summed once; ``all_gather``: the all-gather
+    comm's one or two calls over the sequence-ordered KV) on one GPU, reassembled,
     against the float64 reference; padding rows exactly zero."""
     from cp_loopback import run_all_ranks
     from cp_reference import reference_attention
@@ -200,8 +228,10 @@ def test_every_rank_of_a_cp_plan_with_cudnn_matches_float64(cp: int, strategy: s
     full = {n: torch.randn(cup[-1], h, 128, generator=gen).to("cuda", torch.bfloat16)
             for n, h in (("q", 8), ("k", 4), ("v", 4), ("dout", 8))}
     tuning = {"default": Tuning(), "day1": Tuning(dq_rows=False),
-              "joint": Tuning(joint_bwd=True), "dq_fp32": Tuning(dq_fp32=True)}[variant]
-    got = run_all_ranks(meta, full, causal, tuning, backend="cudnn")
+              "joint": Tuning(joint_bwd=True), "dq_fp32": Tuning(dq_fp32=True),
+              "all_gather": Tuning()}[variant]
+    comm = "all_gather" if variant == "all_gather" else "p2p"
+    got = run_all_ranks(meta, full, causal, tuning, backend="cudnn", comm=comm)
     want = reference_attention(*(full[n].cpu() for n in ("q", "k", "v", "dout")), cu,
                                tuple(cup), causal)
     for name in ("out", "dq", "dk", "dv"):

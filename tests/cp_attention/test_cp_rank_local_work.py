@@ -15,9 +15,9 @@ from cp_reference import reference_attention
 
 from cp_attention import PackedBatch, pad_sequences_to_multiple
 from cp_attention.attention import Tuning
-from cp_attention.merge import gather_rows, sum_parts
+from cp_attention.merge import gather_rows, gather_sum, sum_parts
 from cp_attention.plan import AttnCall, Rows
-from cp_attention.ring import LoopbackRing
+from cp_attention.ring import LoopbackGather, LoopbackRing
 
 pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
@@ -54,9 +54,76 @@ def test_every_rank_local_work_reassembles_to_reference(cp: int, strategy: str,
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("strategy", ["dual_chunk_swap", "no_load_balance"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_rank_all_gather_local_work_reassembles_to_reference(cp: int, strategy: str,
+                                                                   causal: bool) -> None:
+    """The all-gather comm (KV in sequence order, one or two calls per rank, dK/dV summed and
+    moved back to owner order in one pass) equals float64, padding rows included."""
+    cup = pad_sequences_to_multiple(CU, 2 * cp)
+    meta = PackedBatch.from_cu_seqlens(CU, cup, cp_size=cp, strategy=strategy)
+    gen = torch.Generator().manual_seed(cp * 10 + causal + 1)
+    full = {n: torch.randn(cup[-1], h, 8, generator=gen, dtype=torch.float64)
+            for n, h in (("q", 4), ("k", 2), ("v", 2), ("dout", 4))}
+    want = reference_attention(full["q"], full["k"], full["v"], full["dout"], CU, tuple(cup),
+                               causal)
+    got = run_all_ranks(meta, full, causal, Tuning(), comm="all_gather")
+    for name in ("out", "dq", "dk", "dv"):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_all_gather_plan_is_two_disjoint_in_place_calls(cp: int) -> None:
+    """Causal DualChunkSwap: two calls per rank (front chunk, back chunk), every segment
+    contiguous (in place), no query row in both calls and no key row twice within a call, as
+    many query-key pairs as the rank's ring steps attend; the way back to owner order names
+    exactly the keys each call reads."""
+    cu = (0, 128, 190, 400)  # every rank's back chunk holds real tokens, up to cp = 8
+    cup = pad_sequences_to_multiple(cu, 2 * cp)
+    meta = PackedBatch.from_cu_seqlens(cu, cup, cp_size=cp)
+
+    def rows(r: Rows) -> list[int]:
+        return r.index.tolist() if r.index is not None else list(range(r.start, r.stop))
+
+    def pairs(call: AttnCall) -> int:
+        lq, lk = call.cu_q.diff().long(), call.cu_k.diff().long()
+        return int((lq * lk - (lq * (lq - 1) // 2 if call.causal else 0)).sum())
+
+    owner_rows = torch.cat([p for p in meta.partition if isinstance(p, torch.Tensor)])
+    for rank in range(cp):
+        calls = meta.calls_for("all_gather", True, rank)
+        assert len(calls) == 2 and all(c is not None and c.in_place for c in calls)
+        q_rows = [rows(c.q_rows) for c in calls]
+        assert not set(q_rows[0]) & set(q_rows[1])
+        for c in calls:
+            assert len(set(rows(c.k_rows))) == c.k_rows.count
+        assert sum(map(pairs, calls)) == sum(pairs(c) for c in meta.calls_for("p2p", True, rank)
+                                             if c is not None)
+        order = meta.gather_order(True, rank)
+        assert order.to_seq is not None
+        assert torch.equal(owner_rows[order.to_seq], torch.arange(cup[-1]))
+        for c, src in zip(calls, order.grad_src, strict=True):
+            assert sorted(src[src >= 0].tolist()) == sorted(rows(c.k_rows))
+    nlb = PackedBatch.from_cu_seqlens(cu, cup, cp_size=cp, strategy="no_load_balance")
+    assert nlb.gather_order(True, 0).to_seq is None  # owner order is sequence order
+
+
+def test_gather_sum_adds_what_each_index_names() -> None:
+    """Rows a source's index leaves negative read nothing there (NaN changes nothing); the
+    sum is rounded once to the output dtype."""
+    a = torch.tensor([[1.0], [2.0], [float("nan")]])
+    b = torch.tensor([[10.0], [float("nan")], [30.0]], dtype=torch.float64)
+    out = torch.full((4, 1), 7.0, dtype=torch.float16)
+    gather_sum(out, [(a, torch.tensor([1, -1, 0, -1])), (b.half(), torch.tensor([2, 0, -1, -1]))])
+    assert out.dtype == torch.float16 and out[:, 0].tolist() == [32.0, 10.0, 1.0, 0.0]
+
+
 def test_loopback_ring_checks_its_inputs() -> None:
     with pytest.raises(ValueError, match="needs 1 KV blocks and 1 dK/dV pairs"):
         LoopbackRing(0, 2, [], [])
+    with pytest.raises(ValueError, match="needs the gathered K and V and 1 dK/dV pairs"):
+        LoopbackGather(0, 2, [], [])
 
 
 def test_plan_marks_in_place_calls() -> None:

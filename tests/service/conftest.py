@@ -1,5 +1,6 @@
 """Service fixtures: a real SQLite file per module, a module-scoped TestClient, role tokens; a
-real S3-compatible server (moto's) per session, and a blob store on either backend."""
+real S3-compatible server (moto's) and a real PostgreSQL server per session, a blob store on
+either backend, and a queue database on either backend."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from postgres_server import PostgresServer, postgres_missing, running_postgres
+from queue_store import QueueStore
 from s3_server import CREDENTIALS, moto_server, new_bucket_name
 from service_factories import auth
 
@@ -16,6 +19,7 @@ from service.auth import Role, create_token
 from service.core.config import Settings
 from service.main import create_app
 from service.storage.blobs import Blobs, BlobStore, S3BlobStore, S3Location
+from service.storage.engine import Backend
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -80,3 +84,25 @@ def any_blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Blobs:
     store = S3BlobStore(request.getfixturevalue("s3_location"), tmp_path / "tmp")
     store.check()
     return store
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (skipped, with the reason, where none can run)."""
+    missing = postgres_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(params=[Backend.SQLITE, Backend.POSTGRESQL], ids=str)
+def queue_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[QueueStore]:
+    """A fresh database with the schema, on SQLite (a file) and on PostgreSQL (a database
+    copied from the session server's template)."""
+    if request.param is Backend.SQLITE:
+        store = QueueStore(Backend.SQLITE, str(tmp_path / "queue.db"))
+    else:
+        store = QueueStore(Backend.POSTGRESQL, request.getfixturevalue("postgres").new_database())
+    yield store
+    store.close()

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import sqlite3
+import functools
 import threading
 import time
-from pathlib import Path
 
 from fastapi.testclient import TestClient
+from queue_store import QueueStore, rows_of
 from service_factories import SPEC_YAML
 
 from service import jobs
-from service.core.config import Settings
-from service.main import open_database
-from service.storage.database import connect
-from service.storage.migrations import apply_migrations
+from service.storage import schema
+from service.storage.database import Database
+from service.storage.engine import PostgresDatabase
 
 
 def _submit(client: TestClient, admin: dict[str, str], **extra: object) -> dict:
@@ -161,58 +160,57 @@ def test_long_poll_waits_then_204(client: TestClient, runner: dict[str, str]) ->
     assert 0.5 <= time.monotonic() - started < 5
 
 
-def _queue(tmp_path: Path) -> tuple[Path, sqlite3.Connection]:
-    settings = Settings(data_dir=tmp_path)
-    open_database(settings).close()
-    conn = connect(settings.db_path, busy_timeout_ms=10000)
-    apply_migrations(conn)
-    return settings.db_path, conn
-
-
-def test_concurrent_claims_never_share_a_job(tmp_path: Path) -> None:
-    """8 threads with their own connections (as 8 runner requests across processes would)."""
-    path, conn = _queue(tmp_path)
-    for i in range(40):
-        jobs.submit_job(
-            conn, spec={"name": f"j{i}"}, spec_yaml=None, name=f"j{i}", gpus=0, max_attempts=3
+def test_concurrent_claims_never_share_a_job(queue_store: QueueStore) -> None:
+    """8 threads, each with its own database handle (as 8 runner requests across API processes
+    would), on SQLite and on PostgreSQL (FOR UPDATE SKIP LOCKED)."""
+    db = queue_store.open()
+    ids = [
+        db.write(
+            lambda c, i=i: jobs.submit_job(
+                c, spec={"name": f"j{i}"}, spec_yaml=None, name=f"j{i}", gpus=0, max_attempts=3
+            )
         )
+        for i in range(40)
+    ]
     got: dict[str, list[int]] = {}
     barrier = threading.Barrier(8)
 
-    def work(name: str) -> None:
-        own = connect(path, busy_timeout_ms=30000)
+    def work(name: str, own: Database | PostgresDatabase) -> None:
         barrier.wait()
         mine = got.setdefault(name, [])
-        while (job := jobs.claim_job(own, runner=name, gpus=0, lease_s=60)) is not None:
+        claim = functools.partial(jobs.claim_job, runner=name, gpus=0, lease_s=60)
+        while (job := own.write(claim)) is not None:
             mine.append(job["id"])
             time.sleep(0.002)  # "run" the job, letting the other runners in
-        own.close()
 
-    threads = [threading.Thread(target=work, args=(f"runner{i}",)) for i in range(8)]
+    threads = [
+        threading.Thread(target=work, args=(f"runner{i}", queue_store.open())) for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     claimed = [j for ids in got.values() for j in ids]
-    assert sorted(claimed) == list(range(1, 41))  # every job exactly once
+    assert sorted(claimed) == ids  # every job exactly once
     assert sum(1 for ids in got.values() if ids) > 1  # really concurrent
 
 
-def test_expired_lease_requeues_then_fails(tmp_path: Path) -> None:
-    _, conn = _queue(tmp_path)
-    job_id = jobs.submit_job(
-        conn, spec={"name": "x"}, spec_yaml=None, name="x", gpus=0, max_attempts=2
+def test_expired_lease_requeues_then_fails(queue_store: QueueStore) -> None:
+    db = queue_store.open()
+    job_id = db.write(
+        lambda c: jobs.submit_job(
+            c, spec={"name": "x"}, spec_yaml=None, name="x", gpus=0, max_attempts=2
+        )
     )
-    first = jobs.claim_job(conn, runner="dead", gpus=0, lease_s=0.05)
+    first = db.write(lambda c: jobs.claim_job(c, runner="dead", gpus=0, lease_s=0.05))
     assert first is not None and first["id"] == job_id
     time.sleep(0.1)
-    second = jobs.claim_job(conn, runner="alive", gpus=0, lease_s=0.05)
+    second = db.write(lambda c: jobs.claim_job(c, runner="alive", gpus=0, lease_s=0.05))
     assert second is not None and second["id"] == job_id  # requeued for another runner
-    row = conn.execute("SELECT attempts, runner FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    assert tuple(row) == (2, "alive")
+    (row,) = rows_of(db, schema.jobs, "attempts", "runner")
+    assert row == {"attempts": 2, "runner": "alive"}
     time.sleep(0.1)
-    assert jobs.claim_job(conn, runner="third", gpus=0, lease_s=60) is None
-    status, reason = conn.execute(
-        "SELECT status, reason FROM jobs WHERE id = ?", (job_id,)
-    ).fetchone()
-    assert status == "failed" and "lease expired" in reason and "2 attempt" in reason
+    assert db.write(lambda c: jobs.claim_job(c, runner="third", gpus=0, lease_s=60)) is None
+    (row,) = rows_of(db, schema.jobs, "status", "reason")
+    assert row["status"] == "failed" and "lease expired" in row["reason"]
+    assert "2 attempt" in row["reason"]

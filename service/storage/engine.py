@@ -1,0 +1,183 @@
+"""One way to run a statement on either backend: SQLite (the default) or PostgreSQL.
+
+Statements written with SQLAlchemy Core (``service.storage.schema``'s tables) run through
+:func:`execute` on the connection a caller holds: a ``sqlite3.Connection`` (the SQLite
+``Database``'s writer thread and readers keep their WAL, one-writer and progress-handler
+guarantees: the statement is compiled for SQLite and run on that very connection) or a
+SQLAlchemy ``Connection`` to PostgreSQL (psycopg 3). :func:`transaction` opens the write
+transaction each backend needs for a read-then-update: ``BEGIN IMMEDIATE`` on SQLite (the file's
+write lock up front), a plain transaction on PostgreSQL, where claims lock their row with
+``SELECT ... FOR UPDATE SKIP LOCKED`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection as SaConnection
+from sqlalchemy.exc import OperationalError as SaOperationalError
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from service.core.errors import QueryTimeout
+from service.storage.database import immediate
+
+Conn = sqlite3.Connection | SaConnection
+"""What storage functions run on: a SQLite connection or a SQLAlchemy PostgreSQL one."""
+
+_SQLITE = sqlite_dialect.dialect()
+T = TypeVar("T")
+
+
+class Backend(StrEnum):
+    SQLITE = "sqlite"
+    POSTGRESQL = "postgresql"
+
+
+class DatabaseUrlError(ValueError):
+    """A ``--database`` / ``CPTRACE_DATABASE_URL`` value this service cannot use."""
+
+
+POSTGRES_NOT_YET = (
+    "PostgreSQL is not a complete backend yet: the analysis-task and runner-job queues and the"
+    " tokens run on it, the runs, uploads and pull-request loop tables do not; leave it empty"
+    " (SQLite in the data directory)"
+)
+"""Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
+
+
+def backend_of(url: str) -> Backend:
+    """Which backend a database URL names: empty (the data directory's SQLite file) or
+    ``postgresql://...`` (``postgres://``, ``postgresql+psycopg://`` too).
+
+    :raises DatabaseUrlError: any other value.
+    """
+    if not url:
+        return Backend.SQLITE
+    scheme = url.partition("://")[0].lower()
+    if "://" in url and scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        return Backend.POSTGRESQL
+    raise DatabaseUrlError(
+        f"database URL {url[:40]!r}: expected empty (SQLite in the data directory) or"
+        " postgresql://USER@HOST/NAME"
+    )
+
+
+def postgres_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
+    """A SQLAlchemy engine on psycopg 3 for a ``postgresql://`` URL (connections are checked
+    before use: a restarted server costs one reconnect, not an error)."""
+    if backend_of(url) is not Backend.POSTGRESQL:
+        raise DatabaseUrlError(f"not a PostgreSQL URL: {url!r}")
+    driver_url = sa.make_url(url).set(drivername="postgresql+psycopg")
+    return sa.create_engine(driver_url, pool_size=pool_size, pool_pre_ping=True)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a statement gave back: its rows as dicts (RETURNING or a query) and ``rowcount``."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rowcount: int = 0
+
+    def first(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    def scalar(self) -> Any:
+        return next(iter(self.rows[0].values())) if self.rows else None
+
+
+def _sqlite_sql(statement: sa.ClauseElement) -> tuple[str, list[Any]]:
+    compiled = statement.compile(dialect=_SQLITE, compile_kwargs={"render_postcompile": True})
+    assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
+    params = compiled.params
+    return str(compiled), [params[name] for name in compiled.positiontup or ()]
+
+
+def execute(conn: Conn, statement: sa.Executable) -> Outcome:
+    """Run one Core statement on ``conn`` (either backend), inside whatever transaction the
+    caller holds."""
+    if isinstance(conn, sqlite3.Connection):
+        assert isinstance(statement, sa.ClauseElement)
+        sql, params = _sqlite_sql(statement)
+        cur = conn.cursor()
+        cur.row_factory = None
+        cur.execute(sql, params)
+        found: list[dict[str, Any]] = []
+        if cur.description is not None:
+            names = [d[0] for d in cur.description]
+            found = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return Outcome(found, cur.rowcount)
+    result = conn.execute(statement)
+    found = [dict(r) for r in result.mappings()] if result.returns_rows else []
+    return Outcome(found, result.rowcount)
+
+
+@contextlib.contextmanager
+def transaction(conn: Conn) -> Iterator[Conn]:
+    """A write transaction for a read-then-update: ``BEGIN IMMEDIATE`` on SQLite; on
+    PostgreSQL a transaction (nested as a savepoint when the caller already holds one)."""
+    if isinstance(conn, sqlite3.Connection):
+        with immediate(conn):
+            yield conn
+        return
+    with conn.begin_nested() if conn.in_transaction() else conn.begin():
+        yield conn
+
+
+@contextlib.contextmanager
+def postgres_read_limit(conn: SaConnection, ms: int) -> Iterator[None]:
+    """Run the caller's reads under ``statement_timeout`` (PostgreSQL's twin of the SQLite
+    progress handler): a slow query is cancelled by the server, and surfaces as
+    ``QueryTimeout``."""
+    with conn.begin():
+        conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(ms)}"))
+        try:
+            yield
+        except SaOperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
+                raise QueryTimeout(f"query took longer than the read time limit ({ms} ms)") from exc
+            raise
+
+
+class PostgresDatabase:
+    """A PostgreSQL database behind the same ``write``/``read`` calls as the SQLite
+    ``Database``: ``write(fn)`` runs ``fn(conn)`` in one transaction (committed when ``fn``
+    returns, rolled back when it raises); ``read(fn)`` runs it under ``statement_timeout``.
+    Connections come from a pool, so threads and processes write concurrently; the server
+    serialises what must be (row locks), which is what lets many hosts share it."""
+
+    backend = Backend.POSTGRESQL
+
+    def __init__(self, url: str, *, read_time_limit_ms: int = 2000, pool_size: int = 5):
+        self.url = url
+        self.read_time_limit_ms = read_time_limit_ms
+        self.engine = postgres_engine(url, pool_size=pool_size)
+
+    def apply_schema(self) -> list[str]:
+        """Create the tables when the database has none (``schema.create_postgres_schema``)."""
+        from service.storage.schema import create_postgres_schema
+
+        with self.engine.begin() as conn:
+            return create_postgres_schema(conn)
+
+    def write(self, fn: Callable[[SaConnection], T]) -> T:
+        with self.engine.begin() as conn:
+            return fn(conn)
+
+    write_tx = write
+
+    def read(self, fn: Callable[[SaConnection], T], *, time_limit_ms: int | None = None) -> T:
+        with (
+            self.engine.connect() as conn,
+            postgres_read_limit(conn, time_limit_ms or self.read_time_limit_ms),
+        ):
+            return fn(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,80 @@
+"""What ``cptrace analyze`` loads: only what the command needs (issue 28, the CLI's own cost).
+
+Each case runs the real command in a fresh interpreter (an imported module stays imported, so
+in-process checks would see the test session's modules) and reports, after the command, the
+modules loaded, the process's threads and whether the BLAS variable leaked into the
+environment the command's children would inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "tests/data/openworld/kineto_nccl_world1.json.gz"
+PAIR = [str(ROOT / f"tests/data/synthetic-h200x2/kineto_rank{rank}.json.gz") for rank in (0, 1)]
+
+_PROBE = """
+import json, os, sys
+from cptrace.cli import main
+sys.argv = ["cptrace", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps({
+    "modules": sorted(sys.modules),
+    "threads": len(os.listdir("/proc/self/task")),
+    "blas_env": os.environ.get("OPENBLAS_NUM_THREADS"),
+}), file=sys.stderr)
+"""
+
+
+def _probe(*argv: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**clean, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stderr.strip().splitlines()[-1])
+    return result
+
+
+def test_analyze_of_kineto_files_loads_no_multiprocessing() -> None:
+    """Without ``CPTRACE_READ_WORKERS`` the files are read in the process itself: the worker
+    pool's module is never needed."""
+    modules = _probe("analyze", *PAIR, "--report", "findings")["modules"]
+    assert isinstance(modules, list)
+    assert "numpy" in modules  # it did analyse
+    assert "multiprocessing" not in modules
+
+
+def test_analyze_runs_with_one_blas_thread_and_leaves_the_environment_as_it_was() -> None:
+    """numpy is imported with OpenBLAS at one thread (its per-core pool spins at start-up);
+    the variable does not stay set for the jobs later commands start."""
+    probed = _probe("analyze", str(TRACE), "--report", "findings")
+    assert probed["threads"] == 1
+    assert probed["blas_env"] is None
+
+
+def test_a_blas_setting_of_the_user_is_kept() -> None:
+    probed = _probe(
+        "analyze", str(TRACE), "--report", "findings", env={"OPENBLAS_NUM_THREADS": "2"}
+    )
+    assert probed["blas_env"] == "2"
+
+
+def test_help_loads_neither_numpy_nor_pydantic() -> None:
+    modules = _probe("--help")["modules"]
+    assert isinstance(modules, list)
+    assert "numpy" not in modules and "pydantic" not in modules

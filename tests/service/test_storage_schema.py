@@ -1,0 +1,87 @@
+"""The tables are defined once (``service.storage.schema``): the SQLite migration chain, run
+on a database made by the code before it existed, arrives at that definition; PostgreSQL is
+created from it; a PostgreSQL URL is refused at start with one line until every table's
+statements run there."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import sqlite_utils
+from postgres_server import PostgresServer
+
+from service.core.config import Settings, SettingsError
+from service.storage import schema
+from service.storage.engine import PostgresDatabase
+from service.storage.migrations import apply_migrations, migrations
+
+BEFORE_M041 = "m041_run_summary_columns"
+
+
+def _sqlite_columns(conn: sqlite3.Connection, table: str) -> dict[str, tuple[bool, bool]]:
+    """column -> (not null, in the primary key)."""
+    found = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    return {r[1]: (bool(r[3]), bool(r[5])) for r in found}
+
+
+def _defined_columns(table: sa.Table) -> dict[str, tuple[bool, bool]]:
+    # SQLite reports a primary key column as nullable unless it says NOT NULL
+    return {c.name: (not c.nullable and not c.primary_key, c.primary_key) for c in table.columns}
+
+
+def test_an_older_sqlite_database_migrates_to_the_defined_schema(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    names = [m.name for m in migrations.pending(sqlite_utils.Database(conn))]
+    assert BEFORE_M041 in names
+    # a database as the code before m041 left it (runs without the summary columns), a run in it
+    migrations.apply(sqlite_utils.Database(conn), stop_before=BEFORE_M041)
+    conn.execute(
+        "INSERT INTO runs (name, source, status, created_at, manifest_json) VALUES"
+        " ('old', 'upload', 'analysed', '2026-01-01', ?)",
+        ('{"workload": {"implementation": "te"}}',),
+    )
+    assert apply_migrations(conn) == names[names.index(BEFORE_M041) :]
+    for table in schema.APPLICATION_TABLES:
+        pk_aware = {
+            name: (not_null and not pk, pk)
+            for name, (not_null, pk) in _sqlite_columns(conn, table.name).items()
+        }
+        assert pk_aware == _defined_columns(table), table.name
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    defined = {i.name for t in schema.APPLICATION_TABLES for i in t.indexes}
+    assert defined <= indexes
+    assert conn.execute("SELECT implementation FROM runs").fetchone() == ("te",)  # carried
+
+
+def test_postgres_is_created_from_the_definition_once(postgres: PostgresServer) -> None:
+    url = postgres.url("postgres").rsplit("/", 1)[0] + "/"
+    engine = postgres.admin()
+    with engine.connect() as conn:
+        conn.execute(sa.text('CREATE DATABASE "fresh_schema"'))
+    engine.dispose()
+    db = PostgresDatabase(url + "fresh_schema", pool_size=1)
+    try:
+        assert db.apply_schema() == [schema.POSTGRES_SCHEMA_VERSION]
+        assert db.apply_schema() == []  # a second process starting finds it made
+        found = db.read(lambda c: sa.inspect(c).get_table_names())
+        assert set(found) == {t.name for t in schema.metadata.tables.values()}
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://cptrace@db/cptrace", "PostgreSQL is not a complete backend yet"),
+        ("mysql://db/x", "expected empty (SQLite in the data directory) or postgresql://"),
+    ],
+)
+def test_a_database_url_the_service_cannot_use_is_refused_in_one_line(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings(data_dir=tmp_path, database_url=url)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
