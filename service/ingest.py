@@ -13,6 +13,7 @@ Two phases, so a killed server never leaves a partial run:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -23,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzers.bundle import BundleFile, read_bundle_stream
-from analyzers.readers import check_trace
+from analyzers.bundle import BundleFile, BundleTrace, OversizedBundleError, read_bundle_stream
+from analyzers.errors import TraceTooLargeError
+from analyzers.readers import Kind, check_trace, inflated, is_gzip, sniff
+from service.core.errors import PayloadTooLarge
 from service.phase_timer import PhaseTimer
 from service.storage import runs
-from service.storage.blobs import BlobLocation, Blobs, open_blobs
+from service.storage.blobs import BlobLocation, Blobs, PendingBlob, open_blobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,16 @@ class BlobSink:
         self._syncs.append(self._pool.submit(self.blobs.spool, temp))
         return temp
 
+    def put_inflated(self, trace: BundleTrace, *, cap: int, room: int) -> BundleTrace:
+        """``trace`` (a gzipped SQLite export) as the plain file the store keeps
+        (``inflate_export``), spooled like every member; the gzipped member is discarded."""
+        pending = inflate_export(self.blobs, trace.path, label=trace.member, cap=cap, room=room)
+        self._temps.append(pending.path)
+        self._syncs.append(self._pool.submit(self.blobs.spool, pending.path))
+        return dataclasses.replace(
+            trace, path=pending.path, sha256=pending.sha256, size=pending.size, gzipped=False
+        )
+
     def commit(self, files: Iterable[BundleFile]) -> None:
         started = time.perf_counter()
         self._wait_for_disk()
@@ -138,6 +151,35 @@ class BlobSink:
             sync.result()  # an OSError (disk full, I/O error, S3 refused) fails the upload
 
 
+def stored_plain(kind: Kind | None, gzipped: bool) -> bool:
+    """Whether a trace is stored inflated: a gzipped SQLite export is.
+
+    SQLite opens only a plain file, so a stored ``.sqlite.gz`` would be inflated in full by
+    the upload check and again by every analysis. Its one inflate happens at upload instead,
+    into the blob store's ``tmp/``: the check reads that copy, and that copy is the blob the
+    analysis opens as it is. Kineto JSON streams, so it is stored as uploaded.
+    """
+    return kind == "sqlite" and gzipped
+
+
+def inflate_export(blobs: Blobs, source: Path, *, label: str, cap: int, room: int) -> PendingBlob:
+    """The gzipped file ``source`` inflated (the one capped inflate, ``cap``) into a hashed
+    temp file of ``blobs``, which the store keeps in its place: what it expands to is what
+    the upload stores, so it must also fit in ``room`` (the bytes this upload may store).
+
+    :raises TraceTooLargeError: the data expands past ``cap`` or ``room``.
+    :raises CorruptTraceError: damaged or truncated gzip data.
+    """
+    with source.open("rb") as raw:
+        try:
+            return blobs.stage_chunks(inflated(raw, cap, label=label), limit=room)
+        except PayloadTooLarge:
+            raise TraceTooLargeError(
+                f"{label}: decompresses to more than the {room} bytes this upload may store "
+                "(an nsys SQLite export is stored decompressed)"
+            ) from None
+
+
 def stage_bundle(
     bundle: Path, blobs_at: BlobLocation, tmp_dir: Path, limits: Limits
 ) -> StagedRun:
@@ -145,8 +187,10 @@ def stage_bundle(
 
     The archive streams through ``analyzers.bundle.read_bundle_stream`` (member checks,
     hashing, the manifest parsed once) into temp files; each trace then gets the readers'
-    upload check (``check_trace``: structural, streaming). Only a bundle that passes every
-    check moves its files into the blob store, so a refused upload leaves nothing behind.
+    upload check (``check_trace``: structural, streaming); a gzipped SQLite export is
+    inflated once first and stored so (``stored_plain``), within what the bundle may store.
+    Only a bundle that passes every check moves its files into the blob store, so a refused
+    upload leaves nothing behind.
 
     :raises TraceError: (mapped to 4xx by the app) naming the member and field at fault.
     """
@@ -163,7 +207,22 @@ def stage_bundle(
                 max_members=limits.max_members,
             )
         phases.lap("read")
+        manifest = opened.manifest_file
+        assert manifest is not None  # a tar's manifest is a member
+        budget = limits.max_stored_bytes or limits.max_decompressed_bytes
+        stored = sum(f.size for f in [manifest, *opened.traces, *opened.logs])
+        traces: list[BundleTrace] = []
         for trace in opened.traces:
+            if stored_plain(trace.kind, trace.gzipped):
+                room = budget - (stored - trace.size)
+                try:
+                    plain = sink.put_inflated(
+                        trace, cap=limits.max_decompressed_bytes, room=room
+                    )
+                except TraceTooLargeError as exc:  # the bundle's limit (and quota message)
+                    raise OversizedBundleError(str(exc)) from None
+                stored += plain.size - trace.size
+                trace = plain
             check_trace(
                 trace.path,
                 label=trace.member,
@@ -171,10 +230,9 @@ def stage_bundle(
                 kind=trace.kind,  # the bundle reader sniffed it to check the manifest's format
                 gzipped=trace.gzipped,
             )
+            traces.append(trace)
         phases.lap("check")
-        manifest = opened.manifest_file
-        assert manifest is not None  # a tar's manifest is a member
-        kept: list[BundleFile] = [manifest, *opened.traces, *opened.logs]
+        kept: list[BundleFile] = [manifest, *traces, *opened.logs]
         sink.commit(kept)
         phases.lap("commit")
         phases.record("sync-wait", sink.sync_wait_s)
@@ -183,7 +241,7 @@ def stage_bundle(
     files = [StagedFile("manifest", manifest.member, manifest.sha256, manifest.size)]
     files += [
         StagedFile("trace", t.member, t.sha256, t.size, t.format, t.gzipped, t.rank)
-        for t in opened.traces
+        for t in traces
     ]
     files += [StagedFile("log", f.member, f.sha256, f.size) for f in opened.logs]
     run = opened.run
@@ -213,14 +271,24 @@ def stage_trace(
 
     ``upload`` is the received temp file (in ``tmp/``) and ``sha256`` its digest, computed
     while it arrived: the file itself is stored, not copied and hashed a second time. It is
-    spooled (flushed to disk, or uploaded in parts to S3) while the check runs.
+    spooled (flushed to disk, or uploaded in parts to S3) while the check runs. A gzipped
+    SQLite export is stored inflated instead (``stored_plain``).
     """
     phases = PhaseTimer(cpu=True)
     blobs = open_blobs(blobs_at, tmp_dir)
+    kind, gzipped = sniff(upload, label=name), is_gzip(upload)
+    if stored_plain(kind, gzipped):
+        return _stage_plain_export(upload, name, blobs, limits, rank, phases)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cptrace-spool") as pool:
         spooled = pool.submit(blobs.spool, upload)
         try:
-            checked = check_trace(upload, label=name, max_bytes=limits.max_decompressed_bytes)
+            checked = check_trace(
+                upload,
+                label=name,
+                max_bytes=limits.max_decompressed_bytes,
+                kind=kind,
+                gzipped=gzipped,
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 spooled.result()
@@ -234,6 +302,28 @@ def stage_trace(
     staged = StagedFile(
         "trace", name, sha256, size, checked.format or checked.kind, checked.gzipped, rank
     )
+    return StagedRun(name=name, files=[staged], timings=phases.done())
+
+
+def _stage_plain_export(
+    upload: Path, name: str, blobs: Blobs, limits: Limits, rank: int | None, phases: PhaseTimer
+) -> StagedRun:
+    """``stage_trace`` of a gzipped SQLite export: inflated once, checked, stored plain (the
+    received upload is left to its caller, which removes it)."""
+    room = limits.max_stored_bytes or limits.max_decompressed_bytes
+    pending = inflate_export(
+        blobs, upload, label=name, cap=limits.max_decompressed_bytes, room=room
+    )
+    try:
+        phases.lap("inflate")
+        checked = check_trace(pending.path, label=name, kind="sqlite", gzipped=False)
+        phases.lap("check")
+        blobs.commit_pending(pending)
+    except BaseException:
+        blobs.discard_temp(pending.path)
+        raise
+    phases.lap("commit")
+    staged = StagedFile("trace", name, pending.sha256, pending.size, checked.format, False, rank)
     return StagedRun(name=name, files=[staged], timings=phases.done())
 
 

@@ -174,6 +174,8 @@ class LimitedChild:
             return value
         if kind is Reply.MEMORY:
             self.process.join(timeout=5)
+            if self.process.is_alive():  # a low-priority child on a loaded machine can take
+                self.kill()  # longer to exit by itself; SIGKILL needs none of its CPU time
             raise CallOutOfMemory(f"over {self.memory_limit_bytes} bytes")
         raise value
 

@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +77,23 @@ def pr_payload(
     }
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, proc: Any = None) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    procs: Sequence[subprocess.Popen[bytes]] = (),
+) -> Any:
+    """``check()`` once it is truthy; fails at once when one of ``procs`` (the runners, which
+    idle until they are killed) exited: nothing could come any more (a runner that cannot start,
+    as without bubblewrap, used to cost the whole timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
+        gone = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
+        if gone:
+            raise AssertionError(f"runners {gone} (index, status) exited waiting for {what}")
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
@@ -173,7 +184,9 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             assert job_count() == 4
 
             # First push of the PR: its setup fails -> the comment says so, status error.
-            first = wait_for("the comment on the first push", lambda: github.bodies(REPO, 7), 120)
+            first = wait_for(
+                "the comment on the first push", lambda: github.bodies(REPO, 7), 120, agents
+            )
             mark("first comment (setup failed)")
             assert len(first) == 1
             assert "setup command failed" in first[0] and "exited with status 3" in first[0]
@@ -184,6 +197,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
                 "the first push's status",
                 lambda: [s for s in github.statuses_for(broken_setup) if s["state"] != "pending"],
                 30,
+                agents,
             )
             assert setup_status[-1]["state"] == "failure"
 
@@ -194,7 +208,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             # The slow commit is pushed once main's runs are uploaded: the worker analyses
             # runs in upload order, so they are analysed (the baseline) before the slow
             # commit's runs, and its comment must say it found them at the merge base.
-            wait_for("main's two runs to be uploaded", main_uploaded, 180)
+            wait_for("main's two runs to be uploaded", main_uploaded, 180, agents)
             mark("main's spec and command runs uploaded")
             main_runs = httpx.get(f"{server.url}/api/v1/runs?branch=main", timeout=10).json()
             assert {r["name"] for r in main_runs["items"]} == {"loop-smoke", "train"}
@@ -211,7 +225,7 @@ def test_pull_request_loop_end_to_end(tmp_path: Path) -> None:
             def final_status() -> list[dict[str, Any]]:
                 return [s for s in github.statuses_for(slow) if s["state"] != "pending"]
 
-            statuses = wait_for("the slow commit's status", final_status, 180)
+            statuses = wait_for("the slow commit's status", final_status, 180, agents)
             mark("slow commit published")
             body = github.bodies(REPO, 7)
             assert len(body) == 1, "the comment is updated in place, not duplicated"

@@ -25,10 +25,10 @@ BOMB = "\n".join(
 
 
 def test_an_alias_bomb_is_refused_at_once() -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: an expansion is CPU work; wall time grows with load
     with pytest.raises(PlanError, match="aliases"):
         load_suite_file(BOMB, ".cptrace.yml at abc")
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
 
 
 def test_an_oversized_suite_file_is_refused_unparsed() -> None:

@@ -105,9 +105,38 @@ def sqlite_with(tmp: Path, *, trigger: bool = False, view: bool = False) -> byte
     return path.read_bytes()
 
 
+_BOMB_BLOCK = 1 << 20
+
+
+def gzip_repeating(head: bytes, fill: bytes, size: int, tail: bytes = b"") -> bytes:
+    """Gzip of ``head``, ``size`` bytes of the byte ``fill``, ``tail``: tiny on the wire, huge when
+    expanded. Built as concatenated gzip members, one member of a 1 MiB block repeated (the
+    readers' one inflate reads concatenated members as one stream, as gzip does): compressing
+    80 MiB at once took 1-6 s per case."""
+    block = gzip.compress(fill * _BOMB_BLOCK, compresslevel=9)
+    whole, rest = divmod(size, _BOMB_BLOCK)
+    return gzip.compress(head) + block * whole + gzip.compress(fill * rest + tail)
+
+
 def gzip_bomb(size: int) -> bytes:
-    """Gzip of a JSON opening plus ``size`` spaces: tiny on the wire, huge when expanded."""
-    return gzip.compress(b'{"traceEvents": [' + b" " * size, compresslevel=9)
+    """Gzip of a JSON opening plus ``size`` spaces (``gzip_repeating``)."""
+    return gzip_repeating(b'{"traceEvents": [', b" ", size)
+
+
+def tar_gz_bomb(members: list[tuple[str, bytes]], name: str, size: int) -> bytes:
+    """A ``.tar.gz`` of ``members`` and then ``name``: ``size`` spaces (the archive's own gzip
+    as the bomb, ``gzip_repeating``)."""
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w") as tar:
+        for member, data in members:
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(name)
+        info.size = size
+        head = plain.getvalue() + info.tobuf(tar.format, tar.encoding, tar.errors)  # before close
+    padding = -size % tarfile.BLOCKSIZE
+    return gzip_repeating(head, b" ", size, b"\0" * (padding + 2 * tarfile.BLOCKSIZE))
 
 
 def auth(token: str) -> dict[str, str]:

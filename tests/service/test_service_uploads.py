@@ -20,6 +20,7 @@ from service_factories import (
     manifest_for,
     sqlite_with,
     tar_gz,
+    tar_gz_bomb,
 )
 
 BUNDLES = "/api/v1/uploads/bundles"
@@ -107,7 +108,7 @@ def test_single_trace_upload_new_run_and_attach(client: TestClient, runner: dict
     )
     assert resp.status_code == 201, resp.text
     run = client.get(f"/api/v1/runs/{resp.json()['run_id']}").json()
-    assert run["files"][0]["format"] == "nsys+gzip"
+    assert run["files"][0]["format"] == "nsys"  # a .sqlite.gz is stored inflated
     assert run["files"][0]["name"] == "../../etc/passwd"  # a label only, never a path
     created = client.post("/api/v1/runs", json={"name": "by-hand"}, headers=runner)
     assert created.status_code == 201 and created.json()["status"] == "empty"
@@ -245,9 +246,7 @@ def _bad_bundles(tmp: Path) -> dict[str, Callable[[], tuple[bytes, int, str]]]:
             "limit",
         ),
         "gzip bomb bundle": lambda: (
-            tar_gz(
-                [("manifest.json", good_manifest), ("traces/r0.json", b" " * (80 * 1024 * 1024))]
-            ),
+            tar_gz_bomb([("manifest.json", good_manifest)], "traces/r0.json", 80 * 1024 * 1024),
             413,
             "limit",
         ),
