@@ -575,6 +575,11 @@ def run_job(conn: Conn, *, run_id: int) -> int | None:
     return None if found is None else int(found)
 
 
+def blob_recorded(conn: sqlite3.Connection, *, digest: str) -> bool:
+    """Whether a ``blobs`` row holds ``digest`` (a blob some committed upload stored)."""
+    return conn.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (digest,)).fetchone() is not None
+
+
 def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
     """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
     blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller

@@ -193,8 +193,7 @@ async def _record(
             # still on the writer, after the rollback: no other upload can record a run that
             # refers to these blobs between this check and their removal
             for digest in {f.sha256 for f in staged.files}:
-                known = conn.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (digest,))
-                if known.fetchone() is None:
+                if not runs.blob_recorded(conn, digest=digest):
                     blobs.delete(digest)
             raise
 
