@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from testkit import DATA_DIR, shared_traces_dir
 
-from analyzers.pipeline import analyze_trace, run_analysis
-from analyzers.readers.kineto import read_kineto
+from analyzers.pipeline import run_analysis
 from analyzers.report import AnalysisReport
 from analyzers.windows import WHOLE_TRACE
+from tests.analyzers.real_traces import whole_trace_report
 
 SEARCHED = [d for d in (DATA_DIR, shared_traces_dir()) if d is not None]
 
@@ -55,21 +55,12 @@ def _is_nsys(path: Path) -> bool:
     return ".sqlite" in path.name
 
 
-def _kineto_rank(path: Path) -> int:
-    """distributedInfo.rank, else 0: a single-process profile (the figures do not depend on it)."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as f:  # type: ignore[operator]
-        info = json.load(f).get("distributedInfo") or {}
-    return int(info.get("rank", 0))
-
-
 @pytest.fixture(scope="module", params=TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def analysed(request: pytest.FixtureRequest) -> tuple[Path, AnalysisReport]:
     path: Path = request.param
     if _is_nsys(path):
         return path, run_analysis([path]).report
-    trace = read_kineto(path, rank=_kineto_rank(path))
-    return path, analyze_trace(trace).report
+    return path, whole_trace_report(path)
 
 
 # ---- the expected figures, from the trace itself ------------------------------------------

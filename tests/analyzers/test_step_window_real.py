@@ -23,7 +23,8 @@ import pytest
 from analyzers.pipeline import analyze_trace
 from analyzers.readers.kineto import read_kineto
 from analyzers.report import AnalysisReport, WindowBasis
-from tests.analyzers.test_reference_figures import TRACES, _kineto_rank
+from tests.analyzers.real_traces import ranked_kineto, whole_trace_report
+from tests.analyzers.test_reference_figures import TRACES
 
 pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
@@ -90,10 +91,9 @@ class Raw:
 @pytest.fixture(scope="module", params=KINETO, ids=lambda p: f"{p.parent.name}/{p.name}")
 def analysed(request: pytest.FixtureRequest) -> tuple[Raw, list[AnalysisReport]]:
     path: Path = request.param
-    trace = read_kineto(path, rank=_kineto_rank(path))
-    reports = [analyze_trace(trace).report]
+    reports = [whole_trace_report(path)]
     if "3arms" in path.name:  # the arms as steps too (the HTA comparison's windows)
-        reports.append(analyze_trace(trace, step_pattern="^arm:").report)
+        reports.append(analyze_trace(ranked_kineto(path), step_pattern="^arm:").report)
     return Raw(path), reports
 
 
