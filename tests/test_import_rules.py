@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,17 @@ def _imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"{base}.{alias.name}"
 
 
+@cache
+def _repo_imports() -> dict[str, tuple[Path, tuple[tuple[int, str], ...]]]:
+    """module -> (its file, its imports) for every module of ours, parsed once for all the rules
+    below (each rule re-parsing the whole repository took seconds of CPU)."""
+    return {module: (path, tuple(_imports(module, path))) for module, path in _modules()}
+
+
+def _repo_imports_of(module: str, path: Path) -> Iterable[tuple[int, str]]:
+    return _repo_imports()[module][1]
+
+
 def _private_owner(imported: str) -> str | None:
     """The package that owns ``imported`` if it names a private module of ours, else None."""
     parts = imported.split(".")
@@ -75,9 +87,9 @@ def _private_owner(imported: str) -> str | None:
 
 def test_lower_rooms_never_import_higher_ones() -> None:
     found = []
-    for module, path in _modules():
+    for module, (path, imports) in _repo_imports().items():
         banned = FORBIDDEN.get(module.split(".")[0], set())
-        for line, imported in _imports(module, path):
+        for line, imported in imports:
             if imported.split(".")[0] in banned:
                 found.append(f"{path.relative_to(REPO)}:{line}: imports {imported}")
     assert not found, "imports against the flow:\n" + "\n".join(sorted(set(found)))
@@ -88,12 +100,15 @@ ACYCLIC = ("service", "web", "pr_bot", "runners", "contracts")
 supervisor started the validation pool it was used by)."""
 
 
-def _module_cycles(modules: dict[str, Path]) -> list[list[str]]:
+def _module_cycles(
+    modules: dict[str, Path],
+    imports_of: Callable[[str, Path], Iterable[tuple[int, str]]] = _imports,
+) -> list[list[str]]:
     """Strongly connected groups of ``modules`` (every import, also inside functions)."""
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         graph[module] = set()
-        for _, imported in _imports(module, path):
+        for _, imported in imports_of(module, path):
             parts = imported.split(".")
             for k in range(len(parts), 0, -1):  # the longest name that is one of our modules
                 target = ".".join(parts[:k])
@@ -132,7 +147,8 @@ def _module_cycles(modules: dict[str, Path]) -> list[list[str]]:
 
 
 def test_no_module_import_cycle_above_analyzers() -> None:
-    cycles = _module_cycles({m: p for m, p in _modules() if m.split(".")[0] in ACYCLIC})
+    modules = {m: p for m, (p, _) in _repo_imports().items() if m.split(".")[0] in ACYCLIC}
+    cycles = _module_cycles(modules, _repo_imports_of)
     assert not cycles, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
@@ -147,8 +163,8 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
 
 def test_no_package_imports_another_packages_private_module() -> None:
     found = []
-    for module, path in _modules():
-        for line, imported in _imports(module, path):
+    for module, (path, imports) in _repo_imports().items():
+        for line, imported in imports:
             owner = _private_owner(imported)
             if owner is not None and not (module == owner or module.startswith(owner + ".")):
                 found.append(f"{path.relative_to(REPO)}:{line}: imports {imported} ({owner}'s)")
