@@ -28,6 +28,8 @@ from service.api.routes.github import github_config
 from service.auth import Role, create_token
 from service.core.config import Settings
 
+pytestmark = pytest.mark.slow  # two bundles uploaded and analysed: ~18 s together, scheduled first
+
 REPO = "octo/cp-attn"
 BUNDLE = demo_bundle("synthetic-h200x2-kineto")
 BASE_SHA, HEAD_SHA = "a" * 40, "b" * 40
