@@ -293,9 +293,7 @@ def test_gap_labels_and_hovers_read_as_before_in_chromium(
     page = drawn_run_page.as_drawn()  # hovers only: the zoom test below reuses this load
     drawn = page.evaluate(_DRAWN, "timeline")
     # what cptrace.js handed plotly is what expand_figure makes of the page's figure
-    assert drawn == [
-        {k: t.get(k) for k in ("name", "y", "hovertext", "text")} for t in fig["data"]
-    ]
+    assert drawn == [{k: t.get(k) for k in ("name", "y", "hovertext", "text")} for t in fig["data"]]
     bar_texts = page.evaluate(_BAR_TEXTS, "timeline")
     for curve, trace in enumerate(fig["data"]):
         widths = trace["x"]
