@@ -70,6 +70,8 @@ def default_runs() -> int:
     from web import data
 
     kept = max(getattr(data, "BUILT_PAGES", 0), getattr(store, "PARSED_PAGES", 0))
+    if hasattr(store, "PARSED_PAGE_BYTES"):  # bounded in bytes: the reference summary stores
+        kept = store.PARSED_PAGE_BYTES // (store.PARSED_BYTES_PER_STORED_BYTE * 350_000)
     return kept + 4 if kept else 12
 
 

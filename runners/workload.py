@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from cp_attention.ranges import named_range
 from runners.arms import Arm, FullInputs, RankContext, build_arm, full_inputs
 from runners.env import capture_environment
 from runners.profile import rankstatus
+from runners.profile.lean_start import without_inductor_import
 from runners.spec import RunSpec, layout_for, parse_spec
 
 PHASES = ("timed", "torch", "nsys")
@@ -160,16 +162,25 @@ def run_torch_profiler(spec: RunSpec, arms: list[Arm], ctx: RankContext, out: Pa
     # A schedule is what makes the profiler emit ProfilerStep#N markers; one warm-up step
     # (not exported) lets CUPTI settle before the first recorded step.
     active = len(arms) * spec.profilers.profiled_steps
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
-        with_stack=opts.with_stack,
-        record_shapes=opts.record_shapes,
-    ) as prof:
+    with ExitStack() as stack:
+        with without_inductor_import():
+            prof = stack.enter_context(
+                profile(
+                    activities=activities,
+                    schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
+                    with_stack=opts.with_stack,
+                    record_shapes=opts.record_shapes,
+                )
+            )
+
+        def step() -> None:
+            with without_inductor_import():
+                prof.step()
+
         arms[0].step()
         _sync(ctx.device)  # its kernels must not spill into the first recorded step
-        prof.step()
-        _profiled_steps(spec, arms, ctx.device, prof.step)
+        step()
+        _profiled_steps(spec, arms, ctx.device, step)
     path = out / "traces" / f"kineto_rank{ctx.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
@@ -205,7 +216,8 @@ def first_steps_captured_on_failure(arms: list[Arm], ctx: RankContext, out: Path
     if ctx.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     prof = profile(activities=activities, with_stack=True)
-    prof.start()
+    with without_inductor_import():
+        prof.start()
     try:
         for arm in arms:
             with named_range(window_name(arm.name)):

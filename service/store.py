@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections import OrderedDict
 from collections.abc import Container
 from typing import Any, Literal
 
@@ -25,6 +23,7 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from analyzers.report import AnalysisReport, ComparisonReport
+from service.byte_cache import ByteBoundedCache
 from service.core.errors import Conflict, NotFound
 from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
 from service.storage import runs
@@ -276,33 +275,26 @@ def get_report(db: Database, run_id: int) -> AnalysisReport | None:
     return None if text is None else AnalysisReport.model_validate_json(text)
 
 
-PARSED_PAGES = 8
-"""Page summaries kept parsed (the newest read; ~3 MB each for the reference workload)."""
-_parsed: OrderedDict[tuple[int, str], RunPageSummary] = OrderedDict()
-_parsed_lock = threading.Lock()
-
-
-def _remember(key: tuple[int, str], summary: RunPageSummary) -> None:
-    with _parsed_lock:
-        _parsed[key] = summary
-        _parsed.move_to_end(key)
-        while len(_parsed) > PARSED_PAGES:
-            _parsed.popitem(last=False)
+PARSED_PAGE_BYTES = 128 * 1024 * 1024
+"""Memory the parsed page summaries may take together (the least recently viewed leave first).
+Bounded in bytes, not entries: the 3-arm reference workload's summary is 1.6 MB parsed, a small
+run's a few KB, so a count kept too few large ones (each miss parses the stored text again)."""
+PARSED_BYTES_PER_STORED_BYTE = 5
+"""What a parsed summary is charged per byte of its stored JSON (measured: 4.6 for the
+reference workload, 1.6 MB parsed from 0.35 MB of text)."""
+_parsed: ByteBoundedCache[RunPageSummary] = ByteBoundedCache(PARSED_PAGE_BYTES)
 
 
 def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
     """What the run page shows of the run's report (``service.page_summary``), or None when it
     has no report (yet). Stored with the report; a run analysed before the summary existed
     (or with an older or unreadable one) has its summary built from the report once, and
-    stored. The newest :data:`PARSED_PAGES` are kept parsed, keyed by the stored row's stamp
-    (new at every write), so a view of an unchanged summary reads two short columns.
+    stored. Summaries are kept parsed up to :data:`PARSED_PAGE_BYTES`, keyed by the stored
+    row's stamp (new at every write), so a view of an unchanged summary reads two short columns.
     Callers must not change the summary they get."""
     stamp = db.read(lambda c: runs.page_stamp(c, run_id=run_id))
     if stamp is not None and stamp[0] == PAGE_SUMMARY_VERSION:
-        with _parsed_lock:
-            cached = _parsed.get((run_id, stamp[1]))
-            if cached is not None:
-                _parsed.move_to_end((run_id, stamp[1]))
+        cached = _parsed.get((run_id, stamp[1]))
         if cached is not None:
             return cached
     stored = db.read(lambda c: runs.page_json(c, run_id=run_id))
@@ -314,7 +306,8 @@ def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
             unreadable = stored[2]  # rebuilt below, like a missing one
         else:
             summary.stamp = stored[1]
-            _remember((run_id, stored[1]), summary)
+            charge = PARSED_BYTES_PER_STORED_BYTE * len(stored[2])
+            _parsed.put((run_id, stored[1]), summary, charge)
             return summary
     report = get_report(db, run_id)
     if report is None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -38,6 +36,7 @@ from analyzers.report import (
 from pr_bot.comment import CommentRun, comment_context, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
 from pr_bot.labels import compare_url
+from service.byte_cache import ByteBoundedCache
 from service.core.errors import BadRequest
 from service.page_summary import RunPageSummary, TimelineColumns
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
@@ -440,30 +439,27 @@ def _report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
     }
 
 
-BUILT_PAGES = 32
-"""Run pages whose parts are kept built: ~1.1 MB each for the 3-arm reference workload (its
-figures as objects and as page JSON), so 32 take the memory 8 took when the timeline repeated
-every name per bar (4.5 MB each)."""
-_built: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
-_built_lock = threading.Lock()
+BUILT_PAGE_BYTES = 64 * 1024 * 1024
+"""Memory the built run pages' parts may take together (the least recently viewed leave
+first): bounded in bytes, not pages, since one page's figures are kilobytes for a small run and
+1.1 MB for the 3-arm reference workload."""
+BUILT_BYTES_PER_JSON_BYTE = 4
+"""What built parts are charged per byte of their figures' page JSON (measured: 3.8 for the
+reference workload, the figures as objects and as JSON, 1.1 MB for 0.29 MB of JSON)."""
+_built: ByteBoundedCache[dict[str, Any]] = ByteBoundedCache(BUILT_PAGE_BYTES)
 
 
 def report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
-    """:func:`_report_parts`, kept for the newest :data:`BUILT_PAGES` stored summaries (keyed
-    by the stored row's stamp, new at every write: a re-analysed run is built anew)."""
+    """:func:`_report_parts`, kept built up to :data:`BUILT_PAGE_BYTES` (keyed by the stored
+    summary's stamp, new at every write: a re-analysed run is built anew)."""
     if report is None or report.stamp is None:
         return _report_parts(run_id, report)
     key = (run_id, report.stamp)
-    with _built_lock:
-        found = _built.get(key)
-        if found is not None:
-            _built.move_to_end(key)
+    found = _built.get(key)
     if found is None:
         found = _report_parts(run_id, report)
-        with _built_lock:
-            _built[key] = found
-            while len(_built) > BUILT_PAGES:
-                _built.popitem(last=False)
+        charge = BUILT_BYTES_PER_JSON_BYTE * sum(len(j) for j in found["figure_json"].values())
+        _built.put(key, found, charge)
     return found
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.profile import steps
+from runners.profile.lean_start import without_inductor_import
 from runners.profile.probe import rank_from_environment
 from runners.profile.synclines import SyncLineRecorder
 
@@ -95,7 +96,8 @@ class StepProfiler:
             with_stack=c.with_stack,
             record_shapes=c.record_shapes,
         )
-        self.prof.start()
+        with without_inductor_import():
+            self.prof.start()
         if c.sync_lines:
             self.syncs = SyncLineRecorder(c.out_dir, self.rank)
             self.syncs.start()
@@ -114,7 +116,8 @@ class StepProfiler:
             if self.prof is None:
                 self._start()
                 return
-            self.prof.step()
+            with without_inductor_import():
+                self.prof.step()
             if self.prof.step_num >= self.total_steps:
                 self._finish()
 

@@ -20,8 +20,9 @@ deltas of the comment are checked on real H200 traces in test_pr_loop_units.py.
 Time: two runners share the jobs (a batch's spec and command run side by side), main's push and
 the failing setup are sent together, the slow push follows main's uploads (not their analyses:
 the worker analyses in upload order), the spec runs six timed steps, and the idle processes are
-killed at the end: 75 s at a load of 5, about 2 minutes at a load of 10 on the shared two-core
-machine (the old spec-only test: 57 s and 150 s). The timeline of the phases is printed.
+killed at the end; the spec's ranks start the PyTorch profiler without importing inductor
+(``runners/profile/lean_start.py``): 23 s of CPU, 37 s at a load of 6 on the shared two-core
+machine (30 s of CPU, 62 s, with the inductor import). The timeline of the phases is printed.
 """
 
 from __future__ import annotations

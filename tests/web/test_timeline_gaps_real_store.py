@@ -14,6 +14,7 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,47 +194,6 @@ def test_cpu_run_page_draws_no_gpu_figures_and_says_not_observed(
     assert {"padded-path-without-padding", "zero-fill-without-padding", "gpu-not-observed"} <= rules
 
 
-def _load(page: Any, url: str) -> None:
-    """Like ``web_browser.open_page`` with room for a loaded machine: the page draws one
-    timeline per arm (thousands of bars each)."""
-    page.errors.clear()
-    response = page.goto(url, wait_until="domcontentloaded", timeout=180_000)
-    assert response is not None and response.status == 200, url
-    page.wait_for_selector("body[data-charts-ready='true']", timeout=180_000)
-    assert page.errors == [], page.errors
-
-
-@pytest.mark.browser
-def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
-    store: tuple[TestClient, dict[str, int]],
-) -> None:
-    from web_browser import browser_page, require_chromium
-    from web_server import serve
-
-    require_chromium()
-    _, ids = store
-    zoomed = "name => document.getElementById('chart-' + name).dataset.zoom"
-    shown = "name => document.getElementById('chart-' + name).layout.xaxis.range"
-    # a second app over the same data directory, under uvicorn, for the browser
-    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
-        _load(page, f"{url}/runs/{ids['nsys']}")
-        link = page.locator("a.timeline-zoom").last  # a cause of the last arm's timeline
-        chart = (link.get_attribute("data-chart") or "").removeprefix("chart-")
-        assert chart == "timeline_2"
-        x0, x1 = float(link.get_attribute("data-x0")), float(link.get_attribute("data-x1"))
-        link.click()
-        page.wait_for_function(zoomed, arg=chart)
-        assert page.evaluate(shown, chart) == pytest.approx([x0, x1])
-        assert page.evaluate(shown, "timeline") != pytest.approx([x0, x1])  # only that chart
-        assert page.url.endswith(link.get_attribute("href") or "?")
-        # the fragment alone zooms too (a shared link), on a fresh load
-        page.goto("about:blank")
-        _load(page, f"{url}/runs/{ids['nsys']}#timeline@1.0000-2.0000")
-        page.wait_for_function(zoomed, arg="timeline")
-        assert page.evaluate(shown, "timeline") == pytest.approx([1.0, 2.0])
-        assert page.errors == [], page.errors
-
-
 def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
     store: tuple[TestClient, dict[str, int]],
 ) -> None:
@@ -256,6 +216,52 @@ def test_cpu_comparison_says_not_observed_instead_of_gpu_zeros(
     assert any("no GPU activity in the base and head trace" in n for n in data["report"]["notes"])
 
 
+def _load(page: Any, url: str) -> None:
+    """Like ``web_browser.open_page`` with room for a loaded machine: the page draws one
+    timeline per arm (thousands of bars each)."""
+    page.errors.clear()
+    response = page.goto(url, wait_until="domcontentloaded", timeout=180_000)
+    assert response is not None and response.status == 200, url
+    page.wait_for_selector("body[data-charts-ready='true']", timeout=180_000)
+    assert page.errors == [], page.errors
+
+
+@dataclass
+class DrawnRunPage:
+    """The nsys run page in one Chromium page, served by one uvicorn app for the module's
+    browser tests (a Chromium start and a page load are most of their CPU). A test that only
+    reads the drawn page takes ``as_drawn()``; one that zooms or navigates takes ``to_change()``,
+    and the next reader gets a fresh load."""
+
+    page: Any
+    url: str
+    changed: bool = True  # nothing loaded yet
+
+    def as_drawn(self) -> Any:
+        if self.changed:
+            _load(self.page, self.url)
+            self.changed = False
+        self.page.errors.clear()
+        return self.page
+
+    def to_change(self) -> Any:
+        page = self.as_drawn()
+        self.changed = True
+        return page
+
+
+@pytest.fixture(scope="module")
+def drawn_run_page(store: tuple[TestClient, dict[str, int]]) -> Iterator[DrawnRunPage]:
+    from web_browser import browser_page, require_chromium
+    from web_server import serve
+
+    require_chromium()
+    _, ids = store
+    # a second app over the same data directory, under uvicorn, for the browser
+    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
+        yield DrawnRunPage(page, f"{url}/runs/{ids['nsys']}")
+
+
 _DRAWN = """name => {
   const el = document.getElementById('chart-' + name);
   return el.data.map(t => ({name: t.name, y: t.y, hovertext: t.hovertext, text: t.text || null}));
@@ -276,42 +282,59 @@ _BAR_TEXTS = """name => Array.from(
 
 @pytest.mark.browser
 def test_gap_labels_and_hovers_read_as_before_in_chromium(
-    store: tuple[TestClient, dict[str, int]],
+    store: tuple[TestClient, dict[str, int]], drawn_run_page: DrawnRunPage
 ) -> None:
     """The page sends each name once; in Chromium the timeline shows the texts it showed when
     every bar carried its own: each kernel's name in its hover, "cause: helper 1.234 ms" in a
     gap's hover and "helper 1.234 ms" on the bar (from the stored account: _check_timeline)."""
-    from web_browser import browser_page, require_chromium
-    from web_server import serve
-
-    require_chromium()
     client, ids = store
     html_page = client.get(f"/runs/{ids['nsys']}").text
     fig = _figure(html_page, "timeline")  # expanded by figures.expand_figure
-    with serve(create_app(SETTINGS[-1])) as url, browser_page() as page:
-        _load(page, f"{url}/runs/{ids['nsys']}")
-        drawn = page.evaluate(_DRAWN, "timeline")
-        # what cptrace.js handed plotly is what expand_figure makes of the page's figure
-        assert drawn == [
-            {k: t.get(k) for k in ("name", "y", "hovertext", "text")} for t in fig["data"]
-        ]
-        bar_texts = page.evaluate(_BAR_TEXTS, "timeline")
-        for curve, trace in enumerate(fig["data"]):
-            widths = trace["x"]
-            if trace.get("legendgroup") == "idle gaps":
-                labels = [
-                    html.unescape(f"{short} {w:.3f} ms")
-                    for short, w in zip(trace["text"], widths, strict=True)
-                ]
-                shown = [t for t in bar_texts[curve] if t]
-                assert shown and set(shown) <= set(labels), trace["name"]
-                expected = [html.unescape(f"{trace['hovertext'][0]} {widths[0]:.3f} ms")]
-                expected.append(f"start {trace['base'][0]:.3f} ms")
-            else:
-                expected = [
-                    html.unescape(trace["name"]),
-                    html.unescape(trace["hovertext"][0]),
-                    f"start {trace['base'][0]:.3f} ms, {widths[0]:.4f} ms",
-                ]
-            assert page.evaluate(_HOVER, ["timeline", curve, 0]) == "\n".join(expected)
-        assert page.errors == [], page.errors
+    page = drawn_run_page.as_drawn()  # hovers only: the zoom test below reuses this load
+    drawn = page.evaluate(_DRAWN, "timeline")
+    # what cptrace.js handed plotly is what expand_figure makes of the page's figure
+    assert drawn == [{k: t.get(k) for k in ("name", "y", "hovertext", "text")} for t in fig["data"]]
+    bar_texts = page.evaluate(_BAR_TEXTS, "timeline")
+    for curve, trace in enumerate(fig["data"]):
+        widths = trace["x"]
+        if trace.get("legendgroup") == "idle gaps":
+            labels = [
+                html.unescape(f"{short} {w:.3f} ms")
+                for short, w in zip(trace["text"], widths, strict=True)
+            ]
+            shown = [t for t in bar_texts[curve] if t]
+            assert shown and set(shown) <= set(labels), trace["name"]
+            expected = [html.unescape(f"{trace['hovertext'][0]} {widths[0]:.3f} ms")]
+            expected.append(f"start {trace['base'][0]:.3f} ms")
+        else:
+            expected = [
+                html.unescape(trace["name"]),
+                html.unescape(trace["hovertext"][0]),
+                f"start {trace['base'][0]:.3f} ms, {widths[0]:.4f} ms",
+            ]
+        assert page.evaluate(_HOVER, ["timeline", curve, 0]) == "\n".join(expected)
+    assert page.errors == [], page.errors
+
+
+@pytest.mark.browser
+def test_a_cause_link_zooms_the_drawn_timeline_in_chromium(
+    drawn_run_page: DrawnRunPage,
+) -> None:
+    zoomed = "name => document.getElementById('chart-' + name).dataset.zoom"
+    shown = "name => document.getElementById('chart-' + name).layout.xaxis.range"
+    page = drawn_run_page.to_change()
+    link = page.locator("a.timeline-zoom").last  # a cause of the last arm's timeline
+    chart = (link.get_attribute("data-chart") or "").removeprefix("chart-")
+    assert chart == "timeline_2"
+    x0, x1 = float(link.get_attribute("data-x0")), float(link.get_attribute("data-x1"))
+    link.click()
+    page.wait_for_function(zoomed, arg=chart)
+    assert page.evaluate(shown, chart) == pytest.approx([x0, x1])
+    assert page.evaluate(shown, "timeline") != pytest.approx([x0, x1])  # only that chart
+    assert page.url.endswith(link.get_attribute("href") or "?")
+    # the fragment alone zooms too (a shared link), on a fresh load
+    page.goto("about:blank")
+    _load(page, f"{drawn_run_page.url}#timeline@1.0000-2.0000")
+    page.wait_for_function(zoomed, arg="timeline")
+    assert page.evaluate(shown, "timeline") == pytest.approx([1.0, 2.0])
+    assert page.errors == [], page.errors
