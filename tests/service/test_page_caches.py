@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from testkit import DATA_DIR
 
 from analyzers import analyze
 from cptrace.app import create_app
@@ -20,9 +21,7 @@ from service.core.config import Settings
 from service.page_summary import page_summary
 from service.storage import runs
 
-TRACE = (
-    Path(__file__).resolve().parents[1] / "data" / "openworld" / "kineto_nccl_world1.json.gz"
-)
+TRACE = DATA_DIR / "openworld" / "kineto_nccl_world1.json.gz"
 
 
 def test_entries_leave_least_recently_used_first_once_the_bytes_pass_the_budget() -> None:
