@@ -26,7 +26,7 @@ from sqlalchemy.exc import OperationalError as SaOperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from service.core.errors import QueryTimeout
-from service.storage.database import immediate
+from service.storage.database import Database, immediate
 
 Conn = sqlite3.Connection | SaConnection
 """What storage functions run on: a SQLite connection or a SQLAlchemy PostgreSQL one."""
@@ -181,3 +181,16 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def insert_for(conn: Conn, table: sa.Table) -> Any:
+    """The backend's own ``INSERT`` construct for ``table`` (``on_conflict_do_update`` /
+    ``on_conflict_do_nothing``, the upsert both backends have, are dialect constructs)."""
+    from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return (sqlite_insert if isinstance(conn, sqlite3.Connection) else postgresql_insert)(table)
+
+
+AnyDatabase = Database | PostgresDatabase
+"""A database handle on either backend (``write``, ``write_tx`` and ``read`` on both)."""
