@@ -241,7 +241,7 @@ class Settings(BaseSettings):
         except DatabaseUrlError as exc:
             raise ValueError(str(exc)) from None
         if backend is Backend.POSTGRESQL:
-            # Fail closed: the queues run there, the run store and tokens do not yet; a service
+            # Fail closed: the run store, queues and tokens run there, the loop tables do not yet; a service
             # half on PostgreSQL would accept uploads it cannot store.
             raise ValueError(POSTGRES_NOT_YET)
         return value

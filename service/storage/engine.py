@@ -45,9 +45,9 @@ class DatabaseUrlError(ValueError):
 
 
 POSTGRES_NOT_YET = (
-    "PostgreSQL is not a complete backend yet: the analysis-task and runner-job queues and the"
-    " tokens run on it, the runs, uploads and pull-request loop tables do not; leave it empty"
-    " (SQLite in the data directory)"
+    "PostgreSQL is not a complete backend yet: the run store, the analysis-task and runner-job"
+    " queues and the tokens run on it; the pull-request loop tables, worker heartbeats, /health"
+    " and the API's tagged reads do not; leave it empty (SQLite in the data directory)"
 )
 """Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
 
