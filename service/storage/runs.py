@@ -17,10 +17,11 @@ statements must commit together.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import IO, Any, Literal
 
@@ -29,6 +30,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from service.auth import now_iso
 from service.core.errors import NotFound, PayloadTooLarge
@@ -128,6 +130,7 @@ class _Bytewise(ColumnElement[Any]):
     ``COLLATE "C"`` on PostgreSQL, whose database collation may be a locale's."""
 
     inherit_cache = True
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]  # noqa: RUF012
 
     def __init__(self, column: ColumnElement[Any]):
         self.column = column
@@ -242,31 +245,63 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _where(filters: RunFilters) -> list[ColumnElement[bool]]:
-    clauses: list[ColumnElement[bool]] = []
-    for column, value in (
-        (_r.c.status, filters.status),
-        (_r.c.branch, filters.branch),
-        (_r.c.config_key, filters.config_key),
-        (_r.c.implementation, filters.implementation),
-        (_VERDICT, filters.verdict),
-        (_r.c.repo, filters.repo),
-        (_r.c.pr, filters.pr),
-        (_r.c.suite, filters.suite),
-    ):
-        if value:
-            clauses.append(column == value)
-    if filters.name:
-        # a substring, case-folded alike on both sides; % and _ in it are themselves
-        needle = sa.func.lower(sa.literal(_escape_like(filters.name), sa.Text))
-        clauses.append(sa.func.lower(_r.c.name).contains(needle, escape="\\"))
-    if filters.commit:
-        clauses.append(_r.c.commit_sha.like(_escape_like(filters.commit) + "%", escape="\\"))
-    if filters.date_from:
-        clauses.append(sa.func.substr(_r.c.created_at, 1, 10) >= filters.date_from)
-    if filters.date_to:
-        clauses.append(sa.func.substr(_r.c.created_at, 1, 10) <= filters.date_to)
-    return clauses
+def _param(name: str) -> Any:
+    return sa.bindparam(name, type_=sa.Text)
+
+
+_FILTERS: dict[str, Callable[[], ColumnElement[bool]]] = {
+    "status": lambda: _r.c.status == sa.bindparam("status"),
+    "branch": lambda: _r.c.branch == sa.bindparam("branch"),
+    "config_key": lambda: _r.c.config_key == sa.bindparam("config_key"),
+    "implementation": lambda: _r.c.implementation == sa.bindparam("implementation"),
+    "verdict": lambda: _param("verdict") == _VERDICT,
+    "repo": lambda: _r.c.repo == sa.bindparam("repo"),
+    "pr": lambda: _r.c.pr == sa.bindparam("pr"),
+    "suite": lambda: _r.c.suite == sa.bindparam("suite"),
+    # a substring, case-folded alike on both sides; % and _ in it are themselves
+    "name": lambda: sa.func.lower(_r.c.name).contains(sa.func.lower(_param("name")), escape="\\"),
+    "commit": lambda: _r.c.commit_sha.like(_param("commit"), escape="\\"),
+    "date_from": lambda: sa.func.substr(_r.c.created_at, 1, 10) >= _param("date_from"),
+    "date_to": lambda: sa.func.substr(_r.c.created_at, 1, 10) <= _param("date_to"),
+}
+"""Each filter's clause, its value a ``bindparam`` of the filter's name."""
+
+
+def _filter_values(filters: RunFilters) -> dict[str, Any]:
+    """The filters given (a falsy value is no filter), as the clauses' parameter values."""
+    out = {key: value for key in _FILTERS if (value := getattr(filters, key))}
+    if "name" in out:
+        out["name"] = _escape_like(out["name"])
+    if "commit" in out:
+        out["commit"] = _escape_like(out["commit"]) + "%"
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _list_statement(keys: tuple[str, ...], sort: str, order: str) -> sa.Select[Any]:
+    """The run list's statement for these filters and this order, built once per shape."""
+    key = _SORT_SQL[sort]
+    direction = sa.desc if order == "desc" else sa.asc
+    # By id (the API's and the default order) the rowid order serves it with no sort step: only
+    # the page's rows are computed. Other keys sort, runs without the value last.
+    order_by = (
+        [direction(_r.c.id)]
+        if sort == "id"
+        else [key.is_(None), direction(key), direction(_r.c.id)]
+    )
+    return (
+        _summaries()
+        .where(*(_FILTERS[k]() for k in keys))
+        .order_by(*order_by)
+        .limit(sa.bindparam("page_limit", type_=sa.BigInteger))
+        .offset(sa.bindparam("page_offset", type_=sa.BigInteger))
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _count_statement(keys: tuple[str, ...]) -> sa.Select[Any]:
+    source = _SUMMARY_FROM if "verdict" in keys else _r  # only the verdict needs fm
+    return sa.select(sa.func.count()).select_from(source).where(*(_FILTERS[k]() for k in keys))
 
 
 def list_runs(
@@ -281,24 +316,16 @@ def list_runs(
     """One page of run summaries (``RunSummary`` fields); runs without the sort value last."""
     if sort not in _SORT_SQL:
         raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}; got {sort!r}")
-    key = _SORT_SQL[sort]
-    direction = sa.desc if order == "desc" else sa.asc
-    # By id (the API's and the default order) the rowid order serves it with no sort step: only
-    # the page's rows are computed. Other keys sort, runs without the value last.
-    order_by = (
-        [direction(_r.c.id)]
-        if sort == "id"
-        else [key.is_(None), direction(key), direction(_r.c.id)]
-    )
+    values = _filter_values(filters)
+    query = _list_statement(tuple(values), sort, "desc" if order == "desc" else "asc")
     page_limit, page_offset = page_bounds(limit, offset)
-    query = (
-        _summaries()
-        .where(*_where(filters))
-        .order_by(*order_by)
-        .limit(page_limit)
-        .offset(page_offset)
-    )
-    return [summary_fields(r) for r in execute(conn, query).rows]
+    found = execute(conn, query, {**values, "page_limit": page_limit, "page_offset": page_offset})
+    return [summary_fields(r) for r in found.rows]
+
+
+_ONE_WITH_TEXTS = _summaries(_r.c.manifest_json, _r.c.spec_json).where(
+    _r.c.id == sa.bindparam("run_id")
+)
 
 
 def summaries_by_id(conn: Conn, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
@@ -312,9 +339,8 @@ def summaries_by_id(conn: Conn, *, run_ids: Iterable[int]) -> list[dict[str, Any
 
 def count_runs(conn: Conn, *, filters: RunFilters) -> int:
     """How many runs match ``filters``."""
-    source = _SUMMARY_FROM if filters.verdict else _r  # only the verdict needs fm
-    query = sa.select(sa.func.count()).select_from(source).where(*_where(filters))
-    return int(execute(conn, query).scalar())
+    values = _filter_values(filters)
+    return int(execute(conn, _count_statement(tuple(values)), values).scalar())
 
 
 def distinct_values(conn: Conn, *, limit: int = 500) -> dict[str, list[str]]:
@@ -333,8 +359,7 @@ def distinct_values(conn: Conn, *, limit: int = 500) -> dict[str, list[str]]:
 
 def summary_with_texts(conn: Conn, *, run_id: int) -> dict[str, Any] | None:
     """One run's summary columns plus its stored ``manifest_json`` and ``spec_json`` texts."""
-    query = _summaries(_r.c.manifest_json, _r.c.spec_json).where(_r.c.id == run_id)
-    found = execute(conn, query).first()
+    found = execute(conn, _ONE_WITH_TEXTS, {"run_id": run_id}).first()
     return summary_fields(found) if found else None
 
 

@@ -3,7 +3,8 @@
 Every string literal of ``service/`` and ``web/`` (f-strings by their literal parts, adjacent
 literals joined as Python joins them) is searched for a statement that names one of the runs
 tables after ``FROM``/``JOIN``/``INTO``/``UPDATE``, for sqlite-utils access to them
-(``db["runs"]``, ``db.table("runs")``), and for SQLAlchemy Core on them (``schema.runs``). The schema (``service/storage/migrations.py``) creates the
+(``db["runs"]``, ``db.table("runs")``), and for SQLAlchemy Core on them
+(``schema.runs``). The schema (``service/storage/migrations.py``) creates the
 tables and is not a query.
 """
 
