@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as postgresql_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection as SaConnection
 from sqlalchemy.exc import OperationalError as SaOperationalError
@@ -118,6 +119,21 @@ def execute(conn: Conn, statement: sa.Executable) -> Outcome:
     return Outcome(found, result.rowcount)
 
 
+def is_sqlite(conn: Conn) -> bool:
+    """Whether ``conn`` is a SQLite connection (else a SQLAlchemy PostgreSQL one)."""
+    return isinstance(conn, sqlite3.Connection)
+
+
+def dialect_insert(
+    conn: Conn, table: sa.Table
+) -> sqlite_dialect.Insert | postgresql_dialect.Insert:
+    """``INSERT`` for ``conn``'s backend, with its ``ON CONFLICT`` clauses (both backends spell
+    ``on_conflict_do_nothing`` / ``on_conflict_do_update`` alike)."""
+    if is_sqlite(conn):
+        return sqlite_dialect.insert(table)
+    return postgresql_dialect.insert(table)
+
+
 @contextlib.contextmanager
 def transaction(conn: Conn) -> Iterator[Conn]:
     """A write transaction for a read-then-update: ``BEGIN IMMEDIATE`` on SQLite; on
@@ -178,6 +194,27 @@ class PostgresDatabase:
             postgres_read_limit(conn, time_limit_ms or self.read_time_limit_ms),
         ):
             return fn(conn)
+
+    def read_tagged(
+        self, fn: Callable[[SaConnection, str], T], *, time_limit_ms: int | None = None
+    ) -> T:
+        """``read``, and ``fn`` also gets a tag of the database state it sees (the twin of
+        the SQLite ``Database.read_tagged``, for the HTTP ETag).
+
+        The read runs in one ``REPEATABLE READ`` transaction whose first statement takes its
+        snapshot (``pg_current_snapshot()``: the oldest transaction still running, the next id
+        to be assigned, the ones in flight): every query of ``fn`` sees exactly that snapshot,
+        and two equal snapshots show the same committed data, whatever connection or host
+        they were taken on. A write anywhere in the server moves it (a tag changes more often
+        than the data, never less).
+        """
+        ms = time_limit_ms or self.read_time_limit_ms
+        with (
+            self.engine.connect() as plain,
+            postgres_read_limit(plain.execution_options(isolation_level="REPEATABLE READ"), ms),
+        ):
+            snapshot = plain.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
+            return fn(plain, f"pg.{snapshot}")
 
     def close(self) -> None:
         self.engine.dispose()
