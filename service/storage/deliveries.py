@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from service.auth import now_iso
 from service.storage import schema
-from service.storage.engine import Conn, dialect_insert, execute
+from service.storage.engine import Conn, execute, insert_for
 
 _d = schema.github_deliveries
 
@@ -18,7 +18,7 @@ OUTCOME_CHARS = 2000
 def record_delivery(conn: Conn, delivery_id: str, event: str, action: str | None) -> bool:
     """Record a delivery id; False when it was seen before (a replay). The caller holds the
     transaction."""
-    insert = dialect_insert(conn, _d).values(
+    insert = insert_for(conn, _d).values(
         delivery_id=delivery_id, event=event, action=action, received_at=now_iso()
     )
     found = execute(conn, insert.on_conflict_do_nothing().returning(_d.c.delivery_id)).rows

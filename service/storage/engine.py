@@ -20,14 +20,13 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as postgresql_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection as SaConnection
 from sqlalchemy.exc import OperationalError as SaOperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from service.core.errors import QueryTimeout
-from service.storage.database import immediate
+from service.storage.database import Database, immediate
 
 Conn = sqlite3.Connection | SaConnection
 """What storage functions run on: a SQLite connection or a SQLAlchemy PostgreSQL one."""
@@ -119,21 +118,6 @@ def execute(conn: Conn, statement: sa.Executable) -> Outcome:
     return Outcome(found, result.rowcount)
 
 
-def is_sqlite(conn: Conn) -> bool:
-    """Whether ``conn`` is a SQLite connection (else a SQLAlchemy PostgreSQL one)."""
-    return isinstance(conn, sqlite3.Connection)
-
-
-def dialect_insert(
-    conn: Conn, table: sa.Table
-) -> sqlite_dialect.Insert | postgresql_dialect.Insert:
-    """``INSERT`` for ``conn``'s backend, with its ``ON CONFLICT`` clauses (both backends spell
-    ``on_conflict_do_nothing`` / ``on_conflict_do_update`` alike)."""
-    if is_sqlite(conn):
-        return sqlite_dialect.insert(table)
-    return postgresql_dialect.insert(table)
-
-
 @contextlib.contextmanager
 def transaction(conn: Conn) -> Iterator[Conn]:
     """A write transaction for a read-then-update: ``BEGIN IMMEDIATE`` on SQLite; on
@@ -218,3 +202,16 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def insert_for(conn: Conn, table: sa.Table) -> Any:
+    """The backend's own ``INSERT`` construct for ``table`` (``on_conflict_do_update`` /
+    ``on_conflict_do_nothing``, the upsert both backends have, are dialect constructs)."""
+    from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return (sqlite_insert if isinstance(conn, sqlite3.Connection) else postgresql_insert)(table)
+
+
+AnyDatabase = Database | PostgresDatabase
+"""A database handle on either backend (``write``, ``write_tx`` and ``read`` on both)."""

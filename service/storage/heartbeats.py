@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from service.storage import schema
-from service.storage.engine import Conn, dialect_insert, execute
+from service.storage.engine import Conn, execute, insert_for
 
 _h = schema.worker_heartbeats
 
@@ -17,7 +17,7 @@ HISTORY_S = 86400.0
 def record_beat(conn: Conn, *, name: str, started_at: str, beat_at: float, state: str) -> None:
     """The worker ``name`` (``host:pid``) is ``state`` (alive | stopped) at ``beat_at``; its
     first beat also records when it started."""
-    insert = dialect_insert(conn, _h).values(
+    insert = insert_for(conn, _h).values(
         name=name, started_at=started_at, beat_at=beat_at, state=state
     )
     upsert = insert.on_conflict_do_update(

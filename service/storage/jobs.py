@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from service.auth import now_iso
 from service.core.errors import Conflict, Forbidden, NotFound
 from service.storage import runs, schema
-from service.storage.engine import Conn, dialect_insert, execute, transaction
+from service.storage.engine import Conn, execute, insert_for, transaction
 
 _j = schema.jobs
 _r = schema.runners
@@ -100,7 +100,7 @@ def touch_runner(
 ) -> None:
     """Record that a runner was seen (registration is implicit in its first claim)."""
     now = now_iso()
-    insert = dialect_insert(conn, _r).values(
+    insert = insert_for(conn, _r).values(
         name=runner, gpus=gpus, first_seen=now, last_seen=now, current_job_id=job_id
     )
     execute(

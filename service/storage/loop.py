@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from service.auth import now_iso
 from service.storage import schema
-from service.storage.engine import Conn, dialect_insert, execute
+from service.storage.engine import Conn, execute, insert_for
 
 _b = schema.pr_batches
 _j = schema.jobs
@@ -140,7 +140,7 @@ def insert_batch(
 ) -> int | None:
     """Queue a batch; None when this commit and suite has one already (it is left alone)."""
     now = now_iso()
-    insert = dialect_insert(conn, _b).values(
+    insert = insert_for(conn, _b).values(
         repo=repo, pr_number=pr_number, head_sha=head_sha, head_ref=head_ref, base_sha=base_sha,
         base_ref=base_ref, suite=suite, config_json=config_json, status="queued", reason=reason,
         delivery_id=delivery_id, created_at=now, updated_at=now,

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from queue_store import QueueStore, add_run
 
 from service import loop_store
+from service.core.errors import NotFound
 from service.storage import blob_rows, deliveries, health, heartbeats, jobs, loop, schema, tasks
 from service.storage.engine import Conn, PostgresDatabase, execute, transaction
 
@@ -135,10 +136,15 @@ def test_batches_jobs_and_pulls(queue_store: QueueStore) -> None:
     every = db.read(lambda c: loop.list_jobs(c, batch_id=None, status=None, limit=10, offset=0))
     assert [j["id"] for j in every] == sorted((j["id"] for j in every), reverse=True)
 
-    pulls = loop_store.list_pulls(db)  # type: ignore[arg-type]
+    pulls = loop_store.list_pulls(db)
     assert [(p.pr_number, p.head_sha, p.batches) for p in pulls] == [(7, "c" * 40, 3)]
     assert [s.id for s in pulls[0].suites] == [newer]  # the newest head's suites
     assert pulls[0].updated_at is not None
+    assert [b.id for b in loop_store.list_batches(db, pr=7, limit=1)] == [newer]
+    assert loop_store.count_batches(db, repo="octo/model") == 4
+    assert loop_store.get_batch(db, push).pr_number is None
+    with pytest.raises(NotFound, match="batch 999 does not exist"):
+        loop_store.get_batch(db, 999)
 
 
 def test_marking_a_batch(queue_store: QueueStore) -> None:
