@@ -1,7 +1,8 @@
 """Read functions over the run store: what the API routes and the web pages show.
 
-Every function takes the ``Database`` the ``DbDep`` dependency gives (``service.api.deps``) and
-runs its SQL on the calling thread's read connection under the read time limit. They return
+Every function takes the database the ``DbDep`` dependency gives (``service.api.deps``; a
+SQLite ``Database`` or a ``PostgresDatabase``) and runs its SQL on a read connection under the
+read time limit. They return
 pydantic models, so the JSON API and the HTML pages are built from the same data.
 
 The two hottest API reads (run list, run detail) also have ``*_json`` twins that build the
@@ -26,7 +27,6 @@ from service.byte_cache import ByteBoundedCache
 from service.core.errors import Conflict, NotFound
 from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
 from service.storage import runs
-from service.storage.database import Database
 from service.storage.engine import AnyDatabase, Conn
 from service.storage.runs import Metric, RunFilters
 
@@ -199,7 +199,7 @@ def scans_runs(filters: RunFilters) -> bool:
 
 
 def run_page_json(
-    db: Database,
+    db: AnyDatabase,
     *,
     filters: RunFilters | None = None,
     limit: int = 50,
@@ -352,7 +352,7 @@ def _run_detail(conn: Conn, run_id: int) -> RunDetail:
 
 
 def run_detail_json(
-    db: Database, run_id: int, *, unless: Container[str] = ()
+    db: AnyDatabase, run_id: int, *, unless: Container[str] = ()
 ) -> tuple[str, bytes | None]:
     """``(tag, body)``: ``RunDetail`` JSON of one run without its report (``report: null``).
 

@@ -45,9 +45,10 @@ class DatabaseUrlError(ValueError):
 
 
 POSTGRES_NOT_YET = (
-    "PostgreSQL is not a complete backend yet: the run store, the analysis-task and runner-job"
-    " queues and the tokens run on it; the pull-request loop tables, worker heartbeats, /health"
-    " and the API's tagged reads do not; leave it empty (SQLite in the data directory)"
+    "PostgreSQL is not a complete backend yet: the run store, the queues, the tokens and the"
+    " pull-request loop tables run on it; the worker's and supervisor's own connections (task"
+    " loop, heartbeats, scratch sweep) open the SQLite file; leave it empty (SQLite in the data"
+    " directory)"
 )
 """Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
 
@@ -220,6 +221,27 @@ class PostgresDatabase:
             postgres_read_limit(conn, time_limit_ms or self.read_time_limit_ms),
         ):
             return fn(conn)
+
+    def read_tagged(
+        self, fn: Callable[[SaConnection, str], T], *, time_limit_ms: int | None = None
+    ) -> T:
+        """``read``, and ``fn`` also gets a tag of the database state it sees (the twin of
+        the SQLite ``Database.read_tagged``, for the HTTP ETag).
+
+        The read runs in one ``REPEATABLE READ`` transaction whose first statement takes its
+        snapshot (``pg_current_snapshot()``: the oldest transaction still running, the next id
+        to be assigned, the ones in flight): every query of ``fn`` sees exactly that snapshot,
+        and two equal snapshots show the same committed data, whatever connection or host
+        they were taken on. A write anywhere in the server moves it (a tag changes more often
+        than the data, never less).
+        """
+        ms = time_limit_ms or self.read_time_limit_ms
+        with (
+            self.engine.connect() as plain,
+            postgres_read_limit(plain.execution_options(isolation_level="REPEATABLE READ"), ms),
+        ):
+            snapshot = plain.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
+            return fn(plain, f"pg.{snapshot}")
 
     def close(self) -> None:
         self.engine.dispose()
