@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -95,6 +96,14 @@ class Outcome:
 
 _COMPILED: dict[Any, SQLCompiler] = {}
 _COMPILED_MAX = 1000
+_COMPILED_LOCK = threading.Lock()  # reader threads fill the caches concurrently
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    with _COMPILED_LOCK:
+        if len(cache) >= _COMPILED_MAX:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
 
 
 def _sqlite_sql(statement: sa.ClauseElement) -> tuple[str, list[Any]]:
@@ -106,9 +115,7 @@ def _sqlite_sql(statement: sa.ClauseElement) -> tuple[str, list[Any]]:
     if compiled is None:
         compiled = _SQLITE.statement_compiler(_SQLITE, statement, cache_key=key)
         if key is not None:
-            if len(_COMPILED) >= _COMPILED_MAX:
-                _COMPILED.pop(next(iter(_COMPILED)))
-            _COMPILED[key.key] = compiled
+            _remember(_COMPILED, key.key, compiled)
     params = compiled.construct_params(
         extracted_parameters=key.bindparams if key is not None else None
     )
@@ -128,12 +135,11 @@ def _sqlite_prepared(
     if found is None or found[0] is not statement:
         made = statement.compile(dialect=_SQLITE)
         assert isinstance(made, SQLCompiler)  # a statement, not DDL
-        if len(_PREPARED) >= _COMPILED_MAX:
-            _PREPARED.pop(next(iter(_PREPARED)))
-        found = _PREPARED[id(statement)] = (statement, made)
+        found = (statement, made)
+        _remember(_PREPARED, id(statement), found)
     compiled = found[1]
-    params = compiled.construct_params(dict(values))
-    return compiled.string, [params[name] for name in compiled.positiontup or ()]
+    state = compiled.construct_expanded_state(compiled.construct_params(dict(values)))
+    return state.statement, [state.parameters[name] for name in state.positiontup or ()]
 
 
 def execute(
