@@ -9,7 +9,6 @@ any upload, so starting the server twice ingests nothing twice.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,7 +19,7 @@ from service.ingest import Limits, StagedRun, record_run, stage_bundle
 from service.storage import runs
 from service.storage.blob_rows import recorded_digests
 from service.storage.blobs import open_blobs
-from service.storage.database import Database, immediate
+from service.storage.engine import AnyDatabase, Conn, transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +41,7 @@ class Swept:
         )
 
 
-def sweep_at_startup(db: Database, settings: Settings) -> Swept:
+def sweep_at_startup(db: AnyDatabase, settings: Settings) -> Swept:
     """Nothing half-written survives a restart: partial uploads and validation copies in
     ``tmp/``, blob files whose run was never recorded (killed between validation and the
     insert), and scratch folders of killed analyses. Call before serving (no upload in flight).
@@ -58,11 +57,11 @@ def sweep_at_startup(db: Database, settings: Settings) -> Swept:
     return Swept(temp, orphans, scratch)
 
 
-def ensure_admin_token(db: Database) -> str | None:
+def ensure_admin_token(db: AnyDatabase) -> str | None:
     """Create an admin token if there is none; returns its secret, or None if one existed."""
 
-    def create(conn: sqlite3.Connection) -> str | None:
-        with immediate(conn):
+    def create(conn: Conn) -> str | None:
+        with transaction(conn):
             if count_tokens(conn, Role.ADMIN) > 0:
                 return None
             return create_token(conn, role=Role.ADMIN, name="first-start admin")
@@ -88,11 +87,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _known_run(conn: sqlite3.Connection, key: str) -> int | None:
+def _known_run(conn: Conn, key: str) -> int | None:
     return runs.find_upload(conn, key=key)
 
 
-def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedResult]:
+def seed_demo(db: AnyDatabase, settings: Settings, bundle_dir: Path) -> list[SeedResult]:
     """Ingest every ``*.tar.gz`` bundle in ``bundle_dir`` once (queued for analysis)."""
     results = []
     limits = Limits(settings.max_decompressed_bytes, settings.max_bundle_members)
@@ -108,10 +107,8 @@ def seed_demo(db: Database, settings: Settings, bundle_dir: Path) -> list[SeedRe
             results.append(SeedResult(path, None, False, str(exc)))
             continue
 
-        def record(
-            conn: sqlite3.Connection, staged: StagedRun = staged, key: str = key
-        ) -> tuple[int, bool]:
-            with immediate(conn):
+        def record(conn: Conn, staged: StagedRun = staged, key: str = key) -> tuple[int, bool]:
+            with transaction(conn):
                 return record_run(conn, staged, key=key, source="demo")
 
         run_id, created = db.write(record)

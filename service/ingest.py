@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import sqlite3
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +30,7 @@ from service.core.errors import PayloadTooLarge
 from service.phase_timer import PhaseTimer
 from service.storage import runs
 from service.storage.blobs import BlobLocation, Blobs, PendingBlob, open_blobs
+from service.storage.engine import Conn, lock_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +180,7 @@ def inflate_export(blobs: Blobs, source: Path, *, label: str, cap: int, room: in
             ) from None
 
 
-def stage_bundle(
-    bundle: Path, blobs_at: BlobLocation, tmp_dir: Path, limits: Limits
-) -> StagedRun:
+def stage_bundle(bundle: Path, blobs_at: BlobLocation, tmp_dir: Path, limits: Limits) -> StagedRun:
     """Read a ``.tar.gz`` (or ``.tar``) run bundle once, check it, store its files as blobs.
 
     The archive streams through ``analyzers.bundle.read_bundle_stream`` (member checks,
@@ -216,9 +214,7 @@ def stage_bundle(
             if stored_plain(trace.kind, trace.gzipped):
                 room = budget - (stored - trace.size)
                 try:
-                    plain = sink.put_inflated(
-                        trace, cap=limits.max_decompressed_bytes, room=room
-                    )
+                    plain = sink.put_inflated(trace, cap=limits.max_decompressed_bytes, room=room)
                 except TraceTooLargeError as exc:  # the bundle's limit (and quota message)
                     raise OversizedBundleError(str(exc)) from None
                 stored += plain.size - trace.size
@@ -240,8 +236,7 @@ def stage_bundle(
         sink.discard()
     files = [StagedFile("manifest", manifest.member, manifest.sha256, manifest.size)]
     files += [
-        StagedFile("trace", t.member, t.sha256, t.size, t.format, t.gzipped, t.rank)
-        for t in traces
+        StagedFile("trace", t.member, t.sha256, t.size, t.format, t.gzipped, t.rank) for t in traces
     ]
     files += [StagedFile("log", f.member, f.sha256, f.size) for f in opened.logs]
     run = opened.run
@@ -328,7 +323,7 @@ def _stage_plain_export(
 
 
 def record_run(
-    conn: sqlite3.Connection,
+    conn: Conn,
     staged: StagedRun,
     *,
     key: str,
@@ -346,6 +341,7 @@ def record_run(
     """
     from service.analysis import enqueue_analysis
 
+    lock_name(conn, f"upload:{key}")  # two API processes recording one upload: one at a time
     existing = runs.find_upload(conn, key=key)
     if existing is not None:
         return existing, False

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError as SaOperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.validation import field_errors
@@ -29,14 +30,28 @@ from service.core.config import Settings
 from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
 from service.storage.blobs import open_blobs
 from service.storage.database import Database
+from service.storage.engine import AnyDatabase, Backend, PostgresDatabase, backend_of
 from service.storage.migrations import apply_migrations
 
 log = logging.getLogger("cptrace.service")
 
 
-def open_database(settings: Settings) -> Database:
-    """Create the data directory, open the database and bring its schema up to date."""
+def open_database(settings: Settings) -> AnyDatabase:
+    """The configured database, its schema up to date: the SQLite file in the data directory
+    (the default) or the PostgreSQL server of ``settings.database_url``. The one way the API,
+    the analysis worker and the CLI's token commands open it. The data directory is created
+    either way (blobs, uploads in progress and analysis scratch live there)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if backend_of(settings.database_url) is Backend.POSTGRESQL:
+        postgres = PostgresDatabase(
+            settings.database_url, read_time_limit_ms=settings.read_time_limit_ms
+        )
+        try:
+            postgres.apply_schema()
+        except BaseException:
+            postgres.close()
+            raise
+        return postgres
     db = Database(
         settings.db_path,
         busy_timeout_ms=settings.busy_timeout_ms,
@@ -56,6 +71,8 @@ def _status_of(exc: Exception) -> tuple[int, str]:
         return status, str(exc)
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return 503, "the database is busy; retry"
+    if isinstance(exc, SaOperationalError):  # PostgreSQL: server gone, connection lost
+        return 503, "the database is unavailable; retry"
     if _disk_full(exc):
         return 507, "the server's disk is full: nothing was stored; retry once space is freed"
     return 500, "internal server error"
@@ -74,7 +91,7 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _handled_classes() -> list[type[Exception]]:
-    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, OSError]
+    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, SaOperationalError, OSError]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from service.core.config import Settings
+from service.storage.engine import AnyDatabase
 
 log = logging.getLogger("cptrace.supervisor")
 
@@ -145,8 +146,9 @@ STARTUP_GRACE_S = 60.0
 class WorkerSupervisor:
     """Starts ``python -m service.worker`` and keeps it running (bounded restarts)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: AnyDatabase) -> None:
         self.settings = settings
+        self.db = db  # the API's own: where the worker beats and holds its leases
         self.budget = RestartBudget.from_settings(settings)
         self.state = ComponentState.STARTING
         self.proc: subprocess.Popen[bytes] | None = None
@@ -202,19 +204,15 @@ class WorkerSupervisor:
     def _kill_if_silent(self) -> None:
         """A worker alive but silent past ``health_worker_stale_s`` (stopped with SIGSTOP, hung
         in the kernel) is killed, so the loop restarts it like one that died."""
-        from service.storage.database import connect
         from service.storage.heartbeats import last_beat
 
         proc, started = self.proc, self.started_at
         stale_s = self.settings.health_worker_stale_s
         if proc is None or started is None or time.time() - started <= stale_s:
             return
+        name = f"{socket.gethostname()}:{proc.pid}"
         try:
-            conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
-            try:
-                beat = last_beat(conn, f"{socket.gethostname()}:{proc.pid}")
-            finally:
-                conn.close()
+            beat = self.db.read(lambda c: last_beat(c, name))
         except Exception as exc:  # cannot tell: leave it to the next check
             log.warning("could not read the worker's heartbeat: %s", exc)
             return
@@ -229,16 +227,11 @@ class WorkerSupervisor:
     def _release_leases(self, pid: int) -> None:
         """The dead worker's tasks need not wait for their lease: expire it now, so the next
         claim requeues them (the attempt stays counted)."""
-        from service.storage.database import connect
         from service.storage.tasks import release_worker_leases
 
         name = f"{socket.gethostname()}:{pid}"
         try:
-            conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
-            try:
-                release_worker_leases(conn, worker=name)
-            finally:
-                conn.close()
+            self.db.write(lambda c: release_worker_leases(c, worker=name))
         except Exception as exc:  # the lease still expires on its own
             log.warning("could not release the dead worker's leases: %s", exc)
 
@@ -274,7 +267,7 @@ def start_worker(app: Any) -> None:
     """Lifespan start-up: the supervised analysis worker, when ``Settings.run_worker`` is on."""
     settings: Settings = app.state.settings
     if settings.run_worker:
-        supervisor = WorkerSupervisor(settings)
+        supervisor = WorkerSupervisor(settings, app.state.db)
         supervisor.start()
         app.state.worker_supervisor = supervisor
 

@@ -19,10 +19,10 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from service.messages import redact
 from service.rank_exec import run_per_rank
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.database import connect
+from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn
 
 log = logging.getLogger("cptrace.worker")
 
@@ -78,7 +78,9 @@ class AnalysisWorker:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.blobs = open_blobs(settings.blob_location, settings.tmp_dir)
-        self.conn = connect(settings.db_path, busy_timeout_ms=settings.busy_timeout_ms)
+        from service.main import open_database
+
+        self.db: AnyDatabase = open_database(settings)
         self._analyze = analyze
         self.stop = threading.Event()
 
@@ -88,13 +90,14 @@ class AnalysisWorker:
         Between tasks it also publishes the pull-request loop's finished batches (comments and
         commit statuses) when ``GITHUB_TOKEN`` is set: right after the analysis they wait for.
         """
-        log.info("analysis worker %s started on %s", self.name, self.settings.db_path)
-        orphans = analysis.expire_orphaned_leases(self.conn, host=socket.gethostname())
+        log.info("analysis worker %s started", self.name)
+        host = socket.gethostname()
+        orphans = self.db.write(lambda c: analysis.expire_orphaned_leases(c, host=host))
         if orphans:
             log.warning("tasks %s: their worker on this host is gone; requeued now", orphans)
-        alive = _Alive(self.settings, self.name)
+        alive = _Alive(self.settings, self.db, self.name)
         alive.start()
-        publisher = _pr_publisher(self.settings)
+        publisher = _pr_publisher(self.db)
         try:
             while not self.stop.is_set():
                 busy = self.run_once()
@@ -104,17 +107,17 @@ class AnalysisWorker:
                     self.stop.wait(self.settings.worker_poll_s)
         finally:
             alive.stop()
-            if publisher is not None:
-                publisher.db.close()
         log.info("analysis worker %s stopped", self.name)
 
     def run_once(self) -> bool:
         """Claim and run one task; False when the queue was empty."""
-        task = analysis.claim_analysis(
-            self.conn,
-            worker=self.name,
-            lease_s=self.settings.analysis_lease_s,
-            max_attempts=self.settings.analysis_max_attempts,
+        task = self.db.write(
+            lambda c: analysis.claim_analysis(
+                c,
+                worker=self.name,
+                lease_s=self.settings.analysis_lease_s,
+                max_attempts=self.settings.analysis_max_attempts,
+            )
         )
         if task is None:
             return False
@@ -123,23 +126,24 @@ class AnalysisWorker:
 
     def _run(self, task: analysis.ClaimedTask) -> None:
         scratch = self.settings.tmp_dir / f"analysis-{task.id}-{os.getpid()}"
-        beat = _Heartbeat(self.settings, task)
+        beat = _Heartbeat(self.settings, self.db, task)
         beat.start()
         started = time.perf_counter()
         labels: dict[str, str] = {}
         try:
-            files, manifest_raw = analysis.task_inputs(self.conn, task.run_id)
+            files, manifest_raw = self.db.read(lambda c: analysis.task_inputs(c, task.run_id))
             inputs = self._materialise(files, scratch, labels)
             report = self._call_analyze(inputs, manifest_raw, beat, scratch)
         except Exception as exc:
             log.warning("analysis of run %s failed: %s", task.run_id, exc)
             reason = redact(_describe(exc), self.settings.data_dir, labels)
             if _is_input_error(exc) or task.attempt >= self.settings.analysis_max_attempts:
-                analysis.fail_analysis(self.conn, task, reason)
+                self.db.write(lambda c: analysis.fail_analysis(c, task, reason))
             else:  # maybe transient (disk, a lock): let the next claim retry it
-                analysis.requeue_analysis(self.conn, task, reason)
+                self.db.write(lambda c: analysis.requeue_analysis(c, task, reason))
         else:
-            analysis.complete_analysis(self.conn, task, report, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
         finally:
             beat.stop()
             shutil.rmtree(scratch, ignore_errors=True)
@@ -207,23 +211,16 @@ class AnalysisWorker:
         return validate_report(report.model_dump_json())
 
     def close(self) -> None:
-        self.conn.close()
+        self.db.close()
 
 
-def _pr_publisher(settings: Settings) -> Any:
-    """The pull-request loop's publisher, or None when GitHub is not configured."""
+def _pr_publisher(db: AnyDatabase) -> Any:
+    """The pull-request loop's publisher (on the worker's database), or None when GitHub is
+    not configured."""
     from service.github_loop.publisher import Publisher
-    from service.storage.database import Database
 
-    db = Database(
-        settings.db_path,
-        busy_timeout_ms=settings.busy_timeout_ms,
-        read_time_limit_ms=settings.read_time_limit_ms,
-    )
     publisher = Publisher.from_env(db)
-    if publisher is None:
-        db.close()
-    else:
+    if publisher is not None:
         log.info("pull-request loop: publishing to %s", publisher.github.api_url)
     return publisher
 
@@ -245,10 +242,11 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Heartbeat:
-    """Extends the task lease on its own connection and publishes progress, throttled."""
+    """Extends the task lease from its own thread and publishes progress, throttled."""
 
-    def __init__(self, settings: Settings, task: analysis.ClaimedTask) -> None:
+    def __init__(self, settings: Settings, db: AnyDatabase, task: analysis.ClaimedTask) -> None:
         self.settings = settings
+        self.db = db
         self.task = task
         self.message = "analysing"
         self._changed = threading.Event()
@@ -265,22 +263,23 @@ class _Heartbeat:
         self._changed.set()
 
     def _loop(self) -> None:
-        conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
         interval = min(self.settings.analysis_lease_s / 3, 5.0)
+        lease_s = self.settings.analysis_lease_s
         try:
             while not self._stop.is_set():
                 self._changed.wait(interval)
                 self._changed.clear()
                 if self._stop.is_set():
                     break
-                analysis.record_progress(
-                    conn, self.task, self.message, lease_s=self.settings.analysis_lease_s
-                )
+                message = self.message
+
+                def beat(conn: Conn, message: str = message) -> None:
+                    analysis.record_progress(conn, self.task, message, lease_s=lease_s)
+
+                self.db.write(beat)
                 self._stop.wait(0.25)  # at most ~4 progress writes a second
         except Exception as exc:  # a missed heartbeat only risks a requeue
             log.warning("heartbeat for task %s stopped: %s", self.task.id, exc)
-        finally:
-            conn.close()
 
     def stop(self) -> None:
         self._stop.set()
@@ -291,8 +290,9 @@ class _Heartbeat:
 class _Alive:
     """Records in ``worker_heartbeats`` every ``worker_heartbeat_s`` that this worker lives."""
 
-    def __init__(self, settings: Settings, name: str) -> None:
+    def __init__(self, settings: Settings, db: AnyDatabase, name: str) -> None:
         self.settings = settings
+        self.db = db
         self.name = name
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cptrace-alive", daemon=True)
@@ -300,32 +300,32 @@ class _Alive:
     def start(self) -> None:
         self._thread.start()
 
-    def _beat(self, conn: sqlite3.Connection, state: str) -> None:
+    def _beat(self, conn: Conn, state: str) -> None:
         heartbeats.record_beat(
             conn, name=self.name, started_at=now_iso(), beat_at=time.time(), state=state
         )
 
     def _loop(self) -> None:
-        conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
         try:
-            heartbeats.prune_heartbeats(conn, now=time.time())
-            while True:
-                try:
-                    self._beat(conn, "stopped" if self._stop.is_set() else "alive")
-                except sqlite3.Error as exc:  # a busy database delays a beat, nothing more
-                    log.warning("worker heartbeat not recorded: %s", exc)
-                if self._stop.is_set():
-                    return
-                self._stop.wait(self.settings.worker_heartbeat_s)
-        finally:
-            conn.close()
+            self.db.write(lambda c: heartbeats.prune_heartbeats(c, now=time.time()))
+        except DATABASE_ERRORS as exc:
+            log.warning("old worker heartbeats not pruned: %s", exc)
+        while True:
+            state = "stopped" if self._stop.is_set() else "alive"
+            try:
+                self.db.write(partial(self._beat, state=state))
+            except DATABASE_ERRORS as exc:  # a busy database delays a beat, nothing more
+                log.warning("worker heartbeat not recorded: %s", exc)
+            if self._stop.is_set():
+                return
+            self._stop.wait(self.settings.worker_heartbeat_s)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
 
 
-def sweep_scratch(tmp_dir: Path, conn: sqlite3.Connection) -> int:
+def sweep_scratch(tmp_dir: Path, conn: Conn) -> int:
     """Remove analysis scratch folders whose task no live worker holds (killed mid-analysis).
 
     A folder is ``analysis-<task id>-<pid>``; it is kept while its task is running under an
@@ -345,7 +345,6 @@ def sweep_scratch(tmp_dir: Path, conn: sqlite3.Connection) -> int:
 def main(settings: Settings, *, once: bool = False) -> None:
     """Run a worker until SIGTERM/SIGINT (or, with ``once``, until the queue is empty)."""
     from service.limited_child import lower_priority
-    from service.main import open_database
     from service.supervisor import PARENT_ENV, follow_parent, set_parent_death_signal
 
     parent = os.environ.get(PARENT_ENV)
@@ -353,13 +352,12 @@ def main(settings: Settings, *, once: bool = False) -> None:
         set_parent_death_signal(signal.SIGTERM)
         follow_parent(int(parent), interval_s=1.0)
     lower_priority()  # analyses yield the CPU to the API when they share a machine
-    open_database(settings).close()  # schema up to date before the first claim
-    runner = AnalysisWorker(settings)
+    runner = AnalysisWorker(settings)  # opens the database: its schema up to date
     runner.blobs.check()  # an unreachable S3 store stops the start, with its reason
-    swept = sweep_scratch(settings.tmp_dir, runner.conn)
+    swept = runner.db.read(lambda c: sweep_scratch(settings.tmp_dir, c))
     if swept:
         log.info("removed %d scratch folder(s) of killed analyses", swept)
-    stale = analysis.requeue_stale_reports(runner.conn)
+    stale = runner.db.write(analysis.requeue_stale_reports)
     if stale:
         log.info("re-analysing %d run(s) with old reports", len(stale))
     signal.signal(signal.SIGTERM, lambda *_: runner.stop.set())

@@ -1,6 +1,6 @@
 """FastAPI dependencies as named ``Annotated`` aliases (the template's ``deps.py``).
 
-``DbDep`` gives the app's ``Database`` (pass it to the ``service.store`` read functions);
+``DbDep`` gives the app's database, either backend (pass it to the ``service.store`` reads);
 ``ReadAccess`` / ``RunnerAccess`` / ``AdminAccess`` check the bearer token's role. Reads are
 anonymous when ``CPTRACE_PUBLIC_READ`` is true; writes never are.
 
@@ -24,14 +24,14 @@ from service.auth import Principal, Role, hash_token, lookup_principal, lookup_t
 from service.core.config import Settings
 from service.core.errors import Forbidden, Unauthorized
 from service.storage.blobs import Blobs
-from service.storage.database import Database
+from service.storage.engine import AnyDatabase
 
 _bearer = HTTPBearer(auto_error=False, description="A cptrace token: `cptrace token create`.")
 
 
-async def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> AnyDatabase:
     """The app's database (one writer thread, per-thread readers)."""
-    db: Database = request.app.state.db
+    db: AnyDatabase = request.app.state.db
     return db
 
 
@@ -47,7 +47,7 @@ async def get_blobs(request: Request) -> Blobs:
     return blobs
 
 
-DbDep = Annotated[Database, Depends(get_db)]
+DbDep = Annotated[AnyDatabase, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BlobsDep = Annotated[Blobs, Depends(get_blobs)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -92,10 +92,10 @@ class TokenCache:
 
 
 # One cache per database: two apps (tests) over two databases never share verified tokens.
-_token_caches: weakref.WeakKeyDictionary[Database, TokenCache] = weakref.WeakKeyDictionary()
+_token_caches: weakref.WeakKeyDictionary[AnyDatabase, TokenCache] = weakref.WeakKeyDictionary()
 
 
-def token_cache(db: Database) -> TokenCache:
+def token_cache(db: AnyDatabase) -> TokenCache:
     """The token cache of ``db`` (created on first use)."""
     cache = _token_caches.get(db)
     if cache is None:

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.validation import field_errors
 from service.storage.blobs import BlobConfigError, BlobLocation, blob_location
-from service.storage.engine import POSTGRES_NOT_YET, Backend, DatabaseUrlError, backend_of
+from service.storage.engine import DatabaseUrlError, backend_of
 
 MiB = 1024 * 1024
 MAX_RANK = 2**31 - 1
@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     database_url: str = Field(
         default="",
         description="The database: empty for SQLite in `data_dir`, or `postgresql://...` "
-        "(refused until every table's statements run on PostgreSQL; see docs/architecture.md).",
+        "(the API, the workers and the pull-request loop then share that server).",
     )
     public_read: bool = _flag(True, "Allow reads (GET) without a token; writes always need one.")
     max_upload_bytes: int = _size(1024, "Largest accepted request body, checked while streaming.")
@@ -237,13 +237,9 @@ class Settings(BaseSettings):
     @classmethod
     def _usable_database(cls, value: str) -> str:
         try:
-            backend = backend_of(value)
+            backend_of(value)
         except DatabaseUrlError as exc:
             raise ValueError(str(exc)) from None
-        if backend is Backend.POSTGRESQL:
-            # Fail closed: the stores run there, the worker's own connections do not yet; a
-            # service half on PostgreSQL would accept uploads it cannot analyse.
-            raise ValueError(POSTGRES_NOT_YET)
         return value
 
     @property

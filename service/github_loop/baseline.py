@@ -22,11 +22,11 @@ base comes from history, not from one run) and looks for change points in the lo
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from service.storage import runs
+from service.storage.engine import Conn
 
 ENVIRONMENT_KEYS = (
     "gpu_models",
@@ -87,12 +87,12 @@ def _tags(row: dict[str, Any]) -> RunTags:
     )
 
 
-def run_tags(conn: sqlite3.Connection, run_id: int) -> RunTags | None:
+def run_tags(conn: Conn, run_id: int) -> RunTags | None:
     row = runs.loop_tag_row(conn, run_id=run_id)
     return None if row is None else _tags(row)
 
 
-def _same_stack(conn: sqlite3.Connection, head: RunTags, base_ref: str) -> list[RunTags]:
+def _same_stack(conn: Conn, head: RunTags, base_ref: str) -> list[RunTags]:
     """The candidates on ``base_ref`` measured on ``head``'s GPU model and versions, newest
     first."""
     candidates = runs.loop_baseline_candidates(
@@ -110,7 +110,7 @@ def _same_stack(conn: sqlite3.Connection, head: RunTags, base_ref: str) -> list[
 
 
 def choose_baseline(
-    conn: sqlite3.Connection, head: RunTags, base_ref: str, merge_base: str | None
+    conn: Conn, head: RunTags, base_ref: str, merge_base: str | None
 ) -> ChosenBaseline | None:
     """The baseline run for ``head`` on ``base_ref``; None when no run qualifies."""
     same_stack = _same_stack(conn, head, base_ref)
@@ -124,7 +124,7 @@ def choose_baseline(
 
 
 def baseline_history(
-    conn: sqlite3.Connection,
+    conn: Conn,
     head: RunTags,
     base_ref: str,
     chosen: ChosenBaseline,

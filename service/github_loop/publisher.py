@@ -56,7 +56,7 @@ from service.github_loop.baseline import (
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.storage import loop as loop_rows
-from service.storage.database import Database
+from service.storage.engine import AnyDatabase
 
 log = logging.getLogger("cptrace.github_loop")
 _RUN_DONE = ("analysed", "failed", "empty")
@@ -67,7 +67,7 @@ class Publisher:
 
     def __init__(
         self,
-        db: Database,
+        db: AnyDatabase,
         loop: LoopSettings,
         github: GitHubConfig,
         *,
@@ -82,7 +82,7 @@ class Publisher:
         self._last_tick = 0.0
 
     @classmethod
-    def from_env(cls, db: Database, loop: LoopSettings | None = None) -> Publisher | None:
+    def from_env(cls, db: AnyDatabase, loop: LoopSettings | None = None) -> Publisher | None:
         """A publisher when ``GITHUB_TOKEN`` is set; None (the loop is off) otherwise."""
         try:
             github = GitHubConfig.from_env()

@@ -12,7 +12,9 @@ write lock up front), a plain transaction on PostgreSQL, where claims lock their
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -45,13 +47,9 @@ class DatabaseUrlError(ValueError):
     """A ``--database`` / ``CPTRACE_DATABASE_URL`` value this service cannot use."""
 
 
-POSTGRES_NOT_YET = (
-    "PostgreSQL is not a complete backend yet: the run store, the queues, the tokens and the"
-    " pull-request loop tables run on it; the worker's and supervisor's own connections (task"
-    " loop, heartbeats, scratch sweep) open the SQLite file; leave it empty (SQLite in the data"
-    " directory)"
-)
-"""Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
+DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, sa.exc.SQLAlchemyError)
+"""What a statement on either backend raises when the database fails it (busy, gone, locked):
+for callers that retry later (a heartbeat) rather than fail."""
 
 
 def backend_of(url: str) -> Backend:
@@ -163,8 +161,12 @@ def execute(
             found = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         return Outcome(found, cur.rowcount)
     result = conn.execute(statement, dict(values) if values is not None else None)
-    found = [dict(r) for r in result.mappings()] if result.returns_rows else []
-    return Outcome(found, result.rowcount)
+    rows: list[dict[str, Any]] = []
+    if result.returns_rows:
+        # plain str names (SQLAlchemy's are ``quoted_name``, a subclass orjson refuses as keys)
+        keys = [str(name) for name in result.keys()]
+        rows = [dict(zip(keys, row, strict=True)) for row in result]
+    return Outcome(rows, result.rowcount)
 
 
 @contextlib.contextmanager
@@ -177,6 +179,17 @@ def transaction(conn: Conn) -> Iterator[Conn]:
         return
     with conn.begin_nested() if conn.in_transaction() else conn.begin():
         yield conn
+
+
+def lock_name(conn: Conn, name: str) -> None:
+    """Serialise the callers' transactions that lock the same ``name`` (until they end), for a
+    read-then-insert that a unique index alone would turn into an error (two API processes
+    recording the same upload): on PostgreSQL a transaction-level advisory lock; on SQLite
+    nothing, as the caller's ``BEGIN IMMEDIATE`` already holds the file's write lock."""
+    if isinstance(conn, sqlite3.Connection):
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 @contextlib.contextmanager
@@ -220,6 +233,10 @@ class PostgresDatabase:
             return fn(conn)
 
     write_tx = write
+
+    async def awrite(self, fn: Callable[[SaConnection], T]) -> T:
+        """``write`` from async code: on a thread, the event loop stays free."""
+        return await asyncio.to_thread(self.write, fn)
 
     def read(self, fn: Callable[[SaConnection], T], *, time_limit_ms: int | None = None) -> T:
         with (

@@ -19,8 +19,16 @@ from testkit import free_port
 class Server:
     """``cptrace serve`` (API + worker subprocess) over ``data_dir``; SIGKILL-able as a group."""
 
-    def __init__(self, data_dir: Path, *, worker: bool = True, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        worker: bool = True,
+        env: dict[str, str] | None = None,
+        database: str | None = None,
+    ):
         self.data_dir = data_dir
+        self.database = database  # a postgresql:// URL; None: SQLite in data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.worker = worker
@@ -44,6 +52,8 @@ class Server:
         ]
         if not self.worker:
             args.append("--no-worker")
+        if self.database is not None:
+            args += ["--database", self.database]
         self.proc = subprocess.Popen(
             args,
             stdout=self.log.open("w"),

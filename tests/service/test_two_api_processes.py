@@ -1,27 +1,44 @@
 """Two API processes behind one database (``cptrace serve --no-worker`` twice on one data
 directory, as two hosts would share one database and blob store) accept concurrent uploads
 of the same bundle and store it once: every answer names the same run, one run row, one
-upload key, each blob once. SQLite is the backend a service runs on today (a PostgreSQL URL is
-refused at start), so this runs on SQLite's file lock."""
+upload key, each blob once. On SQLite they meet at the file lock; on PostgreSQL (a real
+server) at the upload key's advisory lock."""
 
 from __future__ import annotations
 
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from service_factories import kineto_bundle
 from service_server import Server
 
+from service.storage.engine import Backend, postgres_engine
+
+COUNTS = {
+    "runs": "SELECT count(*) FROM runs",
+    "uploads": "SELECT count(*) FROM uploads",
+    "files": "SELECT count(*) FROM run_files",
+    "distinct_files": "SELECT count(DISTINCT sha256) FROM run_files",
+    "blobs": "SELECT count(*) FROM blobs",
+}
+
 
 @pytest.mark.timeout(60)
-def test_two_api_processes_store_a_bundle_uploaded_to_both_once(tmp_path: Path) -> None:
-    first = Server(tmp_path, worker=False).start()
+@pytest.mark.parametrize("backend", [Backend.SQLITE, Backend.POSTGRESQL], ids=str)
+def test_two_api_processes_store_a_bundle_uploaded_to_both_once(
+    tmp_path: Path, backend: Backend, request: pytest.FixtureRequest
+) -> None:
+    database = None
+    if backend is Backend.POSTGRESQL:
+        database = request.getfixturevalue("postgres").new_database()
+    first = Server(tmp_path, worker=False, database=database).start()
     second = None
     try:
-        second = Server(tmp_path, worker=False).start()  # the schema and admin token exist
+        # the schema and admin token exist
+        second = Server(tmp_path, worker=False, database=database).start()
         headers = first.headers
         body = kineto_bundle(salt="two-apis")
 
@@ -43,13 +60,16 @@ def test_two_api_processes_store_a_bundle_uploaded_to_both_once(tmp_path: Path) 
     assert all(r.status_code in (200, 201) for r in answers), [r.text for r in answers]
     assert len({r.json()["run_id"] for r in answers}) == 1
     assert sum(r.status_code == 201 for r in answers) == 1  # created once, then found
-    conn = sqlite3.connect(tmp_path / "cptrace.db")
+    engine = (
+        postgres_engine(database, pool_size=1)
+        if database
+        else sa.create_engine(f"sqlite:///{tmp_path / 'cptrace.db'}")
+    )
     try:
-        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (1,)
-        assert conn.execute("SELECT count(*) FROM uploads").fetchone() == (1,)
-        files, blobs = conn.execute(
-            "SELECT count(*), count(DISTINCT sha256) FROM run_files"
-        ).fetchone()
-        assert files == blobs and conn.execute("SELECT count(*) FROM blobs").fetchone() == (blobs,)
+        with engine.connect() as conn:
+            counts = {k: conn.execute(sa.text(q)).scalar_one() for k, q in COUNTS.items()}
     finally:
-        conn.close()
+        engine.dispose()
+    assert counts["runs"] == 1 and counts["uploads"] == 1, counts
+    assert counts["files"] == counts["distinct_files"] == counts["blobs"], counts
+    assert (tmp_path / "cptrace.db").exists() is (database is None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import tempfile
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from service.api.deps import AdminAccess, DbDep, ReadAccess, SettingsDep
 from service.api.schemas import RunId
 from service.core.errors import Conflict
 from service.storage import runs
+from service.storage.engine import Conn
 from service.storage.runs import Metric
 from service.store import (
     AnalysisStatus,
@@ -77,7 +77,7 @@ def read_analysis_result(
 def reanalyse(run_id: RunId, db: DbDep, _: AdminAccess) -> AnalysisStatus:
     """Queue the run for analysis again (e.g. after a catalog update)."""
 
-    def queue(conn: sqlite3.Connection) -> None:
+    def queue(conn: Conn) -> None:
         runs.require_run(conn, run_id=run_id)
         if not runs.has_traces(conn, run_id=run_id):
             raise Conflict(f"run {run_id} has no traces to analyse")

@@ -44,7 +44,7 @@ from service.github_loop.config import LoopConfigError, LoopSettings
 from service.github_loop.publisher import pending_description
 from service.storage import deliveries
 from service.storage import loop as loop_rows
-from service.storage.database import Database, immediate
+from service.storage.engine import AnyDatabase, transaction
 
 router = APIRouter(prefix="/github", tags=["github"])
 log = logging.getLogger("cptrace.github_loop")
@@ -122,7 +122,7 @@ class BatchSubmit(BaseModel):
 
 
 def _queue(
-    db: Database,
+    db: AnyDatabase,
     loop: LoopSettings,
     config: GitHubConfig | None,
     target: planner.Target,
@@ -142,7 +142,7 @@ def _queue(
     plans = planner.plan_batches(target, suites, client)
 
     def write(conn: Any) -> list[int]:
-        with immediate(conn):
+        with transaction(conn):
             return planner.queue_batches(
                 conn,
                 target,
@@ -175,7 +175,7 @@ def _queue(
 
 
 def _handle_event(
-    db: Database,
+    db: AnyDatabase,
     loop: LoopSettings,
     config: GitHubConfig | None,
     event: str,
@@ -244,7 +244,7 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
     action = payload.get("action") if isinstance(payload.get("action"), str) else None
 
     def claim(conn: Any) -> bool:
-        with immediate(conn):
+        with transaction(conn):
             return deliveries.record_delivery(conn, delivery, event, action)
 
     if not await db.awrite(claim):

@@ -11,7 +11,6 @@ path or a process id: both routes are public.
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import time
 from datetime import datetime
 from typing import Literal
@@ -22,7 +21,7 @@ from pydantic import BaseModel, Field
 from contracts.version import __version__
 from service.api.deps import DbDep
 from service.core.config import Settings
-from service.storage.database import Database
+from service.storage.engine import AnyDatabase, Conn
 from service.storage.health import queue_counts
 from service.storage.heartbeats import last_beat
 from service.storage.runs import total_runs
@@ -101,7 +100,7 @@ async def live() -> Liveness:
     return Liveness(ok=True, version=__version__)
 
 
-def _counts(conn: sqlite3.Connection) -> tuple[int, int, int, str | None, float | None]:
+def _counts(conn: Conn) -> tuple[int, int, int, str | None, float | None]:
     q = queue_counts(conn)
     return (
         total_runs(conn), q.analyses_queued, q.jobs_queued, q.oldest_queued_analysis,
@@ -119,7 +118,7 @@ def _age(iso: str | None, now: float) -> float | None:
 
 
 def _worker(
-    request: Request, db: Database, settings: Settings, beat_age: float | None, now: float
+    request: Request, db: AnyDatabase, settings: Settings, beat_age: float | None, now: float
 ) -> WorkerHealth:
     supervisor: WorkerSupervisor | None = getattr(request.app.state, "worker_supervisor", None)
     if supervisor is None:  # `--no-worker`: workers run elsewhere; the queue check covers them

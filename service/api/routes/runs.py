@@ -7,7 +7,6 @@ without a query while nothing was written.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
@@ -24,6 +23,7 @@ from service.api.deps import (
 from service.api.schemas import Offset, OkBody, RunCreate, RunId, RunPage
 from service.ingest import config_key
 from service.storage import runs
+from service.storage.engine import Conn
 from service.store import (
     RunDetail,
     RunFilters,
@@ -49,7 +49,7 @@ def create_run(body: RunCreate, db: DbDep, principal: RunnerPrincipal) -> RunSum
     if body.manifest is not None:
         strict_dumps(body.manifest, what="manifest")  # NaN/Infinity -> 422, never stored
 
-    def insert(conn: sqlite3.Connection) -> int:
+    def insert(conn: Conn) -> int:
         run_id = runs.create_run(
             conn,
             name=body.name,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -22,7 +21,7 @@ from service.multipart import RAW_TYPES, receive_upload
 from service.phase_timer import PhaseTimer
 from service.storage import runs
 from service.storage.blobs import Blobs, staging_dir
-from service.storage.database import Database, immediate
+from service.storage.engine import AnyDatabase, Conn, transaction
 from service.uploads_exec import run_staging
 
 router = APIRouter(prefix="/uploads", tags=["uploads"])
@@ -164,7 +163,7 @@ async def upload_trace(
 
 
 async def _record(
-    db: Database,
+    db: AnyDatabase,
     blobs: Blobs,
     settings: Settings,
     staged: StagedRun,
@@ -182,9 +181,9 @@ async def _record(
     """
     quota = settings.token_stored_quota_bytes
 
-    def record(conn: sqlite3.Connection) -> tuple[int, bool]:
+    def record(conn: Conn) -> tuple[int, bool]:
         try:
-            with immediate(conn):
+            with transaction(conn):
                 return record_run(
                     conn, staged, key=key, source=source, run_id=run_id,
                     token_id=principal.token_id, quota=quota,
@@ -224,7 +223,7 @@ class _Room:
     quota_left: int
 
 
-def _room(db: Database, settings: Settings, token_id: int) -> _Room:
+def _room(db: AnyDatabase, settings: Settings, token_id: int) -> _Room:
     """Checked before a byte of the body is read: a disk below its free-space floor is a 507,
     a token whose runs already hold its quota a 413 (issue 24, item 4)."""
     free = shutil.disk_usage(settings.data_dir).free

@@ -1,0 +1,78 @@
+"""The service on PostgreSQL end to end: ``cptrace serve --database postgresql://... --no-worker``
+and a separate ``cptrace worker`` on the same database (real subprocesses, real uvicorn, a real
+PostgreSQL server) take a bundle from tests/data through upload, analysis, the run list and the
+run page, and no SQLite file is ever created in the data directory."""
+
+from __future__ import annotations
+
+import html
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from postgres_server import PostgresServer
+from service_server import Server, wait_for
+
+from service.storage.engine import postgres_engine
+
+BUNDLE = Path(__file__).parents[1] / "data" / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
+
+
+def _worker(data_dir: Path, url: str) -> subprocess.Popen[bytes]:
+    log = (data_dir / "worker.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cptrace.cli import main; main()", "worker",
+         "--data-dir", str(data_dir), "--database", url],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "CPTRACE_WORKER_POLL_S": "0.1"},
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(90)
+def test_serve_and_worker_on_postgresql_analyse_an_upload(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = postgres.new_database()
+    server = Server(tmp_path, worker=False, database=url).start()
+    worker = _worker(tmp_path, url)
+    try:
+        answer = httpx.post(
+            f"{server.url}/api/v1/uploads/bundles",
+            files={"bundle": (BUNDLE.name, BUNDLE.read_bytes())},
+            headers=server.headers,
+            timeout=60,
+        )
+        assert answer.status_code == 201, answer.text
+        run_id = answer.json()["run_id"]
+
+        def analysed() -> bool:
+            run = httpx.get(f"{server.url}/api/v1/runs/{run_id}", timeout=10).json()
+            assert run["status"] != "failed", (run["error"], run["progress"])
+            return bool(run["status"] == "analysed")
+
+        wait_for(analysed, 60, "the worker to analyse the upload", interval=0.2)
+        listed = httpx.get(f"{server.url}/api/v1/runs", timeout=10)
+        assert listed.status_code == 200
+        items = listed.json()["items"]
+        assert [(r["id"], r["status"]) for r in items] == [(run_id, "analysed")]
+        page = httpx.get(f"{server.url}/runs/{run_id}", timeout=30)
+        assert page.status_code == 200 and html.escape(items[0]["name"]) in page.text
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        server.stop()
+    assert not (tmp_path / "cptrace.db").exists()  # nothing went to a SQLite file
+    engine = postgres_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            status = conn.execute(sa.text("SELECT status FROM runs")).scalars().all()
+            reports = conn.execute(sa.text("SELECT count(*) FROM reports")).scalar_one()
+            beats = conn.execute(sa.text("SELECT count(*) FROM worker_heartbeats")).scalar_one()
+    finally:
+        engine.dispose()
+    assert status == ["analysed"] and reports == 1 and beats >= 1
