@@ -15,7 +15,6 @@ from pydantic import BaseModel, Field
 
 from service.core.errors import NotFound
 from service.storage import loop, runs
-from service.storage.database import Database
 from service.storage.engine import AnyDatabase
 from service.store import RunSummary
 
@@ -91,7 +90,7 @@ class PullSummary(BaseModel):
     """The newest head's batches, one per suite (the verdict per suite)."""
 
 
-def _with_runs(db: Database, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_runs(db: AnyDatabase, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ids = [r["run_id"] for r in found if r.get("run_id") is not None]
     summaries = db.read(lambda c: runs.summaries_by_id(c, run_ids=ids)) if ids else []
     by_id = {s["id"]: s for s in summaries}
@@ -99,7 +98,7 @@ def _with_runs(db: Database, found: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def list_jobs(
-    db: Database,
+    db: AnyDatabase,
     *,
     batch_id: int | None = None,
     status: str | None = None,
@@ -112,7 +111,7 @@ def list_jobs(
     return [JobSummary.model_validate(r) for r in _with_runs(db, found)]
 
 
-def get_job(db: Database, job_id: int) -> JobDetail:
+def get_job(db: AnyDatabase, job_id: int) -> JobDetail:
     """:raises NotFound:."""
     row = db.read(lambda c: loop.get_job(c, job_id=job_id))
     if row is None:

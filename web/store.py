@@ -18,7 +18,7 @@ from service.api.deps import DbDep
 from service.api.schemas import RunId as RunId
 from service.loop_store import BatchSummary, JobDetail, JobSummary, PullSummary
 from service.page_summary import RunPageSummary
-from service.storage.database import Database
+from service.storage.engine import AnyDatabase
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 
 
@@ -54,9 +54,9 @@ class WebStore(Protocol):
 
 
 class ServiceStore:
-    """:class:`WebStore` over the service's SQLite database."""
+    """:class:`WebStore` over the service's database (SQLite or PostgreSQL)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: AnyDatabase) -> None:
         self.db = db
 
     def list_runs(
@@ -133,7 +133,7 @@ class LoopStore(Protocol):
 
 
 class ServiceLoopStore(ServiceStore):
-    """:class:`LoopStore` over the service's SQLite database."""
+    """:class:`LoopStore` over the service's database (SQLite or PostgreSQL)."""
 
     def list_pulls(self, limit: int, offset: int) -> list[PullSummary]:
         return loop_store.list_pulls(self.db, limit=limit, offset=offset)

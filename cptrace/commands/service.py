@@ -52,6 +52,18 @@ def _settings(data_dir: Path, **values: object):  # type: ignore[no-untyped-def]
         raise CommandError(str(exc)) from None
 
 
+def _open_database(data_dir: Path, database: str | None):  # type: ignore[no-untyped-def]
+    """The configured database for a token command; one ``Error:`` line when it cannot be
+    opened (a PostgreSQL server that cannot be reached)."""
+    from service.main import open_database
+    from service.storage.engine import DatabaseUrlError
+
+    try:
+        return open_database(_settings(data_dir, **_database(database)))
+    except DatabaseUrlError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     # uvicorn handles SIGTERM itself, then restores this handler and raises the signal again;
     # as SystemExit it unwinds through serve's cleanup. With the default handler the process
@@ -104,9 +116,13 @@ def serve(
 
     # The API supervises the worker (service.supervisor): restarted when it dies, on /health.
     from service.storage.blobs import BlobConfigError
+    from service.storage.engine import DatabaseUrlError
 
     settings = _settings(data_dir, run_worker=worker, **_blobs(blobs), **_database(database))
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except DatabaseUrlError as exc:  # a PostgreSQL server that cannot be reached: one line
+        raise CommandError(str(exc)) from None
     try:
         swept = sweep_at_startup(app.state.db, settings)  # what a killed predecessor left
     except BlobConfigError as exc:  # an S3 store that cannot be reached: one line, no traceback
@@ -144,12 +160,13 @@ def worker(
     import logging
 
     from service.storage.blobs import BlobConfigError
+    from service.storage.engine import DatabaseUrlError
     from service.worker import main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         main(_settings(data_dir, **_blobs(blobs), **_database(database)), once=once)
-    except BlobConfigError as exc:  # an S3 store that cannot be reached: one line
+    except (BlobConfigError, DatabaseUrlError) as exc:  # S3 or PostgreSQL unreachable
         raise CommandError(str(exc)) from None
 
 
@@ -168,13 +185,13 @@ def token_create(
         help="CI tokens: the one repository (OWNER/NAME) whose batches it may queue.",
     ),
     data_dir: Path = DataDir,
+    database: str | None = DatabaseAt,
 ) -> None:
     """Create an API token and print it (only its sha256 is stored).
 
     Example: cptrace token create --role runner --runner gpu-host-1 --data-dir var
     """
     from service.auth import Role, create_token
-    from service.main import open_database
 
     try:
         parsed = Role(role)
@@ -188,7 +205,7 @@ def token_create(
         raise typer.BadParameter("--runner needs a name (the agent's --runner / host name)")
     if (repo is not None) != (parsed is Role.CI):
         raise typer.BadParameter("a ci token needs --repo OWNER/NAME; other roles take none")
-    db = open_database(_settings(data_dir))
+    db = _open_database(data_dir, database)
     try:
         token = db.write_tx(
             lambda c: create_token(c, role=parsed, name=name, runner=runner, repo=repo)
@@ -202,15 +219,14 @@ def token_create(
     typer.echo(token)
 
 
-def token_list(data_dir: Path = DataDir) -> None:
+def token_list(data_dir: Path = DataDir, database: str | None = DatabaseAt) -> None:
     """List tokens: id, role, name and creation time (secrets are never stored).
 
     Example: cptrace token list --data-dir var
     """
     from service.auth import list_tokens
-    from service.main import open_database
 
-    db = open_database(_settings(data_dir))
+    db = _open_database(data_dir, database)
     try:
         tokens = db.read(list_tokens)
     finally:
@@ -224,15 +240,15 @@ def token_list(data_dir: Path = DataDir) -> None:
 def token_revoke(
     token_id: int = typer.Argument(..., help="The id shown by `cptrace token list`."),
     data_dir: Path = DataDir,
+    database: str | None = DatabaseAt,
 ) -> None:
     """Revoke a token: requests with it are refused (within seconds in running API processes).
 
     Example: cptrace token revoke 3 --data-dir var
     """
     from service.auth import revoke_token
-    from service.main import open_database
 
-    db = open_database(_settings(data_dir))
+    db = _open_database(data_dir, database)
     try:
         removed = db.write_tx(lambda c: revoke_token(c, token_id))
     finally:

@@ -47,6 +47,10 @@ class DatabaseUrlError(ValueError):
     """A ``--database`` / ``CPTRACE_DATABASE_URL`` value this service cannot use."""
 
 
+class DatabaseUnavailable(DatabaseUrlError):
+    """The configured PostgreSQL server cannot be reached, or refuses the connection."""
+
+
 DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, sa.exc.SQLAlchemyError)
 """What a statement on either backend raises when the database fails it (busy, gone, locked):
 for callers that retry later (a heartbeat) rather than fail."""
@@ -164,7 +168,7 @@ def execute(
     rows: list[dict[str, Any]] = []
     if result.returns_rows:
         # plain str names (SQLAlchemy's are ``quoted_name``, a subclass orjson refuses as keys)
-        keys = [str(name) for name in result.keys()]
+        keys = [str(name) for name in result.keys()]  # noqa: SIM118 (a Result, not a dict)
         rows = [dict(zip(keys, row, strict=True)) for row in result]
     return Outcome(rows, result.rowcount)
 
@@ -225,8 +229,13 @@ class PostgresDatabase:
         """Create the tables when the database has none (``schema.create_postgres_schema``)."""
         from service.storage.schema import create_postgres_schema
 
-        with self.engine.begin() as conn:
-            return create_postgres_schema(conn)
+        try:
+            with self.engine.begin() as conn:
+                return create_postgres_schema(conn)
+        except SaOperationalError as exc:  # no server, wrong password, no such database
+            shown = self.engine.url.render_as_string(hide_password=True)
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            raise DatabaseUnavailable(f"cannot open the database {shown}: {reason}") from None
 
     def write(self, fn: Callable[[SaConnection], T]) -> T:
         with self.engine.begin() as conn:

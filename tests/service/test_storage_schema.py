@@ -1,7 +1,7 @@
 """The tables are defined once (``service.storage.schema``): the SQLite migration chain, run
 on a database made by the code before it existed, arrives at that definition; PostgreSQL is
-created from it; a PostgreSQL URL is refused at start with one line until every table's
-statements run there."""
+created from it; a database URL the service cannot use, or a PostgreSQL server it cannot
+reach, is refused at start with one line."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 import sqlalchemy as sa
 import sqlite_utils
 from postgres_server import PostgresServer
+from testkit import free_port
 
 from service.core.config import Settings, SettingsError
+from service.main import open_database
 from service.storage import schema
-from service.storage.engine import PostgresDatabase
+from service.storage.engine import DatabaseUnavailable, PostgresDatabase
 from service.storage.migrations import apply_migrations, migrations
 
 BEFORE_M041 = "m041_run_summary_columns"
@@ -72,16 +74,20 @@ def test_postgres_is_created_from_the_definition_once(postgres: PostgresServer) 
         db.close()
 
 
-@pytest.mark.parametrize(
-    ("url", "says"),
-    [
-        ("postgresql://cptrace@db/cptrace", "PostgreSQL is not a complete backend yet"),
-        ("mysql://db/x", "expected empty (SQLite in the data directory) or postgresql://"),
-    ],
-)
-def test_a_database_url_the_service_cannot_use_is_refused_in_one_line(
-    tmp_path: Path, url: str, says: str
-) -> None:
+def test_a_database_url_the_service_cannot_use_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as caught:
-        Settings(data_dir=tmp_path, database_url=url)
+        Settings(data_dir=tmp_path, database_url="mysql://db/x")
+    says = "expected empty (SQLite in the data directory) or postgresql://"
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_postgresql_server_that_cannot_be_reached_is_one_line_without_the_password(
+    tmp_path: Path,
+) -> None:
+    url = f"postgresql://cptrace:s3cret@127.0.0.1:{free_port()}/cptrace"
+    settings = Settings(data_dir=tmp_path, database_url=url)  # a PostgreSQL URL is accepted
+    with pytest.raises(DatabaseUnavailable) as caught:
+        open_database(settings)
+    message = str(caught.value)
+    assert message.startswith("cannot open the database postgresql+psycopg://cptrace:***@")
+    assert "s3cret" not in message and "\n" not in message
