@@ -19,7 +19,7 @@ from service.ingest import Limits, StagedRun, record_run, stage_bundle
 from service.storage import runs
 from service.storage.blob_rows import recorded_digests
 from service.storage.blobs import open_blobs
-from service.storage.engine import AnyDatabase, Conn, transaction
+from service.storage.engine import AnyDatabase, Conn, lock_name, transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,7 @@ def ensure_admin_token(db: AnyDatabase) -> str | None:
 
     def create(conn: Conn) -> str | None:
         with transaction(conn):
+            lock_name(conn, "first-start admin")  # API processes starting together: one makes it
             if count_tokens(conn, Role.ADMIN) > 0:
                 return None
             return create_token(conn, role=Role.ADMIN, name="first-start admin")

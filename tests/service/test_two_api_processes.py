@@ -34,12 +34,13 @@ def test_two_api_processes_store_a_bundle_uploaded_to_both_once(
     database = None
     if backend is Backend.POSTGRESQL:
         database = request.getfixturevalue("postgres").new_database()
-    first = Server(tmp_path, worker=False, database=database).start()
-    second = None
+    servers = [Server(tmp_path, worker=False, database=database) for _ in range(2)]
     try:
-        # the schema and admin token exist
-        second = Server(tmp_path, worker=False, database=database).start()
-        headers = first.headers
+        with ThreadPoolExecutor(2) as pool:  # started together: one makes the schema and token
+            first, second = pool.map(Server.start, servers)
+        tokens = [s.admin_token for s in servers if s.admin_token]
+        assert len(tokens) == 1, "exactly one of the two printed the first admin token"
+        headers = {"Authorization": f"Bearer {tokens[0]}"}
         body = kineto_bundle(salt="two-apis")
 
         def upload(url: str) -> httpx.Response:
@@ -54,9 +55,8 @@ def test_two_api_processes_store_a_bundle_uploaded_to_both_once(
         with ThreadPoolExecutor(len(urls)) as pool:
             answers = list(pool.map(upload, urls))
     finally:
-        for server in (first, second):
-            if server is not None:
-                server.kill()
+        for server in servers:
+            server.kill()
     assert all(r.status_code in (200, 201) for r in answers), [r.text for r in answers]
     assert len({r.json()["run_id"] for r in answers}) == 1
     assert sum(r.status_code == 201 for r in answers) == 1  # created once, then found
