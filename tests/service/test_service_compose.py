@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import typer
 import yaml
 
@@ -16,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 SERVICES: dict[str, Any] = COMPOSE["services"]
-THIRD_PARTY = {"minio": "minio/minio:"}
+THIRD_PARTY = {"minio": "minio/minio:", "postgres": "postgres:"}
 """Services that run an upstream image (not built from the Dockerfile)."""
 
 
 def test_services_and_images() -> None:
-    assert set(SERVICES) == {"api", "worker", "runner", "minio"}
+    assert set(SERVICES) == {"api", "worker", "runner", "minio", "postgres"}
     stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", DOCKERFILE, re.MULTILINE | re.IGNORECASE))
     images = {}
     for name, service in SERVICES.items():
@@ -90,13 +91,9 @@ def test_minio_profile_wires_s3_blobs(tmp_path: Path) -> None:
     assert minio["profiles"] == ["s3"] and minio["image"].startswith("minio/minio")
     assert SERVICES["api"]["depends_on"]["minio"]["required"] is False  # optional without s3
     assert SERVICES["api"]["environment"] == SERVICES["worker"]["environment"]
-    env_file = dict(
-        line.split("=", 1)
-        for line in (ROOT / "compose.s3.env").read_text().splitlines()
-        if line and not line.startswith("#")
-    )
+    env_file = _env_file("compose.s3.env")
     wired = re.findall(r"\$\{(\w+):-", yaml.safe_dump(SERVICES["api"]["environment"]))
-    assert set(env_file) == set(wired)
+    assert set(env_file) | {"CPTRACE_DATABASE_URL"} == set(wired)
     endpoint = env_file["CPTRACE_S3_ENDPOINT_URL"]
     assert endpoint == "http://minio:9000"  # the service name, MinIO's S3 port
     settings = Settings(
@@ -104,6 +101,34 @@ def test_minio_profile_wires_s3_blobs(tmp_path: Path) -> None:
     )
     assert isinstance(settings.blob_location, S3Location)
     assert "--scale worker" in (ROOT / "docker-compose.yml").read_text()
+
+
+def _env_file(name: str) -> dict[str, str]:
+    lines = (ROOT / name).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_postgres_profile_wires_the_database(tmp_path: Path) -> None:
+    """``--profile postgres --env-file compose.postgres.env``: API and workers share the
+    postgres service's database, with the user, password and name that service creates."""
+    from service.core.config import Settings
+    from service.storage.engine import Backend, backend_of
+
+    postgres = SERVICES["postgres"]
+    assert postgres["profiles"] == ["postgres"]
+    assert SERVICES["api"]["depends_on"]["postgres"]["required"] is False
+    env_file = _env_file("compose.postgres.env")
+    url = sa.make_url(env_file["CPTRACE_DATABASE_URL"])
+    assert backend_of(str(env_file["CPTRACE_DATABASE_URL"])) is Backend.POSTGRESQL
+    made = postgres["environment"]
+    assert (url.host, url.port, url.username, url.database) == (
+        "postgres", 5432, made["POSTGRES_USER"], made["POSTGRES_DB"]
+    )  # fmt: skip
+    password = re.fullmatch(r"\$\{CPTRACE_POSTGRES_PASSWORD:-(.*)\}", made["POSTGRES_PASSWORD"])
+    assert password and url.password == env_file["CPTRACE_POSTGRES_PASSWORD"] == password.group(1)
+    wired = yaml.safe_dump(SERVICES["worker"]["environment"])
+    assert "CPTRACE_DATABASE_URL: ${CPTRACE_DATABASE_URL:-}" in wired
+    Settings(data_dir=tmp_path, database_url=env_file["CPTRACE_DATABASE_URL"])
 
 
 @pytest.mark.parametrize("name", ["api", "worker", "runner"])
