@@ -358,7 +358,7 @@ def guard_failures(
 
 
 @contextlib.contextmanager
-def _commit_tree(commit: str) -> Iterator[Path]:
+def commit_tree(commit: str) -> Iterator[Path]:
     """A detached worktree of ``commit`` of this repository, removed on exit."""
     with tempfile.TemporaryDirectory(prefix="cptrace-guard-") as tmp:
         tree = Path(tmp) / "base"
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child[1:], args.child[0])))
         return 0
     if args.guard:
-        with _commit_tree(args.guard) as tree:
+        with commit_tree(args.guard) as tree:
             failures = _measure(args, tree, guard=True)
         print(f"guard against {args.guard}: " + ("FAIL" if failures else "pass"))
         for line in failures:
