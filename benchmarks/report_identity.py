@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from analyze_stages import byte_compile, commit_tree  # noqa: E402  (one worktree helper)
 
-CLI = "from cptrace.cli import main; main()"
+CLI = "import cptrace.cli as c; getattr(c, 'console_main', c.main)()"
+"""The installed script's entry point (``console_main`` where the tree has it)."""
 _RANK = re.compile(r"rank\d+")
 _JSON = (".json", ".json.gz")
 _ALONE = (".tar.gz", ".sqlite", ".sqlite.gz", ".nsys-rep")
