@@ -197,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.floor:
-        for label, seconds, rows in floor(args.floor):
+        for label, seconds, count in floor(args.floor):
             sys.stdout.write(
-                f"{label:40s} {seconds:6.3f} s cpu{f'  {rows} rows' if rows else ''}\n"
+                f"{label:40s} {seconds:6.3f} s cpu{f'  {count} rows' if count else ''}\n"
             )
         return 0
     if args.child:
