@@ -12,9 +12,9 @@ the stdlib connection has inspected the schema (no triggers, views, virtual tabl
 columns). It opens the same read-only, immutable URI and sets ``trusted_schema=OFF`` too.
 
 Parallel reads: a big table's query can be split into rowid ranges read by sibling
-connections on their own threads (``ArrowSqlite.sibling``, ``READERS_ENV``). The ADBC driver
-steps SQLite and fills the Arrow buffers with the GIL released, so on a machine with a second
-free core the SQLite decoding of the ranges overlaps; the CPU time stays the same.
+connections on their own threads (``ArrowSqlite.sibling``, opt-in through ``READERS_ENV``):
+the ADBC driver steps SQLite with the GIL released, so the decoding of the ranges can overlap
+on free cores.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy.typing as npt
 BACKEND_ENV = "CPTRACE_NSYS_BACKEND"
 """``sqlite3`` forces the stdlib path; anything else (or unset) uses Arrow when installed."""
 READERS_ENV = "CPTRACE_NSYS_READERS"
-"""Connections reading one big table at a time (default: the idle cores; at most 4)."""
+"""Connections reading one big table at a time (default 1; at most 4)."""
 MAX_READERS = 4
 
 
@@ -87,17 +87,17 @@ class ArrowSqlite:
 
 
 def readers() -> int:
-    """How many connections may read one table at once: ``READERS_ENV``, else the idle cores.
+    """How many connections may read one table at once: ``READERS_ENV``, else 1.
 
-    Idle = usable cores minus the 1-minute load average. On a busy machine the ranges do not
-    overlap; they only add CPU time (on the 2-million-kernel export at load 10 on 2 cores, two
-    readers took 13.7 CPU-s against 10.9 for one), so one connection reads there.
+    Opt-in: on the loaded 2-core development machine (load average ~10) two readers did not
+    shorten the read of the 2-million-kernel export and cost more CPU time (read 14.3 CPU-s
+    against 12.3 for one connection, 91 s wall against 87 s), and a gain on idle cores is not
+    measured yet.
     """
     wanted = os.environ.get(READERS_ENV, "")
     if wanted.isdigit() and int(wanted) > 0:
         return min(int(wanted), MAX_READERS)
-    idle = len(os.sched_getaffinity(0)) - os.getloadavg()[0]
-    return max(1, min(round(idle), MAX_READERS))
+    return 1
 
 
 def open_arrow(db_path: Path) -> ArrowSqlite | None:
