@@ -21,7 +21,7 @@ Each input is analysed with the default step pattern and once more per ``--step-
 Usage::
 
     .venv/bin/python benchmarks/report_identity.py --base main --step-pattern '^arm:'
-    .venv/bin/python benchmarks/report_identity.py --base main --traces ../shared/traces
+    .venv/bin/python benchmarks/report_identity.py --base main --traces $TRACES
 
 Prints one row per input, arguments and format; exits 1 when any differs (benchmarks are not
 tests: this is the check a change's note cites).
