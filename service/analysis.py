@@ -10,13 +10,12 @@ the reason).
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from analyzers.report import REPORT_SCHEMA_VERSION, AnalysisReport, IterationStats
 from service.page_summary import PAGE_SUMMARY_VERSION, page_summary
 from service.storage import runs
-from service.storage.database import immediate
+from service.storage.engine import Conn, transaction
 from service.storage.runs import Metric
 from service.storage.tasks import (
     ClaimedTask,
@@ -77,12 +76,12 @@ def _iteration_rows(label: str, stats: IterationStats) -> list[tuple[Metric, str
 
 
 def complete_analysis(
-    conn: sqlite3.Connection, task: ClaimedTask, report: AnalysisReport, duration_s: float
+    conn: Conn, task: ClaimedTask, report: AnalysisReport, duration_s: float
 ) -> bool:
     """Store the report, its page summary and metrics; False when the task was taken away
     meanwhile."""
     page = (PAGE_SUMMARY_VERSION, page_summary(report).model_dump_json())  # outside the lock
-    with immediate(conn):
+    with transaction(conn):
         if not holds(conn, task):
             return False
         if not runs.run_exists(conn, run_id=task.run_id):
@@ -101,16 +100,16 @@ def complete_analysis(
     return True
 
 
-def requeue_stale_reports(conn: sqlite3.Connection) -> list[int]:
+def requeue_stale_reports(conn: Conn) -> list[int]:
     """Queue runs whose stored report predates this ``REPORT_SCHEMA_VERSION`` (reports are
     re-analysed, never patched). Runs already queued or running are left alone."""
-    with immediate(conn):
+    with transaction(conn):
         stale = runs.runs_with_reports_older_than(conn, schema_version=REPORT_SCHEMA_VERSION)
         for run_id in stale:
             enqueue_analysis(conn, run_id)
     return stale
 
 
-def task_inputs(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], Any]:
+def task_inputs(conn: Conn, run_id: int) -> tuple[list[dict[str, Any]], Any]:
     """The trace files and the manifest of a run."""
     return runs.trace_files(conn, run_id=run_id), runs.manifest_json(conn, run_id=run_id)

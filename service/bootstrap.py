@@ -18,6 +18,7 @@ from service.auth import Role, count_tokens, create_token
 from service.core.config import Settings
 from service.ingest import Limits, StagedRun, record_run, stage_bundle
 from service.storage import runs
+from service.storage.blob_rows import recorded_digests
 from service.storage.blobs import open_blobs
 from service.storage.database import Database, immediate
 
@@ -52,7 +53,7 @@ def sweep_at_startup(db: Database, settings: Settings) -> Swept:
     blobs.check()  # an unreachable or missing S3 bucket stops the start, with its reason
     temp = blobs.clean_tmp()
     scratch = db.read(lambda c: sweep_scratch(settings.tmp_dir, c))
-    known = set(db.read(lambda c: [r[0] for r in c.execute("SELECT sha256 FROM blobs").fetchall()]))
+    known = db.read(recorded_digests)
     orphans = blobs.sweep_orphans(known.__contains__)
     return Swept(temp, orphans, scratch)
 

@@ -1,8 +1,8 @@
 """Read functions over the pull-request loop: pull requests, batches and jobs, for the pages.
 
-The twin of ``service.store`` for the loop's tables (SQL in ``service.storage.loop``); the runs
-a batch's jobs produced come back as the store's ``RunSummary`` (verdict included, so a failed
-job's run reads ``failed`` here as on every other page).
+The twin of ``service.store`` for the loop's tables (SQL in ``service.storage.loop``, on either
+backend); the runs a batch's jobs produced come back as the store's ``RunSummary`` (verdict
+included, so a failed job's run reads ``failed`` here as on every other page).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from service.core.errors import NotFound
 from service.storage import loop, runs
 from service.storage.database import Database
+from service.storage.engine import AnyDatabase
 from service.store import RunSummary
 
 
@@ -122,24 +123,22 @@ def get_job(db: Database, job_id: int) -> JobDetail:
 
 
 def list_batches(
-    db: Database,
+    db: AnyDatabase,
     *,
     repo: str | None = None,
     pr: int | None = None,
     limit: int = 50,
     offset: int = 0,
 ) -> list[BatchSummary]:
-    found = db.read(
-        lambda c: loop.list_batches(c, repo=repo, pr=pr, limit=limit, offset=offset)
-    )
+    found = db.read(lambda c: loop.list_batches(c, repo=repo, pr=pr, limit=limit, offset=offset))
     return [BatchSummary.model_validate(r) for r in found]
 
 
-def count_batches(db: Database, *, repo: str | None = None, pr: int | None = None) -> int:
+def count_batches(db: AnyDatabase, *, repo: str | None = None, pr: int | None = None) -> int:
     return db.read(lambda c: loop.count_batches(c, repo=repo, pr=pr))
 
 
-def get_batch(db: Database, batch_id: int) -> BatchSummary:
+def get_batch(db: AnyDatabase, batch_id: int) -> BatchSummary:
     """:raises NotFound:."""
     row = db.read(lambda c: loop.get_batch(c, batch_id=batch_id))
     if row is None:
@@ -147,7 +146,7 @@ def get_batch(db: Database, batch_id: int) -> BatchSummary:
     return BatchSummary.model_validate(row)
 
 
-def list_pulls(db: Database, *, limit: int = 50, offset: int = 0) -> list[PullSummary]:
+def list_pulls(db: AnyDatabase, *, limit: int = 50, offset: int = 0) -> list[PullSummary]:
     """Pull requests, the newest measured first, each with its newest head's suites."""
     found = db.read(lambda c: loop.list_pulls(c, limit=limit, offset=offset))
 

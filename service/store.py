@@ -1,7 +1,8 @@
 """Read functions over the run store: what the API routes and the web pages show.
 
-Every function takes the ``Database`` the ``DbDep`` dependency gives (``service.api.deps``) and
-runs its SQL on the calling thread's read connection under the read time limit. They return
+Every function takes the database the ``DbDep`` dependency gives (``service.api.deps``; a
+SQLite ``Database`` or a ``PostgresDatabase``) and runs its SQL on a read connection under the
+read time limit. They return
 pydantic models, so the JSON API and the HTML pages are built from the same data.
 
 The two hottest API reads (run list, run detail) also have ``*_json`` twins that build the
@@ -15,7 +16,6 @@ caller's tag is still current.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Container
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from service.byte_cache import ByteBoundedCache
 from service.core.errors import Conflict, NotFound
 from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
 from service.storage import runs
-from service.storage.database import Database
+from service.storage.engine import AnyDatabase, Conn
 from service.storage.runs import Metric, RunFilters
 
 __all__ = [
@@ -166,7 +166,7 @@ def _summary(row: dict[str, Any]) -> RunSummary:
 
 
 def list_runs(
-    db: Database,
+    db: AnyDatabase,
     *,
     filters: RunFilters | None = None,
     limit: int = 50,
@@ -182,12 +182,12 @@ def list_runs(
     return [RunSummary.model_validate(r) for r in found]
 
 
-def count_runs(db: Database, *, filters: RunFilters | None = None) -> int:
+def count_runs(db: AnyDatabase, *, filters: RunFilters | None = None) -> int:
     """How many runs match ``filters`` (for paging)."""
     return db.read(lambda c: runs.count_runs(c, filters=filters or RunFilters()))
 
 
-def run_list_options(db: Database) -> dict[str, list[str]]:
+def run_list_options(db: AnyDatabase) -> dict[str, list[str]]:
     """Values the run list's filter drop-downs offer (from the newest runs)."""
     return db.read(lambda c: runs.distinct_values(c))
 
@@ -199,7 +199,7 @@ def scans_runs(filters: RunFilters) -> bool:
 
 
 def run_page_json(
-    db: Database,
+    db: AnyDatabase,
     *,
     filters: RunFilters | None = None,
     limit: int = 50,
@@ -212,7 +212,7 @@ def run_page_json(
     """
     flt = filters or RunFilters()
 
-    def read(conn: sqlite3.Connection, tag: str) -> tuple[str, bytes | None]:
+    def read(conn: Conn, tag: str) -> tuple[str, bytes | None]:
         if tag in unless:
             return tag, None
         page = {
@@ -230,11 +230,11 @@ def _load_json(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
-def _analysis_status(conn: sqlite3.Connection, run_id: int) -> AnalysisStatus:
+def _analysis_status(conn: Conn, run_id: int) -> AnalysisStatus:
     return AnalysisStatus.model_validate(_analysis_row(conn, run_id))
 
 
-def _analysis_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+def _analysis_row(conn: Conn, run_id: int) -> dict[str, Any]:
     """``AnalysisStatus`` fields of one run: its latest task, else whether a report exists."""
     facts = runs.analysis_facts(conn, run_id=run_id)
     task, run = facts["task"], facts["run"]
@@ -259,17 +259,17 @@ def _analysis_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
     }
 
 
-def get_analysis_status(db: Database, run_id: int) -> AnalysisStatus:
+def get_analysis_status(db: AnyDatabase, run_id: int) -> AnalysisStatus:
     """The analysis status of one run. :raises NotFound: no such run."""
 
-    def read(conn: sqlite3.Connection) -> AnalysisStatus:
+    def read(conn: Conn) -> AnalysisStatus:
         runs.require_run(conn, run_id=run_id)
         return _analysis_status(conn, run_id)
 
     return db.read(read)
 
 
-def get_report(db: Database, run_id: int) -> AnalysisReport | None:
+def get_report(db: AnyDatabase, run_id: int) -> AnalysisReport | None:
     """The stored analysis report of a run, or None when it has none (yet)."""
     text = db.read(lambda c: runs.report_json(c, run_id=run_id))
     return None if text is None else AnalysisReport.model_validate_json(text)
@@ -285,7 +285,7 @@ reference workload, 1.6 MB parsed from 0.35 MB of text)."""
 _parsed: ByteBoundedCache[RunPageSummary] = ByteBoundedCache(PARSED_PAGE_BYTES)
 
 
-def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
+def get_page_summary(db: AnyDatabase, run_id: int) -> RunPageSummary | None:
     """What the run page shows of the run's report (``service.page_summary``), or None when it
     has no report (yet). Stored with the report; a run analysed before the summary existed
     (or with an older or unreadable one) has its summary built from the report once, and
@@ -323,7 +323,7 @@ def get_page_summary(db: Database, run_id: int) -> RunPageSummary | None:
     return built
 
 
-def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+def _detail_row(conn: Conn, run_id: int) -> dict[str, Any]:
     """``RunDetail`` fields but the report, read on one connection; ``manifest`` and ``spec``
     stay the stored JSON text (the JSON path embeds it as is, the model path parses it).
 
@@ -343,7 +343,7 @@ def _detail_row(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
     return detail
 
 
-def _run_detail(conn: sqlite3.Connection, run_id: int) -> RunDetail:
+def _run_detail(conn: Conn, run_id: int) -> RunDetail:
     """Everything but the report, read in one go on one connection (a consistent snapshot)."""
     detail = _detail_row(conn, run_id)
     detail["manifest"] = _load_json(detail["manifest"])
@@ -352,7 +352,7 @@ def _run_detail(conn: sqlite3.Connection, run_id: int) -> RunDetail:
 
 
 def run_detail_json(
-    db: Database, run_id: int, *, unless: Container[str] = ()
+    db: AnyDatabase, run_id: int, *, unless: Container[str] = ()
 ) -> tuple[str, bytes | None]:
     """``(tag, body)``: ``RunDetail`` JSON of one run without its report (``report: null``).
 
@@ -360,7 +360,7 @@ def run_detail_json(
     current). :raises NotFound: no such run.
     """
 
-    def read(conn: sqlite3.Connection, tag: str) -> tuple[str, bytes | None]:
+    def read(conn: Conn, tag: str) -> tuple[str, bytes | None]:
         if tag in unless:
             runs.require_run(conn, run_id=run_id)
             return tag, None
@@ -374,7 +374,7 @@ def run_detail_json(
     return db.read_tagged(read)
 
 
-def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDetail:
+def get_run(db: AnyDatabase, run_id: int, *, include_report: bool = True) -> RunDetail:
     """One run with files, manifest, analysis status and report. :raises NotFound:."""
     detail = db.read(lambda conn: _run_detail(conn, run_id))
     if include_report:
@@ -383,7 +383,7 @@ def get_run(db: Database, run_id: int, *, include_report: bool = True) -> RunDet
 
 
 def find_comparison(
-    db: Database,
+    db: AnyDatabase,
     base_id: int,
     head_id: int,
     *,
@@ -403,7 +403,7 @@ def find_comparison(
     return _record(row) if row else None
 
 
-def get_comparison_record(db: Database, comparison_id: int) -> ComparisonRecord:
+def get_comparison_record(db: AnyDatabase, comparison_id: int) -> ComparisonRecord:
     """A stored comparison by id. :raises NotFound:."""
     row = db.read(lambda c: runs.comparison_by_id(c, comparison_id=comparison_id))
     if row is None:
@@ -426,7 +426,7 @@ def _record(row: dict[str, Any]) -> ComparisonRecord:
 
 
 def list_comparisons(
-    db: Database, *, run_id: int | None = None, limit: int = 50, offset: int = 0
+    db: AnyDatabase, *, run_id: int | None = None, limit: int = 50, offset: int = 0
 ) -> list[dict[str, Any]]:
     """Stored comparisons (without their reports), newest first."""
     return db.read(
@@ -435,7 +435,7 @@ def list_comparisons(
 
 
 def get_comparison(
-    db: Database,
+    db: AnyDatabase,
     base_id: int,
     head_id: int,
     *,
@@ -456,7 +456,7 @@ def get_comparison(
     return compare_reports(base, head, base_window=base_window, head_window=head_window)
 
 
-def _require_report(db: Database, run_id: int) -> AnalysisReport:
+def _require_report(db: AnyDatabase, run_id: int) -> AnalysisReport:
     status = get_analysis_status(db, run_id)  # raises NotFound
     report = get_report(db, run_id)
     if report is None:
@@ -465,7 +465,7 @@ def _require_report(db: Database, run_id: int) -> AnalysisReport:
 
 
 def metric_history(
-    db: Database,
+    db: AnyDatabase,
     *,
     config_key: str,
     metric: Metric | str,

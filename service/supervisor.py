@@ -203,6 +203,7 @@ class WorkerSupervisor:
         """A worker alive but silent past ``health_worker_stale_s`` (stopped with SIGSTOP, hung
         in the kernel) is killed, so the loop restarts it like one that died."""
         from service.storage.database import connect
+        from service.storage.heartbeats import last_beat
 
         proc, started = self.proc, self.started_at
         stale_s = self.settings.health_worker_stale_s
@@ -211,19 +212,16 @@ class WorkerSupervisor:
         try:
             conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
             try:
-                row = conn.execute(
-                    "SELECT beat_at FROM worker_heartbeats WHERE name = ?",
-                    (f"{socket.gethostname()}:{proc.pid}",),
-                ).fetchone()
+                beat = last_beat(conn, f"{socket.gethostname()}:{proc.pid}")
             finally:
                 conn.close()
         except Exception as exc:  # cannot tell: leave it to the next check
             log.warning("could not read the worker's heartbeat: %s", exc)
             return
-        if row is None:  # not beating yet: a slow start (imports on a loaded host) gets longer
+        if beat is None:  # not beating yet: a slow start (imports on a loaded host) gets longer
             if time.time() - started <= max(3 * stale_s, STARTUP_GRACE_S):
                 return
-        elif time.time() - float(row[0]) <= stale_s:
+        elif time.time() - beat <= stale_s:
             return
         log.error("analysis worker silent for over %.0f s; killing it to restart it", stale_s)
         proc.kill()

@@ -34,7 +34,7 @@ from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
 from service.rank_exec import run_per_rank
-from service.storage import tasks
+from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
 from service.storage.database import connect
 
@@ -301,17 +301,14 @@ class _Alive:
         self._thread.start()
 
     def _beat(self, conn: sqlite3.Connection, state: str) -> None:
-        conn.execute(
-            "INSERT INTO worker_heartbeats (name, started_at, beat_at, state) VALUES (?,?,?,?) "
-            "ON CONFLICT(name) DO UPDATE SET beat_at = excluded.beat_at, state = excluded.state",
-            (self.name, now_iso(), time.time(), state),
+        heartbeats.record_beat(
+            conn, name=self.name, started_at=now_iso(), beat_at=time.time(), state=state
         )
 
     def _loop(self) -> None:
         conn = connect(self.settings.db_path, busy_timeout_ms=self.settings.busy_timeout_ms)
         try:
-            # rows of workers gone for a day are history, not state
-            conn.execute("DELETE FROM worker_heartbeats WHERE beat_at < ?", (time.time() - 86400,))
+            heartbeats.prune_heartbeats(conn, now=time.time())
             while True:
                 try:
                     self._beat(conn, "stopped" if self._stop.is_set() else "alive")

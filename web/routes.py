@@ -10,6 +10,7 @@ JSON shape on ``.json`` routes and become an HTML error page with the same statu
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -100,13 +101,24 @@ def _error(request: Request, status: int, message: str) -> HTMLResponse:
     )
 
 
+PAGE_BUILDS = threading.BoundedSemaphore(1)
+"""How many HTML pages are built and rendered at once (in the thread pool; the rest wait for
+it). One: the GIL runs one Python thread at a time, so a second build gains no throughput, but
+every thread ready to run is one more the event loop competes with for the GIL each time its
+reads give it up (a sqlite query, a socket wait). 20 pages a second built side by side held
+the API's event-loop reads for hundreds of milliseconds; one at a time, a read waits for one
+build's slice at most (``benchmarks/service_bench.py``, mixed pass)."""
+
+
 def _html(request: Request, template: str, build: Callable[[], BaseModel]) -> HTMLResponse:
-    """An HTML page from its data function; store errors become an error page, not JSON."""
-    try:
-        model = build()
-    except ApiError as exc:
-        return _error(request, exc.status, exc.message)
-    return _page(request, template, model)
+    """An HTML page from its data function, built and rendered under :data:`PAGE_BUILDS`;
+    store errors become an error page, not JSON."""
+    with PAGE_BUILDS:
+        try:
+            model = build()
+        except ApiError as exc:
+            return _error(request, exc.status, exc.message)
+        return _page(request, template, model)
 
 
 def _checked(build: Callable[[], T]) -> T:

@@ -241,8 +241,8 @@ class Settings(BaseSettings):
         except DatabaseUrlError as exc:
             raise ValueError(str(exc)) from None
         if backend is Backend.POSTGRESQL:
-            # Fail closed: the queues run there, the run store and tokens do not yet; a service
-            # half on PostgreSQL would accept uploads it cannot store.
+            # Fail closed: the stores run there, the worker's own connections do not yet; a
+            # service half on PostgreSQL would accept uploads it cannot analyse.
             raise ValueError(POSTGRES_NOT_YET)
         return value
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,6 @@ from pr_bot.github import GitHubClient, upsert_comment
 from pr_bot.policy import StatusState
 from pr_bot.suite_comment import SUITE_FILE_MARKER, render_suite_file_error, suite_file_status
 from service import jobs
-from service.auth import now_iso
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
 from service.github_loop.models import (
@@ -38,6 +36,8 @@ from service.github_loop.models import (
     SuiteFile,
     first_error_parts,
 )
+from service.storage import loop as loop_rows
+from service.storage.engine import Conn
 
 PR_ACTIONS = frozenset({"opened", "synchronize", "reopened"})
 HANDLED_EVENTS = frozenset({"push", "pull_request", "issue_comment"})
@@ -354,36 +354,8 @@ def plan_batches(target: Target, suites: SuiteFile, client: GitHubClient | None)
     return plans
 
 
-def supersede_older(conn: sqlite3.Connection, repo: str, pr: int, suite: str, newest: int) -> int:
-    """A new push makes the pull request's older batches of this suite moot: mark them
-    superseded and take their not yet claimed jobs out of the queue (running ones finish, but
-    their result is not published). Returns the jobs taken out."""
-    older = [
-        int(r[0])
-        for r in conn.execute(
-            "SELECT id FROM pr_batches WHERE repo = ? AND pr_number = ? AND suite = ? AND id < ?"
-            " AND status = 'queued'",
-            (repo, pr, suite, newest),
-        )
-    ]
-    if not older:
-        return 0
-    marks = ", ".join("?" * len(older))
-    now = now_iso()
-    conn.execute(
-        f"UPDATE pr_batches SET status = 'superseded', updated_at = ? WHERE id IN ({marks})",
-        (now, *older),
-    )
-    cur = conn.execute(
-        "UPDATE jobs SET status = 'failed', reason = 'superseded by a newer push',"
-        f" updated_at = ? WHERE status = 'queued' AND batch_id IN ({marks})",
-        (now, *older),
-    )
-    return cur.rowcount
-
-
 def queue_batches(
-    conn: sqlite3.Connection,
+    conn: Conn,
     target: Target,
     plans: list[BatchPlan],
     *,
@@ -394,33 +366,20 @@ def queue_batches(
     """Insert the batches and their jobs (caller holds the transaction); a batch that exists
     already for this commit and suite is left alone. Returns the new batch ids."""
     created = []
-    now = now_iso()
     for plan in plans:
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO pr_batches (repo, pr_number, head_sha, head_ref, base_sha,"
-            " base_ref, suite, config_json, status, reason, delivery_id, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-            (
-                target.repo,
-                target.pr,
-                target.head_sha,
-                target.head_ref,
-                target.base_sha,
-                target.base_ref,
-                plan.suite,
-                json.dumps(plan.config),
-                plan.error,
-                delivery_id,
-                now,
-                now,
-            ),
-        )
-        if cur.rowcount != 1:
+        batch_id = loop_rows.insert_batch(
+            conn, repo=target.repo, pr_number=target.pr, head_sha=target.head_sha,
+            head_ref=target.head_ref, base_sha=target.base_sha, base_ref=target.base_ref,
+            suite=plan.suite, config_json=json.dumps(plan.config), reason=plan.error,
+            delivery_id=delivery_id,
+        )  # fmt: skip
+        if batch_id is None:  # this commit and suite has its batch already
             continue
-        batch_id = int(cur.lastrowid or 0)
         created.append(batch_id)
         if target.pr is not None:
-            supersede_older(conn, target.repo, target.pr, plan.suite, batch_id)
+            loop_rows.supersede_older(
+                conn, repo=target.repo, pr=target.pr, suite=plan.suite, newest=batch_id
+            )
         for spec_name, spec in plan.specs:
             checkout = JobCheckout(
                 repo=target.repo,

@@ -55,7 +55,8 @@ from service.github_loop.baseline import (
 )
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopSettings
-from service.storage.database import Database, one, rows
+from service.storage import loop as loop_rows
+from service.storage.database import Database
 
 log = logging.getLogger("cptrace.github_loop")
 _RUN_DONE = ("analysed", "failed", "empty")
@@ -103,9 +104,7 @@ class Publisher:
 
     def tick(self) -> int:
         """Publish every ready batch; returns how many were published."""
-        batches = self.db.read(
-            lambda c: rows(c, "SELECT * FROM pr_batches WHERE status = 'queued' ORDER BY id")
-        )
+        batches = self.db.read(loop_rows.queued_batch_rows)
         done = 0
         for batch in batches:
             if self._ready(batch):
@@ -127,15 +126,12 @@ class Publisher:
         return True
 
     def _superseded(self, batch: dict[str, Any]) -> bool:
-        newer = self.db.read(
-            lambda c: one(
-                c,
-                "SELECT id FROM pr_batches WHERE repo = ? AND pr_number = ? AND suite = ?"
-                " AND id > ? LIMIT 1",
-                (batch["repo"], batch["pr_number"], batch["suite"], batch["id"]),
+        return self.db.read(
+            lambda c: loop_rows.has_newer_batch(
+                c, repo=batch["repo"], pr=batch["pr_number"], suite=batch["suite"],
+                batch_id=batch["id"],
             )
-        )
-        return newer is not None
+        )  # fmt: skip
 
     # -- results --------------------------------------------------------------------------------
     def _link(self, path: str) -> str | None:
@@ -275,13 +271,7 @@ class Publisher:
 
     # -- posting --------------------------------------------------------------------------------
     def _mark(self, batch_id: int, **fields: Any) -> None:
-        fields["updated_at"] = now_iso()
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self.db.write(
-            lambda c: c.execute(
-                f"UPDATE pr_batches SET {sets} WHERE id = ?", [*fields.values(), batch_id]
-            )
-        )
+        self.db.write(lambda c: loop_rows.mark_batch(c, batch_id, **fields))
 
     def _publish(self, batch: dict[str, Any]) -> int:
         if batch["pr_number"] is not None and self._superseded(batch):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from sqlalchemy.exc import OperationalError as SaOperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from service.core.errors import QueryTimeout
-from service.storage.database import immediate
+from service.storage.database import Database, immediate
 
 Conn = sqlite3.Connection | SaConnection
 """What storage functions run on: a SQLite connection or a SQLAlchemy PostgreSQL one."""
@@ -45,9 +46,10 @@ class DatabaseUrlError(ValueError):
 
 
 POSTGRES_NOT_YET = (
-    "PostgreSQL is not a complete backend yet: the analysis-task and runner-job queues and the"
-    " tokens run on it, the runs, uploads and pull-request loop tables do not; leave it empty"
-    " (SQLite in the data directory)"
+    "PostgreSQL is not a complete backend yet: the run store, the queues, the tokens and the"
+    " pull-request loop tables run on it; the worker's and supervisor's own connections (task"
+    " loop, heartbeats, scratch sweep) open the SQLite file; leave it empty (SQLite in the data"
+    " directory)"
 )
 """Why ``--database postgresql://`` is refused at start (one line, no half-working service)."""
 
@@ -92,19 +94,66 @@ class Outcome:
         return next(iter(self.rows[0].values())) if self.rows else None
 
 
+_COMPILED: dict[Any, SQLCompiler] = {}
+_COMPILED_MAX = 1000
+_COMPILED_LOCK = threading.Lock()  # reader threads fill the caches concurrently
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    with _COMPILED_LOCK:
+        if len(cache) >= _COMPILED_MAX:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
+
+
 def _sqlite_sql(statement: sa.ClauseElement) -> tuple[str, list[Any]]:
-    compiled = statement.compile(dialect=_SQLITE, compile_kwargs={"render_postcompile": True})
-    assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
-    params = compiled.params
-    return str(compiled), [params[name] for name in compiled.positiontup or ()]
+    """The statement's SQLite text and positional parameters. Compiled once per statement
+    shape (SQLAlchemy's cache key: the statement without its bound values), as a SQLAlchemy
+    connection would: compiling the run list's statement cost 20 times the query itself."""
+    key = statement._generate_cache_key()
+    compiled = _COMPILED.get(key.key) if key is not None else None
+    if compiled is None:
+        compiled = _SQLITE.statement_compiler(_SQLITE, statement, cache_key=key)
+        if key is not None:
+            _remember(_COMPILED, key.key, compiled)
+    params = compiled.construct_params(
+        extracted_parameters=key.bindparams if key is not None else None
+    )
+    state = compiled.construct_expanded_state(params)  # IN lists expanded to their values
+    return state.statement, [state.parameters[name] for name in state.positiontup or ()]
 
 
-def execute(conn: Conn, statement: sa.Executable) -> Outcome:
+_PREPARED: dict[int, tuple[sa.ClauseElement, SQLCompiler]] = {}
+
+
+def _sqlite_prepared(
+    statement: sa.ClauseElement, values: Mapping[str, Any]
+) -> tuple[str, list[Any]]:
+    """A statement built once (its values in named ``bindparam``s) compiled once: found by
+    identity, no cache key computed per call (the run list's costs more than its query)."""
+    found = _PREPARED.get(id(statement))
+    if found is None or found[0] is not statement:
+        made = statement.compile(dialect=_SQLITE)
+        assert isinstance(made, SQLCompiler)  # a statement, not DDL
+        found = (statement, made)
+        _remember(_PREPARED, id(statement), found)
+    compiled = found[1]
+    state = compiled.construct_expanded_state(compiled.construct_params(dict(values)))
+    return state.statement, [state.parameters[name] for name in state.positiontup or ()]
+
+
+def execute(
+    conn: Conn, statement: sa.Executable, values: Mapping[str, Any] | None = None
+) -> Outcome:
     """Run one Core statement on ``conn`` (either backend), inside whatever transaction the
-    caller holds."""
+    caller holds. ``values``: the statement's named ``bindparam``s, for a statement built once
+    and kept (it is then compiled once for SQLite)."""
     if isinstance(conn, sqlite3.Connection):
         assert isinstance(statement, sa.ClauseElement)
-        sql, params = _sqlite_sql(statement)
+        if values is None:
+            sql, params = _sqlite_sql(statement)
+        else:
+            sql, params = _sqlite_prepared(statement, values)
         cur = conn.cursor()
         cur.row_factory = None
         cur.execute(sql, params)
@@ -113,7 +162,7 @@ def execute(conn: Conn, statement: sa.Executable) -> Outcome:
             names = [d[0] for d in cur.description]
             found = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         return Outcome(found, cur.rowcount)
-    result = conn.execute(statement)
+    result = conn.execute(statement, dict(values) if values is not None else None)
     found = [dict(r) for r in result.mappings()] if result.returns_rows else []
     return Outcome(found, result.rowcount)
 
@@ -179,5 +228,39 @@ class PostgresDatabase:
         ):
             return fn(conn)
 
+    def read_tagged(
+        self, fn: Callable[[SaConnection, str], T], *, time_limit_ms: int | None = None
+    ) -> T:
+        """``read``, and ``fn`` also gets a tag of the database state it sees (the twin of
+        the SQLite ``Database.read_tagged``, for the HTTP ETag).
+
+        The read runs in one ``REPEATABLE READ`` transaction whose first statement takes its
+        snapshot (``pg_current_snapshot()``: the oldest transaction still running, the next id
+        to be assigned, the ones in flight): every query of ``fn`` sees exactly that snapshot,
+        and two equal snapshots show the same committed data, whatever connection or host
+        they were taken on. A write anywhere in the server moves it (a tag changes more often
+        than the data, never less).
+        """
+        ms = time_limit_ms or self.read_time_limit_ms
+        with (
+            self.engine.connect() as plain,
+            postgres_read_limit(plain.execution_options(isolation_level="REPEATABLE READ"), ms),
+        ):
+            snapshot = plain.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
+            return fn(plain, f"pg.{snapshot}")
+
     def close(self) -> None:
         self.engine.dispose()
+
+
+def insert_for(conn: Conn, table: sa.Table) -> Any:
+    """The backend's own ``INSERT`` construct for ``table`` (``on_conflict_do_update`` /
+    ``on_conflict_do_nothing``, the upsert both backends have, are dialect constructs)."""
+    from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return (sqlite_insert if isinstance(conn, sqlite3.Connection) else postgresql_insert)(table)
+
+
+AnyDatabase = Database | PostgresDatabase
+"""A database handle on either backend (``write``, ``write_tx`` and ``read`` on both)."""

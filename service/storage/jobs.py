@@ -15,13 +15,11 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from service.auth import now_iso
 from service.core.errors import Conflict, Forbidden, NotFound
 from service.storage import runs, schema
-from service.storage.engine import Conn, execute, transaction
+from service.storage.engine import Conn, execute, insert_for, transaction
 
 _j = schema.jobs
 _r = schema.runners
@@ -91,13 +89,18 @@ def batch_jobs(conn: Conn, batch_id: int) -> list[dict[str, Any]]:
     return execute(conn, query.where(c.batch_id == batch_id).order_by(c.id)).rows
 
 
+def list_runners(conn: Conn, *, limit: int = 1000) -> list[dict[str, Any]]:
+    """The runners that claimed work, most recently seen first."""
+    query = sa.select(_r).order_by(_r.c.last_seen.desc().nulls_last()).limit(limit)
+    return execute(conn, query).rows
+
+
 def touch_runner(
     conn: Conn, runner: str, *, gpus: int | None = None, job_id: int | None = None
 ) -> None:
     """Record that a runner was seen (registration is implicit in its first claim)."""
     now = now_iso()
-    upsert = sqlite_insert if _is_sqlite(conn) else postgresql_insert
-    insert = upsert(_r).values(
+    insert = insert_for(conn, _r).values(
         name=runner, gpus=gpus, first_seen=now, last_seen=now, current_job_id=job_id
     )
     execute(
@@ -111,10 +114,6 @@ def touch_runner(
             },
         ),
     )
-
-
-def _is_sqlite(conn: Conn) -> bool:
-    return not isinstance(conn, sa.Connection)
 
 
 def expire_leases(conn: Conn, now: float) -> int:

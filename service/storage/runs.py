@@ -7,28 +7,35 @@ sorted and paged here in SQL, for the API (``GET /api/v1/runs``) and the pages (
 Metric names are the ``Metric`` enum, shared by the writer (``service.analysis``) and the readers
 (``service.store``, ``web.data``).
 
-Why plain SQL rather than sqlite-utils' ``insert``: sqlite-utils commits on its own
-(``with conn:``), which would end the caller's ``BEGIN IMMEDIATE`` transaction half-way through an
-upload or an analysis result; these statements must commit together.
+Every statement is SQLAlchemy Core (``service.storage.schema``'s tables) run through
+``engine.execute``, so each function runs on either backend: a SQLite connection (the
+``Database``'s writer thread or a reader under its time limit) or a PostgreSQL one
+(``PostgresDatabase``). Not sqlite-utils' ``insert``: it commits on its own (``with conn:``),
+which would end the caller's transaction half-way through an upload or an analysis result; these
+statements must commit together.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import IO, Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from service.auth import now_iso
 from service.core.errors import NotFound, PayloadTooLarge
 from service.storage import schema
-from service.storage.database import rows
-from service.storage.engine import Conn, execute
+from service.storage.engine import Conn, execute, insert_for
 
 
 class Metric(StrEnum):
@@ -73,30 +80,71 @@ class RunFilters(BaseModel):
     suite: str | None = Field(default=None, description="the loop's suite tag")
 
 
+_r = schema.runs
+_f = schema.run_files
+_m = schema.run_metrics
+_p = schema.reports
+_pages = schema.run_pages
+_c = schema.comparisons
+_u = schema.uploads
 # One row per run: the two metrics the list shows are joined once (primary-key lookups), so the
 # verdict reuses the findings value instead of running its subquery again.
-SUMMARY_FROM = (
-    " FROM runs r"
-    " LEFT JOIN run_metrics fm ON fm.run_id = r.id AND fm.metric = 'findings' AND fm.label = ''"
-    " LEFT JOIN run_metrics mm ON mm.run_id = r.id AND mm.metric = 'iteration_median_ms'"
-    " AND mm.label = ''"
+_fm = _m.alias("fm")
+_mm = _m.alias("mm")
+_SUMMARY_FROM = _r.outerjoin(
+    _fm, sa.and_(_fm.c.run_id == _r.c.id, _fm.c.metric == Metric.FINDINGS.value, _fm.c.label == "")
+).outerjoin(
+    _mm,
+    sa.and_(
+        _mm.c.run_id == _r.c.id, _mm.c.metric == Metric.ITERATION_MEDIAN_MS.value, _mm.c.label == ""
+    ),
 )
 # A run whose job failed or hung (its manifest has a ``failure`` record) is ``failed`` whatever
 # its analysis found: traces of the steps before the failure must never make it look clean.
 # Stored at insert (``create_run``; migration m025 filled it for older runs), so the verdict
 # reads no manifest: the run list's count and sort stay on the runs table's own pages.
-_JOB_FAILED = "r.job_failed = 1"
-_VERDICT = (
-    f"CASE WHEN r.status = 'failed' OR {_JOB_FAILED} THEN 'failed' "
-    "WHEN r.status != 'analysed' THEN 'pending' "
-    "WHEN fm.value IS NULL THEN 'unknown' WHEN fm.value > 0 THEN 'findings' ELSE 'clean' END"
+_FAILED = sa.or_(_r.c.status == "failed", _r.c.job_failed == 1)
+
+
+def _text(value: str) -> sa.ColumnElement[str]:
+    """A constant text in the statement itself (no parameter PostgreSQL must type)."""
+    return sa.literal_column(f"'{value}'", sa.Text)
+
+
+_VERDICT = sa.case(
+    (_FAILED, _text("failed")),
+    (_r.c.status != "analysed", _text("pending")),
+    (_fm.c.value.is_(None), _text("unknown")),
+    (_fm.c.value > 0, _text("findings")),
+    else_=_text("clean"),
 )
-_IMPLEMENTATION = "r.implementation"
 # The manifest facts the list, its filters, the history and the loop read are columns, stored
 # at insert (``create_run`` with :func:`manifest_columns`; migration m041 filled them for older
 # runs): no read parses a manifest (an 8 MB manifest string cut the run list from 614 to 50
 # req/s when every listed row ran json_extract over it).
 _TAG_COLUMNS: dict[str, type] = {"repo": str, "pr": int, "suite": str, "spec_name": str}
+
+
+class _Bytewise(ColumnElement[Any]):
+    """A text sorted by its bytes on both backends: SQLite's default (BINARY) collation, and
+    ``COLLATE "C"`` on PostgreSQL, whose database collation may be a locale's."""
+
+    inherit_cache = True
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]  # noqa: RUF012
+
+    def __init__(self, column: ColumnElement[Any]):
+        self.column = column
+        self.type = column.type
+
+
+@compiles(_Bytewise)
+def _bytewise_default(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.column, **kw)
+
+
+@compiles(_Bytewise, "postgresql")
+def _bytewise_postgres(element: _Bytewise, compiler: SQLCompiler, **kw: Any) -> str:
+    return f'{compiler.process(element.column, **kw)} COLLATE "C"'
 
 
 def _implementations(workload: object, variants: object) -> str | None:
@@ -142,26 +190,45 @@ def manifest_columns(manifest: object) -> dict[str, Any]:
     return out
 
 
-SUMMARY_COLUMNS = f"""
-SELECT r.id, r.name, r.branch, r.commit_sha AS "commit", r.host, r.source, r.status, r.progress,
-       r.error, r.config_key, r.created_at, r.updated_at,
-       (SELECT count(*) FROM run_files f WHERE f.run_id = r.id AND f.role = 'trace') AS traces,
-       fm.value AS findings, mm.value AS median_ms, r.implementation, {_VERDICT} AS verdict,
-       r.repo, r.pr, r.suite, r.spec_name"""
-"""The ``RunSummary`` columns; append ``SUMMARY_FROM`` (and any extra columns before it)."""
+_TRACES = (
+    sa.select(sa.func.count())
+    .select_from(_f)
+    .where(_f.c.run_id == _r.c.id, _f.c.role == "trace")
+    .scalar_subquery()
+)
+SUMMARY_COLUMNS: tuple[ColumnElement[Any], ...] = (
+    _r.c.id, _r.c.name, _r.c.branch, _r.c.commit_sha.label("commit"), _r.c.host, _r.c.source,
+    _r.c.status, _r.c.progress, _r.c.error, _r.c.config_key, _r.c.created_at, _r.c.updated_at,
+    _TRACES.label("traces"), _fm.c.value.label("findings"), _mm.c.value.label("median_ms"),
+    _r.c.implementation, _VERDICT.label("verdict"), _r.c.repo, _r.c.pr, _r.c.suite,
+    _r.c.spec_name,
+)  # fmt: skip
+"""The ``RunSummary`` columns (select them from :func:`_summaries`)."""
+
+
+def _summaries(*extra: ColumnElement[Any]) -> sa.Select[Any]:
+    return sa.select(*SUMMARY_COLUMNS, *extra).select_from(_SUMMARY_FROM)
 
 
 def summary_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """A ``SUMMARY_COLUMNS`` row as ``RunSummary`` fields: findings as an int (metrics are
-    REAL)."""
+    """A summary row as ``RunSummary`` fields: findings as an int (metrics are REAL)."""
     if row["findings"] is not None:
         row["findings"] = int(row["findings"])
     return row
 
 
-_SORT_SQL = {key: f"r.{key}" for key in ("id", "name", "config_key", "branch", "created_at")}
-_SORT_SQL.update(commit="r.commit_sha", implementation=_IMPLEMENTATION, verdict=_VERDICT)
-_SORT_SQL.update(median_ms="mm.value", findings="fm.value")
+_SORT_SQL: dict[str, ColumnElement[Any]] = {
+    "id": _r.c.id,
+    "name": _Bytewise(_r.c.name),
+    "config_key": _Bytewise(_r.c.config_key),
+    "branch": _Bytewise(_r.c.branch),
+    "created_at": _Bytewise(_r.c.created_at),
+    "commit": _Bytewise(_r.c.commit_sha),
+    "implementation": _Bytewise(_r.c.implementation),
+    "verdict": _Bytewise(_VERDICT),
+    "median_ms": _mm.c.value,
+    "findings": _fm.c.value,
+}
 
 
 MAX_ROWS = 2**53 - 1
@@ -178,39 +245,67 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _where(filters: RunFilters) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    for column, value in (
-        ("r.status", filters.status),
-        ("r.branch", filters.branch),
-        ("r.config_key", filters.config_key),
-        (_IMPLEMENTATION, filters.implementation),
-        (_VERDICT, filters.verdict),
-        ("r.repo", filters.repo),
-        ("r.pr", filters.pr),
-        ("r.suite", filters.suite),
-    ):
-        if value:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    if filters.name:
-        clauses.append("instr(lower(r.name), lower(?)) > 0")
-        params.append(filters.name)
-    if filters.commit:
-        clauses.append("r.commit_sha LIKE ? ESCAPE '\\'")
-        params.append(_escape_like(filters.commit) + "%")
-    if filters.date_from:
-        clauses.append("substr(r.created_at, 1, 10) >= ?")
-        params.append(filters.date_from)
-    if filters.date_to:
-        clauses.append("substr(r.created_at, 1, 10) <= ?")
-        params.append(filters.date_to)
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+def _param(name: str) -> Any:
+    return sa.bindparam(name, type_=sa.Text)
+
+
+_FILTERS: dict[str, Callable[[], ColumnElement[bool]]] = {
+    "status": lambda: _r.c.status == sa.bindparam("status"),
+    "branch": lambda: _r.c.branch == sa.bindparam("branch"),
+    "config_key": lambda: _r.c.config_key == sa.bindparam("config_key"),
+    "implementation": lambda: _r.c.implementation == sa.bindparam("implementation"),
+    "verdict": lambda: _param("verdict") == _VERDICT,
+    "repo": lambda: _r.c.repo == sa.bindparam("repo"),
+    "pr": lambda: _r.c.pr == sa.bindparam("pr"),
+    "suite": lambda: _r.c.suite == sa.bindparam("suite"),
+    # a substring, case-folded alike on both sides; % and _ in it are themselves
+    "name": lambda: sa.func.lower(_r.c.name).contains(sa.func.lower(_param("name")), escape="\\"),
+    "commit": lambda: _r.c.commit_sha.like(_param("commit"), escape="\\"),
+    "date_from": lambda: sa.func.substr(_r.c.created_at, 1, 10) >= _param("date_from"),
+    "date_to": lambda: sa.func.substr(_r.c.created_at, 1, 10) <= _param("date_to"),
+}
+"""Each filter's clause, its value a ``bindparam`` of the filter's name."""
+
+
+def _filter_values(filters: RunFilters) -> dict[str, Any]:
+    """The filters given (a falsy value is no filter), as the clauses' parameter values."""
+    out = {key: value for key in _FILTERS if (value := getattr(filters, key))}
+    if "name" in out:
+        out["name"] = _escape_like(out["name"])
+    if "commit" in out:
+        out["commit"] = _escape_like(out["commit"]) + "%"
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _list_statement(keys: tuple[str, ...], sort: str, order: str) -> sa.Select[Any]:
+    """The run list's statement for these filters and this order, built once per shape."""
+    key = _SORT_SQL[sort]
+    direction = sa.desc if order == "desc" else sa.asc
+    # By id (the API's and the default order) the rowid order serves it with no sort step: only
+    # the page's rows are computed. Other keys sort, runs without the value last.
+    order_by = (
+        [direction(_r.c.id)]
+        if sort == "id"
+        else [key.is_(None), direction(key), direction(_r.c.id)]
+    )
+    return (
+        _summaries()
+        .where(*(_FILTERS[k]() for k in keys))
+        .order_by(*order_by)
+        .limit(sa.bindparam("page_limit", type_=sa.BigInteger))
+        .offset(sa.bindparam("page_offset", type_=sa.BigInteger))
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _count_statement(keys: tuple[str, ...]) -> sa.Select[Any]:
+    source = _SUMMARY_FROM if "verdict" in keys else _r  # only the verdict needs fm
+    return sa.select(sa.func.count()).select_from(source).where(*(_FILTERS[k]() for k in keys))
 
 
 def list_runs(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     filters: RunFilters,
     limit: int,
@@ -221,108 +316,116 @@ def list_runs(
     """One page of run summaries (``RunSummary`` fields); runs without the sort value last."""
     if sort not in _SORT_SQL:
         raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}; got {sort!r}")
-    where, params = _where(filters)
-    key = _SORT_SQL[sort]
-    direction = "DESC" if order == "desc" else "ASC"
-    # By id (the API's and the default order) the rowid order serves it with no sort step: only
-    # the page's rows are computed. Other keys sort, runs without the value last.
-    order_by = (
-        f"r.id {direction}"
-        if sort == "id"
-        else f"({key}) IS NULL, {key} {direction}, r.id {direction}"
-    )
-    sql = f"{SUMMARY_COLUMNS}{SUMMARY_FROM}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"
-    return [summary_fields(r) for r in rows(conn, sql, [*params, *page_bounds(limit, offset)])]
+    values = _filter_values(filters)
+    query = _list_statement(tuple(values), sort, "desc" if order == "desc" else "asc")
+    page_limit, page_offset = page_bounds(limit, offset)
+    found = execute(conn, query, {**values, "page_limit": page_limit, "page_offset": page_offset})
+    return [summary_fields(r) for r in found.rows]
 
 
-def summaries_by_id(conn: sqlite3.Connection, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
+_ONE_WITH_TEXTS = _summaries(_r.c.manifest_json, _r.c.spec_json).where(
+    _r.c.id == sa.bindparam("run_id")
+)
+
+
+def summaries_by_id(conn: Conn, *, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     """The ``RunSummary`` rows of these runs (the loop's pages: a batch's or a job's runs)."""
     ids = sorted({int(i) for i in run_ids})
     if not ids:
         return []
-    marks = ", ".join("?" * len(ids))
-    found = rows(conn, f"{SUMMARY_COLUMNS}{SUMMARY_FROM} WHERE r.id IN ({marks})", ids)
+    found = execute(conn, _summaries().where(_r.c.id.in_(ids))).rows
     return [summary_fields(r) for r in found]
 
 
-def count_runs(conn: sqlite3.Connection, *, filters: RunFilters) -> int:
+def count_runs(conn: Conn, *, filters: RunFilters) -> int:
     """How many runs match ``filters``."""
-    where, params = _where(filters)
-    source = SUMMARY_FROM if filters.verdict else " FROM runs r"  # only the verdict needs fm
-    return int(conn.execute(f"SELECT count(*){source}{where}", params).fetchone()[0])
+    values = _filter_values(filters)
+    return int(execute(conn, _count_statement(tuple(values)), values).scalar())
 
 
-def distinct_values(conn: sqlite3.Connection, *, limit: int = 500) -> dict[str, list[str]]:
+def distinct_values(conn: Conn, *, limit: int = 500) -> dict[str, list[str]]:
     """Values the run list's drop-downs offer, from the newest ``limit`` runs."""
     recent = (
-        f"SELECT r.branch, r.config_key, r.status, {_IMPLEMENTATION} AS implementation "
-        "FROM runs r ORDER BY r.id DESC LIMIT ?"
+        sa.select(_r.c.branch, _r.c.config_key, _r.c.status, _r.c.implementation)
+        .order_by(_r.c.id.desc())
+        .limit(limit)
     )
-    found = rows(conn, recent, (limit,))
+    found = execute(conn, recent).rows
     return {
         field: sorted({str(row[field]) for row in found if row[field] is not None})
         for field in ("implementation", "config_key", "branch", "status")
     }
 
 
-def summary_with_texts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any] | None:
+def summary_with_texts(conn: Conn, *, run_id: int) -> dict[str, Any] | None:
     """One run's summary columns plus its stored ``manifest_json`` and ``spec_json`` texts."""
-    found = rows(
-        conn,
-        f"{SUMMARY_COLUMNS}, r.manifest_json, r.spec_json{SUMMARY_FROM} WHERE r.id = ?",
-        (run_id,),
-    )
-    return summary_fields(found[0]) if found else None
+    found = execute(conn, _ONE_WITH_TEXTS, {"run_id": run_id}).first()
+    return summary_fields(found) if found else None
 
 
-def run_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:
+def run_files(conn: Conn, *, run_id: int) -> list[dict[str, Any]]:
     """All files of a run (``RunFile`` fields), in upload order."""
-    return rows(
-        conn,
-        "SELECT id, role, name, format, rank, sha256, size FROM run_files WHERE run_id = ? "
-        "ORDER BY id",
-        (run_id,),
-    )
+    c = _f.c
+    query = sa.select(c.id, c.role, c.name, c.format, c.rank, c.sha256, c.size)
+    return execute(conn, query.where(c.run_id == run_id).order_by(c.id)).rows
 
 
-def window_groups(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
+def window_groups(conn: Conn, *, run_id: int) -> list[str]:
     """The window groups the run's report measured (those with per-step metrics)."""
-    sql = "SELECT DISTINCT label FROM run_metrics WHERE run_id = ? AND metric = ? ORDER BY label"
-    return [r[0] for r in conn.execute(sql, (run_id, Metric.GPU_BUSY_MS_PER_STEP.value))]
-
-
-def analysis_facts(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any]:
-    """The latest analysis task, the run's progress/error and the report's duration."""
-    task = rows(
-        conn,
-        "SELECT status, attempts, error, updated_at FROM analysis_tasks WHERE run_id = ? "
-        "ORDER BY id DESC LIMIT 1",
-        (run_id,),
+    query = (
+        sa.select(_m.c.label)
+        .where(_m.c.run_id == run_id, _m.c.metric == Metric.GPU_BUSY_MS_PER_STEP.value)
+        .group_by(_m.c.label)
+        .order_by(_Bytewise(_m.c.label))
     )
-    run = rows(conn, "SELECT progress, error, analysis_s FROM runs WHERE id = ?", (run_id,))
+    return [r["label"] for r in execute(conn, query).rows]
+
+
+def analysis_facts(conn: Conn, *, run_id: int) -> dict[str, Any]:
+    """The latest analysis task, the run's progress/error and the report's duration."""
+    t = schema.analysis_tasks.c
+    task = execute(
+        conn,
+        sa.select(t.status, t.attempts, t.error, t.updated_at)
+        .where(t.run_id == run_id)
+        .order_by(t.id.desc())
+        .limit(1),
+    ).first()
+    run = execute(
+        conn, sa.select(_r.c.progress, _r.c.error, _r.c.analysis_s).where(_r.c.id == run_id)
+    ).first()
     # the report row's key only: its later columns sit behind the report's overflow pages
-    has_report = conn.execute("SELECT 1 FROM reports WHERE run_id = ?", (run_id,)).fetchone()
+    has_report = execute(conn, sa.select(_p.c.run_id).where(_p.c.run_id == run_id)).first()
     return {
-        "task": task[0] if task else None,
-        "run": run[0] if run else {},
-        "duration_s": run[0]["analysis_s"] if run and has_report else None,
+        "task": task,
+        "run": run or {},
+        "duration_s": run["analysis_s"] if run and has_report else None,
         "has_report": has_report is not None,
     }
 
 
-def report_json(conn: sqlite3.Connection, *, run_id: int) -> str | None:
+def report_json(conn: Conn, *, run_id: int) -> str | None:
     """The stored report text of a run, or None."""
-    row = conn.execute("SELECT report_json FROM reports WHERE run_id = ?", (run_id,)).fetchone()
-    return None if row is None else str(row[0])
+    found = execute(conn, sa.select(_p.c.report_json).where(_p.c.run_id == run_id)).first()
+    return None if found is None else str(found["report_json"])
 
 
 REPORT_CHUNK_BYTES = 256 * 1024
 
 
-def copy_report(conn: sqlite3.Connection, *, run_id: int, into: IO[bytes]) -> int | None:
-    """Write the stored report text of a run (UTF-8) into ``into``, 256 KiB at a time through
-    SQLite's incremental blob reads, never the whole text in memory; its size in bytes, or
-    None when the run has no report. ``reports.run_id`` is the table's rowid."""
+def copy_report(conn: Conn, *, run_id: int, into: IO[bytes]) -> int | None:
+    """Write the stored report text of a run (UTF-8) into ``into``, 256 KiB at a time; its
+    size in bytes, or None when the run has no report. On SQLite through incremental blob
+    reads, never the whole text in memory (``reports.run_id`` is the table's rowid); on
+    PostgreSQL the text is read in one statement, then written in chunks."""
+    if not isinstance(conn, sqlite3.Connection):
+        text = report_json(conn, run_id=run_id)
+        if text is None:
+            return None
+        data = text.encode()
+        for start in range(0, len(data), REPORT_CHUNK_BYTES):
+            into.write(data[start : start + REPORT_CHUNK_BYTES])
+        return len(data)
     try:
         blob = conn.blobopen("reports", "report_json", run_id, readonly=True)
     except sqlite3.OperationalError:  # "no such rowid": no report
@@ -333,24 +436,24 @@ def copy_report(conn: sqlite3.Connection, *, run_id: int, into: IO[bytes]) -> in
         return len(blob)
 
 
-def page_stamp(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str] | None:
+def page_stamp(conn: Conn, *, run_id: int) -> tuple[int, str] | None:
     """``(version, stamp)`` of the run's stored page summary, read without its text (the stamp
     is new at every write), or None."""
-    row = conn.execute("SELECT version, stamp FROM run_pages WHERE run_id = ?", (run_id,))
-    found = row.fetchone()
-    return None if found is None else (int(found[0]), str(found[1]))
+    query = sa.select(_pages.c.version, _pages.c.stamp).where(_pages.c.run_id == run_id)
+    found = execute(conn, query).first()
+    return None if found is None else (int(found["version"]), str(found["stamp"]))
 
 
-def page_json(conn: sqlite3.Connection, *, run_id: int) -> tuple[int, str, str] | None:
+def page_json(conn: Conn, *, run_id: int) -> tuple[int, str, str] | None:
     """The run's stored page summary ``(version, stamp, JSON)``, or None."""
-    row = conn.execute(
-        "SELECT version, stamp, page_json FROM run_pages WHERE run_id = ?", (run_id,)
-    ).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+    c = _pages.c
+    found = execute(conn, sa.select(c.version, c.stamp, c.page_json).where(c.run_id == run_id))
+    row = found.first()
+    return None if row is None else (int(row["version"]), str(row["stamp"]), str(row["page_json"]))
 
 
 def store_page(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     run_id: int,
     version: int,
@@ -361,26 +464,37 @@ def store_page(
     """Store (or replace) the run's page summary. ``if_stale``: only while the run has a report
     and no summary of ``version`` other than ``unreadable`` (a page view's build never replaces
     what a newer analysis stored meanwhile, nor outlives a deleted run)."""
+    values: dict[str, Any] = {
+        "run_id": run_id,
+        "version": version,
+        "page_json": page_json,
+        "created_at": now_iso(),
+        "stamp": secrets.token_hex(8),
+    }
+    source = sa.select(
+        *(sa.cast(sa.literal(v), _pages.c[k].type).label(k) for k, v in values.items())
+    ).where(sa.exists().where(_p.c.run_id == run_id) if if_stale else sa.true())
+    insert = insert_for(conn, _pages).from_select(list(values), source)
     keep = (
-        " WHERE run_pages.version != excluded.version OR run_pages.page_json IS ?5"
+        sa.or_(
+            _pages.c.version != insert.excluded.version,
+            _pages.c.page_json.is_not_distinct_from(unreadable),
+        )
         if if_stale
-        else ""
+        else None
     )
-    exists = "EXISTS (SELECT 1 FROM reports WHERE run_id = ?1)" if if_stale else "true"
-    conn.execute(
-        "INSERT INTO run_pages (run_id, version, page_json, created_at, stamp)"
-        f" SELECT ?1, ?2, ?3, ?4, ?{6 if if_stale else 5} WHERE {exists}"
-        " ON CONFLICT(run_id) DO UPDATE SET version = excluded.version, page_json ="
-        f" excluded.page_json, created_at = excluded.created_at, stamp = excluded.stamp{keep}",
-        (
-            run_id, version, page_json, now_iso(), *([unreadable] if if_stale else []),
-            secrets.token_hex(8),
+    execute(
+        conn,
+        insert.on_conflict_do_update(
+            index_elements=[_pages.c.run_id],
+            set_={k: insert.excluded[k] for k in ("version", "page_json", "created_at", "stamp")},
+            where=keep,
         ),
-    )  # fmt: skip
+    )
 
 
 def find_comparison(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     base_run_id: int,
     head_run_id: int,
@@ -388,61 +502,59 @@ def find_comparison(
     head_window: str | None,
 ) -> dict[str, Any] | None:
     """The stored comparison row of exactly these runs and windows, or None."""
-    found = rows(
-        conn,
-        "SELECT * FROM comparisons WHERE base_run_id = ? AND head_run_id = ? AND "
-        "base_window = ? AND head_window = ?",
-        (base_run_id, head_run_id, base_window or "", head_window or ""),
+    query = sa.select(_c).where(
+        _c.c.base_run_id == base_run_id,
+        _c.c.head_run_id == head_run_id,
+        _c.c.base_window == (base_window or ""),
+        _c.c.head_window == (head_window or ""),
     )
-    return found[0] if found else None
+    return execute(conn, query).first()
 
 
-def comparison_by_id(conn: sqlite3.Connection, *, comparison_id: int) -> dict[str, Any] | None:
-    found = rows(conn, "SELECT * FROM comparisons WHERE id = ?", (comparison_id,))
-    return found[0] if found else None
+def comparison_by_id(conn: Conn, *, comparison_id: int) -> dict[str, Any] | None:
+    return execute(conn, sa.select(_c).where(_c.c.id == comparison_id)).first()
 
 
 def list_comparisons(
-    conn: sqlite3.Connection, *, run_id: int | None, limit: int, offset: int
+    conn: Conn, *, run_id: int | None, limit: int, offset: int
 ) -> list[dict[str, Any]]:
     """Stored comparisons (without their reports), newest first."""
-    where, params = "", []
+    c = _c.c
+    query = sa.select(
+        c.id, c.base_run_id, c.head_run_id, c.base_window, c.head_window, c.verdict, c.summary,
+        c.created_at,
+    )  # fmt: skip
     if run_id is not None:
-        where, params = " WHERE base_run_id = ? OR head_run_id = ?", [run_id, run_id]
-    sql = (
-        "SELECT id, base_run_id, head_run_id, base_window, head_window, verdict, summary, "
-        f"created_at FROM comparisons{where} ORDER BY id DESC LIMIT ? OFFSET ?"
-    )
-    return rows(conn, sql, [*params, *page_bounds(limit, offset)])
+        query = query.where(sa.or_(c.base_run_id == run_id, c.head_run_id == run_id))
+    page_limit, page_offset = page_bounds(limit, offset)
+    return execute(conn, query.order_by(c.id.desc()).limit(page_limit).offset(page_offset)).rows
 
 
 def metric_history(
-    conn: sqlite3.Connection, *, config_key: str, metric: str, label: str | None, limit: int
+    conn: Conn, *, config_key: str, metric: str, label: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """One metric across the runs of one configuration (``HistoryPoint`` fields, the workload
     as JSON text), oldest first."""
-    sql = (
-        'SELECT m.run_id, r.created_at, r.name, r.branch, r.commit_sha AS "commit", m.label, '
-        f"m.value, (r.status = 'failed' OR {_JOB_FAILED}) AS failed, "
-        "r.implementations AS implementation, r.workload_json, r.caveat "
-        "FROM run_metrics m JOIN runs r ON r.id = m.run_id "
-        "WHERE r.config_key = ? AND m.metric = ?"
+    columns = (
+        _m.c.run_id, _r.c.created_at, _r.c.name, _r.c.branch, _r.c.commit_sha.label("commit"),
+        _m.c.label, _m.c.value, sa.cast(_FAILED, sa.Integer).label("failed"),
+        _r.c.implementations.label("implementation"), _r.c.workload_json, _r.c.caveat,
+    )  # fmt: skip
+    query = (
+        sa.select(*columns)
+        .select_from(_m.join(_r, _r.c.id == _m.c.run_id))
+        .where(_r.c.config_key == config_key, _m.c.metric == metric)
     )
-    params: list[Any] = [config_key, metric]
     if label is not None:
-        sql += " AND m.label = ?"
-        params.append(label)
-    sql += " ORDER BY r.id LIMIT ?"
-    params.append(limit)
-    return rows(conn, sql, params)
+        query = query.where(_m.c.label == label)
+    return execute(conn, query.order_by(_r.c.id).limit(limit)).rows
 
 
-def set_manifest_columns(conn: sqlite3.Connection, *, run_id: int, manifest: object) -> None:
+def set_manifest_columns(conn: Conn, *, run_id: int, manifest: object) -> None:
     """Fill the run's :func:`manifest_columns` from ``manifest`` (a run inserted without them:
     migration m041's backfill)."""
     facts = manifest_columns(manifest)
-    sets = ", ".join(f"{column} = ?" for column in facts)
-    conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*facts.values(), run_id))
+    execute(conn, sa.update(_r).where(_r.c.id == run_id).values(**facts))
 
 
 def require_run(conn: Conn, *, run_id: int) -> None:
@@ -451,10 +563,10 @@ def require_run(conn: Conn, *, run_id: int) -> None:
         raise NotFound(f"run {run_id} does not exist")
 
 
-def has_traces(conn: sqlite3.Connection, *, run_id: int) -> bool:
+def has_traces(conn: Conn, *, run_id: int) -> bool:
     """True when the run has at least one trace file."""
-    sql = "SELECT 1 FROM run_files WHERE run_id = ? AND role = 'trace'"
-    return conn.execute(sql, (run_id,)).fetchone() is not None
+    query = sa.select(_f.c.id).where(_f.c.run_id == run_id, _f.c.role == "trace").limit(1)
+    return execute(conn, query).first() is not None
 
 
 def _dump(value: Any) -> str | None:
@@ -462,7 +574,7 @@ def _dump(value: Any) -> str | None:
 
 
 def create_run(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     name: str,
     source: str,
@@ -476,22 +588,18 @@ def create_run(
 ) -> int:
     """Insert a run; returns its id. Run it inside the caller's transaction."""
     now = now_iso()
-    facts = manifest_columns(manifest)
-    cur = conn.execute(
-        "INSERT INTO runs (name, branch, commit_sha, host, source, status, config_key, "
-        f"manifest_json, spec_json, created_at, updated_at, job_failed, {', '.join(facts)})"
-        f" VALUES (?,?,?,?,?,?,?,?,?,?,?,?{',?' * len(facts)})",
-        (
-            name, branch, commit, host, source, status, config_key, _dump(manifest),
-            _dump(spec), now, now, int(isinstance((manifest or {}).get("failure"), dict)),
-            *facts.values(),
-        ),
+    insert = sa.insert(_r).values(
+        name=name, branch=branch, commit_sha=commit, host=host, source=source, status=status,
+        config_key=config_key, manifest_json=_dump(manifest), spec_json=_dump(spec),
+        created_at=now, updated_at=now,
+        job_failed=int(isinstance((manifest or {}).get("failure"), dict)),
+        **manifest_columns(manifest),
     )  # fmt: skip
-    return int(cur.lastrowid or 0)
+    return int(execute(conn, insert.returning(_r.c.id)).scalar())
 
 
 def add_run_file(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     run_id: int,
     role: str,
@@ -502,25 +610,25 @@ def add_run_file(
     rank: int | None = None,
 ) -> None:
     """Attach a stored blob to a run (the blob row is created when new)."""
-    conn.execute(
-        "INSERT OR IGNORE INTO blobs (sha256, size, created_at) VALUES (?, ?, ?)",
-        (sha256, size, now_iso()),
-    )
-    conn.execute(
-        "INSERT INTO run_files (run_id, role, name, format, rank, sha256, size) "
-        "VALUES (?,?,?,?,?,?,?)",
-        (run_id, role, name, format, rank, sha256, size),
-    )
+    blob = insert_for(conn, schema.blobs).values(sha256=sha256, size=size, created_at=now_iso())
+    execute(conn, blob.on_conflict_do_nothing(index_elements=[schema.blobs.c.sha256]))
+    execute(
+        conn,
+        sa.insert(_f).values(
+            run_id=run_id, role=role, name=name, format=format, rank=rank, sha256=sha256,
+            size=size,
+        ),
+    )  # fmt: skip
 
 
-def find_upload(conn: sqlite3.Connection, *, key: str) -> int | None:
+def find_upload(conn: Conn, *, key: str) -> int | None:
     """The run an idempotency key created, or None."""
-    row = conn.execute("SELECT run_id FROM uploads WHERE key = ?", (key,)).fetchone()
-    return None if row is None else int(row[0])
+    found = execute(conn, sa.select(_u.c.run_id).where(_u.c.key == key)).first()
+    return None if found is None else int(found["run_id"])
 
 
 def record_upload(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     key: str,
     run_id: int,
@@ -531,17 +639,21 @@ def record_upload(
 
     ``quota``: the most bytes the token's runs may store (``stored_bytes_of_token``), checked
     after the upload's files were inserted, in the caller's write transaction: two uploads
-    that each passed the check made before their bodies were read cannot both commit past it.
+    that each passed the check made before their bodies were read cannot both commit past it
+    (SQLite: the transaction holds the file's write lock; PostgreSQL: the token's row is
+    locked before the sum, so the second upload sums after the first committed).
 
     :raises PayloadTooLarge: the token's runs would store more than ``quota`` (the caller's
         transaction must roll back).
     """
-    conn.execute(
-        "INSERT INTO uploads (key, run_id, created_at, token_id) VALUES (?, ?, ?, ?)",
-        (key, run_id, now_iso(), token_id),
+    execute(
+        conn,
+        sa.insert(_u).values(key=key, run_id=run_id, created_at=now_iso(), token_id=token_id),
     )
     if quota is None or token_id is None:
         return
+    tokens = schema.tokens
+    execute(conn, sa.select(tokens.c.id).where(tokens.c.id == token_id).with_for_update())
     stored = stored_bytes_of_token(conn, token_id=token_id)
     if stored > quota:
         raise PayloadTooLarge(
@@ -553,34 +665,31 @@ def record_upload(
 
 def uploaded_by(conn: Conn, *, run_id: int, token_id: int) -> bool:
     """Whether token ``token_id`` uploaded (some of) run ``run_id``."""
-    u = schema.uploads
-    query = sa.select(u.c.key).where(u.c.run_id == run_id, u.c.token_id == token_id).limit(1)
+    query = sa.select(_u.c.key).where(_u.c.run_id == run_id, _u.c.token_id == token_id).limit(1)
     return execute(conn, query).first() is not None
 
 
-def stored_bytes_of_token(conn: sqlite3.Connection, *, token_id: int) -> int:
+def stored_bytes_of_token(conn: Conn, *, token_id: int) -> int:
     """Bytes the runs token ``token_id`` uploaded (some of) hold: the sizes of their files, a
     file shared by two runs counted in each (what the token's stored-bytes quota counts)."""
-    sql = (
-        "SELECT COALESCE(SUM(size), 0) FROM run_files WHERE run_id IN "
-        "(SELECT run_id FROM uploads WHERE token_id = ?)"
-    )
-    return int(conn.execute(sql, (token_id,)).fetchone()[0])
+    theirs = sa.select(_u.c.run_id).where(_u.c.token_id == token_id)
+    query = sa.select(sa.func.coalesce(sa.func.sum(_f.c.size), 0)).where(_f.c.run_id.in_(theirs))
+    return int(execute(conn, query).scalar())
 
 
 def run_job(conn: Conn, *, run_id: int) -> int | None:
     """The job that produced ``run_id``, if one did."""
-    t = schema.runs
-    found = execute(conn, sa.select(t.c.job_id).where(t.c.id == run_id)).scalar()
+    found = execute(conn, sa.select(_r.c.job_id).where(_r.c.id == run_id)).scalar()
     return None if found is None else int(found)
 
 
-def blob_recorded(conn: sqlite3.Connection, *, digest: str) -> bool:
+def blob_recorded(conn: Conn, *, digest: str) -> bool:
     """Whether a ``blobs`` row holds ``digest`` (a blob some committed upload stored)."""
-    return conn.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (digest,)).fetchone() is not None
+    b = schema.blobs
+    return execute(conn, sa.select(b.c.sha256).where(b.c.sha256 == digest)).first() is not None
 
 
-def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
+def delete_run(conn: Conn, *, run_id: int) -> list[str]:
     """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
     blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller
     removes their files once the transaction committed.
@@ -588,34 +697,33 @@ def delete_run(conn: sqlite3.Connection, *, run_id: int) -> list[str]:
     :raises NotFound: no such run.
     """
     require_run(conn, run_id=run_id)
-    digests = [
-        str(r[0])
-        for r in conn.execute("SELECT DISTINCT sha256 FROM run_files WHERE run_id = ?", (run_id,))
-    ]
-    for sql in (
-        "DELETE FROM comparisons WHERE base_run_id = ?1 OR head_run_id = ?1",
-        "DELETE FROM run_metrics WHERE run_id = ?1",
-        "DELETE FROM reports WHERE run_id = ?1",
-        "DELETE FROM run_pages WHERE run_id = ?1",
-        "DELETE FROM analysis_tasks WHERE run_id = ?1",
-        "DELETE FROM uploads WHERE run_id = ?1",
-        "DELETE FROM run_files WHERE run_id = ?1",
-        "UPDATE jobs SET run_id = NULL WHERE run_id = ?1",
-        "DELETE FROM runs WHERE id = ?1",
+    query = sa.select(_f.c.sha256).distinct().where(_f.c.run_id == run_id)
+    digests = [str(r["sha256"]) for r in execute(conn, query).rows]
+    jobs = schema.jobs
+    for statement in (
+        sa.delete(_c).where(sa.or_(_c.c.base_run_id == run_id, _c.c.head_run_id == run_id)),
+        sa.delete(_m).where(_m.c.run_id == run_id),
+        sa.delete(_p).where(_p.c.run_id == run_id),
+        sa.delete(_pages).where(_pages.c.run_id == run_id),
+        sa.delete(schema.analysis_tasks).where(schema.analysis_tasks.c.run_id == run_id),
+        sa.delete(_u).where(_u.c.run_id == run_id),
+        sa.delete(_f).where(_f.c.run_id == run_id),
+        sa.update(jobs).where(jobs.c.run_id == run_id).values(run_id=None),
+        sa.delete(_r).where(_r.c.id == run_id),
     ):
-        conn.execute(sql, (run_id,))
+        execute(conn, statement)
     unreferenced = [
         d
         for d in digests
-        if conn.execute("SELECT 1 FROM run_files WHERE sha256 = ? LIMIT 1", (d,)).fetchone() is None
+        if execute(conn, sa.select(_f.c.id).where(_f.c.sha256 == d).limit(1)).first() is None
     ]
     for digest in unreferenced:
-        conn.execute("DELETE FROM blobs WHERE sha256 = ?", (digest,))
+        execute(conn, sa.delete(schema.blobs).where(schema.blobs.c.sha256 == digest))
     return unreferenced
 
 
 def record_report(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     run_id: int,
     schema_version: int,
@@ -628,22 +736,33 @@ def record_report(
     """Store a run's report and its metrics, replacing the previous ones, and ``page``: the
     page summary's ``(version, JSON)`` (``service.page_summary``; None: the first view builds
     it); comparisons computed from the previous report are stale, so they go."""
-    conn.execute(
-        "INSERT OR REPLACE INTO reports (run_id, schema_version, catalog_version, report_json,"
-        " duration_s, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-        (run_id, schema_version, catalog_version, report_json, duration_s, now_iso()),
+    report = insert_for(conn, _p).values(
+        run_id=run_id, schema_version=schema_version, catalog_version=catalog_version,
+        report_json=report_json, duration_s=duration_s, created_at=now_iso(),
+    )  # fmt: skip
+    replaced = ("schema_version", "catalog_version", "report_json", "duration_s", "created_at")
+    execute(
+        conn,
+        report.on_conflict_do_update(
+            index_elements=[_p.c.run_id], set_={k: report.excluded[k] for k in replaced}
+        ),
     )
-    conn.execute("UPDATE runs SET analysis_s = ? WHERE id = ?", (duration_s, run_id))
-    conn.execute("DELETE FROM run_pages WHERE run_id = ?", (run_id,))
+    execute(conn, sa.update(_r).where(_r.c.id == run_id).values(analysis_s=duration_s))
+    execute(conn, sa.delete(_pages).where(_pages.c.run_id == run_id))
     if page is not None:
         store_page(conn, run_id=run_id, version=page[0], page_json=page[1])
-    conn.execute("DELETE FROM run_metrics WHERE run_id = ?", (run_id,))
-    conn.executemany(
-        "INSERT OR REPLACE INTO run_metrics (run_id, metric, label, value) VALUES (?,?,?,?)",
-        [(run_id, metric.value, label, value) for metric, label, value in metrics],
-    )
-    conn.execute(
-        "DELETE FROM comparisons WHERE base_run_id = ? OR head_run_id = ?", (run_id, run_id)
+    execute(conn, sa.delete(_m).where(_m.c.run_id == run_id))
+    # one row per (metric, label), the last value given winning
+    values = {(metric.value, label): value for metric, label, value in metrics}
+    if values:
+        rows = [
+            {"run_id": run_id, "metric": metric, "label": label, "value": value}
+            for (metric, label), value in values.items()
+        ]
+        execute(conn, sa.insert(_m).values(rows))
+    execute(
+        conn,
+        sa.delete(_c).where(sa.or_(_c.c.base_run_id == run_id, _c.c.head_run_id == run_id)),
     )
 
 
@@ -665,8 +784,7 @@ def set_run_state(
     touch: bool = True,
 ) -> None:
     """Update where a run stands (status, progress line, error); columns given as ``KEEP``
-    stay. ``only_if_status``: change nothing unless the run is in that status. Either backend
-    (the analysis queue's claims call it on PostgreSQL too)."""
+    stay. ``only_if_status``: change nothing unless the run is in that status."""
     values: dict[str, Any] = {
         column: value
         for column, value in (("status", status), ("progress", progress), ("error", error))
@@ -676,63 +794,57 @@ def set_run_state(
         values["updated_at"] = now_iso()
     if not values:
         return
-    t = schema.runs
-    update = sa.update(t).where(t.c.id == run_id).values(**values)
+    update = sa.update(_r).where(_r.c.id == run_id).values(**values)
     if only_if_status:
-        update = update.where(t.c.status == only_if_status)
+        update = update.where(_r.c.status == only_if_status)
     execute(conn, update)
 
 
 def run_exists(conn: Conn, *, run_id: int) -> bool:
-    """Whether run ``run_id`` is stored (either backend)."""
-    t = schema.runs
-    return execute(conn, sa.select(t.c.id).where(t.c.id == run_id)).first() is not None
+    """Whether run ``run_id`` is stored."""
+    return execute(conn, sa.select(_r.c.id).where(_r.c.id == run_id)).first() is not None
 
 
 def link_job(conn: Conn, *, run_id: int, job_id: int) -> None:
     """Record that job ``job_id`` produced run ``run_id`` (a runner completed it)."""
-    t = schema.runs
-    execute(conn, sa.update(t).where(t.c.id == run_id).values(job_id=job_id))
+    execute(conn, sa.update(_r).where(_r.c.id == run_id).values(job_id=job_id))
 
 
 def unlink_job(conn: Conn, *, job_id: int) -> None:
     """Forget that job ``job_id`` produced its runs (the job is being deleted; they stay)."""
-    t = schema.runs
-    execute(conn, sa.update(t).where(t.c.job_id == job_id).values(job_id=None))
+    execute(conn, sa.update(_r).where(_r.c.job_id == job_id).values(job_id=None))
 
 
-def total_runs(conn: sqlite3.Connection) -> int:
+def total_runs(conn: Conn) -> int:
     """How many runs are stored (``/health``)."""
-    return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+    return int(execute(conn, sa.select(sa.func.count()).select_from(_r)).scalar())
 
 
-def trace_files(conn: sqlite3.Connection, *, run_id: int) -> list[dict[str, Any]]:
+def trace_files(conn: Conn, *, run_id: int) -> list[dict[str, Any]]:
     """The run's trace files (``id, name, format, rank, sha256``), in upload order."""
-    return rows(
-        conn,
-        "SELECT id, name, format, rank, sha256 FROM run_files WHERE run_id = ? AND role = 'trace' "
-        "ORDER BY id",
-        (run_id,),
-    )
+    c = _f.c
+    query = sa.select(c.id, c.name, c.format, c.rank, c.sha256)
+    return execute(conn, query.where(c.run_id == run_id, c.role == "trace").order_by(c.id)).rows
 
 
-def manifest_json(conn: sqlite3.Connection, *, run_id: int) -> Any:
+def manifest_json(conn: Conn, *, run_id: int) -> Any:
     """The run's stored manifest (decoded), or None."""
-    row = conn.execute("SELECT manifest_json FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return json.loads(row[0]) if row and row[0] else None
+    text = execute(conn, sa.select(_r.c.manifest_json).where(_r.c.id == run_id)).scalar()
+    return json.loads(text) if text else None
 
 
-_LOOP_TAGS = 'SELECT r.id, r.name, r.commit_sha AS "commit", r.branch, r.manifest_json FROM runs r '
+_LOOP_TAGS = sa.select(
+    _r.c.id, _r.c.name, _r.c.commit_sha.label("commit"), _r.c.branch, _r.c.manifest_json
+)
 
 
-def loop_tag_row(conn: sqlite3.Connection, *, run_id: int) -> dict[str, Any] | None:
+def loop_tag_row(conn: Conn, *, run_id: int) -> dict[str, Any] | None:
     """A run's id, name, commit, branch and manifest text (the pull-request loop's tags)."""
-    found = rows(conn, _LOOP_TAGS + "WHERE r.id = ?", (run_id,))
-    return found[0] if found else None
+    return execute(conn, _LOOP_TAGS.where(_r.c.id == run_id)).first()
 
 
 def loop_baseline_candidates(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     branch: str,
     exclude_run_id: int,
@@ -745,30 +857,29 @@ def loop_baseline_candidates(
     """Analysed runs on ``branch`` tagged (manifest ``run`` block) with this repository, suite,
     entry name and entry key (``IS``: a spec's runs have none), not from a pull request; newest
     first, rows as :func:`loop_tag_row`."""
-    return rows(
-        conn,
-        _LOOP_TAGS + "WHERE r.status = 'analysed' AND r.branch = ? AND r.id != ?"
-        " AND r.repo = ? AND r.suite = ? AND r.spec_name = ? AND r.pr IS NULL"
-        " AND r.entry_key IS ? ORDER BY r.id DESC LIMIT ?",
-        (branch, exclude_run_id, repo, suite, spec_name, entry_key, limit),
+    query = _LOOP_TAGS.where(
+        _r.c.status == "analysed",
+        _r.c.branch == branch,
+        _r.c.id != exclude_run_id,
+        _r.c.repo == repo,
+        _r.c.suite == suite,
+        _r.c.spec_name == spec_name,
+        _r.c.pr.is_(None),
+        _r.c.entry_key.is_not_distinct_from(entry_key),
     )
+    return execute(conn, query.order_by(_r.c.id.desc()).limit(limit)).rows
 
 
-def runs_with_reports_older_than(conn: sqlite3.Connection, *, schema_version: int) -> list[int]:
+def runs_with_reports_older_than(conn: Conn, *, schema_version: int) -> list[int]:
     """Runs whose stored report has an older schema and no analysis queued or running."""
-    return [
-        int(r[0])
-        for r in conn.execute(
-            "SELECT p.run_id FROM reports p WHERE p.schema_version < ? AND NOT EXISTS ("
-            "SELECT 1 FROM analysis_tasks t WHERE t.run_id = p.run_id "
-            "AND t.status IN ('queued', 'running'))",
-            (schema_version,),
-        )
-    ]
+    t = schema.analysis_tasks
+    busy = sa.exists().where(t.c.run_id == _p.c.run_id, t.c.status.in_(("queued", "running")))
+    query = sa.select(_p.c.run_id).where(_p.c.schema_version < schema_version, ~busy)
+    return [int(r["run_id"]) for r in execute(conn, query).rows]
 
 
 def store_comparison(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     base_run_id: int,
     head_run_id: int,
@@ -779,11 +890,9 @@ def store_comparison(
     report_json: str,
 ) -> None:
     """Store a comparison once (an identical one stored meanwhile wins)."""
-    conn.execute(
-        "INSERT OR IGNORE INTO comparisons (base_run_id, head_run_id, base_window, "
-        "head_window, verdict, summary, report_json, created_at) VALUES (?,?,?,?,?,?,?,?)",
-        (
-            base_run_id, head_run_id, base_window or "", head_window or "", verdict, summary,
-            report_json, now_iso(),
-        ),
+    insert = insert_for(conn, _c).values(
+        base_run_id=base_run_id, head_run_id=head_run_id, base_window=base_window or "",
+        head_window=head_window or "", verdict=verdict, summary=summary,
+        report_json=report_json, created_at=now_iso(),
     )  # fmt: skip
+    execute(conn, insert.on_conflict_do_nothing())

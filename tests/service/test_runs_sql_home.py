@@ -2,8 +2,9 @@
 
 Every string literal of ``service/`` and ``web/`` (f-strings by their literal parts, adjacent
 literals joined as Python joins them) is searched for a statement that names one of the runs
-tables after ``FROM``/``JOIN``/``INTO``/``UPDATE``, and for sqlite-utils access to them
-(``db["runs"]``, ``db.table("runs")``). The schema (``service/storage/migrations.py``) creates the
+tables after ``FROM``/``JOIN``/``INTO``/``UPDATE``, for sqlite-utils access to them
+(``db["runs"]``, ``db.table("runs")``), and for SQLAlchemy Core on them
+(``schema.runs``). The schema (``service/storage/migrations.py``) creates the
 tables and is not a query.
 """
 
@@ -66,11 +67,29 @@ def _table_access(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, str(key.value)
 
 
+def _core_access(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``schema.runs`` (a Core statement on a runs table) and ``from service.storage.schema
+    import runs``."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in RUNS_TABLES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "schema"
+        ):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.ImportFrom) and node.module == "service.storage.schema":
+            for alias in node.names:
+                if alias.name in RUNS_TABLES:
+                    yield node.lineno, alias.name
+
+
 def runs_sql(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """``(line, table)`` for each place in ``source`` that queries a runs table."""
     tree = ast.parse(source, filename=filename)
     found = [(line, m.group(1)) for line, text in _literals(tree) for m in _SQL.finditer(text)]
     found += list(_table_access(tree))
+    found += list(_core_access(tree))
     return sorted(set(found))
 
 
@@ -107,7 +126,8 @@ def f(conn, db, run_id, cols):
     db["reports"].insert({})
     db.table("comparisons").upsert({}, pk="id")
     print("nothing from uploads here: prose, and FROM jobs is another table")
-    return resp.json()["runs"]
+    conn.execute(sa.select(schema.comparisons.c.id))
+    return resp.json()["runs"], schema.jobs
 """
     assert runs_sql(source) == [
         (3, "runs"),
@@ -116,6 +136,7 @@ def f(conn, db, run_id, cols):
         (6, "uploads"),
         (7, "reports"),
         (8, "comparisons"),
+        (10, "comparisons"),
     ]
     assert runs_sql(HOME_SOURCE), "the home module itself is seen by the scanner"
 

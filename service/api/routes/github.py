@@ -37,12 +37,14 @@ from service.core.errors import (
     Unauthorized,
     UnprocessableEntity,
 )
-from service.github_loop import planner, webhook
+from service.github_loop import planner
 from service.github_loop.body import gate_for, read_signed_body
 from service.github_loop.commit_state import post_commit_state
 from service.github_loop.config import LoopConfigError, LoopSettings
 from service.github_loop.publisher import pending_description
-from service.storage.database import Database, immediate, one, rows
+from service.storage import deliveries
+from service.storage import loop as loop_rows
+from service.storage.database import Database, immediate
 
 router = APIRouter(prefix="/github", tags=["github"])
 log = logging.getLogger("cptrace.github_loop")
@@ -243,10 +245,10 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
 
     def claim(conn: Any) -> bool:
         with immediate(conn):
-            return webhook.record_delivery(conn, delivery, event, action)
+            return deliveries.record_delivery(conn, delivery, event, action)
 
     if not await db.awrite(claim):
-        previous = db.read(lambda c: webhook.delivery_outcome(c, delivery))
+        previous = db.read(lambda c: deliveries.delivery_outcome(c, delivery))
         answer = WebhookAnswer(delivery=delivery, outcome=previous or "", duplicate=True)
         return JSONResponse(answer.model_dump(), status_code=200)
     try:
@@ -259,11 +261,9 @@ async def github_webhook(request: Request, db: DbDep, loop: LoopDep, config: Git
         created, outcome = [], f"not queued: {str(exc)[:300]}"
     except GitHubError as exc:
         # Forget the delivery so that GitHub's redelivery is not taken for a replay.
-        await db.awrite(
-            lambda c: c.execute("DELETE FROM github_deliveries WHERE delivery_id = ?", (delivery,))
-        )
+        await db.awrite(lambda c: deliveries.forget_delivery(c, delivery))
         raise GitHubUnavailable(f"GitHub: {exc}") from exc
-    await db.awrite(lambda c: webhook.set_outcome(c, delivery, outcome))
+    await db.awrite(lambda c: deliveries.set_outcome(c, delivery, outcome))
     code = 200 if event == "ping" else 202
     answer = WebhookAnswer(delivery=delivery, outcome=outcome, batches=created)
     return JSONResponse(answer.model_dump(), status_code=code)
@@ -355,14 +355,9 @@ def submit_batches(
         if client is not None:
             client.close()
     found = db.read(
-        lambda c: rows(
-            c,
-            "SELECT id FROM pr_batches WHERE repo = ? AND head_sha = ?"
-            " AND coalesce(pr_number, 0) = ? ORDER BY id",
-            (body.repo, body.head_sha, body.pr or 0),
-        )
+        lambda c: loop_rows.commit_batch_ids(c, repo=body.repo, head_sha=body.head_sha, pr=body.pr)
     )
-    return [read_batch(r["id"], db, None) for r in found]
+    return [read_batch(batch_id, db, None) for batch_id in found]
 
 
 @router.get("/batches/{batch_id}", response_model=Batch)
@@ -370,14 +365,8 @@ def read_batch(
     batch_id: Annotated[int, Path(ge=1, le=2**63 - 1)], db: DbDep, _: ReadAccess
 ) -> Batch:
     """One batch with its jobs (id, name, status, run id, reason)."""
-    row = db.read(lambda c: one(c, "SELECT * FROM pr_batches WHERE id = ?", (batch_id,)))
+    row = db.read(lambda c: loop_rows.batch_row(c, batch_id))
     if row is None:
         raise NotFound(f"batch {batch_id} does not exist")
-    job_rows = db.read(
-        lambda c: rows(
-            c,
-            "SELECT id, name, status, run_id, reason FROM jobs WHERE batch_id = ? ORDER BY id",
-            (batch_id,),
-        )
-    )
+    job_rows = db.read(lambda c: loop_rows.batch_job_outcomes(c, batch_id))
     return Batch.model_validate({**row, "jobs": job_rows})

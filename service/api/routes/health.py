@@ -23,6 +23,8 @@ from contracts.version import __version__
 from service.api.deps import DbDep
 from service.core.config import Settings
 from service.storage.database import Database
+from service.storage.health import queue_counts
+from service.storage.heartbeats import last_beat
 from service.storage.runs import total_runs
 from service.supervisor import ComponentState, WorkerSupervisor
 
@@ -100,13 +102,11 @@ async def live() -> Liveness:
 
 
 def _counts(conn: sqlite3.Connection) -> tuple[int, int, int, str | None, float | None]:
-    row = conn.execute(
-        "SELECT (SELECT count(*) FROM analysis_tasks WHERE status = 'queued'), "
-        "(SELECT count(*) FROM jobs WHERE status = 'queued'), "
-        "(SELECT min(created_at) FROM analysis_tasks WHERE status = 'queued'), "
-        "(SELECT max(beat_at) FROM worker_heartbeats WHERE state = 'alive')"
-    ).fetchone()
-    return total_runs(conn), int(row[0]), int(row[1]), row[2], row[3]
+    q = queue_counts(conn)
+    return (
+        total_runs(conn), q.analyses_queued, q.jobs_queued, q.oldest_queued_analysis,
+        q.newest_alive_beat,
+    )  # fmt: skip
 
 
 def _age(iso: str | None, now: float) -> float | None:
@@ -135,12 +135,9 @@ def _worker(
     st = supervisor.status()
     if st.name is not None:  # the supervised worker's own beat, not any worker's
         try:
-            row = db.read(
-                lambda c: c.execute(
-                    "SELECT beat_at FROM worker_heartbeats WHERE name = ?", (st.name,)
-                ).fetchone()
-            )
-            beat_age = None if row is None else max(0.0, now - float(row[0]))
+            name = st.name
+            beat = db.read(lambda c: last_beat(c, name))
+            beat_age = None if beat is None else max(0.0, now - beat)
         except Exception:  # the database component reports the failure
             beat_age = None
     started_age = None if st.started_at is None else now - st.started_at

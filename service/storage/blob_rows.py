@@ -1,0 +1,14 @@
+"""Reads of the ``blobs`` table for the start-up sweep, on either backend (the rows are written
+with their runs: ``service.storage.runs``)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from service.storage import schema
+from service.storage.engine import Conn, execute
+
+
+def recorded_digests(conn: Conn) -> set[str]:
+    """The digest of every blob a committed upload recorded."""
+    return {r["sha256"] for r in execute(conn, sa.select(schema.blobs.c.sha256)).rows}
