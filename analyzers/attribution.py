@@ -223,6 +223,27 @@ _LOOKUP_SLICE = 1 << 18
 """Queries per slice of ``RangeIndex.lookup``: bounds its temporaries to a few MB."""
 
 
+_BUILD_BLOCK = 1 << 17
+"""Ranges per block of ``RangeIndex``'s build (whole threads; a larger thread is one block):
+bounds its sort's temporaries to a few MB whatever the number of ranks."""
+
+
+def _blocks(counts: IntArray, size: int) -> list[int]:
+    """Ends (cumulative row counts) of consecutive groups of ``counts``, each group of at most
+    ``size`` rows or one count alone."""
+    ends: list[int] = []
+    total = filled = 0
+    for count in counts.tolist():
+        if filled and filled + count > size:
+            ends.append(total)
+            filled = 0
+        total += count
+        filled += count
+    if filled or not ends:
+        ends.append(total)
+    return ends
+
+
 class RangeIndex:
     """Innermost-enclosing-range lookup over a subset of ranges, fully vectorized.
 
@@ -233,7 +254,15 @@ class RangeIndex:
     containing ``t`` is an ancestor of that latest range). Ranges are half-open ``[start, end)``.
     """
 
-    def __init__(self, thread: IntArray, start: IntArray, end: IntArray, rows: IntArray) -> None:
+    def __init__(
+        self,
+        thread: IntArray,
+        start: IntArray,
+        end: IntArray,
+        rows: IntArray,
+        *,
+        block: int = _BUILD_BLOCK,
+    ) -> None:
         self.threads = np.unique(thread)
         self._base = int(start.min()) if len(start) else 0
         end = np.maximum(end, start + 1)
@@ -241,24 +270,54 @@ class RangeIndex:
         self._span = int(end.max() - self._base + 1) if len(end) else 1
         if len(self.threads) * self._span >= (1 << 62):
             raise OverflowError("time span too large for composite keys")
-        key_start = t_idx * self._span + (start - self._base)
-        key_end = t_idx * self._span + (end - self._base)
+        n = len(rows)
+        self.rows = np.empty(n, dtype=rows.dtype)
+        self.key_start = np.empty(n, dtype=np.int64)
+        self.key_end = np.empty(n, dtype=np.int64)
+        self.thread_idx = np.empty(n, dtype=t_idx.dtype)
+        self.parent = np.full(n, -1, dtype=np.int64)
+        # Built in blocks of whole threads: a thread's keys lie in [t * span, (t + 1) * span),
+        # so the sorted keys are the blocks' sorted keys one after the other, a range's depth
+        # counts its own thread's ranges only and its parent is in its thread. The same arrays
+        # as one pass over every range, with the sort's temporaries bounded by a block.
+        by_thread = np.argsort(t_idx, kind="stable")  # each thread's rows in table order
+        lo = 0
+        for hi in _blocks(np.bincount(t_idx, minlength=len(self.threads)), block):
+            self._build(by_thread[lo:hi], lo, t_idx, start, end, rows)
+            lo = hi
+
+    def _build(
+        self,
+        take: IntArray,
+        lo: int,
+        t_idx: IntArray,
+        start: IntArray,
+        end: IntArray,
+        rows: IntArray,
+    ) -> None:
+        """Rows ``take`` (whole threads, in table order within each) sorted into positions
+        ``lo:lo + len(take)``, with their depths' parents."""
+        t = t_idx[take]
+        key_start = t * self._span + (start[take] - self._base)
+        key_end = t * self._span + (end[take] - self._base)
         order = np.lexsort((-key_end, key_start))
-        self.rows = rows[order]
-        self.key_start = key_start[order]
-        self.key_end = key_end[order]
-        self.thread_idx = t_idx[order]
-        ends_sorted = np.sort(key_end)
-        positions = np.arange(len(order))
-        depth = positions - np.searchsorted(ends_sorted, self.key_start, side="right")
-        self.parent = np.full(len(order), -1, dtype=np.int64)
+        here_rows = slice(lo, lo + len(take))
+        self.rows[here_rows] = rows[take[order]]
+        self.key_start[here_rows] = key_start = key_start[order]
+        self.key_end[here_rows] = key_end[order]
+        self.thread_idx[here_rows] = t[order]
+        del t, order
+        key_end.sort()
+        depth = np.arange(len(take)) - np.searchsorted(key_end, key_start, side="right")
+        del key_end, key_start
+        parent = self.parent[here_rows]  # a view: written in place
         for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
             upper = np.flatnonzero(depth == level - 1)
             here = np.flatnonzero(depth == level)
             if len(upper) == 0 or len(here) == 0:
                 continue
             slot = np.searchsorted(upper, here, side="right") - 1
-            self.parent[here] = np.where(slot >= 0, upper[np.maximum(slot, 0)], -1)
+            parent[here] = np.where(slot >= 0, upper[np.maximum(slot, 0)] + lo, -1)
 
     def lookup(self, thread: IntArray, time: IntArray) -> IntArray:
         """Row (in the original range table) of the innermost range containing each query.

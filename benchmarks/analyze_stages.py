@@ -38,12 +38,14 @@ processes on a shared machine. The closing note of a change to ``analyzers/`` ca
 
 CLI mode (``--cli``): a second table per input, of the whole ``cptrace analyze`` process
 (``cptrace analyze TRACES --step-pattern P`` in a fresh interpreter, its report written to
-/dev/null, as in a CI log): ``process`` is the child's wall time as the parent sees it
-(interpreter start to exit) and its CPU time; ``analyze`` is the library call the command makes
-(``analyzers.analyze``: read to report); ``outside analyze`` = process - analyze, the CLI's
-own cost (issue 28: <= 0.15 s), split into ``start + CLI import`` (interpreter, Typer, the
-command modules), ``pipeline import`` (``analyzers.pipeline``: numpy, the report models) and
-``render + rest`` (the tables, exit). ``--report SECTION`` (repeatable) is passed on.
+/dev/null, as in a CI log, and ending as the console script ends, ``cptrace.cli.exit_now``,
+where the tree has it): ``process`` is the child's wall time and CPU time as the parent sees
+them (interpreter start to exit, its teardown included); ``analyze`` is the library call the
+command makes (``analyzers.analyze``: read to report); ``outside analyze`` = process -
+analyze, the CLI's own cost (issue 28: <= 0.15 s), split into ``start, CLI import, exit``
+(interpreter, Typer, the command modules, the interpreter's exit), ``pipeline import``
+(``analyzers.pipeline``: numpy, the report models) and ``render + rest`` (the tables).
+``--report SECTION`` (repeatable) is passed on.
 
 Each tree is byte-compiled before the first run (``byte_compile``): an installed cptrace has its
 bytecode, and a tree without it compiles the modules it imports lazily (the readers) inside the
@@ -67,6 +69,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -137,7 +140,7 @@ def child(paths: list[str], step_pattern: str) -> dict[str, Any]:
     }
 
 
-CLI_ROWS = ["process", "analyze", "outside analyze", "start + CLI import", "pipeline import",
+CLI_ROWS = ["process", "analyze", "outside analyze", "start, CLI import, exit", "pipeline import",
             "render + rest"]  # fmt: skip
 """Rows of the CLI table (see the module docstring)."""
 
@@ -174,10 +177,12 @@ assert "analyze" in wall, "cptrace analyze did not call analyzers.analyze"
 for table, spent in ((wall, w2 - w1), (cpu, c2 - c1)):
     table["render + rest"] = spent - table["analyze"] - table["pipeline import"]
 own = resource.getrusage(resource.RUSAGE_SELF)
-cpu["process"] = own.ru_utime + own.ru_stime
 status = open("/proc/self/status").read()
 hwm = [int(ln.split()[1]) / 1024 for ln in status.splitlines() if ln.startswith("VmHWM:")]
 print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": hwm[0] if hwm else own.ru_maxrss / 1024}))
+import cptrace.cli
+if hasattr(cptrace.cli, "exit_now"):  # the console script's exit, where the tree has one
+    cptrace.cli.exit_now(0)
 """
 """One ``cptrace analyze`` in a fresh interpreter (``python -c``, nothing else imported),
 stdout to /dev/null; the pipeline's import (which the command makes anyway) and the library
@@ -205,16 +210,22 @@ def run_cli_child(tree: Path, argv: list[str]) -> dict[str, Any]:
     the rows derived from it (see the module docstring)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     command = [sys.executable, "-c", CLI_CHILD, *argv]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
     process_wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: CLI child failed ({done.returncode}):\n{done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["wall"]["process"] = process_wall
+    # the child's whole CPU time, its exit included (the interpreter's teardown, if any)
+    result["cpu"]["process"] = (after.ru_utime + after.ru_stime) - (
+        before.ru_utime + before.ru_stime
+    )
     for table in (result["wall"], result["cpu"]):
         table["outside analyze"] = table["process"] - table["analyze"]
-        table["start + CLI import"] = (
+        table["start, CLI import, exit"] = (
             table["outside analyze"] - table["pipeline import"] - table["render + rest"]
         )
     return result
@@ -358,7 +369,7 @@ def guard_failures(
 
 
 @contextlib.contextmanager
-def _commit_tree(commit: str) -> Iterator[Path]:
+def commit_tree(commit: str) -> Iterator[Path]:
     """A detached worktree of ``commit`` of this repository, removed on exit."""
     with tempfile.TemporaryDirectory(prefix="cptrace-guard-") as tmp:
         tree = Path(tmp) / "base"
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child[1:], args.child[0])))
         return 0
     if args.guard:
-        with _commit_tree(args.guard) as tree:
+        with commit_tree(args.guard) as tree:
             failures = _measure(args, tree, guard=True)
         print(f"guard against {args.guard}: " + ("FAIL" if failures else "pass"))
         for line in failures:

@@ -21,6 +21,7 @@ Usage::
     python benchmarks/nsys_throughput.py                       # 3-arm export + 2M-kernel export
     python benchmarks/nsys_throughput.py --export big.sqlite   # one given export
     python benchmarks/nsys_throughput.py --floor big.sqlite    # SQLite's own cost, no reader
+    python benchmarks/nsys_throughput.py --cores 2             # 2 cores: parallel range reads
     CPTRACE_NSYS_BACKEND=sqlite3 python benchmarks/nsys_throughput.py   # without the fast extra
 """
 
@@ -158,11 +159,12 @@ def floor(path: Path, repeat: int = 3) -> list[tuple[str, float, int]]:
     return results
 
 
-def run_child(path: Path) -> dict[str, object]:
-    """Measure ``path`` in a fresh interpreter pinned to one core where the OS allows it."""
+def run_child(path: Path, cores: int = 1) -> dict[str, object]:
+    """Measure ``path`` in a fresh interpreter pinned to ``cores`` cores where the OS allows it."""
     command = [sys.executable, __file__, "--child", str(path)]
     if hasattr(os, "sched_setaffinity"):
-        command = ["taskset", "-c", "0", *command] if _has_taskset() else command
+        pinned = ["taskset", "-c", ",".join(str(c) for c in range(cores))]
+        command = [*pinned, *command] if _has_taskset() else command
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -190,11 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="fresh runs per export")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--floor", type=Path, help="time SQLite's own scans of this export")
+    parser.add_argument(
+        "--cores", type=int, default=1, help="pin each run to this many cores (parallel reads)"
+    )
     args = parser.parse_args(argv)
     if args.floor:
-        for label, seconds, rows in floor(args.floor):
+        for label, seconds, count in floor(args.floor):
             sys.stdout.write(
-                f"{label:40s} {seconds:6.3f} s cpu{f'  {rows} rows' if rows else ''}\n"
+                f"{label:40s} {seconds:6.3f} s cpu{f'  {count} rows' if count else ''}\n"
             )
         return 0
     if args.child:
@@ -205,10 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.make_large_nsys import build
 
         build(SMALL, LARGE, args.kernels)
-    rows = [run_child(path) for path in exports for _ in range(args.repeat)]
+    rows = [run_child(path, args.cores) for path in exports for _ in range(args.repeat)]
     print_table(rows)
     baseline = min(int(r["baseline RSS MB"]) for r in rows)  # type: ignore[call-overload]
-    sys.stdout.write(f"(interpreter + numpy baseline RSS: {baseline} MB; one core via taskset)\n")
+    sys.stdout.write(
+        f"(interpreter + numpy baseline RSS: {baseline} MB; {args.cores} core(s) via taskset)\n"
+    )
     return 0
 
 

@@ -16,7 +16,10 @@ Then, each in a fresh process of its own, that process's peak RSS: the libraries
 rank's stage alone (read, attribute, write the part blob), the merge alone (of parts written
 beforehand, loaded one at a time: ``merge_part_blobs``): where the per-rank split bounds memory
 (the stage) and where it does not yet (the merge still builds the run's tables and runs the
-stages after attribution over them).
+stages after attribution over them). The ``merge-stages`` arm is the merge again, each of its
+stages timed and its peak RSS taken on its own (the kernel's high-water mark reset before it,
+``/proc/self/clear_refs``): what each stage adds over what the merge held when it began, and
+what it leaves held: where the merge's growth with the rank count comes from.
 
 Input: the real TE 2.20.2 Kineto pair (``tests/data/te-2.20.2-h200x2``, ~100k events and
 ~2,900 kernels a rank), copied to R ranks (``distributedInfo.rank`` rewritten; R/2 copies of
@@ -31,6 +34,7 @@ Usage::
 
     python benchmarks/rank_bench.py --ranks 4 --workers 1,2 --repeat 2
     python benchmarks/rank_bench.py --ranks 16,32 --arms imports,stage,merge --repeat 2
+    python benchmarks/rank_bench.py --ranks 8,16,32 --arms merge-stages
 """
 
 from __future__ import annotations
@@ -107,13 +111,61 @@ def run_arm(arm: str, folder: Path) -> Row:
     }
 
 
-def own_peak_mib() -> float:
-    """This process's peak RSS since its ``exec`` (``VmHWM``; ``ru_maxrss`` would carry the
-    high-water mark of the process it was forked from)."""
+def own_peak_mib(field: str = "VmHWM") -> float:
+    """This process's peak RSS since its ``exec`` or the last ``reset_peak`` (``VmHWM``;
+    ``ru_maxrss`` would carry the high-water mark of the process it was forked from), or with
+    ``field="VmRSS"`` its RSS now."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def reset_peak() -> None:
+    """Start this process's ``VmHWM`` again from its RSS now (Linux ``clear_refs`` 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+MERGE_STAGES = (
+    ("analyzers.rank_parts", "merge_traces", "the run's tables (parts copied in)"),
+    ("analyzers.pipeline", "choose_steps", "step choice"),
+    ("analyzers.pipeline", "find_windows", "windows"),
+    ("analyzers.pipeline", "compute_metrics", "metrics"),
+    ("analyzers.pipeline", "compute_accounts", "accounts"),
+    ("analyzers.pipeline", "host_time", "host time"),
+    ("analyzers.pipeline", "timeline_gaps", "timeline gaps"),
+    ("analyzers.pipeline", "summarize", "summary"),
+)
+"""The merge's stages as ``merge_parts``/``analyze_attributed`` call them (module, name)."""
+
+
+def timed_stages(log: list[Row]) -> None:
+    """Wrap each of ``MERGE_STAGES`` where it is called so that a call appends its CPU time,
+    the RSS it began with, its peak and the RSS it left to ``log``."""
+    import importlib
+
+    for module_name, name, title in MERGE_STAGES:
+        module = importlib.import_module(module_name)
+        inner = getattr(module, name)
+
+        def timed(*args: Any, _inner: Any = inner, _title: str = title, **kwargs: Any) -> Any:
+            before, so_far = own_peak_mib("VmRSS"), own_peak_mib()
+            reset_peak()
+            cpu = time.process_time()
+            out = _inner(*args, **kwargs)
+            log.append(
+                {
+                    "stage": _title,
+                    "peak_so_far_mib": so_far,
+                    "cpu_s": time.process_time() - cpu,
+                    "before_mib": before,
+                    "peak_mib": own_peak_mib(),
+                    "after_mib": own_peak_mib("VmRSS"),
+                }
+            )
+            return out
+
+        setattr(module, name, timed)
 
 
 def run_stage(stage: str, folder: Path) -> Row:
@@ -125,7 +177,10 @@ def run_stage(stage: str, folder: Path) -> Row:
 
     files = sorted(folder.glob("kineto_rank*.json.gz"))
     blobs = [folder / f"part{i}.npz" for i in range(len(files))]
-    if stage == "merge":
+    stages: list[Row] = []
+    if stage == "merge-stages":
+        timed_stages(stages)
+    if stage in ("merge", "merge-stages"):
         for path, blob in zip(files, blobs, strict=True):  # each by a process of its own
             code = _PART.format(path=path, blob=blob, files=len(files))
             if not blob.exists():
@@ -133,12 +188,16 @@ def run_stage(stage: str, folder: Path) -> Row:
     started, cpu = time.perf_counter(), time.process_time()
     if stage == "stage":
         dump_part(analyze_rank(trace_input(files[0]), files=len(files)), folder / "one.npz")
-    elif stage == "merge":
+    elif stage in ("merge", "merge-stages"):
         merge_part_blobs(blobs)
     return {
+        "stages": stages,
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu,
-        "peak_mib": own_peak_mib(),
+        # with stages timed, the process's peak is the largest of the marks they reset
+        "peak_mib": max(
+            [own_peak_mib()] + [r[k] for r in stages for k in ("peak_so_far_mib", "peak_mib")]
+        ),
         "parts_mib": 0.0,
         "report": stage,
     }
@@ -149,7 +208,7 @@ _PART = (
     "from analyzers.readers import trace_input; "
     "dump_part(analyze_rank(trace_input(Path('{path}')), files={files}), Path('{blob}'))"
 )
-STAGES = ("imports", "stage", "merge")
+STAGES = ("imports", "stage", "merge", "merge-stages")
 
 
 def label(arm: str) -> str:
@@ -158,6 +217,7 @@ def label(arm: str) -> str:
         "imports": "the libraries alone (one process; CPU: imports excluded)",
         "stage": "one rank's stage alone (imports excluded)",
         "merge": "the merge alone (imports excluded)",
+        "merge-stages": "the merge alone, its stages timed one by one",
     }
     return names.get(arm, f"service, after: per rank, {arm} process(es) + merge")
 
@@ -222,11 +282,26 @@ def report(ranks: int, arms: list[str], repeat: int) -> dict[str, float]:
         )
         peaks[arm] = peak
         print(f"| {label(arm)} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |")
+    if results.get("merge-stages"):
+        print_stages(results["merge-stages"][0]["stages"])
     service = [arm for arm in arms if arm not in STAGES and arm != "one"]
     if service:
         parts = statistics.median(float(r["parts_mib"]) for r in results[service[0]])
         print(f"part blobs of the run: {parts:.1f} MiB")
     return peaks
+
+
+def print_stages(stages: list[Row]) -> None:
+    """The merge's stages, each: CPU, the RSS it began with, its own peak above it, and what
+    it left held (MiB)."""
+    print("| merge stage | CPU s | RSS before, MiB | its peak above that | held after it |")
+    print("|---|---|---|---|---|")
+    for row in stages:
+        print(
+            f"| {row['stage']} | {row['cpu_s']:.2f} | {row['before_mib']:.0f} | "
+            f"{row['peak_mib'] - row['before_mib']:+.0f} | "
+            f"{row['after_mib'] - row['before_mib']:+.0f} |"
+        )
 
 
 if __name__ == "__main__":

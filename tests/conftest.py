@@ -11,6 +11,15 @@ from pathlib import Path
 import pytest
 from testkit import DATA_DIR, SHARED_TRACES_ENV, slow_files_first
 
+# One intra-op thread per test process, set before any test module imports torch and inherited
+# by every child a test starts. `make test` runs two xdist workers on two cores: torch's default
+# (one OpenMP thread per core in each worker) oversubscribes the cores, and the threads' barriers
+# on the tiny tensors of the tests cost 10-30x the work itself when the machine is loaded (one
+# cp=4 ring step of tests/cp_attention: 0.12 s with one thread, 1.0-3.4 s with two at a load of
+# 8-10). torchrun already gives its ranks one thread each; a test that needs the variable unset
+# removes it itself (tests/runners/test_profile_cpu.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -18,7 +18,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from re import _parser as _sre  # type: ignore[attr-defined]
@@ -451,8 +451,11 @@ def _read(path: Path) -> Catalog:
     return parse_catalog(raw, source=str(path))
 
 
+@cache
 def builtin_catalog() -> Catalog:
-    """The catalog shipped in the package."""
+    """The catalog shipped in the package, parsed once per process: a ``Catalog`` is immutable
+    (frozen, its matchers tuples), so every analysis shares one instead of paying the TOML parse
+    and the pattern compilation each time."""
     text = resources.files(__package__).joinpath(BUILTIN_CATALOG).read_text(encoding="utf-8")
     return parse_catalog(tomllib.loads(text), source=BUILTIN_CATALOG)
 

@@ -117,7 +117,7 @@ def _packed(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tupl
         rows["graph_node"] = cols["graph"] if graph else -1
         rows["bytes"] = cols["bytes"] if size else -1
 
-    return Query(sql, columns, packed=True), fill
+    return Query(sql, columns, packed=True, splits=True), fill
 
 
 def _plain(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tuple[Query, Fill]:
@@ -148,7 +148,7 @@ def _plain(src: NsysSource, table: str, kind: ActivityKind, label: str) -> tuple
         _check_labels(src, table, cols["label"])
         rows["name"] = cols["label"]
 
-    return Query(sql, columns), fill
+    return Query(sql, columns, splits=True), fill
 
 
 def _bytes_column(src: NsysSource, table: str, kind: ActivityKind) -> str | None:

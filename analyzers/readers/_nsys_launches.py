@@ -68,10 +68,12 @@ def _queries(table: str, api_ids: dict[int, str]) -> list[tuple[Query, Fill]]:
         f" FROM {table} {where}",
         ("start", "end", "tid", "corr_api"),
         packed=True,
+        splits=True,
     )
     plain = Query(
         f'SELECT "start", "end", "globalTid", "correlationId", "nameId" FROM {table} {where}',
         ("start", "end", "tid", "corr", "api"),
+        splits=True,
     )
 
     def fill_packed(cols: Columns, rows: npt.NDArray[np.void]) -> None:

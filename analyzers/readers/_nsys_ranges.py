@@ -242,11 +242,13 @@ def _range_queries(
         f' THEN ({domain} << 40) | (e."eventType" << 32) | {key} END{tail}',
         ("start", "end", "tid", "packed"),
         packed=True,
+        splits=True,
     )
     plain = Query(
         f'{head}, {domain}, e."eventType", {text_id},'
         f" CASE WHEN {has_text} THEN {inline} ELSE -1 END{tail}",
         ("start", "end", "tid", "domain", "event_type", "text_id", "inline"),
+        splits=True,
     )
 
     def fill_packed(cols: Columns, rows: npt.NDArray[np.void]) -> None:

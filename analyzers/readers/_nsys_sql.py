@@ -8,7 +8,8 @@ StringIds actually referenced are turned into Python strings, each once.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,12 +18,14 @@ import numpy.typing as npt
 from analyzers.errors import CorruptTraceError
 from analyzers.model import SymbolTable
 from analyzers.readers._arrays import factorize
-from analyzers.readers._arrow_sqlite import ArrowSqlite
+from analyzers.readers._arrow_sqlite import ArrowSqlite, readers
 from analyzers.readers._sqlite_guard import Schema
 
 CHUNK_ROWS = 1 << 16
 """Rows per step from the cursor: amortizes the per-call cost, bounds transient memory."""
 _IN_BATCH = 900  # stays under SQLITE_MAX_VARIABLE_NUMBER of old SQLite builds (999)
+SPLIT_ROWS = 1 << 20
+"""A table with fewer rows than this is read by one connection: a split would not pay."""
 
 
 def shrink(buffer: npt.NDArray[np.void], rows: int) -> npt.NDArray[np.void]:
@@ -50,6 +53,16 @@ class Query:
     columns: tuple[str, ...]
     params: Sequence[object] = ()
     packed: bool = False
+    splits: bool = False
+    """The SQL reads one plain table and ends with its FROM (and WHERE) clause, in rowid
+    order: a rowid condition can be appended, and ranges read apart concatenate in order."""
+
+    def over_rows(self, low: int | None, high: int | None) -> str:
+        """The SQL restricted to ``low < rowid <= high`` (None: no bound on that side)."""
+        bounds = [f"rowid > {int(low)}"] if low is not None else []
+        bounds += [f"rowid <= {int(high)}"] if high is not None else []
+        where = " WHERE " in self.sql.rsplit(" FROM ", 1)[1]
+        return f"{self.sql} {'AND' if where else 'WHERE'} {' AND '.join(bounds)}"
 
 
 class _DoesNotPack(Exception):
@@ -146,7 +159,7 @@ class NsysSource:
         """Arrow batches when that path is available and the query fits it, else the cursor."""
         if self.arrow is not None and not query.params:
             try:
-                return self._fetch_arrow(out, filled, query, fill)
+                return self._fetch_arrow(out, filled, table, query, fill)
             except _ArrowFallback:
                 if query.packed:
                     raise _DoesNotPack from None
@@ -154,21 +167,74 @@ class NsysSource:
         return self._fetch_cursor(out, filled, table, query, fill)
 
     def _fetch_arrow(
-        self, out: npt.NDArray[np.void], filled: int, query: Query, fill: Fill
+        self, out: npt.NDArray[np.void], filled: int, table: str, query: Query, fill: Fill
     ) -> tuple[npt.NDArray[np.void], int]:
         assert self.arrow is not None
+        cuts = self._rowid_cuts(table) if query.splits else []
+        if not cuts:
+            return self._store_batches(
+                out, filled, query, fill, self._batches(self.arrow, query.sql)
+            )
+        # Ranges after the first are read by sibling connections on threads while this thread
+        # reads and stores the first; their batches are stored in rowid order afterwards.
+        bounds = list(zip([None, *cuts], [*cuts, None], strict=True))
+        with ThreadPoolExecutor(max_workers=len(cuts), thread_name_prefix="nsys-read") as pool:
+            later: list[Future[list[list[tuple[npt.NDArray[np.int64], bool]]]]] = [
+                pool.submit(self._range_batches, query.over_rows(low, high))
+                for low, high in bounds[1:]
+            ]
+            try:
+                first = self._batches(self.arrow, query.over_rows(*bounds[0]))
+                out, filled = self._store_batches(out, filled, query, fill, first)
+                for part in later:
+                    out, filled = self._store_batches(out, filled, query, fill, iter(part.result()))
+            finally:
+                for part in later:
+                    part.cancel()
+        return out, filled
+
+    def _rowid_cuts(self, table: str) -> list[int]:
+        """Rowids splitting ``table`` into equal rowid ranges, one per reader; [] for one."""
+        count = readers()
+        if count < 2:
+            return []
+        low, high = self.conn.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+        if low is None or int(high) - int(low) < SPLIT_ROWS:
+            return []
+        step = (int(high) - int(low)) // count
+        return [int(low) + step * k for k in range(1, count)]
+
+    def _range_batches(self, sql: str) -> list[list[tuple[npt.NDArray[np.int64], bool]]]:
+        """All batches of one rowid range, read on a sibling connection (a worker thread)."""
+        assert self.arrow is not None
+        sibling = self.arrow.sibling()
         try:
-            for batch in self.arrow.batches(query.sql, CHUNK_ROWS):
-                if any(has_nulls for _, has_nulls in batch):
-                    raise _ArrowFallback("NULL in a result column")
-                columns = {
-                    name: values for name, (values, _) in zip(query.columns, batch, strict=True)
-                }
-                out, filled = store_chunk(out, filled, columns, fill)
-        except _ArrowFallback:
-            raise
+            return list(self._batches(sibling, sql))
+        finally:
+            sibling.close()
+
+    @staticmethod
+    def _batches(
+        arrow: ArrowSqlite, sql: str
+    ) -> Iterator[list[tuple[npt.NDArray[np.int64], bool]]]:
+        try:
+            yield from arrow.batches(sql, CHUNK_ROWS)
         except Exception as exc:  # driver errors (type inference, I/O): retry on the stdlib path
             raise _ArrowFallback(str(exc)) from exc
+
+    @staticmethod
+    def _store_batches(
+        out: npt.NDArray[np.void],
+        filled: int,
+        query: Query,
+        fill: Fill,
+        batches: Iterator[list[tuple[npt.NDArray[np.int64], bool]]],
+    ) -> tuple[npt.NDArray[np.void], int]:
+        for batch in batches:
+            if any(has_nulls for _, has_nulls in batch):
+                raise _ArrowFallback("NULL in a result column")
+            columns = {name: values for name, (values, _) in zip(query.columns, batch, strict=True)}
+            out, filled = store_chunk(out, filled, columns, fill)
         return out, filled
 
     def _fetch_cursor(

@@ -223,6 +223,29 @@ def test_range_index_matches_stack_reference() -> None:
         assert g == expect
 
 
+@pytest.mark.parametrize("block", [1, 5, 1 << 40])  # a thread a block, several, one block
+def test_range_index_built_in_blocks_equals_one_block(nsys_trace: Trace, block: int) -> None:
+    """The index built in blocks of whole threads holds the arrays of the one-block build (a
+    thread's keys, depths and parents are its own), on a real export's ranges in table order
+    and on the same ranges shuffled (a thread's rows not adjacent)."""
+    r = nsys_trace.ranges
+    order = np.random.default_rng(1).permutation(len(r))
+    for rows in (np.arange(len(r)), order):
+        thread, start, end = (r[k][rows].astype(np.int64) for k in ("thread", "start", "end"))
+        one = RangeIndex(thread, start, end, rows, block=1 << 62)
+        blocked = RangeIndex(thread, start, end, rows, block=block)
+        assert len(one.threads) > 1
+        for name in ("threads", "rows", "key_start", "key_end", "thread_idx", "parent"):
+            assert np.array_equal(getattr(one, name), getattr(blocked, name)), name
+        probe = np.random.default_rng(2).integers(0, len(rows), 500)
+        times = start[probe] + (end[probe] - start[probe]) // 2
+        assert np.array_equal(
+            one.lookup(thread[probe], times), blocked.lookup(thread[probe], times)
+        )
+    empty = np.empty(0, dtype=np.int64)
+    assert len(RangeIndex(empty, empty, empty, empty, block=block).rows) == 0
+
+
 def test_sliced_range_lookup_equals_one_pass(
     nsys_trace: Trace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

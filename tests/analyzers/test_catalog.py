@@ -207,3 +207,11 @@ def test_star_globs_match_exactly_like_fnmatch() -> None:
             fast, regex = _compile(pattern), re.compile(fnmatch.translate(pattern))
             for name in against:
                 assert bool(fast.match(name)) == bool(regex.match(name)), (pattern, name)
+
+
+def test_the_builtin_catalog_is_parsed_once_per_process() -> None:
+    # Every analysis asks for it (``load_catalog`` without extras returns the built-in one):
+    # the TOML parse and the pattern compilation are paid once, the immutable result shared.
+    assert builtin_catalog() is builtin_catalog()
+    assert load_catalog(use_env=False) is builtin_catalog()
+    assert CATALOG is builtin_catalog()

@@ -13,8 +13,9 @@ import pytest
 from testkit import DATA_DIR
 
 from analyzers.model import ActivityKind, RangeKind, Trace, launch_calls
-from analyzers.readers import read_nsys
+from analyzers.readers import _nsys_sql, read_nsys
 from analyzers.readers._nsys_ranges import PYTHON_NVTX_DOMAINS
+from analyzers.readers._sqlite_guard import Schema, open_readonly
 
 DATA = DATA_DIR
 THREE_ARMS = DATA / "te-2.20.2-h200x2" / "nsys_3arms.sqlite.gz"
@@ -346,3 +347,45 @@ def test_huge_page_advice_is_restored_after_reading() -> None:
             assert setter(wanted) is wanted
     finally:
         setter(original)
+
+
+@pytest.mark.parametrize("readers", ["2", "3"])
+def test_rowid_range_reads_equal_one_connection(
+    monkeypatch: pytest.MonkeyPatch, arms: Trace, readers: str
+) -> None:
+    """Big tables read in rowid ranges by several connections give the same rows, in order."""
+    pytest.importorskip("adbc_driver_sqlite")  # the ranges are an Arrow-path feature
+    monkeypatch.setattr(_nsys_sql, "SPLIT_ROWS", 8)  # the small export's tables split too
+    monkeypatch.setenv("CPTRACE_NSYS_READERS", readers)
+    split = read_nsys(THREE_ARMS)
+    assert split.metadata["sqlite_backend"] == "adbc"
+    for table in ("activities", "launches", "ranges"):
+        assert np.array_equal(getattr(split, table), getattr(arms, table))
+    assert split.strings.names == arms.strings.names
+
+
+def test_rowid_cuts_and_range_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = _gunzip(THREE_ARMS, tmp_path / "arms.sqlite")
+    monkeypatch.setattr(_nsys_sql, "SPLIT_ROWS", 8)
+    monkeypatch.setenv("CPTRACE_NSYS_READERS", "3")
+    conn = open_readonly(db)
+    try:
+        src = _nsys_sql.NsysSource(conn=conn, schema=Schema(path=db), label=str(db))
+        table = "CUPTI_ACTIVITY_KIND_KERNEL"
+        low, high = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+        cuts = src._rowid_cuts(table)
+        assert len(cuts) == 2 and low < cuts[0] < cuts[1] < high
+        query = _nsys_sql.Query(f"SELECT start FROM {table}", ("start",), splits=True)
+        parts = [
+            query.over_rows(lo, hi) for lo, hi in zip([None, *cuts], [*cuts, None], strict=True)
+        ]
+        assert parts[0].endswith(f"WHERE rowid <= {cuts[0]}")
+        assert parts[1].endswith(f"WHERE rowid > {cuts[0]} AND rowid <= {cuts[1]}")
+        whole = [r[0] for r in conn.execute(query.sql)]
+        assert [r[0] for p in parts for r in conn.execute(p)] == whole
+        filtered = _nsys_sql.Query(f"SELECT start FROM {table} WHERE start > 0", ("start",))
+        assert filtered.over_rows(1, None).endswith("WHERE start > 0 AND rowid > 1")
+        monkeypatch.setenv("CPTRACE_NSYS_READERS", "1")
+        assert src._rowid_cuts(table) == []
+    finally:
+        conn.close()

@@ -93,7 +93,7 @@ def test_cli_mode_times_the_whole_command_and_its_own_cost() -> None:
         row = run[clock]
         assert set(stages.CLI_ROWS) <= set(row)  # type: ignore[attr-defined]
         assert row["analyze"] > 0 and row["pipeline import"] > 0
-        parts = row["analyze"] + row["start + CLI import"] + row["pipeline import"]
+        parts = row["analyze"] + row["start, CLI import, exit"] + row["pipeline import"]
         assert abs(parts + row["render + rest"] - row["process"]) < 1e-6
     assert run["wall"]["process"] >= run["wall"]["analyze"]
     assert run["rss_mb"] > 0
