@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit import script_module
 
 pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
@@ -29,15 +30,7 @@ def test_paired_run_prints_every_stage_for_both_trees() -> None:
 
 
 def _stages_module() -> object:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "analyze_stages", ROOT / "benchmarks" / "analyze_stages.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(ROOT / "benchmarks" / "analyze_stages.py")
 
 
 def _runs(cpu: dict[str, float]) -> list[dict[str, object]]:

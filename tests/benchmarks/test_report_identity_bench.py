@@ -2,24 +2,17 @@
 analyze`` takes it: a bundle folder whole, the ranks of one run together, every other file
 alone. (Its comparison is a sha256 of two processes' stdout; running it is a benchmark.)"""
 
-import importlib.util
 import shutil
 from pathlib import Path
 from types import ModuleType
 
-from testkit import DATA_DIR
+from testkit import DATA_DIR, script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _identity_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "report_identity", ROOT / "benchmarks" / "report_identity.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(ROOT / "benchmarks" / "report_identity.py")
 
 
 def test_inputs_group_ranks_keep_bundles_whole_and_take_every_trace(tmp_path: Path) -> None:

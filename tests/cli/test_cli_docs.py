@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from testkit import script_module
 from typer.testing import CliRunner
 
 from cptrace.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "scripts/cli_reference.py")
-assert _spec and _spec.loader
-cli_reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cli_reference)
+cli_reference = script_module(ROOT / "scripts/cli_reference.py")
 
 COMMANDS = sorted(cli_reference.iter_commands(app))
 

@@ -11,7 +11,6 @@ never switched on.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import warnings
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from testkit import script_module
 
 from analyzers.manifest import SyncLines
 from runners.profile.synclines import NO_CUDA, SYNC_WARNING, WARN, SyncLineRecorder
@@ -51,11 +51,7 @@ class SyncDebugSwitch:
 def _module(path: Path, name: str, source: str) -> ModuleType:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(path, name)
 
 
 LIBRARY = f"""import warnings

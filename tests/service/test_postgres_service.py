@@ -17,10 +17,11 @@ import pytest
 import sqlalchemy as sa
 from postgres_server import PostgresServer
 from service_server import Server, wait_for
+from testkit import DATA_DIR
 
 from service.storage.engine import postgres_engine
 
-BUNDLE = Path(__file__).parents[1] / "data" / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
+BUNDLE = DATA_DIR / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
 
 
 def _worker(data_dir: Path, url: str) -> subprocess.Popen[bytes]:

@@ -8,12 +8,14 @@ every helper module beside the tests). One home for each: no room defines its ow
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import random
 import shutil
 import socket
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -129,3 +131,12 @@ def demo_bundle(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no demo bundle {name!r} in {demo_bundles_dir()}")
     return path
+
+
+def script_module(path: Path, name: str | None = None) -> ModuleType:
+    """Import a file that is not in a package (a benchmark, a script, a user's job) as a module."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
