@@ -19,7 +19,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError as SaOperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.validation import field_errors
@@ -30,7 +29,13 @@ from service.core.config import Settings
 from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
 from service.storage.blobs import open_blobs
 from service.storage.database import Database
-from service.storage.engine import AnyDatabase, Backend, PostgresDatabase, backend_of
+from service.storage.engine import (
+    AnyDatabase,
+    Backend,
+    ConnectionLost,
+    PostgresDatabase,
+    backend_of,
+)
 from service.storage.migrations import apply_migrations
 
 log = logging.getLogger("cptrace.service")
@@ -71,7 +76,7 @@ def _status_of(exc: Exception) -> tuple[int, str]:
         return status, str(exc)
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return 503, "the database is busy; retry"
-    if isinstance(exc, SaOperationalError):  # PostgreSQL: server gone, connection lost
+    if isinstance(exc, ConnectionLost):  # PostgreSQL: server gone, connection lost
         return 503, "the database is unavailable; retry"
     if _disk_full(exc):
         return 507, "the server's disk is full: nothing was stored; retry once space is freed"
@@ -91,7 +96,7 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _handled_classes() -> list[type[Exception]]:
-    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, SaOperationalError, OSError]
+    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, ConnectionLost, OSError]
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -36,7 +36,7 @@ from service.messages import redact
 from service.rank_exec import run_per_rank
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn
+from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, shown_url
 
 log = logging.getLogger("cptrace.worker")
 
@@ -90,7 +90,9 @@ class AnalysisWorker:
         Between tasks it also publishes the pull-request loop's finished batches (comments and
         commit statuses) when ``GITHUB_TOKEN`` is set: right after the analysis they wait for.
         """
-        log.info("analysis worker %s started", self.name)
+        url = self.settings.database_url
+        where = shown_url(url) if url else str(self.settings.db_path)
+        log.info("analysis worker %s started on %s", self.name, where)
         host = socket.gethostname()
         orphans = self.db.write(lambda c: analysis.expire_orphaned_leases(c, host=host))
         if orphans:

@@ -52,6 +52,13 @@ class DatabaseUnavailable(DatabaseUrlError):
 
 
 DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, sa.exc.SQLAlchemyError)
+# What a lost or unreachable PostgreSQL server raises; rooms above storage name it through here.
+ConnectionLost = SaOperationalError
+
+
+def shown_url(url: str) -> str:
+    """A database URL as it may appear in a log line: the password hidden."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 """What a statement on either backend raises when the database fails it (busy, gone, locked):
 for callers that retry later (a heartbeat) rather than fail."""
 
