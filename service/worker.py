@@ -352,7 +352,9 @@ def main(settings: Settings, *, once: bool = False) -> None:
     parent = os.environ.get(PARENT_ENV)
     if parent:  # supervised: end with the API process, even when it is SIGKILLed
         set_parent_death_signal(signal.SIGTERM)
-        follow_parent(int(parent), interval_s=1.0)
+        # The signal starts the graceful stop (the last heartbeat, the "stopped" line); the
+        # watchdog is the backstop that exits hard, so it leaves that stop a few seconds.
+        follow_parent(int(parent), interval_s=5.0)
     lower_priority()  # analyses yield the CPU to the API when they share a machine
     runner = AnalysisWorker(settings)  # opens the database: its schema up to date
     runner.blobs.check()  # an unreachable S3 store stops the start, with its reason
