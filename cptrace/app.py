@@ -2,7 +2,8 @@
 
 ``service.main.create_app`` builds the JSON API (database, blobs, API routers, error handler);
 the dashboards (``web.routes.router``, which carries the PR-comment endpoint) are included here,
-above both, so ``service`` never imports ``web`` and ``web`` never builds the service.
+above both, so ``service`` never imports ``web`` and ``web`` never builds the service. The
+supervised analysis worker runs ``cptrace.worker``: the worker with the pages' after-store hook.
 """
 
 from __future__ import annotations
@@ -18,4 +19,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The cptrace app: the JSON API under ``/api/v1`` plus the dashboard pages."""
     app = create_api(settings)
     app.include_router(web_router)
+    app.state.worker_module = "cptrace.worker"  # the worker with the pages' after-store hook
     return app

@@ -13,6 +13,7 @@ existed).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -181,3 +182,14 @@ def page_summary(report: AnalysisReport) -> RunPageSummary:
         imbalance=list(report.imbalance),
         notes=list(report.notes),
     )
+
+
+class BuiltPage(NamedTuple):
+    """A run page as built from its :class:`RunPageSummary` (``web.page_parts``), stored when
+    the worker stores the report so that a view builds nothing: the report's part of the HTML
+    page, how many charts it draws, and the report's fields of its ``.json`` twin (one JSON
+    object)."""
+
+    charts: int
+    html: str
+    page_json: str

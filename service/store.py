@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.byte_cache import ByteBoundedCache
 from service.core.errors import Conflict, NotFound
-from service.page_summary import PAGE_SUMMARY_VERSION, RunPageSummary, page_summary
+from service.page_summary import PAGE_SUMMARY_VERSION, BuiltPage, RunPageSummary, page_summary
 from service.storage import runs
 from service.storage.engine import AnyDatabase, Conn
 from service.storage.runs import Metric, RunFilters
@@ -33,10 +33,10 @@ from service.storage.runs import Metric, RunFilters
 __all__ = [
     "AnalysisStatus", "ComparisonRecord", "ComparisonSummary", "HistoryPoint", "Metric",
     "RunDetail", "RunFile", "RunFilters", "RunSummary", "count_runs", "find_comparison",
-    "get_analysis_status", "get_comparison", "get_comparison_record", "get_page_summary",
-    "get_report", "get_run",
+    "get_analysis_status", "get_comparison", "get_comparison_record", "get_page_parts",
+    "get_page_summary", "get_report", "get_run",
     "list_comparisons", "list_runs", "metric_history", "run_detail_json", "run_page_json",
-    "scans_runs",
+    "scans_runs", "store_page_parts",
 ]  # fmt: skip
 
 
@@ -285,13 +285,14 @@ reference workload, 1.6 MB parsed from 0.35 MB of text)."""
 _parsed: ByteBoundedCache[RunPageSummary] = ByteBoundedCache(PARSED_PAGE_BYTES)
 
 
-def get_page_summary(db: AnyDatabase, run_id: int) -> RunPageSummary | None:
+def get_page_summary(db: AnyDatabase, run_id: int, *, keep: bool = True) -> RunPageSummary | None:
     """What the run page shows of the run's report (``service.page_summary``), or None when it
     has no report (yet). Stored with the report; a run analysed before the summary existed
     (or with an older or unreadable one) has its summary built from the report once, and
     stored. Summaries are kept parsed up to :data:`PARSED_PAGE_BYTES`, keyed by the stored
     row's stamp (new at every write), so a view of an unchanged summary reads two short columns.
-    Callers must not change the summary they get."""
+    Callers must not change the summary they get. ``keep`` False: nothing is kept parsed (the
+    worker reads each summary once, to build its page)."""
     stamp = db.read(lambda c: runs.page_stamp(c, run_id=run_id))
     if stamp is not None and stamp[0] == PAGE_SUMMARY_VERSION:
         cached = _parsed.get((run_id, stamp[1]))
@@ -306,8 +307,9 @@ def get_page_summary(db: AnyDatabase, run_id: int) -> RunPageSummary | None:
             unreadable = stored[2]  # rebuilt below, like a missing one
         else:
             summary.stamp = stored[1]
-            charge = PARSED_BYTES_PER_STORED_BYTE * len(stored[2])
-            _parsed.put((run_id, stored[1]), summary, charge)
+            if keep:
+                charge = PARSED_BYTES_PER_STORED_BYTE * len(stored[2])
+                _parsed.put((run_id, stored[1]), summary, charge)
             return summary
     report = get_report(db, run_id)
     if report is None:
@@ -321,6 +323,31 @@ def get_page_summary(db: AnyDatabase, run_id: int) -> RunPageSummary | None:
         )
     )  # fmt: skip
     return built
+
+
+def get_page_parts(db: AnyDatabase, run_id: int, version: str) -> BuiltPage | None:
+    """The run's page as built by code of ``version`` from its current page summary, or None
+    (not built yet, built by other code, or from a summary replaced since or of another
+    ``PAGE_SUMMARY_VERSION``)."""
+    found = db.read(
+        lambda c: runs.page_parts(
+            c, run_id=run_id, version=version, summary_version=PAGE_SUMMARY_VERSION
+        )
+    )
+    return None if found is None else BuiltPage(*found)
+
+
+def store_page_parts(
+    db: AnyDatabase, run_id: int, version: str, summary_stamp: str, page: BuiltPage
+) -> bool:
+    """Store the run's built page while its page summary is still the one of ``summary_stamp``;
+    whether it was stored."""
+    return db.write_tx(
+        lambda c: runs.store_page_parts(
+            c, run_id=run_id, version=version, summary_stamp=summary_stamp, charts=page.charts,
+            html=page.html, page_json=page.page_json,
+        )
+    )  # fmt: skip
 
 
 def _detail_row(conn: Conn, run_id: int) -> dict[str, Any]:

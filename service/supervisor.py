@@ -143,11 +143,17 @@ STARTUP_GRACE_S = 60.0
 """How long a new worker may take to record its first heartbeat before it counts as hung."""
 
 
-class WorkerSupervisor:
-    """Starts ``python -m service.worker`` and keeps it running (bounded restarts)."""
+WORKER_MODULE = "service.worker"
+"""What the supervisor runs (``python -m``) unless the app names another: the composition root
+names ``cptrace.worker``, the same worker with the pages' after-store hook."""
 
-    def __init__(self, settings: Settings, db: AnyDatabase) -> None:
+
+class WorkerSupervisor:
+    """Starts ``python -m <worker module>`` and keeps it running (bounded restarts)."""
+
+    def __init__(self, settings: Settings, db: AnyDatabase, module: str = WORKER_MODULE) -> None:
         self.settings = settings
+        self.module = module
         self.db = db  # the API's own: where the worker beats and holds its leases
         self.budget = RestartBudget.from_settings(settings)
         self.state = ComponentState.STARTING
@@ -164,7 +170,7 @@ class WorkerSupervisor:
     def _spawn(self) -> None:
         env = {**os.environ, **settings_env(self.settings), PARENT_ENV: str(os.getpid())}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.worker", "--data-dir", str(self.settings.data_dir)],
+            [sys.executable, "-m", self.module, "--data-dir", str(self.settings.data_dir)],
             env=env,
         )
         self.started_at = time.time()
@@ -264,10 +270,12 @@ class WorkerSupervisor:
 
 
 def start_worker(app: Any) -> None:
-    """Lifespan start-up: the supervised analysis worker, when ``Settings.run_worker`` is on."""
+    """Lifespan start-up: the supervised analysis worker, when ``Settings.run_worker`` is on
+    (``app.state.worker_module``: the module it runs, :data:`WORKER_MODULE` by default)."""
     settings: Settings = app.state.settings
     if settings.run_worker:
-        supervisor = WorkerSupervisor(settings, app.state.db)
+        module = getattr(app.state, "worker_module", WORKER_MODULE)
+        supervisor = WorkerSupervisor(settings, app.state.db, module)
         supervisor.start()
         app.state.worker_supervisor = supervisor
 

@@ -48,6 +48,9 @@ _SUFFIX = {
 }
 
 AnalyzeFn = Callable[..., Any]
+StoredHook = Callable[[AnyDatabase, int], None]
+"""Called with the worker's database and the run's id once a run's report is stored: what
+the composition root (``cptrace.worker``) builds ahead of the pages (``service`` imports none)."""
 _TRACE_FORMATS: dict[str, TraceFormat] = {"kineto": "kineto", "nsys": "nsys"}
 
 
@@ -73,8 +76,9 @@ class AnalysisWorker:
     """Claims analysis tasks and runs them; one task at a time per process."""
 
     def __init__(
-        self, settings: Settings, *, analyze: AnalyzeFn | None = None, name: str | None = None
-    ) -> None:
+        self, settings: Settings, *, analyze: AnalyzeFn | None = None, name: str | None = None,
+        on_stored: StoredHook | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.blobs = open_blobs(settings.blob_location, settings.tmp_dir)
@@ -82,6 +86,7 @@ class AnalysisWorker:
 
         self.db: AnyDatabase = open_database(settings)
         self._analyze = analyze
+        self.on_stored = on_stored
         self.stop = threading.Event()
 
     def run_forever(self) -> None:
@@ -145,10 +150,21 @@ class AnalysisWorker:
                 self.db.write(lambda c: analysis.requeue_analysis(c, task, reason))
         else:
             took = time.perf_counter() - started
-            self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
+            stored = self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
+            if stored and self.on_stored is not None:
+                self._after_store(task.run_id)
         finally:
             beat.stop()
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _after_store(self, run_id: int) -> None:
+        """The stored hook; its failure costs the run nothing (what it builds ahead, the
+        pages build at their first view)."""
+        assert self.on_stored is not None
+        try:
+            self.on_stored(self.db, run_id)
+        except Exception:
+            log.exception("run %s: the after-store hook failed; pages build when viewed", run_id)
 
     def _materialise(
         self, files: list[dict[str, Any]], scratch: Path, labels: dict[str, str]
@@ -344,8 +360,9 @@ def sweep_scratch(tmp_dir: Path, conn: Conn) -> int:
     return removed
 
 
-def main(settings: Settings, *, once: bool = False) -> None:
-    """Run a worker until SIGTERM/SIGINT (or, with ``once``, until the queue is empty)."""
+def main(settings: Settings, *, once: bool = False, on_stored: StoredHook | None = None) -> None:
+    """Run a worker until SIGTERM/SIGINT (or, with ``once``, until the queue is empty);
+    ``on_stored``: called after each stored report (``StoredHook``)."""
     from service.limited_child import lower_priority
     from service.supervisor import PARENT_ENV, follow_parent, set_parent_death_signal
 
@@ -356,7 +373,7 @@ def main(settings: Settings, *, once: bool = False) -> None:
         # watchdog is the backstop that exits hard, so it leaves that stop a few seconds.
         follow_parent(int(parent), interval_s=5.0)
     lower_priority()  # analyses yield the CPU to the API when they share a machine
-    runner = AnalysisWorker(settings)  # opens the database: its schema up to date
+    runner = AnalysisWorker(settings, on_stored=on_stored)  # opens the database, migrated
     runner.blobs.check()  # an unreachable S3 store stops the start, with its reason
     swept = runner.db.read(lambda c: sweep_scratch(settings.tmp_dir, c))
     if swept:
@@ -376,7 +393,8 @@ def main(settings: Settings, *, once: bool = False) -> None:
         runner.close()
 
 
-if __name__ == "__main__":
+def cli(on_stored: StoredHook | None = None) -> None:
+    """``python -m service.worker [--data-dir D] [--once]`` (and ``cptrace.worker``'s)."""
     parser = argparse.ArgumentParser(description="cptrace analysis worker")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--once", action="store_true")
@@ -387,4 +405,8 @@ if __name__ == "__main__":
         settings = Settings(**overrides)
     except SettingsError as exc:
         parser.exit(2, f"cptrace worker: {exc}\n")
-    main(settings, once=args.once)
+    main(settings, once=args.once, on_stored=on_stored)
+
+
+if __name__ == "__main__":
+    cli()

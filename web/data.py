@@ -36,7 +36,6 @@ from analyzers.report import (
 from pr_bot.comment import CommentRun, comment_context, render_comment
 from pr_bot.deltas import HostTimeRow, MetricRow, host_rows_for, metric_rows, sides_without_gpu
 from pr_bot.labels import compare_url
-from service.byte_cache import ByteBoundedCache
 from service.core.errors import BadRequest
 from service.page_summary import RunPageSummary, TimelineColumns
 from service.storage.runs import SORT_KEYS, SPREAD_METRICS, VERDICTS, Metric, Verdict
@@ -193,20 +192,18 @@ def failure_view(manifest: dict[str, Any] | None) -> FailureView | None:
     return FailureView(headline=failure_headline(record), record=record, stacks=stacks)
 
 
-class RunPage(BaseModel):
-    run: RunDetail
-    """The run's row (its ``report`` is None: the page reads the page summary)."""
+class RunPageParts(BaseModel):
+    """What the run page shows of its report: built from the page summary alone (and the run's
+    id, in links), so it is built once, when the worker stores the report (``web.page_parts``),
+    not at a view."""
+
     report: RunPageSummary | None = None
     """What the page shows of the stored report (``service.page_summary``); None until the
     run is analysed. The whole report: ``/api/v1/runs/{id}/analysis/result``."""
-    failure: FailureView | None = None
-    """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
-    implementation: str | None
-    verdict: str
-    helpers: list[HelperRow]
-    findings: list[Finding]
-    arm_comparisons: list[ArmComparison]
-    figures: dict[str, Figure]
+    helpers: list[HelperRow] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    arm_comparisons: list[ArmComparison] = Field(default_factory=list)
+    figures: dict[str, Figure] = Field(default_factory=dict)
     idle_causes: list[IdleCause] = Field(default_factory=list)
     timelines: list[tuple[str, str]] = Field(default_factory=list)
     """(figure name, window group) of each drawn step timeline, the first group's first."""
@@ -221,8 +218,25 @@ class RunPage(BaseModel):
     figure_json: dict[str, Any] = Field(default_factory=dict, exclude=True)
     """``figures`` already written as the page embeds them (``figures.html_json``), built
     with them; not part of the ``.json`` twin."""
+
+
+class RunPageHead(BaseModel):
+    """What the run page shows of the run's row, read at every view (its status, progress and
+    error move while the report stays)."""
+
+    run: RunDetail
+    """The run's row (its ``report`` is None: the page reads the page summary)."""
+    failure: FailureView | None = None
+    """Set when the run's job failed or hung (then ``verdict`` is "failed")."""
+    implementation: str | None
+    verdict: str
     caveat: str | None = None
     """The manifest's ``run.caveat``: what to know before trusting the figures."""
+
+
+class RunPage(RunPageHead, RunPageParts):
+    """The run page's data, its ``.json`` twin: the report's parts, then the run's (the served
+    twin joins the stored parts' JSON and the head's in that order, ``web.page_parts``)."""
 
 
 SUMMARY_ROWS = 5
@@ -397,14 +411,13 @@ def windowed_helpers(stats: Sequence[HelperStat]) -> list[HelperStat]:
     return windowed or list(stats)
 
 
-def _report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
+def report_parts(run_id: int, report: RunPageSummary | None) -> RunPageParts:
     """The run page's fields built from its page summary alone (figures, tables, links)."""
-    figs: dict[str, Figure] = {}
-    drawn = drawn_timelines(report) if report is not None else {}
-    gpu_observed = report is None or report.host_time is None or report.host_time.gpu_activity
     if report is None:
-        return {"figures": figs, "gpu_observed": gpu_observed, "helpers": [], "findings": [],
-                "arm_comparisons": []}  # fmt: skip
+        return RunPageParts()
+    figs: dict[str, Figure] = {}
+    drawn = drawn_timelines(report)
+    gpu_observed = report.host_time is None or report.host_time.gpu_activity
     if report.iterations:
         figs["iterations"] = figures.iteration_distribution(report.iterations)
     shown = windowed_helpers(report.helpers)
@@ -420,61 +433,34 @@ def _report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
             figs["account"] = figures.account_bars(report.accounts)
     severity_order = {"error": 0, "warning": 1, "info": 2}
     groups = sorted({s.window for s in report.helpers} - {WHOLE_TRACE})
-    return {
-        "figures": figs,
-        "figure_json": {name: markupsafe.Markup(figures.html_json(f)) for name, f in figs.items()},
-        "gpu_observed": gpu_observed,
-        "helpers": helper_rows(report.helpers),
-        "findings": sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3)),
-        "arm_comparisons": [
+    return RunPageParts(
+        report=report,
+        figures=figs,
+        figure_json={name: markupsafe.Markup(figures.html_json(f)) for name, f in figs.items()},
+        gpu_observed=gpu_observed,
+        helpers=helper_rows(report.helpers),
+        findings=sorted(report.findings, key=lambda f: severity_order.get(f.severity.value, 3)),
+        arm_comparisons=[
             ArmComparison(base_window=a, head_window=b, url=compare_url(run_id, run_id, a, b))
             for a in groups
             for b in groups
             if a < b
         ],
-        "idle_causes": idle_causes(report.accounts, drawn=drawn) if "account" in figs else [],
-        "timelines": [(name, group) for group, (name, _) in drawn.items()],
-        "do_first": list(report.summary.do_first) if report.summary else [],
-        "summary": compact_summary(report.summary),
-    }
+        idle_causes=idle_causes(report.accounts, drawn=drawn) if "account" in figs else [],
+        timelines=[(name, group) for group, (name, _) in drawn.items()],
+        do_first=list(report.summary.do_first) if report.summary else [],
+        summary=compact_summary(report.summary),
+    )
 
 
-BUILT_PAGE_BYTES = 64 * 1024 * 1024
-"""Memory the built run pages' parts may take together (the least recently viewed leave
-first): bounded in bytes, not pages, since one page's figures are kilobytes for a small run and
-1.1 MB for the 3-arm reference workload."""
-BUILT_BYTES_PER_JSON_BYTE = 4
-"""What built parts are charged per byte of their figures' page JSON (measured: 3.8 for the
-reference workload, the figures as objects and as JSON, 1.1 MB for 0.29 MB of JSON)."""
-_built: ByteBoundedCache[dict[str, Any]] = ByteBoundedCache(BUILT_PAGE_BYTES)
-
-
-def report_parts(run_id: int, report: RunPageSummary | None) -> dict[str, Any]:
-    """:func:`_report_parts`, kept built up to :data:`BUILT_PAGE_BYTES` (keyed by the stored
-    summary's stamp, new at every write: a re-analysed run is built anew)."""
-    if report is None or report.stamp is None:
-        return _report_parts(run_id, report)
-    key = (run_id, report.stamp)
-    found = _built.get(key)
-    if found is None:
-        found = _report_parts(run_id, report)
-        charge = BUILT_BYTES_PER_JSON_BYTE * sum(len(j) for j in found["figure_json"].values())
-        _built.put(key, found, charge)
-    return found
-
-
-def run_page(store: WebStore, run_id: int) -> RunPage:
-    """The run page: the run's row and its stored page summary (never the whole report)."""
-    run = store.get_run(run_id, include_report=False)
-    report = store.get_page_summary(run_id)
-    return RunPage(
+def run_page_head(run: RunDetail) -> RunPageHead:
+    """The run page's fields read from the run's row."""
+    return RunPageHead(
         run=run,
-        report=report,
         caveat=run_caveat(run.manifest),
         failure=failure_view(run.manifest),
         implementation=run.implementation,
         verdict=run.verdict,
-        **report_parts(run_id, report),
     )
 
 

@@ -17,7 +17,7 @@ from service import loop_store, store
 from service.api.deps import DbDep
 from service.api.schemas import RunId as RunId
 from service.loop_store import BatchSummary, JobDetail, JobSummary, PullSummary
-from service.page_summary import RunPageSummary
+from service.page_summary import BuiltPage, RunPageSummary
 from service.storage.engine import AnyDatabase
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 
@@ -41,6 +41,12 @@ class WebStore(Protocol):
     def get_run(self, run_id: int, *, include_report: bool = True) -> RunDetail: ...
 
     def get_page_summary(self, run_id: int) -> RunPageSummary | None: ...
+
+    def get_page_parts(self, run_id: int, version: str) -> BuiltPage | None: ...
+
+    def store_page_parts(
+        self, run_id: int, version: str, summary_stamp: str, page: BuiltPage
+    ) -> bool: ...
 
     def get_comparison(
         self, base_id: int, head_id: int, base_window: str | None, head_window: str | None
@@ -82,6 +88,14 @@ class ServiceStore:
 
     def get_page_summary(self, run_id: int) -> RunPageSummary | None:
         return store.get_page_summary(self.db, run_id)
+
+    def get_page_parts(self, run_id: int, version: str) -> BuiltPage | None:
+        return store.get_page_parts(self.db, run_id, version)
+
+    def store_page_parts(
+        self, run_id: int, version: str, summary_stamp: str, page: BuiltPage
+    ) -> bool:
+        return store.store_page_parts(self.db, run_id, version, summary_stamp, page)
 
     def get_comparison(
         self, base_id: int, head_id: int, base_window: str | None, head_window: str | None

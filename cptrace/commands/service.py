@@ -159,9 +159,9 @@ def worker(
     """
     import logging
 
+    from cptrace.worker import main
     from service.storage.blobs import BlobConfigError
     from service.storage.engine import DatabaseUrlError
-    from service.worker import main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -241,6 +241,18 @@ def m041_run_summary_columns(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_implementation ON runs (implementation)")
 
 
+@migrations()
+def m042_run_page_parts(db: sqlite_utils.Database) -> None:
+    """The run page as built from its summary (``web.page_parts``), stored when the worker
+    stores the report, so a first view builds no figure. Runs analysed before this have none:
+    their first view builds them once and stores them."""
+    db.execute(
+        "CREATE TABLE run_page_parts (run_id INTEGER PRIMARY KEY REFERENCES runs(id),"
+        " version TEXT NOT NULL, summary_stamp TEXT NOT NULL, created_at TEXT NOT NULL,"
+        " charts INTEGER NOT NULL, html TEXT NOT NULL, page_json TEXT NOT NULL)"
+    )
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

@@ -85,6 +85,7 @@ _f = schema.run_files
 _m = schema.run_metrics
 _p = schema.reports
 _pages = schema.run_pages
+_parts = schema.run_page_parts
 _c = schema.comparisons
 _u = schema.uploads
 # One row per run: the two metrics the list shows are joined once (primary-key lookups), so the
@@ -452,6 +453,56 @@ def page_json(conn: Conn, *, run_id: int) -> tuple[int, str, str] | None:
     return None if row is None else (int(row["version"]), str(row["stamp"]), str(row["page_json"]))
 
 
+def page_parts(
+    conn: Conn, *, run_id: int, version: str, summary_version: int
+) -> tuple[int, str, str] | None:
+    """The run's built page ``(charts, html, page_json)`` when it was built by code of
+    ``version`` from the page summary stored now (its stamp), a summary of ``summary_version``;
+    else None."""
+    c = _parts.c
+    query = (
+        sa.select(c.charts, c.html, c.page_json)
+        .select_from(_parts.join(_pages, _pages.c.run_id == c.run_id))
+        .where(
+            c.run_id == run_id,
+            c.version == version,
+            c.summary_stamp == _pages.c.stamp,
+            _pages.c.version == summary_version,
+        )
+    )
+    row = execute(conn, query).first()
+    return None if row is None else (int(row["charts"]), str(row["html"]), str(row["page_json"]))
+
+
+def store_page_parts(
+    conn: Conn, *, run_id: int, version: str, summary_stamp: str, charts: int, html: str,
+    page_json: str,
+) -> bool:  # fmt: skip
+    """Store (or replace) the run's built page, only while its stored page summary is still the
+    one of ``summary_stamp`` (a build never outlives a re-analysis or a deleted run). Whether
+    it was stored."""
+    values: dict[str, Any] = {
+        "run_id": run_id,
+        "version": version,
+        "summary_stamp": summary_stamp,
+        "created_at": now_iso(),
+        "charts": charts,
+        "html": html,
+        "page_json": page_json,
+    }
+    current = sa.exists().where(_pages.c.run_id == run_id, _pages.c.stamp == summary_stamp)
+    source = sa.select(
+        *(sa.cast(sa.literal(v), _parts.c[k].type).label(k) for k, v in values.items())
+    ).where(current)
+    insert = insert_for(conn, _parts).from_select(list(values), source)
+    replaced = ("version", "summary_stamp", "created_at", "charts", "html", "page_json")
+    upsert = insert.on_conflict_do_update(
+        index_elements=[_parts.c.run_id], set_={k: insert.excluded[k] for k in replaced}
+    )
+    # RETURNING, not the row count: PostgreSQL's driver reports -1 for an INSERT ... SELECT
+    return bool(execute(conn, upsert.returning(_parts.c.run_id)).rows)
+
+
 def store_page(
     conn: Conn,
     *,
@@ -704,6 +755,7 @@ def delete_run(conn: Conn, *, run_id: int) -> list[str]:
         sa.delete(_c).where(sa.or_(_c.c.base_run_id == run_id, _c.c.head_run_id == run_id)),
         sa.delete(_m).where(_m.c.run_id == run_id),
         sa.delete(_p).where(_p.c.run_id == run_id),
+        sa.delete(_parts).where(_parts.c.run_id == run_id),
         sa.delete(_pages).where(_pages.c.run_id == run_id),
         sa.delete(schema.analysis_tasks).where(schema.analysis_tasks.c.run_id == run_id),
         sa.delete(_u).where(_u.c.run_id == run_id),
@@ -748,6 +800,7 @@ def record_report(
         ),
     )
     execute(conn, sa.update(_r).where(_r.c.id == run_id).values(analysis_s=duration_s))
+    execute(conn, sa.delete(_parts).where(_parts.c.run_id == run_id))
     execute(conn, sa.delete(_pages).where(_pages.c.run_id == run_id))
     if page is not None:
         store_page(conn, run_id=run_id, version=page[0], page_json=page[1])

@@ -155,6 +155,22 @@ run_pages = Table(
     Column("page_json", Text, nullable=False),
 )
 
+run_page_parts = Table(
+    "run_page_parts",
+    metadata,
+    Column("run_id", ForeignKey("runs.id"), primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("summary_stamp", Text, nullable=False),
+    Column("created_at", Text, nullable=False),
+    Column("charts", Integer, nullable=False),
+    Column("html", Text, nullable=False),
+    Column("page_json", Text, nullable=False),
+)
+"""The run page as built from its page summary (``web.page_parts``): the report's HTML and its
+``.json`` twin's fields, written when the worker stores the report so a view only reads them.
+``summary_stamp`` is the ``run_pages`` stamp they were built from (a re-analysed run's parts
+are stale until rebuilt); ``version`` fingerprints the code that built them."""
+
 comparisons = Table(
     "comparisons",
     metadata,
@@ -283,8 +299,9 @@ Index(
     unique=True,
 )
 
-POSTGRES_SCHEMA_VERSION = "pg001_baseline"
-"""The PostgreSQL schema this code creates; later changes add the next name, like SQLite's."""
+POSTGRES_SCHEMA_VERSIONS = ("pg001_baseline", "pg002_run_page_parts")
+"""The PostgreSQL schema versions this code knows, in order: a new database is created from the
+definition above at the last one; one made at an earlier one runs the changes after it."""
 
 schema_versions = Table(
     "cptrace_schema_versions",
@@ -295,10 +312,15 @@ schema_versions = Table(
 
 APPLICATION_TABLES = tuple(t for t in metadata.sorted_tables if t is not schema_versions)
 
+_POSTGRES_CHANGES: dict[str, tuple[Table, ...]] = {"pg002_run_page_parts": (run_page_parts,)}
+"""The tables each version after the baseline adds to a database made before it (SQLite's
+counterpart: ``service.storage.migrations``)."""
+
 
 def create_postgres_schema(conn: Connection) -> list[str]:
-    """Create the tables on an empty PostgreSQL database (the caller's transaction); a database
-    that has them already is left as it is. Returns the versions applied.
+    """Bring a PostgreSQL database to the last schema version (the caller's transaction): an
+    empty one is created from the definition, one of an earlier version gets the changes after
+    it. Returns the versions applied.
 
     A transaction-scoped advisory lock serialises processes starting together on one database
     (two API processes and a worker), so exactly one creates the schema and the others see it.
@@ -308,13 +330,17 @@ def create_postgres_schema(conn: Connection) -> list[str]:
     done = set(
         conn.execute(schema_versions.select().with_only_columns(schema_versions.c.name)).scalars()
     )
-    if POSTGRES_SCHEMA_VERSION in done:
-        return []
-    for table in APPLICATION_TABLES:
-        table.create(conn, checkfirst=False)
-    conn.execute(
-        schema_versions.insert().values(
-            name=POSTGRES_SCHEMA_VERSION, applied_at=func.now().cast(Text)
+    if not done:
+        for table in APPLICATION_TABLES:
+            table.create(conn, checkfirst=False)
+        pending = list(POSTGRES_SCHEMA_VERSIONS)
+    else:
+        pending = [v for v in POSTGRES_SCHEMA_VERSIONS if v not in done]
+        for version in pending:
+            for table in _POSTGRES_CHANGES[version]:
+                table.create(conn, checkfirst=False)
+    for version in pending:
+        conn.execute(
+            schema_versions.insert().values(name=version, applied_at=func.now().cast(Text))
         )
-    )
-    return [POSTGRES_SCHEMA_VERSION]
+    return pending

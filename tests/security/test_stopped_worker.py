@@ -20,7 +20,7 @@ def _worker_pid(server: Server) -> int | None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"service.worker" in cmdline:
+        if b".worker" in cmdline:  # service.worker, or cptrace.worker as served
             return int(pid)
     return None
 

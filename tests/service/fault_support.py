@@ -55,7 +55,7 @@ def children(pid: int) -> list[int]:
 
 def worker_pid(server_pid: int) -> int | None:
     for pid in children(server_pid):
-        if "service.worker" in cmdline(pid):
+        if ".worker" in cmdline(pid):  # service.worker, or cptrace.worker as served
             return pid
     return None
 

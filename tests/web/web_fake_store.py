@@ -13,7 +13,7 @@ from analyzers.compare import CompareError
 from analyzers.report import AnalysisReport, ComparisonReport
 from service.api.deps import read_access
 from service.core.errors import ApiError, Conflict, NotFound, error_body
-from service.page_summary import RunPageSummary, page_summary
+from service.page_summary import BuiltPage, RunPageSummary, page_summary
 from service.store import HistoryPoint, RunDetail, RunFilters, RunSummary
 from web.routes import router
 from web.store import get_store
@@ -98,6 +98,14 @@ class FakeStore:
     def get_page_summary(self, run_id: int) -> RunPageSummary | None:
         report = self.reports.get(run_id)
         return None if report is None else page_summary(report)
+
+    def get_page_parts(self, run_id: int, version: str) -> BuiltPage | None:
+        return None  # its summaries have no stamp: every view builds the page
+
+    def store_page_parts(
+        self, run_id: int, version: str, summary_stamp: str, page: BuiltPage
+    ) -> bool:
+        return False
 
     def get_comparison(self, base_id, head_id, base_window, head_window) -> ComparisonReport:
         for run_id in (base_id, head_id):
