@@ -316,7 +316,9 @@ def get_page_summary(db: AnyDatabase, run_id: int, *, keep: bool = True) -> RunP
         return None
     built = page_summary(report)
     text = built.model_dump_json()
-    db.write_tx(
+    # the stamp it is stored under (None: a newer one was stored meanwhile), so what is built
+    # from it (``web.page_parts``) is stored at this first view too
+    built.stamp = db.write_tx(
         lambda c: runs.store_page(
             c, run_id=run_id, version=built.version, page_json=text, if_stale=True,
             unreadable=unreadable,

@@ -64,7 +64,7 @@ def built_page(store: WebStore, run_id: int) -> BuiltPage | None:
     if summary is None:
         return None
     page = build(run_id, summary)
-    if summary.stamp is not None:  # None: built from the report just now, stored next view
+    if summary.stamp is not None:  # None: not the stored summary (a newer one came meanwhile)
         store.store_page_parts(run_id, VERSION, summary.stamp, page)
     return page
 

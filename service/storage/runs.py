@@ -511,10 +511,11 @@ def store_page(
     page_json: str,
     if_stale: bool = False,
     unreadable: str | None = None,
-) -> None:
-    """Store (or replace) the run's page summary. ``if_stale``: only while the run has a report
-    and no summary of ``version`` other than ``unreadable`` (a page view's build never replaces
-    what a newer analysis stored meanwhile, nor outlives a deleted run)."""
+) -> str | None:
+    """Store (or replace) the run's page summary; its stamp, or None when nothing was stored.
+    ``if_stale``: only while the run has a report and no summary of ``version`` other than
+    ``unreadable`` (a page view's build never replaces what a newer analysis stored meanwhile,
+    nor outlives a deleted run)."""
     values: dict[str, Any] = {
         "run_id": run_id,
         "version": version,
@@ -534,14 +535,14 @@ def store_page(
         if if_stale
         else None
     )
-    execute(
-        conn,
-        insert.on_conflict_do_update(
-            index_elements=[_pages.c.run_id],
-            set_={k: insert.excluded[k] for k in ("version", "page_json", "created_at", "stamp")},
-            where=keep,
-        ),
+    upsert = insert.on_conflict_do_update(
+        index_elements=[_pages.c.run_id],
+        set_={k: insert.excluded[k] for k in ("version", "page_json", "created_at", "stamp")},
+        where=keep,
     )
+    # RETURNING, not the row count: PostgreSQL's driver reports -1 for an INSERT ... SELECT
+    stored = execute(conn, upsert.returning(_pages.c.stamp)).rows
+    return str(stored[0]["stamp"]) if stored else None
 
 
 def find_comparison(

@@ -155,6 +155,20 @@ def test_a_stale_page_is_built_again_once(stored: Stored) -> None:
     assert twin["report"]["notes"][-1] == "changed by a re-analysis"
 
 
+def test_a_run_analysed_before_gets_its_page_built_at_its_first_view(stored: Stored) -> None:
+    """No page summary and no built page (analysed before either existed): the first view
+    builds both from the report and stores both; the next view only reads them."""
+    before = stored.client.get(f"/runs/{stored.run_id}").text
+    run = (stored.run_id,)
+    _sql(stored.db_path, "DELETE FROM run_page_parts WHERE run_id = ?", run)
+    _sql(stored.db_path, "DELETE FROM run_pages WHERE run_id = ?", run)
+    assert stored.client.get(f"/runs/{stored.run_id}").text == before
+    built = _parts(stored.db_path, stored.run_id)
+    assert built is not None and built[0] == page_parts.VERSION and built[1] == _stamp(stored)
+    assert stored.client.get(f"/runs/{stored.run_id}").text == before
+    assert _parts(stored.db_path, stored.run_id) == built
+
+
 def test_deleting_the_run_deletes_its_built_page(stored: Stored) -> None:
     assert _parts(stored.db_path, stored.run_id) is not None
     resp = stored.client.delete(f"/api/v1/runs/{stored.run_id}", headers=stored.admin)
