@@ -9,6 +9,13 @@ inside its C scanner, and structs made with ``gc=False`` cost the garbage collec
 It reads any layout alike (Kineto's own lines, ``indent=N``, compact, sorted keys, CRLF), so a
 re-serialized trace reads as fast as Kineto's.
 
+Two decoders: ``_TAGGED_DECODER`` has one struct type per category (a tagged union on
+``cat``), so an event's route is its type, a Python frame is decoded without ``args``, and the
+events no table reads (flow events, ...) are structs without fields; the smaller structs also
+keep a chunk's per-field passes in cache. What it does not know fails its validation and the
+chunk is decoded again by ``_DECODER`` (one struct for every event, routed by ``cat`` and
+``ph`` as ``kineto._take`` routes them). Both give the same rows.
+
 Chunks: the text is cut after an event's closing brace followed by a comma and the next
 event's opening brace (``}`` ``,`` ``{`` with any whitespace). A cut found inside a string or
 inside an event's ``args`` leaves the text before it unbalanced (an unterminated string, an
