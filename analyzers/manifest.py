@@ -65,6 +65,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _OnDemand(_Model):
+    """A model only a manifest needs: its schema and validator are made on first use instead of
+    at import, as ``analyzers.report._OnDemand`` (most ``cptrace analyze`` runs have no
+    manifest; the models nested in a report stay eager)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 class ObservedFacts(_Model):
     """How the in-process probe (``cptrace.probe``) saw the facts, counted over sampled calls.
 
@@ -181,7 +189,7 @@ class Workload(_Model):
     seqlens: list[int] | None = None
 
 
-class VariantManifest(_Model):
+class VariantManifest(_OnDemand):
     """One arm of an A/B run."""
 
     name: Name
@@ -210,7 +218,7 @@ MAX_SYNC_SITES = 1000
 """Call sites kept per rank (the recorder keeps no more)."""
 
 
-class SyncCallSite(_Model):
+class SyncCallSite(_OnDemand):
     """One line of the user's code that made synchronizing CUDA calls while profiling."""
 
     file: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
@@ -225,7 +233,7 @@ class SyncCallSite(_Model):
     message: Annotated[str, StringConstraints(max_length=500)] = ""
 
 
-class SyncLines(_Model):
+class SyncLines(_OnDemand):
     """One rank's record of the lines behind its synchronizing CUDA calls (``cptrace profile
     --torch``): the analysis points a host sync at ``sites``' line instead of Kineto's."""
 
@@ -239,7 +247,7 @@ class SyncLines(_Model):
     cptrace's profile hooks made them."""
 
 
-class RunManifest(_Model):
+class RunManifest(_OnDemand):
     """Facts about a run that its traces cannot show."""
 
     model_config = ConfigDict(extra="allow")

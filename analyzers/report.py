@@ -24,6 +24,18 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+class _OnDemand(_Model):
+    """A model of the comparison, which ``analyze`` never builds: its schema and validator are
+    made on first use instead of at import.
+
+    Why: pydantic builds every model's schema and validator when the class is created, most of
+    this module's import time; every ``cptrace analyze`` imports the module for its report and
+    none compares. (A model nested in a report model stays eager: deferring it would build its
+    schema twice, inside its parent's and on its own first use.)"""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 class Severity(StrEnum):
     """How urgent a finding is. ``error`` means wrong results, not just slow ones."""
 
@@ -424,7 +436,7 @@ class GroupAccount(_Model):
     parts: list[AccountPart]
 
 
-class AccountDelta(_Model):
+class AccountDelta(_OnDemand):
     """One account line of base and head side by side: ns per step, mean over ranks."""
 
     part: AccountPartKind
@@ -652,7 +664,7 @@ class AnalysisReport(_Model):
     what ran before it (``analyzers.failure`` words it)."""
 
 
-class HelperDelta(_Model):
+class HelperDelta(_OnDemand):
     """Per-helper change between base and head (per step, summed over ranks)."""
 
     helper: str
@@ -675,7 +687,7 @@ class HelperDelta(_Model):
     delta_activities: float = 0.0
 
 
-class KernelDelta(_Model):
+class KernelDelta(_OnDemand):
     """Per-kernel-name change between base and head: count and total time per step summed over
     ranks (``ComparisonReport.basis``), mean duration per instance."""
 
@@ -692,7 +704,7 @@ class KernelDelta(_Model):
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
 
 
-class RankDelta(_Model):
+class RankDelta(_OnDemand):
     """One rank's per-step figures on both sides (ranks present on one side only: None there)."""
 
     rank: int
@@ -704,7 +716,7 @@ class RankDelta(_Model):
     head_gpu_time_ns: float | None
 
 
-class GpuTotal(_Model):
+class GpuTotal(_OnDemand):
     """Total GPU time (kernel + memcpy + memset durations) per step, summed over ranks."""
 
     base_ns: float
@@ -715,7 +727,7 @@ class GpuTotal(_Model):
     delta_kernel_ns: float
 
 
-class IterationComparison(_Model):
+class IterationComparison(_OnDemand):
     """Robust comparison of iteration times; ``method`` states the statistics used."""
 
     base: IterationStats
@@ -747,7 +759,7 @@ class ComparabilityAspect(StrEnum):
     TRACE_SLICE = "trace_slice"
 
 
-class ComparabilityIssue(_Model):
+class ComparabilityIssue(_OnDemand):
     """One way base and head differ that makes their comparison questionable.
 
     ``refuses_time_verdict``: the difference is large enough (another workload, say) that no
@@ -761,7 +773,7 @@ class ComparabilityIssue(_Model):
     refuses_time_verdict: bool = False
 
 
-class ComparisonReport(_Model):
+class ComparisonReport(_OnDemand):
     """Base vs head: what changed, whether it is significant, and why."""
 
     schema_version: int = REPORT_SCHEMA_VERSION
