@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.field_defaults import empty_list
 from contracts.validation import first_error
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -85,7 +86,7 @@ class ObservedFacts(_Model):
     source: str = "cptrace.probe"
     function: str | None = None
     """The wrapped entry point (``transformer_engine.DotProductAttention.forward``, ...)."""
-    ranks: list[int] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=empty_list)
     calls: int = 0
     sampled_calls: int = 0
     same_object_calls: int | None = None
@@ -99,10 +100,10 @@ class ObservedFacts(_Model):
     seqlens_divisible_2cp_calls: int | None = None
     local_tokens_aligned: dict[str, int] = Field(default_factory=dict)
     """Multiple (8, 16, 128) -> sampled calls whose per-rank token count was a multiple of it."""
-    fp8_recipes: list[str] = Field(default_factory=list)
-    fsdp: list[str] = Field(default_factory=list)
+    fp8_recipes: list[str] = Field(default_factory=empty_list)
+    fsdp: list[str] = Field(default_factory=empty_list)
     transformer_engine: str | None = None
-    not_observed: list[str] = Field(default_factory=list)
+    not_observed: list[str] = Field(default_factory=empty_list)
 
 
 class FailureRecord(_Model):
@@ -113,7 +114,7 @@ class FailureRecord(_Model):
     summary: str = ""
     exit_status: int | None = None
     failed_rank: int | None = None
-    failed_ranks: list[int] = Field(default_factory=list)
+    failed_ranks: list[int] = Field(default_factory=empty_list)
     exception: dict[str, object] | None = None
     """``{type, message, where: {file, line, function}, traceback}`` of the first failure."""
     ranks: dict[str, dict[str, object]] = Field(default_factory=dict)
@@ -124,7 +125,7 @@ class FailureRecord(_Model):
     stacks: dict[str, str] = Field(default_factory=dict)
     """rank -> the Python stack of every thread of that rank (``faulthandler`` text), dumped by
     the watchdog before it stopped a hung job: where each rank was waiting."""
-    log_tail: list[str] = Field(default_factory=list)
+    log_tail: list[str] = Field(default_factory=empty_list)
     """The last lines of the job's combined output (already redacted of secrets)."""
 
 
@@ -239,7 +240,7 @@ class SyncLines(_OnDemand):
 
     rank: int = Field(ge=0, le=2**31)
     mode: SyncRecording
-    sites: list[SyncCallSite] = Field(default_factory=list, max_length=MAX_SYNC_SITES)
+    sites: list[SyncCallSite] = Field(default_factory=empty_list, max_length=MAX_SYNC_SITES)
     dropped: int = Field(default=0, ge=0)
     """Syncs at sites beyond ``MAX_SYNC_SITES`` (not in ``sites``)."""
     unplaced: int = Field(default=0, ge=0)
@@ -254,11 +255,11 @@ class RunManifest(_OnDemand):
 
     schema_version: int = MANIFEST_SCHEMA_VERSION
     workload: Workload = Field(default_factory=Workload)
-    variants: list[VariantManifest] = Field(default_factory=list)
+    variants: list[VariantManifest] = Field(default_factory=empty_list)
     environment: dict[str, object] = Field(default_factory=dict)
     failure: FailureRecord | None = None
     """Present when the run failed or hung (which rank, where, why)."""
-    sync_lines: list[SyncLines] = Field(default_factory=list, max_length=65536)
+    sync_lines: list[SyncLines] = Field(default_factory=empty_list, max_length=65536)
     """Per rank, the lines of the synchronizing CUDA calls (``cptrace profile --torch``);
     empty: not recorded (another runner, ``--no-sync-lines``, nsys only)."""
 
