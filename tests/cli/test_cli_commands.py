@@ -37,6 +37,19 @@ def test_a_name_outside_the_map_gets_the_whole_app() -> None:
     assert _names(app_for(["analyze"])) == {"analyze", "compare", "catalog"}
 
 
+def test_building_apps_again_registers_no_command_twice() -> None:
+    for _ in range(2):
+        for module in set(COMMAND_MODULES.values()):
+            build_app([module])
+    for group in build_app().registered_groups:
+        assert group.typer_instance is not None
+        names = [c.name for c in group.typer_instance.registered_commands]
+        assert len(names) == len(set(names)), (group.name, names)
+    assert sorted(_names(next(g.typer_instance for g in app.registered_groups
+                              if g.name == "token" and g.typer_instance))) == [
+        "create", "list", "revoke"]  # fmt: skip
+
+
 def _script(*argv: str) -> subprocess.CompletedProcess[str]:
     code = "import sys; from cptrace.cli import main; sys.argv[0] = 'cptrace'; main()"
     return subprocess.run(
