@@ -23,10 +23,12 @@ copy shifted in time past the previous one, correlation ids renumbered), in Kine
 layout, into a temporary directory: the real pair is small enough that the interpreter and
 import baseline dominate peak memory, the scaled pair shows the data-dependent part.
 
-HTA lives in its own virtual environment so the project's stays untouched::
+HTA lives in its own virtual environment so the project's stays untouched (not a project
+dependency); its python comes from ``--hta-python`` or ``$CPTRACE_HTA_PYTHON``::
 
-    python3 -m venv ../hta-venv && ../hta-venv/bin/pip install HolisticTraceAnalysis
-    .venv/bin/python benchmarks/hta_compare.py --hta-python ../hta-venv/bin/python --scale 10
+    python3 -m venv $TMPDIR/hta-venv && $TMPDIR/hta-venv/bin/pip install HolisticTraceAnalysis
+    export CPTRACE_HTA_PYTHON=$TMPDIR/hta-venv/bin/python
+    .venv/bin/python benchmarks/hta_compare.py --scale 10
 
 Prints a table; it asserts nothing (benchmarks are not tests).
 """
@@ -247,12 +249,37 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+HTA_PYTHON_ENV = "CPTRACE_HTA_PYTHON"
+
+
+def _check_hta_python(python: str | None) -> None:
+    """Stop with one clear line unless ``python`` runs and imports HTA."""
+    if not python:
+        raise SystemExit(
+            f"hta_compare: no HTA python: give --hta-python or set ${HTA_PYTHON_ENV} to the python "
+            "of a venv with HolisticTraceAnalysis (python3 -m venv $TMPDIR/hta-venv && "
+            "$TMPDIR/hta-venv/bin/pip install HolisticTraceAnalysis)"
+        )
+    try:
+        done = subprocess.run(
+            [python, "-c", "import hta.trace_analysis"], capture_output=True, text=True
+        )
+    except OSError as exc:
+        raise SystemExit(f"hta_compare: cannot run the HTA python {python}: {exc}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(
+            f"hta_compare: {python} cannot import HolisticTraceAnalysis ({last}); install it "
+            "there with pip install HolisticTraceAnalysis"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--hta-python",
-        required=True,
-        help="python of a venv with HolisticTraceAnalysis installed",
+        default=os.environ.get(HTA_PYTHON_ENV),
+        help=f"python of a venv with HolisticTraceAnalysis installed (default: ${HTA_PYTHON_ENV})",
     )
     parser.add_argument(
         "--traces",
@@ -269,6 +296,7 @@ def main() -> None:
         help="also run on the traces with their events written this many times (0: skip)",
     )
     args = parser.parse_args()
+    _check_hta_python(args.hta_python)
 
     print(f"load average before the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     _table(args.traces, _measure(args.traces, args.hta_python, args.repeat), args.repeat, "")
