@@ -294,7 +294,7 @@ class _BlockStates:
         self,
         thread: IntArray,
         time: IntArray,
-        steps: list[tuple[RangeIndex, int, IntArray]],
+        steps: list[_Lookup],
         kind: IntArray | None = None,
         value: IntArray | None = None,
         open_: IntArray | None = None,
