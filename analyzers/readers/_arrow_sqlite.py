@@ -12,13 +12,17 @@ the stdlib connection has inspected the schema (no triggers, views, virtual tabl
 columns). It opens the same read-only, immutable URI and sets ``trusted_schema=OFF`` too.
 
 Parallel reads: a big table's query can be split into rowid ranges read by sibling
-connections on their own threads (``ArrowSqlite.sibling``, opt-in through ``READERS_ENV``):
-the ADBC driver steps SQLite with the GIL released, so the decoding of the ranges can overlap
-on free cores.
+connections on their own threads (``ArrowSqlite.sibling``, opt-in through ``READERS_ENV``).
+The driver steps SQLite inside the stream's ``get_next``, and nanoarrow's Python binding calls
+that with the GIL held (its extension never releases it), so threads reading through it take
+turns. ``_next_batch`` calls ``get_next`` through ``ctypes`` instead, which drops the GIL for
+the length of the foreign call: the ranges decode on separate cores, and the calling thread's
+numpy work runs beside them. The stream struct is the Arrow C stream interface, a stable ABI.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,13 +59,18 @@ class ArrowSqlite:
 
         :raises ArrowUnavailable: a column is not int64 (e.g. REAL or TEXT values).
         """
+        from nanoarrow.c_array import allocate_c_array  # part of the extra, like nanoarrow
+
         statement = self._manager.AdbcStatement(self._connection)
         try:
             statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
             statement.set_sql_query(sql)
-            stream, _ = statement.execute_query()
-            for batch in self._na.c_array_stream(stream):
+            handle, _ = statement.execute_query()
+            stream = self._na.c_array_stream(handle)
+            schema = stream.get_schema()
+            while (batch := _next_batch(stream, allocate_c_array(schema))) is not None:
                 yield [self._column(batch.child(i)) for i in range(batch.n_children)]
+            stream.release()
         finally:
             statement.close()
 
@@ -84,6 +93,37 @@ class ArrowSqlite:
     def close(self) -> None:
         self._connection.close()
         self._database.close()
+
+
+class _Stream(ctypes.Structure):
+    """``struct ArrowArrayStream`` of the Arrow C stream interface."""
+
+    _fields_ = [
+        ("get_schema", ctypes.c_void_p),
+        ("get_next", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)),
+        ("get_last_error", ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)),
+        ("release", ctypes.c_void_p),
+        ("private_data", ctypes.c_void_p),
+    ]
+
+
+def _next_batch(stream: Any, batch: Any) -> Any | None:
+    """The stream's next batch, filled into ``batch`` (an empty nanoarrow ``CArray``), or None
+    at the stream's end.
+
+    Called through ``ctypes``, which releases the GIL around the call: the SQLite stepping
+    happens here, so sibling readers on other threads run at the same time.
+
+    :raises RuntimeError: the driver reports an error (its message, e.g. a damaged page).
+    """
+    address = stream._addr()
+    struct = _Stream.from_address(address)
+    code = struct.get_next(address, batch._addr())
+    if code != 0:
+        message = struct.get_last_error(address)
+        text = message.decode("utf-8", "replace") if message else os.strerror(code)
+        raise RuntimeError(f"ADBC SQLite stream error {code}: {text}")
+    return batch if batch.is_valid() else None
 
 
 def readers() -> int:
