@@ -99,9 +99,11 @@ def _dense_ids(values: npt.NDArray[np.integer]) -> I64:
         remaining = remaining[remaining != remaining[0]]
     if len(remaining):  # many distinct values: sort them
         _, inverse = np.unique(values, return_inverse=True)
-        return inverse.reshape(-1).astype(np.int64)
+        ids: I64 = inverse.reshape(-1).astype(np.int64)
+        return ids
     distinct = np.sort(np.asarray(found, dtype=values.dtype))
-    return np.searchsorted(distinct, values).astype(np.int64)
+    ids = np.searchsorted(distinct, values).astype(np.int64)
+    return ids
 
 
 def _sorted_order(group: I64, start: I64, end: I64) -> npt.NDArray[np.intp]:
