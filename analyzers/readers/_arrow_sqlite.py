@@ -80,6 +80,8 @@ class ArrowSqlite:
         array = self._na.Array(child)
         start, length = child.offset, child.length
         values = np.asarray(array.buffer(1)).view(np.int64)[start : start + length]
+        if child.null_count >= 0:  # the driver counts them (-1: unknown, the first batch)
+            return values, child.null_count > 0
         validity = np.asarray(array.buffer(0)).view(np.uint8)
         if not len(validity):
             return values, False
