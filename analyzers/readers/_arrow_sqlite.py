@@ -131,10 +131,10 @@ def _next_batch(stream: Any, batch: Any) -> Any | None:
 def readers() -> int:
     """How many connections may read one table at once: ``READERS_ENV``, else 1.
 
-    Opt-in: on the loaded 2-core development machine (load average ~10) two readers did not
-    shorten the read of the 2-million-kernel export and cost more CPU time (read 14.3 CPU-s
-    against 12.3 for one connection, 91 s wall against 87 s), and a gain on idle cores is not
-    measured yet.
+    Opt-in: on the loaded 2-core development machine (load average 19-22) two readers cut the
+    2-million-kernel read's wall time by 15-22% but cost 20-25% more CPU time and 30-40 MB more
+    peak RSS (the sibling's batches wait until the first range is stored), which took the
+    process above the export's size; an idle-core measurement is still to be taken.
     """
     wanted = os.environ.get(READERS_ENV, "")
     if wanted.isdigit() and int(wanted) > 0:
