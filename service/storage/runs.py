@@ -384,10 +384,13 @@ def window_groups(conn: Conn, *, run_id: int) -> list[str]:
 def analysis_facts(conn: Conn, *, run_id: int) -> dict[str, Any]:
     """The latest analysis task, the run's progress/error and the report's duration."""
     t = schema.analysis_tasks.c
+    # a run analysed per rank: its merge task says where it stands (running while it waits
+    # for its rank tasks), never one of those
+    status = sa.case((t.status == "waiting", "running"), else_=t.status).label("status")
     task = execute(
         conn,
-        sa.select(t.status, t.attempts, t.error, t.updated_at)
-        .where(t.run_id == run_id)
+        sa.select(status, t.attempts, t.error, t.updated_at)
+        .where(t.run_id == run_id, t.kind != "rank")
         .order_by(t.id.desc())
         .limit(1),
     ).first()
@@ -873,7 +876,9 @@ def loop_baseline_candidates(
 def runs_with_reports_older_than(conn: Conn, *, schema_version: int) -> list[int]:
     """Runs whose stored report has an older schema and no analysis queued or running."""
     t = schema.analysis_tasks
-    busy = sa.exists().where(t.c.run_id == _p.c.run_id, t.c.status.in_(("queued", "running")))
+    busy = sa.exists().where(
+        t.c.run_id == _p.c.run_id, t.c.status.in_(("queued", "running", "waiting"))
+    )
     query = sa.select(_p.c.run_id).where(_p.c.schema_version < schema_version, ~busy)
     return [int(r["run_id"]) for r in execute(conn, query).rows]
 
