@@ -163,8 +163,9 @@ class AnalysisWorker:
         named: list[str] = []  # a rank task's file, named in its failure
         try:
             files, manifest_raw = self.db.read(lambda c: analysis.task_inputs(c, task.run_id))
+            report: Any = None  # a rank task, or a run split into rank tasks: none to store
             if task.kind is TaskKind.RANK:
-                report = self._run_rank(task, files, scratch, labels, named, beat)
+                self._run_rank(task, files, scratch, labels, named, beat)
             elif task.kind is TaskKind.MERGE:
                 report = self._run_merge(task, manifest_raw, scratch, labels, beat)
             else:
