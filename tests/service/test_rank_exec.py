@@ -151,3 +151,24 @@ def test_an_upload_sniffs_each_trace_once(tmp_path: Path) -> None:
         TraceInput(path=tmp_path / "link", format="kineto", gzipped=True, rank=i, label=f.name)
         for i, f in enumerate(traces)
     ]
+
+
+def test_a_rank_failing_for_good_fails_the_run_naming_its_rank(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
+    """Each rank task under the memory limit: past it, the run fails for good, the error
+    naming the rank and its file; the parts already written are deleted."""
+    bundle = kineto_bundle(salt="rank-fails")
+    resp = client.post(
+        "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", bundle)}, headers=runner
+    )
+    assert resp.status_code == 201, resp.text
+    run_id = resp.json()["run_id"]
+    settings = app_env["app"].state.settings.model_copy(
+        update={"analysis_per_rank_min_bytes": 0, "analysis_memory_limit_bytes": 64 * MiB}
+    )
+    drain_worker(settings)
+    status = client.get(f"/api/v1/runs/{run_id}/analysis").json()
+    assert status["status"] == "failed", status
+    assert status["error"].startswith("rank 0 (traces/rank0.json.gz): the analysis needed more")
+    assert app_env["db"].read(tasks.recorded_parts) == set()
