@@ -694,14 +694,17 @@ def blob_recorded(conn: Conn, *, digest: str) -> bool:
 
 def delete_run(conn: Conn, *, run_id: int) -> list[str]:
     """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
-    blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller
-    removes their files once the transaction committed.
+    blobs no other run refers to (shared blobs stay). Returns those blobs' digests and those of
+    the part blobs its rank tasks left: the caller removes them once the transaction committed.
 
     :raises NotFound: no such run.
     """
     require_run(conn, run_id=run_id)
     query = sa.select(_f.c.sha256).distinct().where(_f.c.run_id == run_id)
     digests = [str(r["sha256"]) for r in execute(conn, query).rows]
+    t = schema.analysis_tasks.c  # the part blobs of its rank tasks, unique to them
+    query = sa.select(t.part_sha256).where(t.run_id == run_id, t.part_sha256.is_not(None))
+    parts = [str(r["part_sha256"]) for r in execute(conn, query).rows]
     jobs = schema.jobs
     for statement in (
         sa.delete(_c).where(sa.or_(_c.c.base_run_id == run_id, _c.c.head_run_id == run_id)),
@@ -722,7 +725,7 @@ def delete_run(conn: Conn, *, run_id: int) -> list[str]:
     ]
     for digest in unreferenced:
         execute(conn, sa.delete(schema.blobs).where(schema.blobs.c.sha256 == digest))
-    return unreferenced
+    return unreferenced + parts
 
 
 def record_report(

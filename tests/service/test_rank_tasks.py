@@ -11,7 +11,7 @@ import time
 
 from queue_store import QueueStore, add_run, rows_of
 
-from service.storage import schema, tasks
+from service.storage import runs, schema, tasks
 from service.storage.database import Database
 from service.storage.engine import Conn, PostgresDatabase, transaction
 from service.storage.tasks import ClaimedTask, TaskKind
@@ -124,3 +124,14 @@ def test_a_new_analysis_supersedes_the_family(queue_store: QueueStore) -> None:
     assert fresh is not None and fresh.kind is TaskKind.RUN and fresh.id > running.id
     statuses = [r["status"] for r in rows_of(db, schema.analysis_tasks, "status")]
     assert statuses == ["superseded", "cancelled", "superseded", "running"]
+
+
+def test_deleting_a_run_hands_back_its_part_blobs(queue_store: QueueStore) -> None:
+    db = queue_store.open()
+    merge = _split_run(db, 2)
+    done, running = _claim(db), _claim(db)
+    assert done is not None and running is not None and _complete(db, done, SHA[0])
+    gone = db.write(lambda c: runs.delete_run(c, run_id=merge.run_id))
+    assert gone == [SHA[0]]  # the caller deletes it with the run's unshared blobs
+    assert not _complete(db, running, SHA[1])  # the task went with the run: its part too
+    assert db.read(tasks.recorded_parts) == set()
