@@ -1,15 +1,20 @@
-"""A multi-rank run analysed in one process vs per rank (``service/rank_exec.py``).
+"""A multi-rank run analysed in one process vs as queue tasks shared by W workers.
 
 What it measures, for R ranks: the wall time of the service's analysis of the run, the CPU
 time of all its processes (user + system, their start and imports included: the stable number
 on a loaded machine), and the peak RSS of its largest process (``RUSAGE_CHILDREN``'s
-``ru_maxrss``: the largest process the arm started, the merge included; each arm runs in a
-fresh process of its own so nothing else counts). Arms:
+``ru_maxrss``; each arm runs in a fresh process of its own so nothing else counts). Arms:
 
 ============== ==============================================================================
 one process    ``service.analysis_exec.run_isolated``: the whole run in one child (as before)
-per rank, W    ``service.rank_exec.run_per_rank`` with W processes reading and attributing one
-               file each into a part blob, then one merge
+W (a count)    W ``cptrace worker`` processes on one PostgreSQL database (a throwaway server
+               started here, a fresh database per trial) and one blob folder: the run is
+               uploaded through the API (its validation untimed, the workers idle already),
+               split into R rank tasks and a merge task (``service.storage.tasks``), timed
+               from the upload's answer to the report stored. Each worker runs under a small
+               wrapper whose ``RUSAGE_CHILDREN`` gives that worker's peak RSS (its largest
+               process: a rank task's child, or the merge's) and CPU; the table shows each
+               worker's peak and how many workers took rank tasks
 ============== ==============================================================================
 
 Then, each in a fresh process of its own, that process's peak RSS: the libraries alone, one
@@ -32,6 +37,7 @@ side.
 
 Usage::
 
+    python benchmarks/rank_bench.py --ranks 8,16,32 --arms one,1,2,4
     python benchmarks/rank_bench.py --ranks 4 --workers 1,2 --repeat 2
     python benchmarks/rank_bench.py --ranks 16,32 --arms imports,stage,merge --repeat 2
     python benchmarks/rank_bench.py --ranks 8,16,32 --arms merge-stages
