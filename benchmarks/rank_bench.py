@@ -156,7 +156,6 @@ def _queue_arm(workers: int, files: list[Path], database: str) -> Row:
     data_dir = Path(tempfile.mkdtemp(prefix="rank-bench-data-"))
     os.environ.update(
         {
-            "CPTRACE_WORKER_POLL_S": "0.05",
             "CPTRACE_ANALYSIS_RANK_WORKERS": "1",  # a worker: one rank task at a time
             "CPTRACE_ANALYSIS_PER_RANK_MIN_BYTES": "0",
             "CPTRACE_ANALYSIS_MEMORY_LIMIT_BYTES": str(LIMIT_BYTES),
