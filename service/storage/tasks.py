@@ -139,7 +139,7 @@ def expire_leases(conn: Conn, now: float, max_attempts: int) -> None:
         runs.set_run_state(
             conn,
             run_id=task["run_id"],
-            status="queued",
+            **_requeued_run_status(TaskKind(task["kind"])),
             progress="requeued after a lost worker",
             touch=False,
         )
@@ -397,10 +397,16 @@ def requeue_analysis(conn: Conn, task: ClaimedTask, error: str) -> None:
         runs.set_run_state(
             conn,
             run_id=task.run_id,
-            status="queued",
+            **_requeued_run_status(task.kind),
             progress="retrying after an internal error",
             error=error[:4000],
         )
+
+
+def _requeued_run_status(kind: TaskKind) -> dict[str, Any]:
+    """A requeued task queues its run again, unless it is one of the run's rank tasks: the
+    others may be running (the run stays ``analysing``)."""
+    return {} if kind is TaskKind.RANK else {"status": "queued"}
 
 
 def _pid_alive(pid: int) -> bool:
