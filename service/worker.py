@@ -36,7 +36,7 @@ from service.messages import redact
 from service.rank_exec import run_per_rank
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, shown_url
+from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, fault_reason, shown_url
 
 log = logging.getLogger("cptrace.worker")
 
@@ -100,11 +100,22 @@ class AnalysisWorker:
         alive = _Alive(self.settings, self.db, self.name)
         alive.start()
         publisher = _pr_publisher(self.db)
+        lost: str | None = None  # the database's failure while it lasts, said once
         try:
             while not self.stop.is_set():
-                busy = self.run_once()
-                if publisher is not None:
-                    publisher.maybe_tick()
+                try:
+                    busy = self.run_once()
+                    if publisher is not None:
+                        publisher.maybe_tick()
+                except DATABASE_ERRORS as exc:  # a lost or busy database pauses, never ends us
+                    if lost is None:
+                        lost = fault_reason(exc)
+                        log.warning("database unavailable: %s; retrying until it answers", lost)
+                    self.stop.wait(max(self.settings.worker_poll_s, 1.0))
+                    continue
+                if lost is not None:
+                    log.info("database answers again; claiming tasks")
+                    lost = None
                 if not busy:
                     self.stop.wait(self.settings.worker_poll_s)
         finally:
