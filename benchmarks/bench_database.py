@@ -67,3 +67,16 @@ def copy_into_postgres(sqlite_path: Path, url: str) -> None:
     finally:
         engine.dispose()
         source.close()
+
+
+def analyze_postgres(url: str) -> None:
+    """``VACUUM ANALYZE``: the planner's statistics of the rows just inserted, as autovacuum
+    leaves a server in steady use (a fresh table's plans can be far off)."""
+    from service.storage.engine import postgres_engine
+
+    engine = postgres_engine(url, pool_size=1).execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("VACUUM ANALYZE"))
+    finally:
+        engine.dispose()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_database import choice_help, database_url
+from bench_database import analyze_postgres, choice_help, database_url
 
 from service.core.config import Settings
 from service.main import open_database
@@ -91,6 +91,8 @@ def measure(choice: str, args: argparse.Namespace, tmp: Path) -> tuple[int, dict
         db = open_database(Settings(data_dir=tmp / choice.replace("/", "_"), database_url=url))
         stack.callback(db.close)
         size = db.write_tx(lambda c: populate(c, args.runs, args.failed_every))
+        if url:
+            analyze_postgres(url)
         return size, {label: times_ms(fn, args.reps) for label, fn in queries(db)}
 
 

@@ -84,7 +84,12 @@ DATA = REPO / "tests" / "data" / "te-2.20.2-h200x2"
 KINETO = [DATA / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 NSYS = DATA / "nsys_3arms.sqlite.gz"
 
-from bench_database import choice_help, copy_into_postgres, database_url  # noqa: E402
+from bench_database import (  # noqa: E402
+    analyze_postgres,
+    choice_help,
+    copy_into_postgres,
+    database_url,
+)
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -678,6 +683,7 @@ def main() -> None:
     if url:  # the same rows, made in SQLite and copied over
         populate(data_dir / "seed", args.runs, args.analysed)
         copy_into_postgres(data_dir / "seed" / "cptrace.db", url)
+        analyze_postgres(url)
         shutil.rmtree(data_dir / "seed")
     else:
         populate(data_dir, args.runs, args.analysed)
