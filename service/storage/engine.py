@@ -339,6 +339,9 @@ class PostgresDatabase:
     """
 
     backend = Backend.POSTGRESQL
+    network_reads = True
+    """A read waits on round trips to the server: async code runs it on a thread, or the
+    event loop (every other request) would wait with it."""
 
     def __init__(
         self,
