@@ -335,7 +335,7 @@ class PostgresDatabase:
     ``statement_timeout`` at the read time limit (the twin of the SQLite progress handler),
     so a read of one statement is one round trip: no BEGIN, SET LOCAL, COMMIT around it.
     Each statement of a read sees its own snapshot, as in the READ COMMITTED transaction it
-    replaces; ``read_tagged`` keeps one snapshot for all of its statements.
+    replaces and as on SQLite, whose readers are in autocommit too.
     """
 
     backend = Backend.POSTGRESQL
@@ -392,18 +392,17 @@ class PostgresDatabase:
         return await asyncio.to_thread(self.write, fn)
 
     @contextlib.contextmanager
-    def _reading(self, ms: int | None, isolation: str | None = None) -> Iterator[SaConnection]:
-        """A read connection under the time limit ``ms``; ``isolation``: one transaction of
-        that level around the whole read (else autocommit)."""
+    def _reading(self, ms: int | None) -> Iterator[SaConnection]:
+        """A read connection under the time limit ``ms`` (the connection's own unless the
+        caller names another: then for this read only, in a transaction of its own)."""
         limit = ms or self.read_time_limit_ms
         with self.reader.connect() as conn, _read_limit_errors(limit):
-            if isolation is None and limit == self.read_time_limit_ms:
+            if limit == self.read_time_limit_ms:
                 yield conn
                 return
-            tx_conn = conn.execution_options(isolation_level=isolation or "READ COMMITTED")
+            tx_conn = conn.execution_options(isolation_level="READ COMMITTED")
             with tx_conn.begin():
-                if limit != self.read_time_limit_ms:  # a caller's own limit: this read only
-                    tx_conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(limit)}"))
+                tx_conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(limit)}"))
                 yield tx_conn
 
     def read(self, fn: Callable[[SaConnection], T], *, time_limit_ms: int | None = None) -> T:
@@ -416,14 +415,15 @@ class PostgresDatabase:
         """``read``, and ``fn`` also gets a tag of the database state it sees (the twin of
         the SQLite ``Database.read_tagged``, for the HTTP ETag).
 
-        The read runs in one ``REPEATABLE READ`` transaction whose first statement takes its
-        snapshot (``pg_current_snapshot()``: the oldest transaction still running, the next id
-        to be assigned, the ones in flight): every query of ``fn`` sees exactly that snapshot,
-        and two equal snapshots show the same committed data, whatever connection or host
-        they were taken on. A write anywhere in the server moves it (a tag changes more often
-        than the data, never less).
+        The tag is the server's snapshot (``pg_current_snapshot()``: the oldest transaction
+        still running, the next id to be assigned, the ones in flight), taken by the read's
+        first statement, before ``fn`` queries, in autocommit as on SQLite: a commit landing
+        in between can only make the tag older than the data (the next request then answers
+        in full), never newer, since any commit changes the snapshot and two equal snapshots
+        mean nothing committed in between, whatever connection or host took them. No
+        transaction around the read: two round trips (``BEGIN``, ``COMMIT``) fewer.
         """
-        with self._reading(time_limit_ms, "REPEATABLE READ") as conn:
+        with self._reading(time_limit_ms) as conn:
             snapshot = conn.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
             return fn(conn, f"pg.{snapshot}")
 

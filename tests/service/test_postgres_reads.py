@@ -80,11 +80,13 @@ def test_a_read_cannot_write(db: PostgresDatabase) -> None:
         db.read(lambda c: c.execute(insert))
 
 
-def test_read_tagged_sees_one_snapshot(db: PostgresDatabase) -> None:
-    def tagged(conn: sa.Connection, tag: str) -> tuple[str, str]:
-        level = conn.execute(sa.text("SHOW transaction_isolation")).scalar_one()
-        return tag, level
+def test_the_tag_moves_with_every_write_and_only_then(db: PostgresDatabase) -> None:
+    def tagged(conn: sa.Connection, tag: str) -> tuple[str, int]:
+        return tag, runs.total_runs(conn)
 
-    tag, level = db.read_tagged(tagged)
-    assert tag.startswith("pg.") and level == "repeatable read"
-    assert db.read_tagged(tagged)[0] == tag  # nothing written: the same tag
+    tag, total = db.read_tagged(tagged)
+    assert tag.startswith("pg.") and total == 0
+    assert db.read_tagged(tagged) == (tag, 0)  # nothing written: the same tag
+    db.write(lambda c: runs.create_run(c, name="r", source="api", status="empty"))
+    moved, total = db.read_tagged(tagged)
+    assert moved != tag and total == 1
