@@ -112,7 +112,7 @@ def _handled_classes() -> list[type[Exception]]:
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        status, message, headers = _answer_of(exc)
+        status, message, extra = _answer_of(exc)
         fault = database_fault(exc)
         if fault is not None:  # the database's state, not a bug: one line, no traceback
             log.warning(
@@ -122,10 +122,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         elif status >= 500 and status != 507 and not isinstance(exc, ApiError):
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
-        if status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
         if status in (401, 403):  # an auth failure keeps no connection (issue 24, item 10)
             headers["Connection"] = "close"
+        headers.update(extra)  # the error's own (Retry-After)
         return JSONResponse(
             error_body(status, message, errors), status_code=status, headers=headers
         )

@@ -36,7 +36,14 @@ from service.messages import redact
 from service.rank_exec import run_per_rank
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, fault_reason, shown_url
+from service.storage.engine import (
+    DATABASE_ERRORS,
+    AnyDatabase,
+    Conn,
+    database_fault,
+    fault_reason,
+    shown_url,
+)
 
 log = logging.getLogger("cptrace.worker")
 
@@ -108,6 +115,8 @@ class AnalysisWorker:
                     if publisher is not None:
                         publisher.maybe_tick()
                 except DATABASE_ERRORS as exc:  # a lost or busy database pauses, never ends us
+                    if database_fault(exc) is None:  # a bad statement is a bug: end loudly
+                        raise
                     if lost is None:
                         lost = fault_reason(exc)
                         log.warning("database unavailable: %s; retrying until it answers", lost)
