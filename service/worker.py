@@ -40,7 +40,14 @@ from service.messages import redact
 from service.rank_exec import run_merge_stage, run_rank_stage
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, shown_url
+from service.storage.engine import (
+    DATABASE_ERRORS,
+    AnyDatabase,
+    Conn,
+    database_fault,
+    fault_reason,
+    shown_url,
+)
 from service.storage.tasks import TaskKind
 
 log = logging.getLogger("cptrace.worker")
@@ -112,11 +119,24 @@ class AnalysisWorker:
         ]
         for slot in slots:
             slot.start()
+        lost: str | None = None  # the database's failure while it lasts, said once
         try:
             while not self.stop.is_set():
-                busy = self.run_once()
-                if publisher is not None:
-                    publisher.maybe_tick()
+                try:
+                    busy = self.run_once()
+                    if publisher is not None:
+                        publisher.maybe_tick()
+                except DATABASE_ERRORS as exc:  # a lost or busy database pauses, never ends us
+                    if database_fault(exc) is None:  # a bad statement is a bug: end loudly
+                        raise
+                    if lost is None:
+                        lost = fault_reason(exc)
+                        log.warning("database unavailable: %s; retrying until it answers", lost)
+                    self.stop.wait(max(self.settings.worker_poll_s, 1.0))
+                    continue
+                if lost is not None:
+                    log.info("database answers again; claiming tasks")
+                    lost = None
                 if not busy:
                     self.stop.wait(self.settings.worker_poll_s)
         finally:
@@ -132,8 +152,11 @@ class AnalysisWorker:
         while not self.stop.is_set():
             try:
                 busy = self.run_once(kinds=(TaskKind.RANK,))
-            except DATABASE_ERRORS as exc:  # the main loop meets the same; this one waits
-                log.warning("rank task slot: %s", exc)
+            except DATABASE_ERRORS as exc:  # the main loop says so; this slot waits
+                if database_fault(exc) is None:
+                    log.exception("rank task slot: a database error that is no fault to wait out")
+                else:
+                    log.debug("rank task slot: %s", fault_reason(exc))
                 busy = False
             if not busy:
                 self.stop.wait(self.settings.worker_poll_s)
