@@ -228,7 +228,7 @@ _BUILD_BLOCK = 1 << 17
 bounds its sort's temporaries to a few MB whatever the number of ranks."""
 
 
-def _blocks(counts: IntArray, size: int) -> list[int]:
+def thread_blocks(counts: IntArray, size: int) -> list[int]:
     """Ends (cumulative row counts) of consecutive groups of ``counts``, each group of at most
     ``size`` rows or one count alone."""
     ends: list[int] = []
@@ -282,7 +282,7 @@ class RangeIndex:
         # as one pass over every range, with the sort's temporaries bounded by a block.
         by_thread = np.argsort(t_idx, kind="stable")  # each thread's rows in table order
         lo = 0
-        for hi in _blocks(np.bincount(t_idx, minlength=len(self.threads)), block):
+        for hi in thread_blocks(np.bincount(t_idx, minlength=len(self.threads)), block):
             self._build(by_thread[lo:hi], lo, t_idx, start, end, rows)
             lo = hi
 

@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.field_defaults import empty_list
 from contracts.validation import first_error
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -65,6 +66,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _OnDemand(_Model):
+    """A model only a manifest needs: its schema and validator are made on first use instead of
+    at import, as ``analyzers.report._OnDemand`` (most ``cptrace analyze`` runs have no
+    manifest; the models nested in a report stay eager)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 class ObservedFacts(_Model):
     """How the in-process probe (``cptrace.probe``) saw the facts, counted over sampled calls.
 
@@ -77,7 +86,7 @@ class ObservedFacts(_Model):
     source: str = "cptrace.probe"
     function: str | None = None
     """The wrapped entry point (``transformer_engine.DotProductAttention.forward``, ...)."""
-    ranks: list[int] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=empty_list)
     calls: int = 0
     sampled_calls: int = 0
     same_object_calls: int | None = None
@@ -91,10 +100,10 @@ class ObservedFacts(_Model):
     seqlens_divisible_2cp_calls: int | None = None
     local_tokens_aligned: dict[str, int] = Field(default_factory=dict)
     """Multiple (8, 16, 128) -> sampled calls whose per-rank token count was a multiple of it."""
-    fp8_recipes: list[str] = Field(default_factory=list)
-    fsdp: list[str] = Field(default_factory=list)
+    fp8_recipes: list[str] = Field(default_factory=empty_list)
+    fsdp: list[str] = Field(default_factory=empty_list)
     transformer_engine: str | None = None
-    not_observed: list[str] = Field(default_factory=list)
+    not_observed: list[str] = Field(default_factory=empty_list)
 
 
 class FailureRecord(_Model):
@@ -105,7 +114,7 @@ class FailureRecord(_Model):
     summary: str = ""
     exit_status: int | None = None
     failed_rank: int | None = None
-    failed_ranks: list[int] = Field(default_factory=list)
+    failed_ranks: list[int] = Field(default_factory=empty_list)
     exception: dict[str, object] | None = None
     """``{type, message, where: {file, line, function}, traceback}`` of the first failure."""
     ranks: dict[str, dict[str, object]] = Field(default_factory=dict)
@@ -116,7 +125,7 @@ class FailureRecord(_Model):
     stacks: dict[str, str] = Field(default_factory=dict)
     """rank -> the Python stack of every thread of that rank (``faulthandler`` text), dumped by
     the watchdog before it stopped a hung job: where each rank was waiting."""
-    log_tail: list[str] = Field(default_factory=list)
+    log_tail: list[str] = Field(default_factory=empty_list)
     """The last lines of the job's combined output (already redacted of secrets)."""
 
 
@@ -181,7 +190,7 @@ class Workload(_Model):
     seqlens: list[int] | None = None
 
 
-class VariantManifest(_Model):
+class VariantManifest(_OnDemand):
     """One arm of an A/B run."""
 
     name: Name
@@ -210,7 +219,7 @@ MAX_SYNC_SITES = 1000
 """Call sites kept per rank (the recorder keeps no more)."""
 
 
-class SyncCallSite(_Model):
+class SyncCallSite(_OnDemand):
     """One line of the user's code that made synchronizing CUDA calls while profiling."""
 
     file: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
@@ -225,13 +234,13 @@ class SyncCallSite(_Model):
     message: Annotated[str, StringConstraints(max_length=500)] = ""
 
 
-class SyncLines(_Model):
+class SyncLines(_OnDemand):
     """One rank's record of the lines behind its synchronizing CUDA calls (``cptrace profile
     --torch``): the analysis points a host sync at ``sites``' line instead of Kineto's."""
 
     rank: int = Field(ge=0, le=2**31)
     mode: SyncRecording
-    sites: list[SyncCallSite] = Field(default_factory=list, max_length=MAX_SYNC_SITES)
+    sites: list[SyncCallSite] = Field(default_factory=empty_list, max_length=MAX_SYNC_SITES)
     dropped: int = Field(default=0, ge=0)
     """Syncs at sites beyond ``MAX_SYNC_SITES`` (not in ``sites``)."""
     unplaced: int = Field(default=0, ge=0)
@@ -239,18 +248,18 @@ class SyncLines(_Model):
     cptrace's profile hooks made them."""
 
 
-class RunManifest(_Model):
+class RunManifest(_OnDemand):
     """Facts about a run that its traces cannot show."""
 
     model_config = ConfigDict(extra="allow")
 
     schema_version: int = MANIFEST_SCHEMA_VERSION
     workload: Workload = Field(default_factory=Workload)
-    variants: list[VariantManifest] = Field(default_factory=list)
+    variants: list[VariantManifest] = Field(default_factory=empty_list)
     environment: dict[str, object] = Field(default_factory=dict)
     failure: FailureRecord | None = None
     """Present when the run failed or hung (which rank, where, why)."""
-    sync_lines: list[SyncLines] = Field(default_factory=list, max_length=65536)
+    sync_lines: list[SyncLines] = Field(default_factory=empty_list, max_length=65536)
     """Per rank, the lines of the synchronizing CUDA calls (``cptrace profile --torch``);
     empty: not recorded (another runner, ``--no-sync-lines``, nsys only)."""
 

@@ -15,12 +15,15 @@ code as the one-process analysis: the report is the same, byte for byte
 
 What is bounded by one rank: the read (the parse of a file, the largest cost in time and
 memory), the attribution's temporaries, and what the merge holds of a part while it copies it.
-What is not: the merged tables (about a quarter of the merge's peak) and the stages after
-attribution over them (the rest; the account's host-state indexes over every rank's ranges are
-the largest). To bound the merge by one rank those stages must run per rank and leave
-summaries; the one figure that needs every rank's kernels is the kernel table's all-ranks row
-(median and standard deviation of each kernel name over every rank's instances, computed over
-the sorted durations: exact bytes need those durations, 8 bytes a kernel, not a sketch).
+What is not: the merged tables (about a third of the merge's peak), the report's own content
+(every rank's drawn timeline events, accounts and summaries, held as models until the report
+is built: about as much again) and the stages' temporaries over the tables; the largest of
+these (the account's host-state indexes, the summary's per-range sums) are built per block of
+whole threads or of rows, a bounded size. To bound the merge by one rank the stages must run
+per rank and leave summaries, and the report must not be held whole; the one figure that
+needs every rank's kernels is the kernel table's all-ranks row (median and standard deviation
+of each kernel name over every rank's instances, computed over the sorted durations: exact
+bytes need those durations, 8 bytes a kernel, not a sketch).
 
 Before / after of the merge's attribution (two parts, 3 and 2 activities, 4 and 3 launches,
 5 ranges in the first part)::

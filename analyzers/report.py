@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzers.manifest import FailureRecord, Workload
+from contracts.field_defaults import empty_list
 
 REPORT_SCHEMA_VERSION = 3
 """2: ``launches`` counts CPU launch calls everywhere (1 counted GPU activities in helper and
@@ -22,6 +23,18 @@ comparability check reads them, so older reports are re-analysed."""
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class _OnDemand(_Model):
+    """A model of the comparison, which ``analyze`` never builds: its schema and validator are
+    made on first use instead of at import.
+
+    Why: pydantic builds every model's schema and validator when the class is created, most of
+    this module's import time; every ``cptrace analyze`` imports the module for its report and
+    none compares. (A model nested in a report model stays eager: deferring it would build its
+    schema twice, inside its parent's and on its own first use.)"""
+
+    model_config = ConfigDict(defer_build=True)
 
 
 class Severity(StrEnum):
@@ -57,7 +70,7 @@ class SourceInfo(_Model):
     activities: int
     launches: int
     ranges: int
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=empty_list)
 
 
 class Window(_Model):
@@ -322,8 +335,8 @@ class Timeline(_Model):
     limit: int
     dropped: int
     events: list[TimelineEvent]
-    steps: list[TimelineStep] = Field(default_factory=list)
-    gaps: list[TimelineGap] = Field(default_factory=list)
+    steps: list[TimelineStep] = Field(default_factory=empty_list)
+    gaps: list[TimelineGap] = Field(default_factory=empty_list)
     gaps_dropped: int = 0
 
 
@@ -345,12 +358,12 @@ class Finding(_Model):
     severity: Severity
     helper: str | None = None
     window: str | None = None
-    ranks: list[int] = Field(default_factory=list)
-    evidence: list[Evidence] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=empty_list)
+    evidence: list[Evidence] = Field(default_factory=empty_list)
     recommendation: str
     expected_saving_ms: float | None = None  # per iteration, when it can be estimated
     expected_saving_pct: float | None = None
-    references: list[str] = Field(default_factory=list)  # e.g. "TE issue #3331"
+    references: list[str] = Field(default_factory=empty_list)  # e.g. "TE issue #3331"
     saving_basis: str | None = None
     """How ``expected_saving_ms`` was obtained: "measured" (median difference of timed arms of
     the same run) or "estimate" (helper GPU time plus launches x a per-launch host cost)."""
@@ -394,7 +407,7 @@ class AccountPart(_Model):
     category: Category | None = None  # the helper's category, where the label is a helper
     time_ns: int
     gaps: int  # how many gaps (idle parts) or activities (busy parts) contribute
-    largest: list[AccountGap] = Field(default_factory=list)  # the largest few, longest first
+    largest: list[AccountGap] = Field(default_factory=empty_list)  # the largest few, longest first
     thread: str | None = None  # the thread with most of the time (host-side parts)
     detail: str | None = None  # the sync API and Python frame, the late peer, the copy kind
 
@@ -424,7 +437,7 @@ class GroupAccount(_Model):
     parts: list[AccountPart]
 
 
-class AccountDelta(_Model):
+class AccountDelta(_OnDemand):
     """One account line of base and head side by side: ns per step, mean over ranks."""
 
     part: AccountPartKind
@@ -466,7 +479,7 @@ class HostTimeReport(_Model):
     basis: str = HOST_TIME_BASIS
     gpu_activity: bool
     """Whether the trace has GPU activity (if not, these are the only per-helper figures)."""
-    helpers: list[HelperHostTime] = Field(default_factory=list)
+    helpers: list[HelperHostTime] = Field(default_factory=empty_list)
 
 
 class VariantWorkload(_Model):
@@ -475,7 +488,7 @@ class VariantWorkload(_Model):
     window: str  # the variant's window group ("arm:auto_clone")
     variant: str
     workload: Workload
-    overrides: list[str] = Field(default_factory=list)
+    overrides: list[str] = Field(default_factory=empty_list)
     """The workload fields the variant overrides: what its A/B experiment varies."""
 
 
@@ -484,7 +497,7 @@ class RunEnvironment(_Model):
 
     ``analyzers.comparability`` compares two of these before any comparison."""
 
-    gpu_models: list[str] = Field(default_factory=list)  # distinct device names in the traces
+    gpu_models: list[str] = Field(default_factory=empty_list)  # distinct device names in the traces
     world_size: int | None = None  # distributedInfo.world_size, else the number of ranks
     torch: str | None = None  # manifest environment
     transformer_engine: str | None = None  # manifest environment
@@ -493,10 +506,10 @@ class RunEnvironment(_Model):
     """The manifest's workload (None: no manifest, or an empty workload block)."""
     command: str | None = None
     """The job's command line for a ``cptrace profile`` run (its workload is the command)."""
-    variants: list[VariantWorkload] = Field(default_factory=list)
-    profilers: list[str] = Field(default_factory=list)
+    variants: list[VariantWorkload] = Field(default_factory=empty_list)
+    profilers: list[str] = Field(default_factory=empty_list)
     """The profilers behind the traces: "nsys", "kineto", "kineto with Python stacks"."""
-    trace_slices: list[str] = Field(default_factory=list)
+    trace_slices: list[str] = Field(default_factory=empty_list)
     """How the traces are cut short of the run (an nsys export or capture limited to a time
     window, kernels without their launch): per-window counts there are not comparable."""
 
@@ -556,7 +569,7 @@ class SyncPointer(_Model):
     saving_ms: float | None = None
     """Per step, estimated: the GPU idle after the sites inside the steps, divided by the
     steps (the largest rank's); None without steps or without GPU."""
-    call_lines: list[int] = Field(default_factory=list)
+    call_lines: list[int] = Field(default_factory=empty_list)
     """The lines of the synchronizing CUDA calls in the frame's function, as the profiled
     process recorded them (the manifest's ``sync_lines``, ``cptrace profile --torch`` on CUDA),
     most calls first; empty: not recorded, ``frame`` holds Kineto's line."""
@@ -596,16 +609,16 @@ class Action(_Model):
 class TraceSummary(_Model):
     """Something to say about any trace, TE or not: whole trace, all ranks (totals)."""
 
-    families: list[FamilyRow] = Field(default_factory=list)
-    cpu_ops: list[OpRow] = Field(default_factory=list)
+    families: list[FamilyRow] = Field(default_factory=empty_list)
+    cpu_ops: list[OpRow] = Field(default_factory=empty_list)
     """Top CPU operators (``aten::*``) by self time."""
-    ranges: list[OpRow] = Field(default_factory=list)
+    ranges: list[OpRow] = Field(default_factory=empty_list)
     """NVTX / ``record_function`` ranges no catalog entry names, by inclusive time."""
     communication_share: float | None = None
     """Communication's share of GPU activity time; on a run without GPU activity, of the
     host time of operators (gloo collectives run on the CPU)."""
-    sync_pointers: list[SyncPointer] = Field(default_factory=list)
-    do_first: list[Action] = Field(default_factory=list)
+    sync_pointers: list[SyncPointer] = Field(default_factory=empty_list)
+    do_first: list[Action] = Field(default_factory=empty_list)
     """At most three actions, the largest saving first."""
 
 
@@ -621,26 +634,26 @@ class AnalysisReport(_Model):
     streams: list[StreamStat]
     rank_summaries: list[RankSummary]
     imbalance: list[Imbalance]
-    iterations: list[IterationStats] = Field(default_factory=list)
+    iterations: list[IterationStats] = Field(default_factory=empty_list)
     findings: list[Finding]
     timeline: Timeline | None = None
-    other_timelines: list[Timeline] = Field(default_factory=list)
+    other_timelines: list[Timeline] = Field(default_factory=empty_list)
     """The dashboard timeline (with its idle gaps) of every other step group."""
-    notes: list[str] = Field(default_factory=list)
-    host_syncs: list[HostSyncStat] = Field(default_factory=list)
-    groups: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=empty_list)
+    host_syncs: list[HostSyncStat] = Field(default_factory=empty_list)
+    groups: list[str] = Field(default_factory=empty_list)
     """Window-group names in report order; "whole trace" is always last."""
-    gpu_timeline: list[GroupTimeline] = Field(default_factory=list)
+    gpu_timeline: list[GroupTimeline] = Field(default_factory=empty_list)
     """Per (rank, window group): the GPU timeline decomposition summed over its windows."""
-    window_timelines: list[WindowTimeline] = Field(default_factory=list)
+    window_timelines: list[WindowTimeline] = Field(default_factory=empty_list)
     """The same decomposition for every window (each step on its own)."""
-    accounts: list[GroupAccount] = Field(default_factory=list)
+    accounts: list[GroupAccount] = Field(default_factory=empty_list)
     """Per (rank, window group): where the steps' time went (``analyzers.account``)."""
-    step_accounts: list[StepAccount] = Field(default_factory=list)
+    step_accounts: list[StepAccount] = Field(default_factory=empty_list)
     """The same account for every window on its own."""
-    devices: list[DeviceFigures] = Field(default_factory=list)
+    devices: list[DeviceFigures] = Field(default_factory=empty_list)
     """Whole-trace reference figures per (rank, device)."""
-    kernels: list[KernelStat] = Field(default_factory=list)
+    kernels: list[KernelStat] = Field(default_factory=empty_list)
     """Per-kernel-name tables per window group, per rank and summed over ranks."""
     environment: RunEnvironment = Field(default_factory=RunEnvironment)
     host_time: HostTimeReport | None = None
@@ -652,7 +665,7 @@ class AnalysisReport(_Model):
     what ran before it (``analyzers.failure`` words it)."""
 
 
-class HelperDelta(_Model):
+class HelperDelta(_OnDemand):
     """Per-helper change between base and head (per step, summed over ranks)."""
 
     helper: str
@@ -675,7 +688,7 @@ class HelperDelta(_Model):
     delta_activities: float = 0.0
 
 
-class KernelDelta(_Model):
+class KernelDelta(_OnDemand):
     """Per-kernel-name change between base and head: count and total time per step summed over
     ranks (``ComparisonReport.basis``), mean duration per instance."""
 
@@ -692,7 +705,7 @@ class KernelDelta(_Model):
     status: str  # "changed" | "unchanged" | "appeared" | "disappeared"
 
 
-class RankDelta(_Model):
+class RankDelta(_OnDemand):
     """One rank's per-step figures on both sides (ranks present on one side only: None there)."""
 
     rank: int
@@ -704,7 +717,7 @@ class RankDelta(_Model):
     head_gpu_time_ns: float | None
 
 
-class GpuTotal(_Model):
+class GpuTotal(_OnDemand):
     """Total GPU time (kernel + memcpy + memset durations) per step, summed over ranks."""
 
     base_ns: float
@@ -715,7 +728,7 @@ class GpuTotal(_Model):
     delta_kernel_ns: float
 
 
-class IterationComparison(_Model):
+class IterationComparison(_OnDemand):
     """Robust comparison of iteration times; ``method`` states the statistics used."""
 
     base: IterationStats
@@ -747,7 +760,7 @@ class ComparabilityAspect(StrEnum):
     TRACE_SLICE = "trace_slice"
 
 
-class ComparabilityIssue(_Model):
+class ComparabilityIssue(_OnDemand):
     """One way base and head differ that makes their comparison questionable.
 
     ``refuses_time_verdict``: the difference is large enough (another workload, say) that no
@@ -761,7 +774,7 @@ class ComparabilityIssue(_Model):
     refuses_time_verdict: bool = False
 
 
-class ComparisonReport(_Model):
+class ComparisonReport(_OnDemand):
     """Base vs head: what changed, whether it is significant, and why."""
 
     schema_version: int = REPORT_SCHEMA_VERSION
@@ -771,28 +784,28 @@ class ComparisonReport(_Model):
     span_delta_ns: float  # per step, mean over ranks
     busy_delta_ns: float  # per step, mean over ranks (clipped GPU timeline busy)
     iterations: IterationComparison | None = None
-    findings_base: list[Finding] = Field(default_factory=list)
-    findings_head: list[Finding] = Field(default_factory=list)
-    do_first_head: list[Action] = Field(default_factory=list)
+    findings_base: list[Finding] = Field(default_factory=empty_list)
+    findings_head: list[Finding] = Field(default_factory=empty_list)
+    do_first_head: list[Action] = Field(default_factory=empty_list)
     """The head run's "do this first" (``TraceSummary.do_first``: whole trace)."""
     summary: str  # one line: verdict and the helper(s) behind the difference
     verdict: str
-    account: list[AccountDelta] = Field(default_factory=list)
+    account: list[AccountDelta] = Field(default_factory=empty_list)
     """Step account of base and head side by side (per step, mean over ranks), largest change
     first."""
     basis: str = "per step, summed over ranks"
     """How helper, kernel and Total GPU numbers were aggregated (per step or whole trace)."""
-    kernel_deltas: list[KernelDelta] = Field(default_factory=list)
+    kernel_deltas: list[KernelDelta] = Field(default_factory=empty_list)
     total_gpu: GpuTotal | None = None
-    ranks: list[RankDelta] = Field(default_factory=list)
+    ranks: list[RankDelta] = Field(default_factory=empty_list)
     gpu_observed: bool = True
     """False when either side's trace has no GPU activity: its helper, kernel, Total GPU, busy
     and account figures are not observed (the CLI and the page say so instead of zeros)."""
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=empty_list)
     """One line per ``comparability`` issue, then notes that are no issue (a side without GPU
     activity)."""
-    comparability: list[ComparabilityIssue] = Field(default_factory=list)
+    comparability: list[ComparabilityIssue] = Field(default_factory=empty_list)
     """The typed comparability check (each issue is also one line of ``notes``)."""
-    timeline_base: list[GroupTimeline] = Field(default_factory=list)
+    timeline_base: list[GroupTimeline] = Field(default_factory=empty_list)
     """The base window group's clipped GPU timeline per rank (sums; divide by ``steps``)."""
-    timeline_head: list[GroupTimeline] = Field(default_factory=list)
+    timeline_head: list[GroupTimeline] = Field(default_factory=empty_list)

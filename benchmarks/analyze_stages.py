@@ -157,7 +157,9 @@ def timed_analyze(*args, **kwargs):
     finally:
         wall["analyze"], cpu["analyze"] = time.perf_counter() - w, time.process_time() - c
 analyzers.analyze = timed_analyze  # found before the package's lazy __getattr__
-from cptrace.cli import app
+import cptrace.cli
+# the console script's app: the analyze command's module alone, where the tree builds it so
+app = cptrace.cli.app_for(["analyze"]) if hasattr(cptrace.cli, "app_for") else cptrace.cli.app
 w1, c1 = time.perf_counter(), time.process_time()
 import importlib.util
 if importlib.util.find_spec("cptrace.commands._numpy"):  # numpy as the command imports it
@@ -180,7 +182,6 @@ own = resource.getrusage(resource.RUSAGE_SELF)
 status = open("/proc/self/status").read()
 hwm = [int(ln.split()[1]) / 1024 for ln in status.splitlines() if ln.startswith("VmHWM:")]
 print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": hwm[0] if hwm else own.ru_maxrss / 1024}))
-import cptrace.cli
 if hasattr(cptrace.cli, "exit_now"):  # the console script's exit, where the tree has one
     cptrace.cli.exit_now(0)
 """

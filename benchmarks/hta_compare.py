@@ -23,10 +23,12 @@ copy shifted in time past the previous one, correlation ids renumbered), in Kine
 layout, into a temporary directory: the real pair is small enough that the interpreter and
 import baseline dominate peak memory, the scaled pair shows the data-dependent part.
 
-HTA lives in its own virtual environment so the project's stays untouched::
+HTA lives in its own virtual environment so the project's stays untouched (not a project
+dependency); its python comes from ``--hta-python`` or ``$CPTRACE_HTA_PYTHON``::
 
-    python3 -m venv ../hta-venv && ../hta-venv/bin/pip install HolisticTraceAnalysis
-    .venv/bin/python benchmarks/hta_compare.py --hta-python ../hta-venv/bin/python --scale 10
+    python3 -m venv $TMPDIR/hta-venv && $TMPDIR/hta-venv/bin/pip install HolisticTraceAnalysis
+    export CPTRACE_HTA_PYTHON=$TMPDIR/hta-venv/bin/python
+    .venv/bin/python benchmarks/hta_compare.py --scale 10
 
 Prints a table; it asserts nothing (benchmarks are not tests).
 """
@@ -174,7 +176,10 @@ def _cli_row(row: dict[str, Any]) -> dict[str, float]:
         "work_s": row["process_s"],
         "process_s": row["process_s"],
         "process_cpu_s": row["process_cpu_s"],
-        "cpu_s": row["cpu"]["process"],
+        "cpu_s": row["process_cpu_s"],
+        # the CLI's own cost: the whole process less the library call (analyzers.analyze)
+        "outside_s": row["process_s"] - row["wall"]["analyze"],
+        "outside_cpu_s": row["process_cpu_s"] - row["cpu"]["analyze"],
         "import_s": 0.0,
         "kernels": 0,
         "rss_mb": row["rss_mb"],
@@ -247,12 +252,37 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+HTA_PYTHON_ENV = "CPTRACE_HTA_PYTHON"
+
+
+def _check_hta_python(python: str | None) -> None:
+    """Stop with one clear line unless ``python`` runs and imports HTA."""
+    if not python:
+        raise SystemExit(
+            f"hta_compare: no HTA python: give --hta-python or set ${HTA_PYTHON_ENV} to the python "
+            "of a venv with HolisticTraceAnalysis (python3 -m venv $TMPDIR/hta-venv && "
+            "$TMPDIR/hta-venv/bin/pip install HolisticTraceAnalysis)"
+        )
+    try:
+        done = subprocess.run(
+            [python, "-c", "import hta.trace_analysis"], capture_output=True, text=True
+        )
+    except OSError as exc:
+        raise SystemExit(f"hta_compare: cannot run the HTA python {python}: {exc}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(
+            f"hta_compare: {python} cannot import HolisticTraceAnalysis ({last}); install it "
+            "there with pip install HolisticTraceAnalysis"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--hta-python",
-        required=True,
-        help="python of a venv with HolisticTraceAnalysis installed",
+        default=os.environ.get(HTA_PYTHON_ENV),
+        help=f"python of a venv with HolisticTraceAnalysis installed (default: ${HTA_PYTHON_ENV})",
     )
     parser.add_argument(
         "--traces",
@@ -269,6 +299,7 @@ def main() -> None:
         help="also run on the traces with their events written this many times (0: skip)",
     )
     args = parser.parse_args()
+    _check_hta_python(args.hta_python)
 
     print(f"load average before the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     _table(args.traces, _measure(args.traces, args.hta_python, args.repeat), args.repeat, "")
@@ -337,6 +368,25 @@ def _table(
         f"{_median(cli, 'rss_mb') / _median(theirs, 'rss_mb'):.2f}x of HTA's peak RSS, "
         f"{_median(cli, 'tree_pss_mb') / _median(theirs, 'tree_pss_mb'):.2f}x of its tree PSS "
         "(targets: <= 0.8 s, >= 10x, <= 0.33x)"
+    )
+    print(
+        f"  outside analyzers.analyze (the CLI's own cost: interpreter, imports, render, exit): "
+        f"{_median(cli, 'outside_s'):.2f} s wall, {_median(cli, 'outside_cpu_s'):.2f} s CPU "
+        "(target <= 0.15 s)"
+    )
+    print()
+    print("| whole process | wall s | CPU s | peak RSS MiB | tree PSS MiB |")
+    print("|---|---|---|---|---|")
+    for name, rows in ((OURS_CLI, cli), ("HTA (imports, parse, kernel breakdown)", theirs)):
+        print(
+            f"| {name} | {_median(rows, 'process_s'):.2f} | {_median(rows, 'process_cpu_s'):.2f} "
+            f"| {_median(rows, 'rss_mb'):.0f} | {_median(rows, 'tree_pss_mb'):.0f} |"
+        )
+    print(
+        f"| HTA / CLI | {whole / _median(cli, 'process_s'):.1f}x "
+        f"| {whole_cpu / _median(cli, 'process_cpu_s'):.1f}x "
+        f"| CLI / HTA {_median(cli, 'rss_mb') / _median(theirs, 'rss_mb'):.2f}x "
+        f"| CLI / HTA {_median(cli, 'tree_pss_mb') / _median(theirs, 'tree_pss_mb'):.2f}x |"
     )
     print(f"load average after the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
 

@@ -186,11 +186,12 @@ def run_stage(stage: str, folder: Path) -> Row:
             if not blob.exists():
                 subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     started, cpu = time.perf_counter(), time.process_time()
+    merged = None
     if stage == "stage":
         dump_part(analyze_rank(trace_input(files[0]), files=len(files)), folder / "one.npz")
     elif stage in ("merge", "merge-stages"):
-        merge_part_blobs(blobs)
-    return {
+        merged = merge_part_blobs(blobs)
+    row = {
         "stages": stages,
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu,
@@ -201,6 +202,9 @@ def run_stage(stage: str, folder: Path) -> Row:
         "parts_mib": 0.0,
         "report": stage,
     }
+    if merged is not None:  # after the peak is taken: the JSON is the report's size, not a stage
+        row["report_mib"] = len(merged.report.model_dump_json()) / 2**20
+    return row
 
 
 _PART = (
@@ -283,7 +287,7 @@ def report(ranks: int, arms: list[str], repeat: int) -> dict[str, float]:
         peaks[arm] = peak
         print(f"| {label(arm)} | {wall:.2f} | {cpu:.2f} | {peak:.0f} |")
     if results.get("merge-stages"):
-        print_stages(results["merge-stages"][0]["stages"])
+        print_stages(results["merge-stages"][0])
     service = [arm for arm in arms if arm not in STAGES and arm != "one"]
     if service:
         parts = statistics.median(float(r["parts_mib"]) for r in results[service[0]])
@@ -291,9 +295,11 @@ def report(ranks: int, arms: list[str], repeat: int) -> dict[str, float]:
     return peaks
 
 
-def print_stages(stages: list[Row]) -> None:
+def print_stages(merge: Row) -> None:
     """The merge's stages, each: CPU, the RSS it began with, its own peak above it, and what
-    it left held (MiB)."""
+    it left held (MiB); then the size of the report's JSON (the models the merge holds until
+    the report is built are several times that)."""
+    stages = merge["stages"]
     print("| merge stage | CPU s | RSS before, MiB | its peak above that | held after it |")
     print("|---|---|---|---|---|")
     for row in stages:
@@ -302,6 +308,7 @@ def print_stages(stages: list[Row]) -> None:
             f"{row['peak_mib'] - row['before_mib']:+.0f} | "
             f"{row['after_mib'] - row['before_mib']:+.0f} |"
         )
+    print(f"report JSON: {merge['report_mib']:.1f} MiB")
 
 
 if __name__ == "__main__":

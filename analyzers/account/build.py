@@ -527,12 +527,10 @@ class _GroupPass:
         np.minimum(cut, q_end, out=cut)
         q_trailing = np.flatnonzero(~has_next[q])
         cut[q_trailing] = q_end[q_trailing]
-        which, lo, hi, interval = ctx.host.split(thread[q], gaps.start[q], cut, q_end)
+        which, lo, hi, labels = ctx.host.split_labels(thread[q], gaps.start[q], cut, q_end)
         del cut, q_end
         gap = q[which]
-        del q, which
-        labels = ctx.host.labels(thread[gap], lo, interval)
-        del interval, thread
+        del q, which, thread
         g_seg = gaps.seg[gap]
         width = len(ctx.trace.strings) + len(ctx.att.helper_names) + 2
         # (type * width + value + 1) * (width + 1) + detail + 1, one array

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from analyzers.attribution import RangeHelpers, RangeIndex
+from analyzers.attribution import RangeHelpers, RangeIndex, thread_blocks
 from analyzers.model import RangeKind, Trace
 from analyzers.syncs import HostSyncs
 
@@ -56,17 +56,26 @@ class HostLabels:
     detail: IntArray  # SymbolTable id of the innermost Python frame for syncs, else -1
 
 
-_Columns = dict[str, npt.NDArray[np.int64]]
+HOST_BLOCK = 1 << 18
+"""Ranges per block of whole threads (a larger thread is a block alone) whose state lookups
+are built at a time. Why: built over every range of a run at once they cost ~90 bytes a range
+and were the largest part of the per-rank merge's memory, growing with the rank count; a
+thread's state depends on its own ranges only, so each block's are built, asked and dropped
+before the next."""
+
+_OTHER, _PYTHON, _NEITHER = 0, 1, 2
+"""Per range: in the index of other ranges, in the Python-frame index, or in neither (steps,
+windows and catalogued ranges; a catalogued range is found by the helper lookups first)."""
 
 
-def _columns(trace: Trace) -> _Columns:
-    """The range table's thread, start and end as contiguous arrays: a structured table's
-    field is strided, and gathers from it cost about twice as much (measured at 2M kernels)."""
-    return {k: np.ascontiguousarray(trace.ranges[k]) for k in ("thread", "start", "end")}
-
-
-def _index(columns: _Columns, rows: IntArray) -> RangeIndex:
-    return RangeIndex(columns["thread"][rows], columns["start"][rows], columns["end"][rows], rows)
+def _in_block(values: IntArray, lo: int | None, hi: int | None) -> BoolArray:
+    """``lo <= values < hi``, an absent bound open."""
+    inside = np.ones(len(values), dtype=bool)
+    if lo is not None:
+        inside &= values >= lo
+    if hi is not None:
+        inside &= values < hi
+    return inside
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +98,14 @@ def _sync_calls(trace: Trace, syncs: HostSyncs) -> _SyncCalls:
     return _SyncCalls(index, syncs.label, thread, start, syncs.end)
 
 
+_Lookup = tuple[RangeIndex, int, npt.NDArray[np.integer]]
+"""A lookup of ``labels``' chain: the index, the label type it gives, the label value per row
+of the index's table (only rows it finds are read)."""
+
+
 class HostStates:
-    """Lookups of every thread's state, built once per trace."""
+    """Lookups of every thread's state: the run-wide ones (sync calls, the catalog's range
+    indexes) built once, the rest per block of threads (``HOST_BLOCK``) when asked."""
 
     def __init__(
         self,
@@ -98,58 +113,118 @@ class HostStates:
         ranges: RangeHelpers,
         window_names: set[str],
         syncs: HostSyncs,
+        *,
+        block: int = HOST_BLOCK,
     ) -> None:
-        self._trace = trace
-        self._ranges = ranges
         table = trace.ranges
-        # contiguous copies of the fields read several times (a strided read costs more)
         kind = np.ascontiguousarray(table["kind"])
-        names = np.ascontiguousarray(table["name"])
+        names = table["name"]
         window = np.zeros(len(trace.strings) + 1, dtype=bool)
         window[[s for n in window_names if (s := trace.strings.lookup(n)) is not None]] = True
-        window = window[names]
-        other = (kind != RangeKind.PYTHON) & (kind != RangeKind.STEP) & ~window
+        neither = (kind == RangeKind.STEP) | window[names]
         # Catalogued ranges are looked up first (``labels``): an instant the other index is
         # asked about lies in none of them, so leaving them out changes no answer.
-        other[ranges.specific.rows] = False
-        other[ranges.container.rows] = False
-        self._table = _columns(trace)
-        self._sync_ops = syncs.op_ranges
+        neither[ranges.specific.rows] = True
+        neither[ranges.container.rows] = True
+        self._class = np.where(
+            kind == RangeKind.PYTHON, _PYTHON, np.where(neither, _NEITHER, _OTHER)
+        ).astype(np.int8)
+        del kind, neither
+        self._table = table
+        self._names = names
         self._calls = _sync_calls(trace, syncs)
-        self._any = _index(self._table, np.flatnonzero(other).astype(np.int64, copy=False))
-        python = np.flatnonzero(kind == RangeKind.PYTHON).astype(np.int64, copy=False)
-        self._python = _index(self._table, python)
-        names_of = np.empty(len(names) + 1, dtype=np.int64)
-        names_of[:-1], names_of[-1] = names, -1
-        helper_of = np.append(ranges.helper.astype(np.int64), -1)
-        # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order; the
-        # rest label what is left open.
-        self._cutting: list[tuple[RangeIndex, int, IntArray]] = [
-            (self._sync_ops, LabelType.SYNC, names_of),
-            (self._calls.index, LabelType.SYNC, np.append(self._calls.label, -1)),
-            (self._ranges.specific, LabelType.HELPER, helper_of),
-            (self._ranges.container, LabelType.HELPER, helper_of),
+        # The lookups whose ranges cut the pieces (``_boundaries``), in ``labels`` order.
+        self._cutting: list[_Lookup] = [
+            (syncs.op_ranges, LabelType.SYNC, names),
+            (self._calls.index, LabelType.SYNC, self._calls.label),
+            (ranges.specific, LabelType.HELPER, ranges.helper),
+            (ranges.container, LabelType.HELPER, ranges.helper),
         ]
-        self._rest: list[tuple[RangeIndex, int, IntArray]] = [
-            (self._any, LabelType.RANGE, names_of),
-            (self._python, LabelType.RANGE, names_of),
+        threads, counts = np.unique(table["thread"], return_counts=True)
+        ends = thread_blocks(counts, block)[:-1]  # in ranges: each block's last thread's end
+        after = np.searchsorted(np.cumsum(counts), ends, side="right")
+        self._edges = threads[after].astype(np.int64)  # the first thread of each later block
+
+    def split_labels(
+        self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
+    ) -> tuple[IntArray, IntArray, IntArray, HostLabels]:
+        """``_BlockStates.split`` of every query, and the state at each piece's start
+        (``labels``), block by block: (query index, start, end, labels), the pieces in
+        (query, piece) order as one block of every thread gives them."""
+        block = np.searchsorted(self._edges, thread, side="right")
+        if len(block) == 0 or bool((block == block[0]).all()):
+            return self._block(int(block[0]) if len(block) else 0).split_labels(thread, lo, cut, hi)
+        order = np.argsort(block, kind="stable")
+        cuts = np.flatnonzero(np.diff(block[order])) + 1
+        found: list[tuple[IntArray, IntArray, IntArray, HostLabels]] = []
+        for q in np.split(order, cuts):
+            states = self._block(int(block[q[0]]))
+            which, start, end, labels = states.split_labels(thread[q], lo[q], cut[q], hi[q])
+            del states  # before the next block's are built
+            found.append((q[which], start, end, labels))
+        query = np.concatenate([f[0] for f in found])
+        back = np.argsort(query, kind="stable")  # each query's pieces are in one block
+        return (
+            query[back],
+            np.concatenate([f[1] for f in found])[back],
+            np.concatenate([f[2] for f in found])[back],
+            HostLabels(
+                np.concatenate([f[3].type for f in found])[back],
+                np.concatenate([f[3].value for f in found])[back],
+                np.concatenate([f[3].detail for f in found])[back],
+            ),
+        )
+
+    def _block(self, k: int) -> _BlockStates:
+        """The lookups of the threads of block ``k`` (ids from its first thread up to the next
+        block's first)."""
+        lo = int(self._edges[k - 1]) if k > 0 else None
+        hi = int(self._edges[k]) if k < len(self._edges) else None
+        table = self._table
+        rows = np.flatnonzero(_in_block(table["thread"], lo, hi))
+        cls = self._class[rows]
+
+        def index(which: int) -> RangeIndex:
+            mine = rows[cls == which].astype(np.int64, copy=False)
+            return RangeIndex(table["thread"][mine], table["start"][mine], table["end"][mine], mine)
+
+        calls = self._calls
+        spans = []
+        for lookup, label_type, values in self._cutting:
+            if lookup is calls.index:
+                spans.append(_span(lookup, label_type, values, calls.start, calls.end, lo, hi))
+            else:
+                spans.append(
+                    _span(lookup, label_type, values, table["start"], table["end"], lo, hi)
+                )
+        rest: list[_Lookup] = [
+            (index(_OTHER), LabelType.RANGE, self._names),
+            (index(_PYTHON), LabelType.RANGE, self._names),
         ]
-        self._names_of = names_of
-        spans = self._cutting_spans()
+        return _BlockStates(self._cutting, rest, spans, self._names)
+
+
+class _BlockStates:
+    """The state lookups of one block of threads (``HostStates``)."""
+
+    def __init__(
+        self,
+        cutting: list[_Lookup],
+        rest: list[_Lookup],
+        spans: list[_Span],
+        names: npt.NDArray[np.integer],
+    ) -> None:
+        self._cutting, self._rest = cutting, rest
+        self._python = rest[1][0]
+        self._names = names
         self._bounds, ranks = _boundaries(spans)
         self._intervals = _interval_states(self._bounds, spans, ranks)
 
-    def _cutting_spans(self) -> list[_Span]:
-        """The cutting lookups' ranges (sync ops, sync calls and copies, specific and container
-        helper ranges), each in its index's order, in ``_cutting`` order."""
-        table, calls = self._table, self._calls
-        out = []
-        for index, label_type, values in self._cutting:
-            rows = index.rows
-            calls_index = index is calls.index
-            start, end = (calls.start, calls.end) if calls_index else (table["start"], table["end"])
-            out.append(_Span(index, label_type, values, start[rows], end[rows]))
-        return out
+    def split_labels(
+        self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
+    ) -> tuple[IntArray, IntArray, IntArray, HostLabels]:
+        which, start, end, interval = self.split(thread, lo, cut, hi)
+        return which, start, end, self.labels(thread[which], start, interval)
 
     def split(
         self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
@@ -219,7 +294,7 @@ class HostStates:
         self,
         thread: IntArray,
         time: IntArray,
-        steps: list[tuple[RangeIndex, int, IntArray]],
+        steps: list[_Lookup],
         kind: IntArray | None = None,
         value: IntArray | None = None,
         open_: IntArray | None = None,
@@ -266,36 +341,63 @@ class HostStates:
         detail = np.full(n, -1, dtype=np.int64)
         syncs = np.flatnonzero(kind == LabelType.SYNC)
         if len(syncs) and len(self._python.rows):
-            detail[syncs] = self._names_of[self._python.lookup(thread[syncs], time[syncs])]
+            frame = self._python.lookup(thread[syncs], time[syncs])
+            detail[syncs] = np.where(frame >= 0, self._names[np.maximum(frame, 0)], -1)
         return HostLabels(kind, value, detail)
 
 
 @dataclass(frozen=True, slots=True)
 class _Span:
-    """A cutting lookup's ranges in its index's order (``RangeIndex.rows``), with their times."""
+    """A cutting lookup's ranges of one block of threads, in its index's order (by thread,
+    then start): label values and times per position; positions count from the block's first."""
 
-    index: RangeIndex
     label_type: int
-    values: IntArray  # the label value per row of ``index`` (plus a trailing -1)
+    values: IntArray  # the label value per position
     start: IntArray
     end: IntArray  # as recorded: ``end <= start`` for a degenerate range
+    parent: IntArray  # the enclosing range's position (the index's ``parent``), -1 none
+    runs: list[tuple[int, int, int]]  # (thread id, first, last + 1 position) of each thread
 
-    def threads(self) -> list[tuple[int, int, int]]:
-        """(thread id, first, last + 1 position) of each thread's run in index order."""
-        index = self.index
-        edges = np.searchsorted(index.thread_idx, np.arange(len(index.threads) + 1)).tolist()
-        return [
-            (t, g0, g1)
-            for t, g0, g1 in zip(index.threads.tolist(), edges[:-1], edges[1:], strict=True)
-            if g1 > g0
-        ]
+
+def _span(
+    index: RangeIndex,
+    label_type: int,
+    values: npt.NDArray[np.integer],
+    start: npt.NDArray[np.integer],
+    end: npt.NDArray[np.integer],
+    lo: int | None,
+    hi: int | None,
+) -> _Span:
+    """The ranges of ``index`` on threads ``lo <= id < hi``: a slice of its positions (they
+    are in thread order), with ``values``, ``start`` and ``end`` read by its rows."""
+    threads = index.threads
+    t0 = int(np.searchsorted(threads, lo, side="left")) if lo is not None else 0
+    t1 = int(np.searchsorted(threads, hi, side="left")) if hi is not None else len(threads)
+    edges = np.searchsorted(index.thread_idx, np.arange(t0, t1 + 1)).tolist()
+    p0, p1 = (edges[0], edges[-1]) if edges else (0, 0)
+    rows = index.rows[p0:p1]
+    parent = index.parent[p0:p1]
+    parent = np.where(parent >= 0, parent - p0, -1)  # a parent is on its range's thread
+    runs = [
+        (t, g0 - p0, g1 - p0)
+        for t, g0, g1 in zip(threads[t0:t1].tolist(), edges[:-1], edges[1:], strict=True)
+        if g1 > g0
+    ]
+    return _Span(
+        label_type,
+        values[rows].astype(np.int64, copy=False),
+        start[rows].astype(np.int64, copy=False),
+        end[rows].astype(np.int64, copy=False),
+        parent,
+        runs,
+    )
 
 
 _OPEN = -1
 """A query no lookup has labelled yet (``LabelType.UNANNOTATED`` in the end)."""
 
 _Ranks = list[tuple[IntArray, IntArray]]
-"""Per span of ``_cutting_spans``: where each range's start and end lie in its thread's
+"""Per span of a block (``_span``): where each range's start and end lie in its thread's
 boundaries (index into ``_boundaries``' array of that thread), in the span's order."""
 
 
@@ -306,7 +408,7 @@ def _boundaries(spans: list[_Span]) -> tuple[dict[int, IntArray], _Ranks]:
     (or Python frame) open at its start."""
     runs: dict[int, list[tuple[int, int, int]]] = {}  # thread -> (span, first, last + 1)
     for i, span in enumerate(spans):
-        for t, g0, g1 in span.threads():
+        for t, g0, g1 in span.runs:
             runs.setdefault(t, []).append((i, g0, g1))
     ranks = [(np.empty(len(s.start), np.int64), np.empty(len(s.start), np.int64)) for s in spans]
     out: dict[int, IntArray] = {}
@@ -363,11 +465,11 @@ def _interval_states(bounds: dict[int, IntArray], spans: list[_Span], ranks: _Ra
         lo = start_at + 1
         flat = span.end <= span.start
         hi = np.where(flat, lo, end_at) if flat.any() else end_at
-        values = span.values[span.index.rows]  # per position of the index
-        for t, g0, g1 in span.threads():
+        values = span.values
+        for t, g0, g1 in span.runs:
             at, size = offset[t], len(bounds[t]) + 1
             here = slice(at, at + size)
-            k, pos = _first_instant_lookup(lo, hi, span.index.parent, g0, g1, kind[here] == _OPEN)
+            k, pos = _first_instant_lookup(lo, hi, span.parent, g0, g1, kind[here] == _OPEN)
             kind[here][k] = span.label_type
             value[here][k] = values[pos]
             if hi is not end_at:

@@ -145,7 +145,7 @@ def _families(trace: Trace, att: Attribution) -> list[FamilyRow]:
     if len(acts) == 0:
         return []
     n_names = max(len(trace.strings), 1)
-    key = (acts["kind"].astype(np.int64) * (len(att.helper_names) + 1) + att.helper + 1)
+    key = acts["kind"].astype(np.int64) * (len(att.helper_names) + 1) + att.helper + 1
     key = key * n_names + acts["name"]
     unique, inverse = np.unique(key, return_inverse=True)
     durations = (acts["end"] - acts["start"]).astype(np.int64)
@@ -178,28 +178,60 @@ def _families(trace: Trace, att: Attribution) -> list[FamilyRow]:
     return sorted(out, key=lambda r: (-r.gpu_time_ns, r.library))[: 2 * TOP_ROWS]
 
 
+ROW_BLOCK = 1 << 18
+"""Range rows ``_top`` reads at a time: its per-row temporaries (names, durations, self times,
+a sort of the names: about ten int64 a row at once) grew with the run, the merge's peak over
+many ranks."""
+
+
 def _self_time(trace: Trace) -> npt.NDArray[np.int64]:
     """Per range row: duration minus the durations of the ranges directly inside it."""
     table = trace.ranges
     duration = (table["end"] - table["start"]).astype(np.int64)
-    inner = np.zeros(len(table), dtype=np.int64)
-    child = np.flatnonzero(table["parent"] >= 0)
-    np.add.at(inner, table["parent"][child], duration[child])
-    out: npt.NDArray[np.int64] = np.maximum(duration - inner, 0)
+    out: npt.NDArray[np.int64] = np.maximum(duration - _inner_time(trace), 0)
     return out
 
 
-def _top(trace: Trace, mask: npt.NDArray[np.bool_], *, by_self: bool) -> list[OpRow]:
-    rows = np.flatnonzero(mask)
-    if len(rows) == 0:
+def _inner_time(trace: Trace, block: int = ROW_BLOCK) -> npt.NDArray[np.int64]:
+    """Per range row: the summed durations of the ranges directly inside it (children are
+    added in row order, block by block: integer sums, the same in any order)."""
+    table = trace.ranges
+    inner = np.zeros(len(table), dtype=np.int64)
+    for lo in range(0, len(table), block):
+        part = table[lo : lo + block]
+        child = np.flatnonzero(part["parent"] >= 0)
+        np.add.at(inner, part["parent"][child], (part["end"][child] - part["start"][child]))
+    return inner
+
+
+def _top(
+    trace: Trace, mask: npt.NDArray[np.bool_], *, by_self: bool, block: int = ROW_BLOCK
+) -> list[OpRow]:
+    """The ``TOP_ROWS`` names of the ranges ``mask`` holds with the most self (or inclusive)
+    time. The sums are taken in row order, block by block (``np.add.at`` adds in the order
+    ``np.bincount`` does, so the float sums are the same whatever the blocks)."""
+    table = trace.ranges
+    n_names = max(len(trace.strings), 1)
+    inclusive = np.zeros(n_names, dtype=np.float64)
+    self_ns = np.zeros(n_names, dtype=np.float64)
+    calls = np.zeros(n_names, dtype=np.int64)
+    inner = _inner_time(trace, block)
+    for lo in range(0, len(table), block):
+        here = slice(lo, lo + block)
+        rows = np.flatnonzero(mask[here])
+        if len(rows) == 0:
+            continue
+        part = table[here][rows]
+        names = part["name"].astype(np.int64)
+        duration = (part["end"] - part["start"]).astype(np.int64)
+        own = np.maximum(duration - inner[here][rows], 0)
+        np.add.at(inclusive, names, duration.astype(np.float64))
+        np.add.at(self_ns, names, own.astype(np.float64))
+        calls += np.bincount(names, minlength=n_names)
+    unique = np.flatnonzero(calls)
+    if len(unique) == 0:
         return []
-    names = trace.ranges["name"][rows].astype(np.int64)
-    unique, inverse = np.unique(names, return_inverse=True)
-    duration = (trace.ranges["end"][rows] - trace.ranges["start"][rows]).astype(np.int64)
-    own = _self_time(trace)[rows]
-    inclusive = np.bincount(inverse, weights=duration, minlength=len(unique))
-    self_ns = np.bincount(inverse, weights=own, minlength=len(unique))
-    calls = np.bincount(inverse, minlength=len(unique))
+    inclusive, self_ns, calls = inclusive[unique], self_ns[unique], calls[unique]
     order = np.argsort(-(self_ns if by_self else inclusive), kind="stable")[:TOP_ROWS]
     return [
         OpRow(
@@ -350,9 +382,7 @@ def _sync_pointers(
     python = table["kind"] == RangeKind.PYTHON
     framed_names = [s for s in np.unique(names).tolist() if _FRAME.match(trace.strings[s])]
     hook = [s for s in framed_names if PROFILE_HOOK_FRAME.search(trace.strings[s])]
-    user = [
-        s for s in framed_names if s not in hook and not LIBRARY_FRAME.search(trace.strings[s])
-    ]
+    user = [s for s in framed_names if s not in hook and not LIBRARY_FRAME.search(trace.strings[s])]
     frames = np.flatnonzero(np.isin(names, user) & python)
     sites = _sites(trace, catalog, syncs)
     if len(sites.start) == 0 or len(frames) == 0:
@@ -430,7 +460,8 @@ def recorded_lines(frame: str, sites: Sequence[SyncCallSite]) -> list[int]:
         return []
     file, line, function = m["file"], int(m["line"]), m["function"]
     mine = [
-        s for s in sites
+        s
+        for s in sites
         if s.function == function and s.first_line <= line and same_file(file, s.file)
     ]
     if not mine:

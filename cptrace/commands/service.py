@@ -14,8 +14,6 @@ import typer
 
 from cptrace.errors import CommandError
 
-token_app = typer.Typer(help="Manage API tokens (stored hashed; shown once).", no_args_is_help=True)
-
 DataDir = typer.Option(Path("var"), "--data-dir", help="Directory of the database and blobs.")
 BlobsAt = typer.Option(
     None,
@@ -261,6 +259,12 @@ def token_revoke(
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("worker")(worker)
+    # a group of its own per app: ``cptrace.cli.build_app`` may build more than one app in a
+    # process (the console script's and the whole one), and a shared group would collect every
+    # registration twice
+    token_app = typer.Typer(
+        help="Manage API tokens (stored hashed; shown once).", no_args_is_help=True
+    )
     token_app.command("create")(token_create)
     token_app.command("list")(token_list)
     token_app.command("revoke")(token_revoke)

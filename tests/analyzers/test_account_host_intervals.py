@@ -1,4 +1,5 @@
-"""The host states' per-interval shortcut (``_interval_states``) against the generic lookups.
+"""The host states' per-interval shortcut (``_interval_states``) against the generic lookups,
+and the states built per block of threads against one block of every thread.
 
 ``HostStates`` answers the sync/helper lookups once per elementary interval between two cutting
 boundaries of a thread, in interval numbers instead of ``RangeIndex.lookup``. The answer must
@@ -18,9 +19,10 @@ from analyzers.account.host import (
     _OPEN,
     HostStates,
     LabelType,
+    _BlockStates,
     _boundaries,
     _interval_states,
-    _Span,
+    _span,
 )
 from analyzers.attribution import RangeIndex, attribute, match_ranges
 from analyzers.catalog import load_catalog
@@ -49,7 +51,7 @@ def _random_ranges(rng: np.random.Generator, n: int, horizon: int) -> list[tuple
     return out
 
 
-def _trace(seed: int) -> HostStates:
+def _states(seed: int, block: int = 1 << 20) -> HostStates:
     """Threads 1 and 2: every kind of cutting range; thread 3: only other ranges and Python
     frames (no boundaries); thread 4: nothing at all (asked about anyway)."""
     rng = np.random.default_rng(seed)
@@ -82,7 +84,14 @@ def _trace(seed: int) -> HostStates:
     catalog = load_catalog(use_env=False)
     ranges = match_ranges(trace, catalog)
     syncs = host_syncs(trace, catalog, attribute(trace, catalog, ranges))
-    return HostStates(trace, ranges, set(), syncs)
+    return HostStates(trace, ranges, set(), syncs, block=block)
+
+
+def _trace(seed: int) -> _BlockStates:
+    """``_states``' lookups, every thread in one block."""
+    host = _states(seed)
+    assert len(host._edges) == 0
+    return host._block(0)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -147,7 +156,7 @@ def test_one_family_of_overlapping_ranges_matches_range_index_lookup(seed: int) 
     end = np.array([r[2] for r in rows], dtype=np.int64)
     index = RangeIndex(thread, start, end, np.arange(len(rows), dtype=np.int64))
     values = np.append(np.arange(len(rows), dtype=np.int64) * 10, -1)
-    span = _Span(index, LabelType.HELPER, values, start[index.rows], end[index.rows])
+    span = _span(index, LabelType.HELPER, values, start, end, None, None)
     bounds, ranks = _boundaries([span])
     iv = _interval_states(bounds, [span], ranks)
     assert iv.degenerate
@@ -165,3 +174,25 @@ def test_one_family_of_overlapping_ranges_matches_range_index_lookup(seed: int) 
         degenerate_starts = np.unique(start[(thread == t) & (end <= start)])
         unstable = np.flatnonzero(iv.unstable[at : at + len(b) + 1])
         np.testing.assert_array_equal(b[unstable - 1], degenerate_starts)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_states_built_block_by_block_answer_as_one_block(seed: int) -> None:
+    """Blocks of one thread each (threads 1, 2, 3 with ranges; thread 4 with none falls in the
+    last block) cut and label every query as one block of every thread does, in one order."""
+    whole, blocked = _states(seed), _states(seed, block=1)
+    assert len(blocked._edges) == 2  # threads 1 | 2 | 3 and above
+    rng = np.random.default_rng(2000 + seed)
+    n = 500
+    thread = rng.integers(0, 6, n).astype(np.int64)
+    lo = rng.integers(-20, 420, n).astype(np.int64)
+    hi = lo + rng.integers(0, 120, n)
+    cut = np.minimum(hi, lo + rng.integers(0, 150, n))
+    one = whole.split_labels(thread, lo, cut, hi)
+    each = blocked.split_labels(thread, lo, cut, hi)
+    for a, b in zip(one[:3], each[:3], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for field in ("type", "value", "detail"):
+        np.testing.assert_array_equal(getattr(one[3], field), getattr(each[3], field))
+    assert len(set(thread[one[0]].tolist())) >= 4
+    assert set(one[3].type.tolist()) >= {LabelType.HELPER, LabelType.SYNC, LabelType.RANGE}

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from testkit import DATA_DIR
@@ -162,3 +163,81 @@ def test_broken_documents_read_as_without_the_struct_path(
     path.write_bytes(text[: len(text) // 2])
     with pytest.raises(CorruptTraceError, match="malformed JSON"):
         read_kineto(path)
+
+
+# The tagged decoder (one struct type per category) reads Kineto's own events; every event it
+# does not know must make it hand the chunk to the generic decoder, which routes it as the
+# scanner does. Each of these is one such event.
+_UNTAGGED_EVENTS = {
+    "an unknown category": {"ph": "X", "cat": "my_tool", "name": "x", "pid": 1, "tid": 1, "ts": 5},
+    "a category in capitals": {
+        "ph": "X",
+        "cat": "Kernel",
+        "name": "k",
+        "pid": 0,
+        "tid": 7,
+        "ts": 10.5,
+        "dur": 2,
+        "args": {"device": 0, "stream": 7, "correlation": 999999},
+    },
+    "metadata with a skipped category": {
+        "ph": "M",
+        "cat": "Trace",
+        "name": "thread_name",
+        "pid": 1,
+        "tid": 4242,
+        "args": {"name": "tagged?"},
+    },
+    "metadata without a category": {
+        "ph": "M",
+        "name": "thread_name",
+        "pid": 1,
+        "tid": 4343,
+        "args": {"name": "untagged"},
+    },
+    "a range that is not complete": {
+        "ph": "B",
+        "cat": "cpu_op",
+        "name": "b",
+        "pid": 1,
+        "tid": 1,
+        "ts": 3,
+    },
+    "a range without pid": {"ph": "X", "cat": "user_annotation", "name": "u", "tid": 1, "ts": 3},
+}
+
+
+def test_the_tagged_decoder_refuses_what_it_does_not_route() -> None:
+    for event in _UNTAGGED_EVENTS.values():
+        with pytest.raises(msgspec.ValidationError):
+            _kineto_structs._TAGGED_DECODER.decode(json.dumps([event]).encode())
+        _kineto_structs._DECODER.decode(json.dumps([event]).encode())  # the generic one reads it
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "args": {"device": 0}}
+    flow = {"ph": "s", "cat": "ac2g", "id": 3, "pid": "a", "tid": None, "ts": "x", "bp": "e"}
+    decoded = _kineto_structs._TAGGED_DECODER.decode(json.dumps([kernel, flow]).encode())
+    routes = [_kineto_structs._TYPE_ROUTES[type(event)] for event in decoded]
+    assert routes == [_kineto_structs._route("kernel"), _kineto_structs._NONE]
+
+
+@pytest.mark.parametrize("chunk_bytes", [700, 1 << 20], ids=["small-chunks", "one-chunk"])
+def test_events_the_tagged_decoder_refuses_read_like_the_scanner(
+    chunk_bytes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    document = _document()
+    events = document["traceEvents"]
+    for index, event in enumerate(_UNTAGGED_EVENTS.values()):
+        if "pid" not in event and event["cat"] == "user_annotation":
+            continue  # a range without pid is refused by the struct path as a whole (below)
+        events.insert(50 + 97 * index, event)
+    path = _write(tmp_path, document, indent=1)
+    monkeypatch.setattr(_kineto_structs, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(_kineto_structs, "MAX_UNTAGGED_CHUNKS", 3)  # then generic only
+    trace = read_kineto(path)
+    assert trace.metadata["json_parser"] == "msgspec-structs"
+    _assert_same(trace, _scanner(path, monkeypatch))
+    assert trace.thread_names[4242] == "tagged?" and trace.thread_names[4343] == "untagged"
+    assert "k" in trace.strings.names  # the capitalised kernel is an activity, as in the scanner
+    events.insert(60, _UNTAGGED_EVENTS["a range without pid"])
+    path = _write(tmp_path, document, indent=1)
+    assert read_kineto(path).metadata["json_parser"] != "msgspec-structs"
+    _assert_same(read_kineto(path), _scanner(path, monkeypatch))

@@ -78,3 +78,38 @@ def test_help_loads_neither_numpy_nor_pydantic() -> None:
     modules = _probe("--help")["modules"]
     assert isinstance(modules, list)
     assert "numpy" not in modules and "pydantic" not in modules
+
+
+_MODELS_PROBE = """
+import json, sys
+from cptrace.cli import main
+sys.argv = ["cptrace", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+from analyzers import manifest, report
+on_demand = [
+    (module.__name__, name) for module in (report, manifest) for name, cls in vars(module).items()
+    if isinstance(cls, type) and issubclass(cls, module._OnDemand) and cls is not module._OnDemand
+]
+built = [f"{m}.{n}" for m, n in on_demand if vars(sys.modules[m])[n].__pydantic_complete__]
+print(json.dumps({"on_demand": len(on_demand), "built": built}), file=sys.stderr)
+"""
+
+
+def test_analyze_without_a_manifest_builds_none_of_the_on_demand_models() -> None:
+    """The comparison's models and the manifest-only ones are built on first use (pydantic's
+    ``defer_build``): an ``analyze`` of traces alone never pays for them."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MODELS_PROBE, "analyze", *PAIR, "--report", "findings"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    probed = json.loads(done.stderr.strip().splitlines()[-1])
+    assert probed["on_demand"] >= 12
+    assert probed["built"] == []
