@@ -148,8 +148,9 @@ class Settings(BaseSettings):
     )
     analysis_rank_workers: int = _count(
         2,
-        "Processes that read and attribute the trace files (ranks) of one run in parallel "
-        "before one merges them; each under analysis_memory_limit_bytes.",
+        "Rank tasks (one trace file of a run analysed per rank) one worker runs at once, "
+        "each in its own process under analysis_memory_limit_bytes; other workers share the "
+        "same run's rank tasks.",
     )
     analysis_per_rank_min_bytes: int = _size(
         64,
