@@ -19,6 +19,8 @@ from testkit import DATA_DIR
 
 from service.storage.engine import postgres_engine
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 BUNDLE = DATA_DIR / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
 
 
