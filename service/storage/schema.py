@@ -120,8 +120,15 @@ analysis_tasks = Table(
     Column("error", Text),
     Column("created_at", Text),
     Column("updated_at", Text),
+    # A run's analysis is one task (kind "run"), or, for a run of several trace files, a merge
+    # task (its parent) waiting on one "rank" task per file (``service.storage.tasks``).
+    Column("kind", Text, nullable=False, server_default=text("'run'")),
+    Column("parent_id", BigInteger),
+    Column("part", Integer),
+    Column("part_sha256", Text),
     Index("idx_analysis_tasks_status_id", "status", "id"),
     Index("idx_analysis_tasks_run_id", "run_id"),
+    Index("idx_analysis_tasks_parent_id", "parent_id"),
 )
 
 reports = Table(
@@ -283,8 +290,9 @@ Index(
     unique=True,
 )
 
-POSTGRES_SCHEMA_VERSION = "pg001_baseline"
-"""The PostgreSQL schema this code creates; later changes add the next name, like SQLite's."""
+POSTGRES_SCHEMA_VERSIONS = ("pg001_baseline", "pg002_rank_tasks")
+"""The PostgreSQL schema versions this code knows, in order: a new database is created from the
+definition above at the last one; one made at an earlier one runs the changes after it."""
 
 schema_versions = Table(
     "cptrace_schema_versions",
@@ -295,10 +303,23 @@ schema_versions = Table(
 
 APPLICATION_TABLES = tuple(t for t in metadata.sorted_tables if t is not schema_versions)
 
+_POSTGRES_CHANGES: dict[str, tuple[str, ...]] = {
+    "pg002_rank_tasks": (
+        "ALTER TABLE analysis_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'",
+        "ALTER TABLE analysis_tasks ADD COLUMN parent_id BIGINT",
+        "ALTER TABLE analysis_tasks ADD COLUMN part INTEGER",
+        "ALTER TABLE analysis_tasks ADD COLUMN part_sha256 TEXT",
+        "CREATE INDEX idx_analysis_tasks_parent_id ON analysis_tasks (parent_id)",
+    ),
+}
+"""What each version after the baseline changes in a database made before it (SQLite's
+counterpart: ``service.storage.migrations``)."""
+
 
 def create_postgres_schema(conn: Connection) -> list[str]:
-    """Create the tables on an empty PostgreSQL database (the caller's transaction); a database
-    that has them already is left as it is. Returns the versions applied.
+    """Bring a PostgreSQL database to the last schema version (the caller's transaction): an
+    empty one is created from the definition, one of an earlier version gets the changes after
+    it. Returns the versions applied.
 
     A transaction-scoped advisory lock serialises processes starting together on one database
     (two API processes and a worker), so exactly one creates the schema and the others see it.
@@ -308,13 +329,17 @@ def create_postgres_schema(conn: Connection) -> list[str]:
     done = set(
         conn.execute(schema_versions.select().with_only_columns(schema_versions.c.name)).scalars()
     )
-    if POSTGRES_SCHEMA_VERSION in done:
-        return []
-    for table in APPLICATION_TABLES:
-        table.create(conn, checkfirst=False)
-    conn.execute(
-        schema_versions.insert().values(
-            name=POSTGRES_SCHEMA_VERSION, applied_at=func.now().cast(Text)
+    if not done:
+        for table in APPLICATION_TABLES:
+            table.create(conn, checkfirst=False)
+        pending = list(POSTGRES_SCHEMA_VERSIONS)
+    else:
+        pending = [v for v in POSTGRES_SCHEMA_VERSIONS if v not in done]
+        for version in pending:
+            for statement in _POSTGRES_CHANGES[version]:
+                conn.execute(text(statement))
+    for version in pending:
+        conn.execute(
+            schema_versions.insert().values(name=version, applied_at=func.now().cast(Text))
         )
-    )
-    return [POSTGRES_SCHEMA_VERSION]
+    return pending
