@@ -15,9 +15,11 @@ Parallel reads: a big table's query can be split into rowid ranges read by sibli
 connections on their own threads (``ArrowSqlite.sibling``, opt-in through ``READERS_ENV``).
 The driver steps SQLite inside the stream's ``get_next``, and nanoarrow's Python binding calls
 that with the GIL held (its extension never releases it), so threads reading through it take
-turns. ``_next_batch`` calls ``get_next`` through ``ctypes`` instead, which drops the GIL for
-the length of the foreign call: the ranges decode on separate cores, and the calling thread's
-numpy work runs beside them. The stream struct is the Arrow C stream interface, a stable ABI.
+turns. With more than one reader, ``_next_batch`` calls ``get_next`` through ``ctypes`` instead,
+which drops the GIL for the length of the foreign call: the ranges decode on separate cores, and
+the calling thread's numpy work runs beside them. The stream struct is the Arrow C stream
+interface, a stable ABI, but it is reached through nanoarrow's private ``_addr``: so the default
+(one reader) keeps nanoarrow's public iteration, and only the opt-in pays that dependency.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ class ArrowSqlite:
             statement.set_sql_query(sql)
             handle, _ = statement.execute_query()
             stream = self._na.c_array_stream(handle)
-            schema = stream.get_schema()
-            while (batch := _next_batch(stream, allocate_c_array(schema))) is not None:
-                yield [self._column(batch.child(i)) for i in range(batch.n_children)]
-            stream.release()
+            if readers() > 1:  # ranges on threads: step SQLite with the GIL released
+                schema = stream.get_schema()
+                while (batch := _next_batch(stream, allocate_c_array(schema))) is not None:
+                    yield [self._column(batch.child(i)) for i in range(batch.n_children)]
+                stream.release()
+            else:  # one reader: nanoarrow's own (public) iteration, no foreign call of ours
+                for batch in stream:
+                    yield [self._column(batch.child(i)) for i in range(batch.n_children)]
         finally:
             statement.close()
 

@@ -62,7 +62,11 @@ def _arrow(path: Path) -> _arrow_sqlite.ArrowSqlite:
     return arrow
 
 
-def test_batches_hold_the_rows_sqlite_returns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("readers", ["1", "2"], ids=["nanoarrow-iteration", "ctypes-gil-released"])
+def test_batches_hold_the_rows_sqlite_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: str
+) -> None:
+    monkeypatch.setenv(_arrow_sqlite.READERS_ENV, readers)
     db = _export(tmp_path / "k.sqlite")
     sql = f'SELECT start, "end", correlationId, ifnull(graphNodeId, -1) FROM {KERNEL}'
     arrow = _arrow(db)
@@ -90,13 +94,21 @@ def test_nulls_are_reported_per_column(tmp_path: Path) -> None:
     assert [has_nulls for _, has_nulls in first] == [False, True]
 
 
-def test_a_damaged_page_mid_stream_is_a_driver_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("readers", "error"),
+    [("1", "SQLITE|malformed|corrupt"), ("2", "ADBC SQLite stream error")],
+    ids=["nanoarrow-iteration", "ctypes-gil-released"],
+)
+def test_a_damaged_page_mid_stream_is_a_driver_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: str, error: str
+) -> None:
+    monkeypatch.setenv(_arrow_sqlite.READERS_ENV, readers)  # >1 takes the ctypes stepping
     db = _export(tmp_path / "k.sqlite")
     _damage_a_middle_page(db)
     arrow = _arrow(db)
     seen = 0
     try:
-        with pytest.raises(RuntimeError, match="ADBC SQLite stream error"):
+        with pytest.raises(RuntimeError, match=error):
             for batch in arrow.batches(f"SELECT start FROM {KERNEL}", BATCH):
                 seen += len(batch[0][0])
     finally:
