@@ -21,7 +21,7 @@ Usage::
     python benchmarks/nsys_throughput.py                       # 3-arm export + 2M-kernel export
     python benchmarks/nsys_throughput.py --export big.sqlite   # one given export
     python benchmarks/nsys_throughput.py --floor big.sqlite    # SQLite's own cost, no reader
-    python benchmarks/nsys_throughput.py --cores 2             # 2 cores: parallel range reads
+    python benchmarks/nsys_throughput.py --cores 2 --readers 2 # 2 cores, 2 rowid-range readers
     CPTRACE_NSYS_BACKEND=sqlite3 python benchmarks/nsys_throughput.py   # without the fast extra
 """
 
@@ -159,13 +159,17 @@ def floor(path: Path, repeat: int = 3) -> list[tuple[str, float, int]]:
     return results
 
 
-def run_child(path: Path, cores: int = 1) -> dict[str, object]:
-    """Measure ``path`` in a fresh interpreter pinned to ``cores`` cores where the OS allows it."""
+def run_child(path: Path, cores: int = 1, readers: int | None = None) -> dict[str, object]:
+    """Measure ``path`` in a fresh interpreter pinned to ``cores`` cores where the OS allows it,
+    with ``readers`` connections per big table (``CPTRACE_NSYS_READERS``; None: as set)."""
     command = [sys.executable, __file__, "--child", str(path)]
     if hasattr(os, "sched_setaffinity"):
         pinned = ["taskset", "-c", ",".join(str(c) for c in range(cores))]
         command = [*pinned, *command] if _has_taskset() else command
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    env = dict(os.environ)
+    if readers is not None:
+        env["CPTRACE_NSYS_READERS"] = str(readers)
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -195,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cores", type=int, default=1, help="pin each run to this many cores (parallel reads)"
     )
+    parser.add_argument(
+        "--readers", type=int, help="connections per big table (CPTRACE_NSYS_READERS)"
+    )
     args = parser.parse_args(argv)
     if args.floor:
         for label, seconds, count in floor(args.floor):
@@ -210,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.make_large_nsys import build
 
         build(SMALL, LARGE, args.kernels)
-    rows = [run_child(path, args.cores) for path in exports for _ in range(args.repeat)]
+    rows = [
+        run_child(path, args.cores, args.readers) for path in exports for _ in range(args.repeat)
+    ]
     print_table(rows)
     baseline = min(int(r["baseline RSS MB"]) for r in rows)  # type: ignore[call-overload]
+    readers = args.readers or os.environ.get("CPTRACE_NSYS_READERS", "1")
     sys.stdout.write(
-        f"(interpreter + numpy baseline RSS: {baseline} MB; {args.cores} core(s) via taskset)\n"
+        f"(interpreter + numpy baseline RSS: {baseline} MB; {args.cores} core(s) via taskset;"
+        f" {readers} reader(s); load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})\n"
     )
     return 0
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import io
 import json
@@ -83,6 +84,13 @@ sys.path.insert(0, str(REPO))
 DATA = REPO / "tests" / "data" / "te-2.20.2-h200x2"
 KINETO = [DATA / f"kineto_3arms_rank{r}.json.gz" for r in (0, 1)]
 NSYS = DATA / "nsys_3arms.sqlite.gz"
+
+from bench_database import (  # noqa: E402
+    analyze_postgres,
+    choice_help,
+    copy_into_postgres,
+    database_url,
+)
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -224,7 +232,7 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, port: int, cores: set[int] | None, *, worker: bool = True
+    data_dir: Path, port: int, cores: set[int] | None, *, worker: bool = True, database: str = ""
 ) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "CPTRACE_WORKER_POLL_S": "0.05"}
     args = [
@@ -239,6 +247,7 @@ def start_server(
         "--data-dir",
         str(data_dir),
         *([] if worker else ["--no-worker"]),
+        *(["--database", database] if database else []),
     ]
     log = (data_dir / "server.log").open("wb")
     # Pinned before exec: uvicorn, its threads, the ingest process and the worker inherit it.
@@ -679,15 +688,26 @@ def main() -> None:
         default=1,
         help="repeat the throughput rows, the body forms interleaved (a loaded machine)",
     )
+    parser.add_argument("--database", default="sqlite", help=choice_help())
     args = parser.parse_args()
     args.forms = args.forms or (list(BODY_FORMS) if args.uploads_only else ["raw"])
     server_cores, load_cores = core_split(args.pin)
     pin_to(load_cores)  # this process uploads: it is load generator too
 
     data_dir = Path(tempfile.mkdtemp(prefix="cptrace-bench-"))
-    populate(data_dir, args.runs, args.analysed)
+    database = contextlib.ExitStack()
+    url = database.enter_context(database_url(args.database))
+    if url:  # the same rows, made in SQLite and copied over
+        populate(data_dir / "seed", args.runs, args.analysed)
+        copy_into_postgres(data_dir / "seed" / "cptrace.db", url)
+        analyze_postgres(url)
+        shutil.rmtree(data_dir / "seed")
+    else:
+        populate(data_dir, args.runs, args.analysed)
     port = free_port()
-    proc, token = start_server(data_dir, port, server_cores, worker=not args.uploads_only)
+    proc, token = start_server(
+        data_dir, port, server_cores, worker=not args.uploads_only, database=url
+    )
     base = f"http://127.0.0.1:{port}/api/v1"
     rows: list[tuple[str, str]] = []
     by_pass: dict[str, dict[str, list[float]]] = {}  # "open" / "mixed": latencies by kind
@@ -771,6 +791,7 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
         shutil.rmtree(data_dir, ignore_errors=True)
+        database.close()
     width = max(len(r[0]) for r in rows)
     split = (
         f"server on cores {sorted(server_cores)}, load generator on {sorted(load_cores)}"
@@ -779,7 +800,8 @@ def main() -> None:
     )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"cptrace service benchmark: {args.runs} runs stored, {os.cpu_count()} CPU cores "
+        f"cptrace service benchmark: {args.runs} runs stored in {'PostgreSQL' if url else 'SQLite'}"
+        f", {os.cpu_count()} CPU cores "
         f"({split}), {args.seconds:g} s per load pass; load average {load} at the end"
     )
     print(

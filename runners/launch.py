@@ -5,8 +5,9 @@ One process per GPU. Launchers:
 * ``torchrun`` (``python -m torch.distributed.run --standalone``): the default.
 * ``srun``: picked automatically inside a Slurm allocation (``SLURM_JOB_ID`` set); ranks read
   ``SLURM_PROCID``/``SLURM_NTASKS`` (see ``runners/workload.py``).
-
-CPU runs use the same launchers with ``device: cpu`` in the spec (gloo backend).
+* ``fork`` (``runners/forkrun.py``): picked automatically for ``device: cpu`` specs outside
+  Slurm; one process imports torch and forks the gloo ranks from it, where torchrun would pay
+  the import once for itself and once per rank.
 
 Profilers never share a process: Kineto and nsys both subscribe to CUPTI, so ``mode: both``
 makes two launches (timed + Kineto, then nsys around the profiled steps only). The bundle is
@@ -62,7 +63,8 @@ class LaunchOptions:
     nproc: int | None = None
     """Processes; None = the spec's ``ranks``."""
     launcher: str = "auto"
-    """``auto`` (srun inside Slurm, else torchrun), ``torchrun`` or ``srun``."""
+    """``auto`` (srun inside Slurm, else fork for a CPU spec, else torchrun), ``torchrun``,
+    ``srun`` or ``fork``."""
     nsys_cmd: tuple[str, ...] = ("nsys",)
     """How to call Nsight Systems (e.g. ``.gpu/gpu-host/nsys.sh .gpu/debs``)."""
     timeout_s: float | None = None
@@ -77,14 +79,22 @@ class LaunchOptions:
     """The agent's sandbox: a command entry (pull-request code) runs inside it."""
 
 
-def resolve_launcher(requested: str, environ: dict[str, str] | None = None) -> str:
-    """The launcher to use: an explicit choice, else srun inside a Slurm job, else torchrun."""
+LAUNCHERS = ("auto", "torchrun", "srun", "fork")
+
+
+def resolve_launcher(
+    requested: str, environ: dict[str, str] | None = None, *, cpu: bool = False
+) -> str:
+    """The launcher to use: an explicit choice, else srun inside a Slurm job, else fork for a
+    CPU spec (``cpu``: one host, no CUDA context a fork could copy), else torchrun."""
     env = os.environ if environ is None else environ
-    if requested not in ("auto", "torchrun", "srun"):
-        raise ValueError(f"launcher must be auto, torchrun or srun, got {requested!r}")
+    if requested not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {requested!r}")
     if requested != "auto":
         return requested
-    return "srun" if env.get("SLURM_JOB_ID") and shutil.which("srun") else "torchrun"
+    if env.get("SLURM_JOB_ID") and shutil.which("srun"):
+        return "srun"
+    return "fork" if cpu else "torchrun"
 
 
 def rank_command(spec_json: Path, scratch: Path, phases: list[str]) -> list[str]:
@@ -105,6 +115,8 @@ def launcher_command(launcher: str, nproc: int, per_rank: list[str]) -> list[str
     """Start ``nproc`` ranks running ``python <per_rank>``."""
     if launcher == "srun":
         return ["srun", f"--ntasks={nproc}", "--kill-on-bad-exit=1", sys.executable, *per_rank]
+    if launcher == "fork":
+        return [sys.executable, "-m", "runners.forkrun", f"--nproc={nproc}", *per_rank]
     return [
         sys.executable,
         "-m",
@@ -200,7 +212,7 @@ def run_spec(spec: RunSpec, out: Path, options: LaunchOptions | None = None) -> 
     spec = _with_ranks(spec, opts.nproc)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; pick a new --out")
-    launcher = resolve_launcher(opts.launcher)
+    launcher = resolve_launcher(opts.launcher, cpu=spec.device == "cpu")
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".cptrace-run-", dir=out.parent))
     try:

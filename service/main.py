@@ -26,15 +26,23 @@ from contracts.version import __version__
 from service import supervisor, uploads_exec
 from service.api.main import api_router
 from service.core.config import Settings
-from service.core.errors import LIBRARY_STATUS, ApiError, error_body, library_status
+from service.core.errors import (
+    DATABASE_FAULT_ANSWER,
+    LIBRARY_STATUS,
+    ApiError,
+    error_body,
+    library_status,
+)
 from service.storage.blobs import open_blobs
 from service.storage.database import Database
 from service.storage.engine import (
+    DATABASE_ERRORS,
     AnyDatabase,
     Backend,
-    ConnectionLost,
     PostgresDatabase,
     backend_of,
+    database_fault,
+    fault_reason,
 )
 from service.storage.migrations import apply_migrations
 
@@ -49,7 +57,9 @@ def open_database(settings: Settings) -> AnyDatabase:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if backend_of(settings.database_url) is Backend.POSTGRESQL:
         postgres = PostgresDatabase(
-            settings.database_url, read_time_limit_ms=settings.read_time_limit_ms
+            settings.database_url,
+            read_time_limit_ms=settings.read_time_limit_ms,
+            busy_timeout_ms=settings.busy_timeout_ms,
         )
         try:
             postgres.apply_schema()
@@ -67,20 +77,21 @@ def open_database(settings: Settings) -> AnyDatabase:
     return db
 
 
-def _status_of(exc: Exception) -> tuple[int, str]:
-    """Map library exceptions to a status (``LIBRARY_STATUS``); unknown ones are 500."""
+def _answer_of(exc: Exception) -> tuple[int, str, dict[str, str]]:
+    """Map library exceptions to a status (``LIBRARY_STATUS``) and database faults to theirs
+    (``DATABASE_FAULT_ANSWER``: 503 with ``Retry-After``); unknown ones are 500."""
     if isinstance(exc, ApiError):
-        return exc.status, exc.message
+        return exc.status, exc.message, dict(exc.headers or {})
     status = library_status(exc)
     if status is not None:
-        return status, str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-        return 503, "the database is busy; retry"
-    if isinstance(exc, ConnectionLost):  # PostgreSQL: server gone, connection lost
-        return 503, "the database is unavailable; retry"
+        return status, str(exc), {}
+    fault = database_fault(exc)
+    if fault is not None:
+        answer = DATABASE_FAULT_ANSWER[fault]
+        return answer.status, answer.message, {"Retry-After": str(answer.retry_after_s)}
     if _disk_full(exc):
-        return 507, "the server's disk is full: nothing was stored; retry once space is freed"
-    return 500, "internal server error"
+        return 507, "the server's disk is full: nothing was stored; retry once space is freed", {}
+    return 500, "internal server error", {}
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -96,20 +107,25 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _handled_classes() -> list[type[Exception]]:
-    return [ApiError, *LIBRARY_STATUS, sqlite3.OperationalError, ConnectionLost, OSError]
+    return [ApiError, *LIBRARY_STATUS, *DATABASE_ERRORS, OSError]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        status, message = _status_of(exc)
-        if status >= 500 and status != 507 and not isinstance(exc, ApiError):
+        status, message, extra = _answer_of(exc)
+        fault = database_fault(exc)
+        if fault is not None:  # the database's state, not a bug: one line, no traceback
+            log.warning(
+                "database %s on %s %s: %s",
+                fault.value, request.method, request.url.path, fault_reason(exc),
+            )  # fmt: skip
+        elif status >= 500 and status != 507 and not isinstance(exc, ApiError):
             log.exception("unhandled error on %s %s", request.method, request.url.path)
         errors = exc.errors if isinstance(exc, ApiError) else None
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
         if status in (401, 403):  # an auth failure keeps no connection (issue 24, item 10)
             headers["Connection"] = "close"
-        if isinstance(exc, ApiError) and exc.headers:
-            headers = {**headers, **exc.headers}
+        headers.update(extra)  # the error's own (Retry-After)
         return JSONResponse(
             error_body(status, message, errors), status_code=status, headers=headers
         )

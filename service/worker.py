@@ -3,9 +3,13 @@
 Started by ``cptrace worker`` or ``python -m service.worker`` (the API's supervisor starts it so,
 see ``service.supervisor``). It links the run's blobs into a scratch directory under readable
 names (content decides the name, never the upload), runs ``analyzers.analyze`` in a child
-process under a time and memory limit (``service.analysis_exec``; a run of several trace files
-as one process per file in parallel and one merge, ``service.rank_exec``), checks that the
-report loads back, and writes it through ``service.analysis``. A heartbeat thread keeps the
+process under a time and memory limit (``service.analysis_exec``), checks that the report
+loads back, and writes it through ``service.analysis``. A run of several trace files is split
+into one queue task per file and a merge task (``service.storage.tasks``,
+``service.rank_exec``), which this and any other workers share: the part each rank task writes
+goes to the blob store, the merge fetches the parts, and the parts are deleted once the run is
+analysed or failed. A worker runs up to ``analysis_rank_workers`` rank tasks at once (a thread
+and a limited child each), other tasks one at a time. A heartbeat thread keeps the
 lease alive while a long analysis runs; another records in ``worker_heartbeats`` that the
 worker is alive (what ``/health`` reads). SIGTERM lets the current task finish, then exits.
 Failure reasons and the report's sources name the user's files, never the scratch paths.
@@ -33,10 +37,18 @@ from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.auth import now_iso
 from service.core.config import Settings, SettingsError
 from service.messages import redact
-from service.rank_exec import run_per_rank
+from service.rank_exec import run_merge_stage, run_rank_stage
 from service.storage import heartbeats, tasks
 from service.storage.blobs import open_blobs
-from service.storage.engine import DATABASE_ERRORS, AnyDatabase, Conn, shown_url
+from service.storage.engine import (
+    DATABASE_ERRORS,
+    AnyDatabase,
+    Conn,
+    database_fault,
+    fault_reason,
+    shown_url,
+)
+from service.storage.tasks import TaskKind
 
 log = logging.getLogger("cptrace.worker")
 
@@ -102,28 +114,67 @@ class AnalysisWorker:
         orphans = self.db.write(lambda c: analysis.expire_orphaned_leases(c, host=host))
         if orphans:
             log.warning("tasks %s: their worker on this host is gone; requeued now", orphans)
+        self._reclaim(None)  # parts of analyses that ended while no worker could delete them
         alive = _Alive(self.settings, self.db, self.name)
         alive.start()
         publisher = _pr_publisher(self.db)
+        slots = [
+            threading.Thread(target=self._rank_slot, name=f"cptrace-rank-{i}", daemon=True)
+            for i in range(1, self.settings.analysis_rank_workers)
+        ]
+        for slot in slots:
+            slot.start()
+        lost: str | None = None  # the database's failure while it lasts, said once
         try:
             while not self.stop.is_set():
-                busy = self.run_once()
-                if publisher is not None:
-                    publisher.maybe_tick()
+                try:
+                    busy = self.run_once()
+                    if publisher is not None:
+                        publisher.maybe_tick()
+                except DATABASE_ERRORS as exc:  # a lost or busy database pauses, never ends us
+                    if database_fault(exc) is None:  # a bad statement is a bug: end loudly
+                        raise
+                    if lost is None:
+                        lost = fault_reason(exc)
+                        log.warning("database unavailable: %s; retrying until it answers", lost)
+                    self.stop.wait(max(self.settings.worker_poll_s, 1.0))
+                    continue
+                if lost is not None:
+                    log.info("database answers again; claiming tasks")
+                    lost = None
                 if not busy:
                     self.stop.wait(self.settings.worker_poll_s)
         finally:
+            self.stop.set()  # the slots end after their current task too
+            for slot in slots:
+                slot.join()
             alive.stop()
         log.info("analysis worker %s stopped", self.name)
 
-    def run_once(self) -> bool:
-        """Claim and run one task; False when the queue was empty."""
+    def _rank_slot(self) -> None:
+        """Another rank task at a time beside the main loop: a run's files use up to
+        ``analysis_rank_workers`` cores of this host (and any other worker's)."""
+        while not self.stop.is_set():
+            try:
+                busy = self.run_once(kinds=(TaskKind.RANK,))
+            except DATABASE_ERRORS as exc:  # the main loop says so; this slot waits
+                if database_fault(exc) is None:
+                    log.exception("rank task slot: a database error that is no fault to wait out")
+                else:
+                    log.debug("rank task slot: %s", fault_reason(exc))
+                busy = False
+            if not busy:
+                self.stop.wait(self.settings.worker_poll_s)
+
+    def run_once(self, kinds: tuple[TaskKind, ...] | None = None) -> bool:
+        """Claim and run one task (of ``kinds``: default any); False when none was queued."""
         task = self.db.write(
             lambda c: analysis.claim_analysis(
                 c,
                 worker=self.name,
                 lease_s=self.settings.analysis_lease_s,
                 max_attempts=self.settings.analysis_max_attempts,
+                kinds=kinds,
             )
         )
         if task is None:
@@ -137,25 +188,124 @@ class AnalysisWorker:
         beat.start()
         started = time.perf_counter()
         labels: dict[str, str] = {}
+        named: list[str] = []  # a rank task's file, named in its failure
         try:
             files, manifest_raw = self.db.read(lambda c: analysis.task_inputs(c, task.run_id))
-            inputs = self._materialise(files, scratch, labels)
-            report = self._call_analyze(inputs, manifest_raw, beat, scratch)
+            report: Any = None  # a rank task, or a run split into rank tasks: none to store
+            if task.kind is TaskKind.RANK:
+                self._run_rank(task, files, scratch, labels, named, beat)
+            elif task.kind is TaskKind.MERGE:
+                report = self._run_merge(task, manifest_raw, scratch, labels, beat)
+            else:
+                inputs = self._materialise(files, scratch, labels)
+                report = self._analyse_run(task, inputs, manifest_raw, beat)
         except Exception as exc:
             log.warning("analysis of run %s failed: %s", task.run_id, exc)
             reason = redact(_describe(exc), self.settings.data_dir, labels)
+            if named:
+                reason = f"{named[0]}: {reason}"
             if _is_input_error(exc) or task.attempt >= self.settings.analysis_max_attempts:
                 self.db.write(lambda c: analysis.fail_analysis(c, task, reason))
+                self._reclaim(task.parent_id if task.kind is TaskKind.RANK else task.id)
             else:  # maybe transient (disk, a lock): let the next claim retry it
                 self.db.write(lambda c: analysis.requeue_analysis(c, task, reason))
         else:
-            took = time.perf_counter() - started
-            stored = self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
-            if stored and self.on_stored is not None:
-                self._after_store(task.run_id)
+            if report is not None:
+                took = time.perf_counter() - started
+                stored = self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
+                if stored and self.on_stored is not None:
+                    self._after_store(task.run_id)
+                if task.kind is TaskKind.MERGE:
+                    self._reclaim(task.id)
         finally:
             beat.stop()
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _analyse_run(
+        self,
+        task: analysis.ClaimedTask,
+        inputs: list[TraceInput | Path],
+        manifest_raw: Any,
+        beat: _Heartbeat,
+    ) -> Any:
+        """The run in one process; or, several trace files of enough bytes, split into rank
+        tasks and a merge task (None: nothing to store yet)."""
+        typed = [p for p in inputs if isinstance(p, TraceInput)]
+        stored = sum(p.path.stat().st_size for p in typed)
+        if (
+            self._analyze is None
+            and len(typed) > 1
+            and len(typed) == len(inputs)
+            and stored >= self.settings.analysis_per_rank_min_bytes
+        ):
+            log.info("analysing %d files per rank as %d queue tasks", len(typed), len(typed))
+            self.db.write(lambda c: tasks.split_into_ranks(c, task, len(typed)))
+            return None
+        return self._call_analyze(inputs, manifest_raw, beat)
+
+    def _run_rank(
+        self,
+        task: analysis.ClaimedTask,
+        files: list[dict[str, Any]],
+        scratch: Path,
+        labels: dict[str, str],
+        named: list[str],
+        beat: _Heartbeat,
+    ) -> None:
+        """One file of the run read and attributed; its part stored as a blob for the merge."""
+        chosen = self._selected(files)
+        part = task.part if task.part is not None else -1
+        if not 0 <= part < len(chosen):
+            raise ValueError(f"rank task for file {part} of a run of {len(chosen)} files")
+        row = chosen[part]
+        named.append(row["name"] if row["rank"] is None else f"rank {row['rank']} ({row['name']})")
+        beat.progress(f"ranks: reading and attributing file {part + 1} of {len(chosen)}")
+        scratch.mkdir(parents=True, exist_ok=True)
+        item = self._link(row, part, scratch, labels)
+        if not isinstance(item, TraceInput):
+            raise ValueError(f"{row['name']}: not a trace file of a known format")
+        blob = scratch / "part.npz"
+        run_rank_stage(
+            item,
+            files=len(chosen),
+            part=blob,
+            time_limit_s=self.settings.analysis_time_limit_s,
+            memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+            max_decompressed_bytes=self.settings.max_decompressed_bytes,
+        )
+        with blob.open("rb") as fh:
+            stored = self.blobs.put_file(fh)
+        if not self.db.write(lambda c: tasks.complete_rank(c, task, stored.sha256)):
+            # the claim was lost, or the run's analysis ended: nobody will merge this part
+            # (its bytes name this task's scratch folder: no other task's part shares them)
+            self.blobs.delete(stored.sha256)
+
+    def _run_merge(
+        self,
+        task: analysis.ClaimedTask,
+        manifest_raw: Any,
+        scratch: Path,
+        labels: dict[str, str],
+        beat: _Heartbeat,
+    ) -> Any:
+        """The run's parts fetched from the blob store and merged into its report."""
+        digests = self.db.read(lambda c: tasks.part_blobs(c, task))
+        beat.progress(f"merging {len(digests)} files")
+        scratch.mkdir(parents=True, exist_ok=True)
+        limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
+        parts = []
+        for i, digest in enumerate(digests):
+            link = scratch / f"part{i:04d}.npz"
+            self.blobs.materialise(digest, link, limit=limit)
+            labels[self.blobs.describe(digest)] = f"the part of file {i + 1}"
+            parts.append(link)
+        labels[str(scratch)] = "the run"
+        return run_merge_stage(
+            parts,
+            manifest_raw,
+            time_limit_s=self.settings.analysis_time_limit_s,
+            memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
+        )
 
     def _after_store(self, run_id: int) -> None:
         """The stored hook; its failure costs the run nothing (what it builds ahead, the
@@ -166,55 +316,49 @@ class AnalysisWorker:
         except Exception:
             log.exception("run %s: the after-store hook failed; pages build when viewed", run_id)
 
+    def _reclaim(self, merge_id: int | None) -> None:
+        """Delete the part blobs of analyses that ended (``merge_id``'s, or every one's)."""
+        try:
+            digests = self.db.write(lambda c: tasks.reclaim_parts(c, parent_id=merge_id))
+            for digest in digests:
+                self.blobs.delete(digest)
+        except Exception as exc:  # left for the next worker start or blob sweep
+            log.warning("part blobs not reclaimed: %s", exc)
+
+    def _selected(self, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The run's trace files the analysis reads, in its order (rank tasks index them)."""
+        if not files:
+            raise ValueError("the run has no trace files")
+        return select_analysis_traces(files, lambda f: f["format"] or "")
+
+    def _link(
+        self, f: dict[str, Any], i: int, scratch: Path, labels: dict[str, str]
+    ) -> TraceInput | Path:
+        """The ``i``-th analysed file under a readable name in ``scratch``, typed."""
+        rank = "" if f["rank"] is None else f"-rank{f['rank']}"
+        link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
+        # a local blob is linked; an S3 blob is streamed into the scratch folder (removed
+        # after the task), bounded by the caps every stored blob passed at upload
+        limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
+        self.blobs.materialise(f["sha256"], link, limit=limit)
+        labels[str(link)] = f["name"]  # error messages name the uploaded file
+        labels[self.blobs.describe(f["sha256"])] = f["name"]
+        return trace_input(f, link)
+
     def _materialise(
         self, files: list[dict[str, Any]], scratch: Path, labels: dict[str, str]
     ) -> list[TraceInput | Path]:
-        if not files:
-            raise ValueError("the run has no trace files")
-        files = select_analysis_traces(files, lambda f: f["format"] or "")
+        chosen = self._selected(files)
         scratch.mkdir(parents=True, exist_ok=True)
-        paths: list[TraceInput | Path] = []
-        for i, f in enumerate(files):
-            rank = "" if f["rank"] is None else f"-rank{f['rank']}"
-            link = scratch / f"trace{i:03d}{rank}{_SUFFIX.get(f['format'] or '', '')}"
-            # a local blob is linked; an S3 blob is streamed into the scratch folder (removed
-            # after the task), bounded by the caps every stored blob passed at upload
-            limit = max(self.settings.max_decompressed_bytes, self.settings.max_upload_bytes)
-            self.blobs.materialise(f["sha256"], link, limit=limit)
-            paths.append(trace_input(f, link))
-            labels[str(link)] = f["name"]  # error messages name the uploaded file
-            labels[self.blobs.describe(f["sha256"])] = f["name"]
+        paths = [self._link(f, i, scratch, labels) for i, f in enumerate(chosen)]
         labels[str(scratch)] = "the run"
         return paths
 
     def _call_analyze(
-        self, paths: list[TraceInput | Path], manifest_raw: Any, beat: _Heartbeat, scratch: Path
+        self, paths: list[TraceInput | Path], manifest_raw: Any, beat: _Heartbeat
     ) -> Any:
         from analyzers.manifest import parse_manifest
 
-        typed = [p for p in paths if isinstance(p, TraceInput)]
-        stored = sum(p.path.stat().st_size for p in typed)
-        if (
-            self._analyze is None
-            and len(typed) > 1
-            and len(typed) == len(paths)
-            and stored >= self.settings.analysis_per_rank_min_bytes
-        ):  # several files (ranks): one process per file in parallel, then the merge
-            log.info(
-                "analysing %d files per rank in up to %d processes",
-                len(typed),
-                self.settings.analysis_rank_workers,
-            )
-            return run_per_rank(
-                typed,
-                manifest_raw,
-                scratch=scratch,
-                workers=self.settings.analysis_rank_workers,
-                time_limit_s=self.settings.analysis_time_limit_s,
-                memory_limit_bytes=self.settings.analysis_memory_limit_bytes,
-                max_decompressed_bytes=self.settings.max_decompressed_bytes,
-                progress=beat.progress,
-            )
         if self._analyze is None:  # production: a child process under limits
             return run_isolated(
                 paths,

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from testkit import DATA_DIR, SHARED_TRACES_ENV, slow_files_first
 
+pytest_plugins = ["testkit.cpu_time"]  # --cpu-durations=N: the suite's own cost, not the machine's
+
 # One intra-op thread per test process, set before any test module imports torch and inherited
 # by every child a test starts. `make test` runs two xdist workers on two cores: torch's default
 # (one OpenMP thread per core in each worker) oversubscribes the cores, and the threads' barriers

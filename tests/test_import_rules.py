@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "analyzers", "contracts", "service", "web", "cptrace", "runners", "cp_attention", "pr_bot",

@@ -70,14 +70,17 @@ def read_ranges(src: NsysSource, span: tuple[int, int]) -> npt.NDArray[np.void]:
     # Push/pop ranges (of every domain, Python-function frames included) follow the call
     # stack of their thread; start/end ranges may overlap anything, so they nest separately.
     family = raw["event_type"] != types.get("NvtxPushPopRange", 59)
-    out = np.zeros(len(raw), RANGE_DTYPE)
-    out["process"] = raw["tid"] & ~np.int64(_TID_BITS)
+    out = np.empty(len(raw), RANGE_DTYPE)  # every field is written below (rank by the caller)
+    out["rank"] = -1
+    process = raw["tid"] & ~np.int64(_TID_BITS)
+    out["process"] = process
     out["thread"] = raw["tid"]
     out["start"] = raw["start"]
     # Ranges still open when the capture stopped (NULL end) end at the trace end.
     trace_end = max(span[1], int(raw["start"].max())) if len(raw) else span[1]
     out["end"] = np.where(raw["end"] >= raw["start"], raw["end"], trace_end)
-    out["kind"] = _kinds(src, raw, names, types.get(_DOMAIN_CREATE))
+    out["kind"] = _kinds(src, process, raw["domain"], names, types.get(_DOMAIN_CREATE))
+    del process
     out["name"] = relabel(names, src.strings, emit_nvtx_label)
     del raw, names  # free the raw rows before nesting allocates its sort keys
     out["parent"], out["depth"] = nest(out["thread"], out["start"], out["end"], family)
@@ -270,20 +273,26 @@ def _range_queries(
 
 def _kinds(
     src: NsysSource,
-    raw: npt.NDArray[np.void],
+    process: npt.NDArray[np.int64],
+    domain: npt.NDArray[np.int64],
     names: npt.NDArray[np.int32],
     domain_create: int | None,
 ) -> npt.NDArray[np.int8]:
-    kinds = np.full(len(raw), RangeKind.NVTX, dtype=np.int8)
+    kinds = np.full(len(names), RangeKind.NVTX, dtype=np.int8)
     domains = _domain_names(src, domain_create)
     src.metadata["nvtx_domains"] = sorted(set(domains.values()))
-    process = raw["tid"] & ~np.int64(_TID_BITS)
-    for (proc, domain_id), domain in domains.items():
-        if domain in PYTHON_NVTX_DOMAINS:
-            kinds[(process == proc) & (raw["domain"] == domain_id)] = RangeKind.PYTHON
-    step_ids = [i for i in np.unique(names) if STEP_NAME.match(src.strings[int(i)])]
-    if step_ids:
-        kinds[np.isin(names, step_ids)] = RangeKind.STEP
+    for (proc, domain_id), name in domains.items():
+        if name in PYTHON_NVTX_DOMAINS:
+            kinds[(process == proc) & (domain == domain_id)] = RangeKind.PYTHON
+    if not len(names):
+        return kinds
+    # Symbol ids are small and dense: which occur is a bincount, not a sort of every row.
+    present = np.flatnonzero(np.bincount(names))
+    is_step = np.zeros(int(present[-1]) + 1, dtype=bool)
+    for symbol in present.tolist():
+        is_step[symbol] = STEP_NAME.match(src.strings[symbol]) is not None
+    if is_step.any():
+        kinds[is_step[names]] = RangeKind.STEP
     return kinds
 
 

@@ -45,7 +45,7 @@ def run(
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="Processes (default: ranks)."),
     out: Path | None = typer.Option(None, "--out", help="Bundle directory (default: runs/...)."),
     nsys_cmd: str = typer.Option("nsys", "--nsys-cmd", help="How to call Nsight Systems."),
-    launcher: str = typer.Option("auto", "--launcher", help="auto, torchrun or srun."),
+    launcher: str = typer.Option("auto", "--launcher", help="auto, torchrun, srun or fork."),
     pack: bool = typer.Option(False, "--pack", help="Also write OUT.tar.gz."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per launch."),
     hostname: bool = typer.Option(False, "--hostname", help="Record the host name."),

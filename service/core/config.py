@@ -118,7 +118,12 @@ class Settings(BaseSettings):
         "uploads are refused (413) until runs are deleted.",
     )
     read_time_limit_ms: int = _count(2000, "Time limit of one read query (progress handler).")
-    busy_timeout_ms: int = _count(10000, "SQLite busy timeout for every connection.", minimum=0)
+    busy_timeout_ms: int = _count(
+        10000,
+        "How long a write waits on a held lock: SQLite busy timeout of every connection,"
+        " PostgreSQL lock_timeout of every write connection.",
+        minimum=0,
+    )
     job_lease_s: float = _seconds(120.0, "Lease a runner gets on claim; heartbeats extend it.")
     job_max_attempts: int = _count(3, "Claims a job gets before an expired lease fails it.")
     claim_max_wait_s: float = _seconds(
@@ -148,8 +153,9 @@ class Settings(BaseSettings):
     )
     analysis_rank_workers: int = _count(
         2,
-        "Processes that read and attribute the trace files (ranks) of one run in parallel "
-        "before one merges them; each under analysis_memory_limit_bytes.",
+        "Rank tasks (one trace file of a run analysed per rank) one worker runs at once, "
+        "each in its own process under analysis_memory_limit_bytes; other workers share the "
+        "same run's rank tasks.",
     )
     analysis_per_rank_min_bytes: int = _size(
         64,

@@ -8,6 +8,8 @@ table, walked by a test, so no input error of the libraries can become a 500.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from analyzers.bundle import (
@@ -122,6 +124,31 @@ LIBRARY_STATUS: dict[type[Exception], int] = {
     SpecError: 422,
 }
 """HTTP status of each library error class (the first class of an exception's MRO listed)."""
+
+
+class DatabaseFault(StrEnum):
+    """Why the database failed a statement when the statement was not at fault (the storage
+    layer tells which: ``service.storage.engine.database_fault``)."""
+
+    BUSY = "busy"
+    """Locked, contended or out of connections: the same request succeeds a moment later."""
+    UNAVAILABLE = "unavailable"
+    """The server is gone or refuses connections (stopped, restarting, unreachable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultAnswer:
+    status: int
+    message: str
+    retry_after_s: int
+
+
+DATABASE_FAULT_ANSWER: dict[DatabaseFault, FaultAnswer] = {
+    DatabaseFault.BUSY: FaultAnswer(503, "the database is busy; retry", 1),
+    DatabaseFault.UNAVAILABLE: FaultAnswer(503, "the database is unavailable; retry", 5),
+}
+"""The answer to each database fault, on either backend (SQLite's locked file, PostgreSQL's
+lock timeout, serialization failure, connection limit, lost server)."""
 
 
 def library_status(exc: BaseException) -> int | None:

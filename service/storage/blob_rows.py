@@ -7,8 +7,11 @@ import sqlalchemy as sa
 
 from service.storage import schema
 from service.storage.engine import Conn, execute
+from service.storage.tasks import recorded_parts
 
 
 def recorded_digests(conn: Conn) -> set[str]:
-    """The digest of every blob a committed upload recorded."""
-    return {r["sha256"] for r in execute(conn, sa.select(schema.blobs.c.sha256)).rows}
+    """The digest of every blob a committed upload recorded, and of the per-rank parts that
+    runs being analysed still need (``tasks.recorded_parts``)."""
+    uploaded = {r["sha256"] for r in execute(conn, sa.select(schema.blobs.c.sha256)).rows}
+    return uploaded | recorded_parts(conn)

@@ -81,6 +81,9 @@ def time_limit(conn: sqlite3.Connection, ms: int) -> Iterator[None]:
 class Database:
     """One SQLite file: a writer thread with its own connection, plus per-thread readers."""
 
+    network_reads = False
+    """A read is a local file's pages (microseconds): async code may run it inline."""
+
     def __init__(self, path: Path, *, busy_timeout_ms: int = 10000, read_time_limit_ms: int = 2000):
         self.path = Path(path)
         self.busy_timeout_ms = busy_timeout_ms

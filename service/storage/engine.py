@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,7 +29,7 @@ from sqlalchemy.engine import Connection as SaConnection
 from sqlalchemy.exc import OperationalError as SaOperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from service.core.errors import QueryTimeout
+from service.core.errors import DatabaseFault, QueryTimeout
 from service.storage.database import Database, immediate
 
 Conn = sqlite3.Connection | SaConnection
@@ -52,15 +53,13 @@ class DatabaseUnavailable(DatabaseUrlError):
 
 
 DATABASE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, sa.exc.SQLAlchemyError)
-# What a lost or unreachable PostgreSQL server raises; rooms above storage name it through here.
-ConnectionLost = SaOperationalError
+"""What a statement on either backend raises when the database fails it (busy, gone, locked):
+for callers that retry later (a heartbeat) rather than fail."""
 
 
 def shown_url(url: str) -> str:
     """A database URL as it may appear in a log line: the password hidden."""
     return sa.engine.make_url(url).render_as_string(hide_password=True)
-"""What a statement on either backend raises when the database fails it (busy, gone, locked):
-for callers that retry later (a heartbeat) rather than fail."""
 
 
 def backend_of(url: str) -> Backend:
@@ -80,13 +79,122 @@ def backend_of(url: str) -> Backend:
     )
 
 
-def postgres_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
-    """A SQLAlchemy engine on psycopg 3 for a ``postgresql://`` URL (connections are checked
-    before use: a restarted server costs one reconnect, not an error)."""
+IDLE_PING_S = 10.0
+"""A pooled PostgreSQL connection idle longer than this is pinged before use (a server
+restarted meanwhile costs a reconnect, not an error); one in steady use is not (a ping is a
+round trip per read)."""
+
+
+class Pings:
+    """When a pooled connection is pinged before use: after it idled ``IDLE_PING_S``, or when
+    a connection of any engine sharing this object was found lost since it was last used (the
+    server went away: every older connection is suspect, the other pool's too)."""
+
+    def __init__(self) -> None:
+        self.lost_at = 0.0  # time.monotonic() of the last connection found lost
+
+    def due(self, idle_since: float) -> bool:
+        return idle_since < self.lost_at or time.monotonic() - idle_since > IDLE_PING_S
+
+
+def postgres_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    settings: Mapping[str, int | str] | None = None,
+    autocommit: bool = False,
+    pings: Pings | None = None,
+) -> sa.Engine:
+    """A SQLAlchemy engine on psycopg 3 for a ``postgresql://`` URL.
+
+    ``settings``: server parameters set once per connection at connect time (``-c name=value``
+    in the startup packet: no round trip per use), e.g. ``statement_timeout``. ``autocommit``:
+    each statement its own transaction (a single-statement read costs one round trip, not
+    BEGIN/COMMIT around it). Connections are pinged before use only when ``pings`` says so
+    (idle, or after a lost connection), not on every checkout.
+    """
     if backend_of(url) is not Backend.POSTGRESQL:
         raise DatabaseUrlError(f"not a PostgreSQL URL: {url!r}")
     driver_url = sa.make_url(url).set(drivername="postgresql+psycopg")
-    return sa.create_engine(driver_url, pool_size=pool_size, pool_pre_ping=True)
+    connect_args = {}
+    if settings:
+        connect_args["options"] = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    engine = sa.create_engine(
+        driver_url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        connect_args=connect_args,
+        isolation_level="AUTOCOMMIT" if autocommit else None,
+    )
+    _ping_when_due(engine, pings or Pings())
+    return engine
+
+
+def _ping_when_due(engine: sa.Engine, pings: Pings) -> None:
+    @sa.event.listens_for(engine, "handle_error")
+    def on_error(context: Any) -> None:
+        if context.is_disconnect:  # SQLAlchemy drops this connection; the others are suspect
+            pings.lost_at = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkin")
+    def checkin(dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or not pings.due(since):  # new, or in steady use
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception:  # any failure of the ping: the connection is gone
+            alive = False
+        if not alive:  # the pool drops this connection and checks out a fresh one
+            raise sa.exc.DisconnectionError("connection found dead before use")
+
+
+_BUSY_SQLSTATES = frozenset(
+    {
+        "55P03",  # lock_not_available (lock_timeout)
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "53300",  # too_many_connections
+        "53400",  # configuration_limit_exceeded
+    }
+)
+
+
+_CONNECTION_LIMIT = "too many connections"
+"""The server's message when it refuses a connection over a limit (53300): refused while
+connecting, libpq gives the message but no SQLSTATE (servers set to English messages)."""
+
+
+def database_fault(exc: BaseException) -> DatabaseFault | None:
+    """Whether ``exc`` is a busy or unavailable database (either backend), or None for any
+    other error (a bad statement is a bug, not a fault to retry)."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return DatabaseFault.BUSY if "locked" in text or "busy" in text else None
+    if isinstance(exc, sa.exc.TimeoutError):  # no pooled connection free within pool_timeout
+        return DatabaseFault.BUSY
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return None
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in _BUSY_SQLSTATES:
+        return DatabaseFault.BUSY
+    if sqlstate is None and _CONNECTION_LIMIT in str(exc.orig):
+        return DatabaseFault.BUSY
+    if exc.connection_invalidated or isinstance(exc, SaOperationalError | sa.exc.InterfaceError):
+        return DatabaseFault.UNAVAILABLE
+    return None
+
+
+def fault_reason(exc: BaseException) -> str:
+    """The first line of the database's own message (no statement, no parameters)."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
 
 
 @dataclass(slots=True)
@@ -204,18 +312,14 @@ def lock_name(conn: Conn, name: str) -> None:
 
 
 @contextlib.contextmanager
-def postgres_read_limit(conn: SaConnection, ms: int) -> Iterator[None]:
-    """Run the caller's reads under ``statement_timeout`` (PostgreSQL's twin of the SQLite
-    progress handler): a slow query is cancelled by the server, and surfaces as
-    ``QueryTimeout``."""
-    with conn.begin():
-        conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(ms)}"))
-        try:
-            yield
-        except SaOperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
-                raise QueryTimeout(f"query took longer than the read time limit ({ms} ms)") from exc
-            raise
+def _read_limit_errors(ms: int) -> Iterator[None]:
+    """A statement the server cancelled at ``statement_timeout`` surfaces as ``QueryTimeout``."""
+    try:
+        yield
+    except SaOperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
+            raise QueryTimeout(f"query took longer than the read time limit ({ms} ms)") from exc
+        raise
 
 
 class PostgresDatabase:
@@ -223,14 +327,46 @@ class PostgresDatabase:
     ``Database``: ``write(fn)`` runs ``fn(conn)`` in one transaction (committed when ``fn``
     returns, rolled back when it raises); ``read(fn)`` runs it under ``statement_timeout``.
     Connections come from a pool, so threads and processes write concurrently; the server
-    serialises what must be (row locks), which is what lets many hosts share it."""
+    serialises what must be (row locks), which is what lets many hosts share it.
+
+    Two pools, each connection's settings fixed when it connects: writes wait on a lock at
+    most ``busy_timeout_ms`` (``lock_timeout``, the twin of SQLite's busy timeout: a held lock
+    answers "busy", never hangs a request); reads run read-only in autocommit with
+    ``statement_timeout`` at the read time limit (the twin of the SQLite progress handler),
+    so a read of one statement is one round trip: no BEGIN, SET LOCAL, COMMIT around it.
+    Each statement of a read sees its own snapshot, as in the READ COMMITTED transaction it
+    replaces and as on SQLite, whose readers are in autocommit too.
+    """
 
     backend = Backend.POSTGRESQL
+    network_reads = True
+    """A read waits on round trips to the server: async code runs it on a thread, or the
+    event loop (every other request) would wait with it."""
 
-    def __init__(self, url: str, *, read_time_limit_ms: int = 2000, pool_size: int = 5):
+    def __init__(
+        self,
+        url: str,
+        *,
+        read_time_limit_ms: int = 2000,
+        busy_timeout_ms: int = 10000,
+        pool_size: int = 5,
+    ):
         self.url = url
         self.read_time_limit_ms = read_time_limit_ms
-        self.engine = postgres_engine(url, pool_size=pool_size)
+        pings = Pings()  # a connection lost in either pool: both ping before their next use
+        self.engine = postgres_engine(
+            url, pool_size=pool_size, settings={"lock_timeout": int(busy_timeout_ms)}, pings=pings
+        )
+        self.reader = postgres_engine(
+            url,
+            pool_size=pool_size,
+            pings=pings,
+            settings={
+                "statement_timeout": int(read_time_limit_ms),
+                "default_transaction_read_only": "on",
+            },
+            autocommit=True,
+        )
 
     def apply_schema(self) -> list[str]:
         """Create the tables when the database has none (``schema.create_postgres_schema``)."""
@@ -241,8 +377,9 @@ class PostgresDatabase:
                 return create_postgres_schema(conn)
         except SaOperationalError as exc:  # no server, wrong password, no such database
             shown = self.engine.url.render_as_string(hide_password=True)
-            reason = str(exc.orig or exc).strip().splitlines()[0]
-            raise DatabaseUnavailable(f"cannot open the database {shown}: {reason}") from None
+            raise DatabaseUnavailable(
+                f"cannot open the database {shown}: {fault_reason(exc)}"
+            ) from None
 
     def write(self, fn: Callable[[SaConnection], T]) -> T:
         with self.engine.begin() as conn:
@@ -254,11 +391,22 @@ class PostgresDatabase:
         """``write`` from async code: on a thread, the event loop stays free."""
         return await asyncio.to_thread(self.write, fn)
 
+    @contextlib.contextmanager
+    def _reading(self, ms: int | None) -> Iterator[SaConnection]:
+        """A read connection under the time limit ``ms`` (the connection's own unless the
+        caller names another: then for this read only, in a transaction of its own)."""
+        limit = ms or self.read_time_limit_ms
+        with self.reader.connect() as conn, _read_limit_errors(limit):
+            if limit == self.read_time_limit_ms:
+                yield conn
+                return
+            tx_conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with tx_conn.begin():
+                tx_conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(limit)}"))
+                yield tx_conn
+
     def read(self, fn: Callable[[SaConnection], T], *, time_limit_ms: int | None = None) -> T:
-        with (
-            self.engine.connect() as conn,
-            postgres_read_limit(conn, time_limit_ms or self.read_time_limit_ms),
-        ):
+        with self._reading(time_limit_ms) as conn:
             return fn(conn)
 
     def read_tagged(
@@ -267,23 +415,21 @@ class PostgresDatabase:
         """``read``, and ``fn`` also gets a tag of the database state it sees (the twin of
         the SQLite ``Database.read_tagged``, for the HTTP ETag).
 
-        The read runs in one ``REPEATABLE READ`` transaction whose first statement takes its
-        snapshot (``pg_current_snapshot()``: the oldest transaction still running, the next id
-        to be assigned, the ones in flight): every query of ``fn`` sees exactly that snapshot,
-        and two equal snapshots show the same committed data, whatever connection or host
-        they were taken on. A write anywhere in the server moves it (a tag changes more often
-        than the data, never less).
+        The tag is the server's snapshot (``pg_current_snapshot()``: the oldest transaction
+        still running, the next id to be assigned, the ones in flight), taken by the read's
+        first statement, before ``fn`` queries, in autocommit as on SQLite: a commit landing
+        in between can only make the tag older than the data (the next request then answers
+        in full), never newer, since any commit changes the snapshot and two equal snapshots
+        mean nothing committed in between, whatever connection or host took them. No
+        transaction around the read: two round trips (``BEGIN``, ``COMMIT``) fewer.
         """
-        ms = time_limit_ms or self.read_time_limit_ms
-        with (
-            self.engine.connect() as plain,
-            postgres_read_limit(plain.execution_options(isolation_level="REPEATABLE READ"), ms),
-        ):
-            snapshot = plain.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
-            return fn(plain, f"pg.{snapshot}")
+        with self._reading(time_limit_ms) as conn:
+            snapshot = conn.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
+            return fn(conn, f"pg.{snapshot}")
 
     def close(self) -> None:
         self.engine.dispose()
+        self.reader.dispose()
 
 
 def insert_for(conn: Conn, table: sa.Table) -> Any:

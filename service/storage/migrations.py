@@ -253,6 +253,18 @@ def m042_run_page_parts(db: sqlite_utils.Database) -> None:
     )
 
 
+@migrations()
+def m050_rank_tasks(db: sqlite_utils.Database) -> None:
+    """A run of several trace files is analysed as one task per file (kind ``rank``) and a
+    merge task waiting on them (their ``parent_id``); a rank task records the part blob it
+    wrote (``part_sha256``) for the merge."""
+    db.execute("ALTER TABLE analysis_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'")
+    db.execute("ALTER TABLE analysis_tasks ADD COLUMN parent_id INTEGER")
+    db.execute("ALTER TABLE analysis_tasks ADD COLUMN part INTEGER")
+    db.execute("ALTER TABLE analysis_tasks ADD COLUMN part_sha256 TEXT")
+    db.execute("CREATE INDEX idx_analysis_tasks_parent_id ON analysis_tasks (parent_id)")
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied."""
     db = sqlite_utils.Database(conn)

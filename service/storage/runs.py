@@ -385,10 +385,13 @@ def window_groups(conn: Conn, *, run_id: int) -> list[str]:
 def analysis_facts(conn: Conn, *, run_id: int) -> dict[str, Any]:
     """The latest analysis task, the run's progress/error and the report's duration."""
     t = schema.analysis_tasks.c
+    # a run analysed per rank: its merge task says where it stands (running while it waits
+    # for its rank tasks), never one of those
+    status = sa.case((t.status == "waiting", "running"), else_=t.status).label("status")
     task = execute(
         conn,
-        sa.select(t.status, t.attempts, t.error, t.updated_at)
-        .where(t.run_id == run_id)
+        sa.select(status, t.attempts, t.error, t.updated_at)
+        .where(t.run_id == run_id, t.kind != "rank")
         .order_by(t.id.desc())
         .limit(1),
     ).first()
@@ -743,14 +746,17 @@ def blob_recorded(conn: Conn, *, digest: str) -> bool:
 
 def delete_run(conn: Conn, *, run_id: int) -> list[str]:
     """Delete a run with its files, report, metrics, tasks and comparisons, and the rows of the
-    blobs no other run refers to (shared blobs stay). Returns those blobs' digests: the caller
-    removes their files once the transaction committed.
+    blobs no other run refers to (shared blobs stay). Returns those blobs' digests and those of
+    the part blobs its rank tasks left: the caller removes them once the transaction committed.
 
     :raises NotFound: no such run.
     """
     require_run(conn, run_id=run_id)
     query = sa.select(_f.c.sha256).distinct().where(_f.c.run_id == run_id)
     digests = [str(r["sha256"]) for r in execute(conn, query).rows]
+    t = schema.analysis_tasks.c  # the part blobs of its rank tasks, unique to them
+    query = sa.select(t.part_sha256).where(t.run_id == run_id, t.part_sha256.is_not(None))
+    parts = [str(r["part_sha256"]) for r in execute(conn, query).rows]
     jobs = schema.jobs
     for statement in (
         sa.delete(_c).where(sa.or_(_c.c.base_run_id == run_id, _c.c.head_run_id == run_id)),
@@ -772,7 +778,7 @@ def delete_run(conn: Conn, *, run_id: int) -> list[str]:
     ]
     for digest in unreferenced:
         execute(conn, sa.delete(schema.blobs).where(schema.blobs.c.sha256 == digest))
-    return unreferenced
+    return unreferenced + parts
 
 
 def record_report(
@@ -927,7 +933,9 @@ def loop_baseline_candidates(
 def runs_with_reports_older_than(conn: Conn, *, schema_version: int) -> list[int]:
     """Runs whose stored report has an older schema and no analysis queued or running."""
     t = schema.analysis_tasks
-    busy = sa.exists().where(t.c.run_id == _p.c.run_id, t.c.status.in_(("queued", "running")))
+    busy = sa.exists().where(
+        t.c.run_id == _p.c.run_id, t.c.status.in_(("queued", "running", "waiting"))
+    )
     query = sa.select(_p.c.run_id).where(_p.c.schema_version < schema_version, ~busy)
     return [int(r["run_id"]) for r in execute(conn, query).rows]
 

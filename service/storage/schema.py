@@ -120,8 +120,15 @@ analysis_tasks = Table(
     Column("error", Text),
     Column("created_at", Text),
     Column("updated_at", Text),
+    # A run's analysis is one task (kind "run"), or, for a run of several trace files, a merge
+    # task (its parent) waiting on one "rank" task per file (``service.storage.tasks``).
+    Column("kind", Text, nullable=False, server_default=text("'run'")),
+    Column("parent_id", BigInteger),
+    Column("part", Integer),
+    Column("part_sha256", Text),
     Index("idx_analysis_tasks_status_id", "status", "id"),
     Index("idx_analysis_tasks_run_id", "run_id"),
+    Index("idx_analysis_tasks_parent_id", "parent_id"),
 )
 
 reports = Table(
@@ -299,7 +306,7 @@ Index(
     unique=True,
 )
 
-POSTGRES_SCHEMA_VERSIONS = ("pg001_baseline", "pg002_run_page_parts")
+POSTGRES_SCHEMA_VERSIONS = ("pg001_baseline", "pg002_rank_tasks", "pg003_run_page_parts")
 """The PostgreSQL schema versions this code knows, in order: a new database is created from the
 definition above at the last one; one made at an earlier one runs the changes after it."""
 
@@ -312,8 +319,22 @@ schema_versions = Table(
 
 APPLICATION_TABLES = tuple(t for t in metadata.sorted_tables if t is not schema_versions)
 
-_POSTGRES_CHANGES: dict[str, tuple[Table, ...]] = {"pg002_run_page_parts": (run_page_parts,)}
-"""The tables each version after the baseline adds to a database made before it (SQLite's
+_POSTGRES_CHANGES: dict[str, tuple[str, ...]] = {
+    "pg002_rank_tasks": (
+        "ALTER TABLE analysis_tasks ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'",
+        "ALTER TABLE analysis_tasks ADD COLUMN parent_id BIGINT",
+        "ALTER TABLE analysis_tasks ADD COLUMN part INTEGER",
+        "ALTER TABLE analysis_tasks ADD COLUMN part_sha256 TEXT",
+        "CREATE INDEX idx_analysis_tasks_parent_id ON analysis_tasks (parent_id)",
+    ),
+    "pg003_run_page_parts": (
+        "CREATE TABLE run_page_parts (run_id BIGINT NOT NULL REFERENCES runs (id),"
+        " version TEXT NOT NULL, summary_stamp TEXT NOT NULL, created_at TEXT NOT NULL,"
+        " charts INTEGER NOT NULL, html TEXT NOT NULL, page_json TEXT NOT NULL,"
+        " PRIMARY KEY (run_id))",
+    ),
+}
+"""What each version after the baseline changes in a database made before it (SQLite's
 counterpart: ``service.storage.migrations``)."""
 
 
@@ -337,8 +358,8 @@ def create_postgres_schema(conn: Connection) -> list[str]:
     else:
         pending = [v for v in POSTGRES_SCHEMA_VERSIONS if v not in done]
         for version in pending:
-            for table in _POSTGRES_CHANGES[version]:
-                table.create(conn, checkfirst=False)
+            for statement in _POSTGRES_CHANGES[version]:
+                conn.execute(text(statement))
     for version in pending:
         conn.execute(
             schema_versions.insert().values(name=version, applied_at=func.now().cast(Text))

@@ -12,7 +12,7 @@ from analyzers.errors import CorruptTraceError, UnsupportedTraceError
 from analyzers.readers._arrays import factorize
 from analyzers.readers._cuda_api import is_launch_api, normalize_api
 from analyzers.readers._json_stream import iter_events
-from analyzers.readers._nesting import nest
+from analyzers.readers._nesting import _group_ids, _sorted_order, nest
 
 I64 = np.int64
 
@@ -58,6 +58,38 @@ def test_badly_nested_ranges_never_get_a_parent_that_does_not_enclose_them() -> 
     assert (thread[p] == thread[child]).all()
     assert (start[p] <= start[child]).all()
     assert (end[p] >= start[child]).all()
+
+
+@pytest.mark.parametrize("threads", [3, 100])  # few threads (masked ids) and many (a sort)
+def test_nesting_of_rows_in_start_order_equals_nesting_of_shuffled_rows(threads: int) -> None:
+    """Rows already in start order per thread skip the time sort; the result is the same as
+    for the same ranges in any other row order, tied starts included (in both end orders)."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    thread = rng.integers(0, threads, n).astype(I64) << 24
+    start = np.sort(rng.integers(0, 5000, n)).astype(I64)  # many ties
+    end = start + rng.integers(0, 300, n)
+    family = rng.integers(0, 2, n)
+    # identical ranges nest by row order (the first encloses the second): keep one of each
+    _, first = np.unique(np.column_stack((thread, start, end, family)), axis=0, return_index=True)
+    keep = np.sort(first)
+    thread, start, end, family = thread[keep], start[keep], end[keep], family[keep]
+    n = len(keep)
+    for ends_down in (True, False):  # tied starts: end descending (in order) or ascending
+        order = np.lexsort((-end if ends_down else end, start))
+        rows = (thread[order], start[order], end[order], family[order])
+        parent, depth = nest(*rows)
+        shuffle = rng.permutation(n)
+        back = np.argsort(shuffle)
+        shuffled_parent, shuffled_depth = nest(*(column[shuffle] for column in rows))
+        assert np.array_equal(depth, shuffled_depth[back])
+        # parents are row indices: map the shuffled rows' parents back to these rows
+        mapped = np.where(shuffled_parent >= 0, shuffle[np.maximum(shuffled_parent, 0)], -1)
+        assert np.array_equal(parent, mapped[back])
+        assert (depth > 0).sum() > n // 4  # the ranges do nest
+        group = _group_ids(rows[0], rows[3])
+        lexsorted = np.lexsort((-rows[2], rows[1], group))
+        assert np.array_equal(_sorted_order(group, rows[1], rows[2]), lexsorted)
 
 
 def test_epoch_nanosecond_timestamps_nest() -> None:

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

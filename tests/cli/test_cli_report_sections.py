@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cptrace.cli import app
+
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = [

@@ -21,8 +21,9 @@ Time: two runners share the jobs (a batch's spec and command run side by side), 
 the failing setup are sent together, the slow push follows main's uploads (not their analyses:
 the worker analyses in upload order), the spec runs six timed steps, and the idle processes are
 killed at the end; the spec's ranks start the PyTorch profiler without importing inductor
-(``runners/profile/lean_start.py``): 23 s of CPU, 37 s at a load of 6 on the shared two-core
-machine (30 s of CPU, 62 s, with the inductor import). The timeline of the phases is printed.
+(``runners/profile/lean_start.py``) and are forked from one torch import
+(``runners/forkrun.py``): 24 s of CPU for the test and its processes (``--cpu-durations``),
+31 s with torchrun starting the spec's ranks. The timeline of the phases is printed.
 """
 
 from __future__ import annotations

@@ -44,13 +44,16 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def run_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run the spec once through the CLI, with a secret in the environment."""
+    """Run the spec once through the CLI, with a secret in the environment. On torchrun: a
+    CPU spec forks its ranks by default (``runners/forkrun.py``, which the 4-rank CPU run and
+    the loop's runs use); this keeps torchrun's own launch path run end to end."""
     root = tmp_path_factory.mktemp("cpu-run")
     spec = root / "spec.yaml"
     spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
     out = root / "bundle"
     result = CliRunner().invoke(
-        app, ["run", str(spec), "--nproc", "2", "--out", str(out), "--pack", "--timeout", "240"],
+        app, ["run", str(spec), "--nproc", "2", "--out", str(out), "--pack", "--timeout", "240",
+              "--launcher", "torchrun"],
         env={"CPTRACE_TOKEN": SECRET},
     )
     assert result.exit_code == 0, result.output

@@ -25,6 +25,14 @@ def test_slurm_is_detected_only_with_srun(monkeypatch: pytest.MonkeyPatch) -> No
         resolve_launcher("mpirun", {})
 
 
+def test_cpu_specs_fork_their_ranks_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runners.launch.shutil.which", lambda name: f"/usr/bin/{name}")
+    assert resolve_launcher("auto", {}, cpu=True) == "fork"
+    assert resolve_launcher("auto", {"SLURM_JOB_ID": "42"}, cpu=True) == "srun"
+    assert resolve_launcher("torchrun", {}, cpu=True) == "torchrun"
+    assert resolve_launcher("fork", {}) == "fork"
+
+
 def test_command_lines(tmp_path: Path) -> None:
     per_rank = rank_command(tmp_path / "spec.json", tmp_path, ["timed", "torch"])
     assert per_rank[:2] == ["-m", "runners.workload"] and per_rank[-1] == "timed,torch"
@@ -33,6 +41,8 @@ def test_command_lines(tmp_path: Path) -> None:
                              "--nproc-per-node=2"]
     srun = launcher_command("srun", 8, per_rank)
     assert srun[:3] == ["srun", "--ntasks=8", "--kill-on-bad-exit=1"]
+    fork = launcher_command("fork", 4, per_rank)
+    assert fork[1:4] == ["-m", "runners.forkrun", "--nproc=4"] and fork[4:] == per_rank
 
 
 def test_abba_order() -> None:

@@ -9,7 +9,10 @@ import socket
 import sqlite3
 from pathlib import Path
 
+import pytest
 from service_server import Server, wait_for
+
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
 
 def _worker_pid(server: Server) -> int | None:

@@ -73,7 +73,8 @@ def _free_port() -> int:
 
 @dataclass
 class PostgresServer:
-    """A running cluster: ``url(name)`` is a database's URL."""
+    """A running cluster: ``url(name)`` is a database's URL; ``stop()`` and ``start()`` take
+    it down and up again on the same port (the fault tests)."""
 
     port: int
     folder: Path
@@ -97,55 +98,58 @@ class PostgresServer:
             engine.dispose()
         return self.url(name)
 
+    def running(self) -> bool:
+        status = subprocess.run(
+            _as_server_user([str(_tool("pg_ctl")), "-D", str(self.folder / "data"), "status"]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        return status.returncode == 0
+
+    def start(self) -> None:
+        """Start the server (nothing when it runs already)."""
+        if self.running():
+            return
+        # fsync off and a small shared memory: a test cluster, thrown away at the end
+        options = (
+            f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+            " -c max_connections=200"
+        )
+        subprocess.run(
+            _as_server_user(
+                [str(_tool("pg_ctl")), "-D", str(self.folder / "data"), "-l",
+                 str(self.folder / "log"), "-w", "-o", options, "start"]
+            ),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop at once (``immediate``: like a crash, no session is told goodbye)."""
+        subprocess.run(
+            _as_server_user(
+                [str(_tool("pg_ctl")), "-D", str(self.folder / "data"), "-m", "immediate", "-w",
+                 "stop"]
+            ),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+
 
 @contextmanager
 def running_postgres() -> Iterator[PostgresServer]:
     """Start a cluster in a temp folder, yield it, stop it and remove the folder."""
     folder = Path(tempfile.mkdtemp(prefix="cptrace-pg-"))
-    data = folder / "data"
     if os.geteuid() == 0:
         entry = pwd.getpwnam(_server_user())
         os.chown(folder, entry.pw_uid, entry.pw_gid)
     user = "cptrace"
-    port = _free_port()
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "check": True}
     subprocess.run(
         _as_server_user(
-            [
-                str(_tool("initdb")),
-                "-D",
-                str(data),
-                "-U",
-                user,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ]
+            [str(_tool("initdb")), "-D", str(folder / "data"), "-U", user, "--auth=trust",
+             "-E", "UTF8", "--no-sync"]
         ),
-        **quiet,  # type: ignore[arg-type]
-    )
-    # fsync off and a small shared memory: a test cluster, thrown away at the end
-    options = (
-        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    )
-    subprocess.run(
-        _as_server_user(
-            [
-                str(_tool("pg_ctl")),
-                "-D",
-                str(data),
-                "-l",
-                str(folder / "log"),
-                "-w",
-                "-o",
-                options,
-                "start",
-            ]
-        ),
-        **quiet,  # type: ignore[arg-type]
-    )
-    server = PostgresServer(port=port, folder=folder, user=user)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True,
+    )  # fmt: skip
+    server = PostgresServer(port=_free_port(), folder=folder, user=user)
+    server.start()
     try:
         engine = server.admin()
         with engine.connect() as conn:
@@ -157,12 +161,5 @@ def running_postgres() -> Iterator[PostgresServer]:
         template.dispose()
         yield server
     finally:
-        subprocess.run(
-            _as_server_user(
-                [str(_tool("pg_ctl")), "-D", str(data), "-m", "immediate", "-w", "stop"]
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
+        server.stop()
         shutil.rmtree(folder, ignore_errors=True)

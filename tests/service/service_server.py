@@ -100,6 +100,17 @@ class Server:
                 self.kill()
 
 
+def start_worker(data_dir: Path, database: str) -> subprocess.Popen[bytes]:
+    """``cptrace worker`` on ``database`` in its own process group (its log in ``data_dir``)."""
+    log = (data_dir / "worker.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", "from cptrace.cli import main; main()", "worker",
+         "--data-dir", str(data_dir), "--database", database],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "CPTRACE_WORKER_POLL_S": "0.1"},
+    )  # fmt: skip
+
+
 def group_alive(server: Server) -> bool:
     """Whether any process of the server's group (API or worker) still exists."""
     assert server.proc is not None

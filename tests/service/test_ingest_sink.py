@@ -11,6 +11,8 @@ from analyzers.bundle import BundleFile
 from service.ingest import MAX_PENDING_SYNCS, BlobSink
 from service.storage.blobs import Blobs, S3BlobStore
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _chunks(data: bytes) -> list[bytes]:
     return [data[i : i + 1000] for i in range(0, len(data), 1000)]

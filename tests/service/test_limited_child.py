@@ -21,6 +21,8 @@ from service.limited_child import (
     LimitedChild,
 )
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 1024 * 1024 * 1024  # 1 GiB: the interpreter fits, a 2 GiB buffer does not
 

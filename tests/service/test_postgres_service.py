@@ -8,30 +8,20 @@ from __future__ import annotations
 import html
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
 from postgres_server import PostgresServer
-from service_server import Server, wait_for
+from service_server import Server, start_worker, wait_for
 from testkit import DATA_DIR
 
 from service.storage.engine import postgres_engine
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 BUNDLE = DATA_DIR / "plain-h200-profile" / "plain_mlp_adamw.tar.gz"
-
-
-def _worker(data_dir: Path, url: str) -> subprocess.Popen[bytes]:
-    log = (data_dir / "worker.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-c", "from cptrace.cli import main; main()", "worker",
-         "--data-dir", str(data_dir), "--database", url],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "CPTRACE_WORKER_POLL_S": "0.1"},
-    )  # fmt: skip
 
 
 @pytest.mark.timeout(90)
@@ -40,7 +30,7 @@ def test_serve_and_worker_on_postgresql_analyse_an_upload(
 ) -> None:
     url = postgres.new_database()
     server = Server(tmp_path, worker=False, database=url).start()
-    worker = _worker(tmp_path, url)
+    worker = start_worker(tmp_path, url)
     try:
         answer = httpx.post(
             f"{server.url}/api/v1/uploads/bundles",

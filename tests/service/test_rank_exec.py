@@ -1,7 +1,9 @@
-"""A run of several trace files analysed per rank in parallel processes, then merged.
+"""A run of several trace files analysed per rank: one limited process per file, then one
+merge (``service.rank_exec``), each a queue task of the worker's.
 
 Real spawned processes under the real limits, real traces, a real worker on a real SQLite file
-and blob store: the stored report is the one-process analysis' byte for byte.
+and blob store: the stored report is the one-process analysis' byte for byte, and the part
+blobs are gone from the store once it is stored.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from analyzers.readers import TraceInput, _files
 from service.analysis_exec import AnalysisFailed, run_isolated, validate_report
 from service.core.config import MiB
 from service.ingest import Limits, stage_bundle
-from service.rank_exec import run_per_rank
+from service.rank_exec import run_merge_stage, run_rank_stage
+from service.storage import tasks
+from service.storage.blob_rows import recorded_digests
+from service.storage.blobs import open_blobs
 from service.worker import trace_input
 
 
@@ -36,28 +41,27 @@ def _inputs(*paths: Path) -> list[TraceInput]:
     ]
 
 
-def _run(inputs: list[TraceInput], scratch: Path, **limits: Any) -> tuple[Any, list[str]]:
-    seen: list[str] = []
-    options: dict[str, Any] = {
-        "time_limit_s": 300.0,
-        "memory_limit_bytes": 4096 * MiB,
-        "max_decompressed_bytes": 4096 * MiB,
-    }
+def _run(inputs: list[TraceInput], scratch: Path, **limits: Any) -> Any:
+    """Each input's rank stage, then the merge of their parts: what the rank tasks and the
+    merge task of a run do, one after the other."""
+    options: dict[str, Any] = {"time_limit_s": 300.0, "memory_limit_bytes": 4096 * MiB}
     options.update(limits)
-    report = run_per_rank(inputs, None, scratch=scratch, workers=2, progress=seen.append, **options)
-    return report, seen
+    decompressed = options.pop("max_decompressed_bytes", 4096 * MiB)
+    parts = [scratch / f"part{i:04d}.npz" for i in range(len(inputs))]
+    for item, part in zip(inputs, parts, strict=True):
+        size = run_rank_stage(
+            item, files=len(inputs), part=part, max_decompressed_bytes=decompressed, **options
+        )
+        assert size == part.stat().st_size > 0
+    return run_merge_stage(parts, None, **options)
 
 
 def test_per_rank_processes_give_the_one_process_report(tmp_path: Path) -> None:
     inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
-    report, seen = _run(inputs, tmp_path)
+    report = _run(inputs, tmp_path)
     one_process = validate_report(analyze(inputs).model_dump_json())
     assert report.model_dump_json() == one_process.model_dump_json()
     assert report.ranks == [0, 1]
-    parts = sorted(tmp_path.glob("part*.npz"))
-    assert [p.name for p in parts] == ["part0000.npz", "part0001.npz"]
-    assert seen[-1] == "merging 2 files"
-    assert "ranks: 2 of 2 files read and attributed" in seen
 
 
 def test_a_bad_rank_file_fails_the_run_for_good_naming_it(tmp_path: Path) -> None:
@@ -111,7 +115,7 @@ def test_the_worker_stores_the_per_rank_report(
     settings = app_env["app"].state.settings.model_copy(update={"analysis_per_rank_min_bytes": 0})
     with caplog.at_level(logging.INFO, logger="cptrace.worker"):
         drain_worker(settings)
-    assert "analysing 2 files per rank in up to 2 processes" in caplog.messages
+    assert "analysing 2 files per rank as 2 queue tasks" in caplog.messages
     status = client.get(f"/api/v1/runs/{run_id}/analysis").json()
     assert status["status"] == "done", status
     result = client.get(f"/api/v1/runs/{run_id}/analysis/result")
@@ -124,6 +128,11 @@ def test_the_worker_stores_the_per_rank_report(
     inputs = _inputs(KINETO_RANK0, KINETO_RANK1)
     one_process = validate_report(analyze(inputs, manifest=manifest).model_dump_json())
     assert stored_report.model_dump_json() == one_process.model_dump_json()
+    # the part blobs were reclaimed: the store holds only what uploads recorded
+    db = app_env["db"]
+    assert db.read(tasks.recorded_parts) == set()
+    store = open_blobs(settings.blob_location, settings.tmp_dir)
+    assert set(store.iter_digests()) <= db.read(recorded_digests)
 
 
 def test_an_upload_sniffs_each_trace_once(tmp_path: Path) -> None:
@@ -142,3 +151,24 @@ def test_an_upload_sniffs_each_trace_once(tmp_path: Path) -> None:
         TraceInput(path=tmp_path / "link", format="kineto", gzipped=True, rank=i, label=f.name)
         for i, f in enumerate(traces)
     ]
+
+
+def test_a_rank_failing_for_good_fails_the_run_naming_its_rank(
+    client: TestClient, runner: dict[str, str], app_env: dict[str, Any]
+) -> None:
+    """Each rank task under the memory limit: past it, the run fails for good, the error
+    naming the rank and its file; the parts already written are deleted."""
+    bundle = kineto_bundle(salt="rank-fails")
+    resp = client.post(
+        "/api/v1/uploads/bundles", files={"bundle": ("b.tar.gz", bundle)}, headers=runner
+    )
+    assert resp.status_code == 201, resp.text
+    run_id = resp.json()["run_id"]
+    settings = app_env["app"].state.settings.model_copy(
+        update={"analysis_per_rank_min_bytes": 0, "analysis_memory_limit_bytes": 64 * MiB}
+    )
+    drain_worker(settings)
+    status = client.get(f"/api/v1/runs/{run_id}/analysis").json()
+    assert status["status"] == "failed", status
+    assert status["error"].startswith("rank 0 (traces/rank0.json.gz): the analysis needed more")
+    assert app_env["db"].read(tasks.recorded_parts) == set()

@@ -25,6 +25,8 @@ from service.main import create_app
 from service.storage.database import Database
 from service.store import RunDetail, RunFilters, count_runs, get_run, list_runs
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _canonical(value: Any) -> str:
     """JSON text with sorted keys: equal only when values *and* JSON types agree."""

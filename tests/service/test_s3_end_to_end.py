@@ -1,6 +1,7 @@
 """One real ``cptrace serve`` (uvicorn, validation processes, the worker) with its blobs in S3
-(moto's server over HTTP): uploads land in the bucket only, the worker analyses from it, a
-refused upload and a deleted run leave no object behind."""
+(moto's server over HTTP): uploads land in the bucket only, the worker analyses from it (per
+rank: the parts pass through the bucket and are deleted after the merge), a refused upload and
+a deleted run leave no object behind."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_upload_and_analysis_with_s3_blobs(s3_location: S3Location, tmp_path: Pa
         "CPTRACE_S3_ENDPOINT_URL": s3_location.endpoint_url,
         "CPTRACE_INGEST_WORKERS": "1",  # one validation process to start on this busy machine
         "CPTRACE_WORKER_POLL_S": "0.1",
+        # per rank: the rank tasks' part blobs go to the bucket too, and are gone after
+        "CPTRACE_ANALYSIS_PER_RANK_MIN_BYTES": "0",
     }
     server = Server(data_dir, env=env).start()  # creates the bucket at start
     bucket = S3BlobStore(s3_location, tmp_path / "probe-tmp")
@@ -55,11 +58,12 @@ def test_upload_and_analysis_with_s3_blobs(s3_location: S3Location, tmp_path: Pa
             return run["status"] == "analysed"
 
         wait_for(analysed, 120, "the analysis of the S3-stored run", interval=0.2)
+        assert "analysing 2 files per rank as 2 queue tasks" in server.log.read_text()
         report = httpx.get(f"{api}/runs/{run_id}/analysis/result", timeout=30)
         assert report.status_code == 200 and report.json()["ranks"] == [0, 1]
         digests = _stored_digests(data_dir)
         assert len(digests) == 3  # the manifest and two traces
-        assert set(bucket.iter_digests()) == digests  # every file in the bucket, once
+        assert set(bucket.iter_digests()) == digests  # every file in the bucket, once; no part
         assert list(bucket.objects("staging/")) == []  # no staging object is left
         assert not any(p.is_file() for p in (data_dir / "blobs").rglob("*"))  # none on disk
         assert not list((data_dir / "tmp").glob("analysis-*"))  # the scratch copies are gone

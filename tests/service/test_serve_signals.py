@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from service_server import Server, group_alive, wait_for
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_worker_ends_with_the_server(tmp_path: Path, sig: signal.Signals) -> None:

@@ -6,6 +6,7 @@ import functools
 import threading
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 from queue_store import QueueStore, rows_of
 from service_factories import SPEC_YAML
@@ -14,6 +15,8 @@ from service import jobs
 from service.storage import schema
 from service.storage.database import Database
 from service.storage.engine import PostgresDatabase
+
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
 
 
 def _submit(client: TestClient, admin: dict[str, str], **extra: object) -> dict:

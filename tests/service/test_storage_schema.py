@@ -74,6 +74,46 @@ def test_postgres_is_created_from_the_definition_once(postgres: PostgresServer) 
         db.close()
 
 
+def test_a_postgres_database_of_the_baseline_gets_the_later_versions(
+    postgres: PostgresServer,
+) -> None:
+    """A database made at ``pg001_baseline`` (analysis tasks without the rank-task columns)
+    gets ``pg002_rank_tasks`` at the next start, its rows kept, the columns as defined."""
+    db = PostgresDatabase(postgres.new_database(), pool_size=1)
+    try:
+        added = ("kind", "parent_id", "part", "part_sha256")
+
+        def to_baseline(conn: sa.Connection) -> None:
+            for column in added:
+                conn.execute(sa.text(f"ALTER TABLE analysis_tasks DROP COLUMN {column}"))
+            conn.execute(
+                sa.text("DELETE FROM cptrace_schema_versions WHERE name <> 'pg001_baseline'")
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO runs (name, source, status, created_at)"
+                    " VALUES ('old', 'upload', 'queued', '2026-01-01')"
+                )
+            )
+            conn.execute(
+                sa.text("INSERT INTO analysis_tasks (run_id, status) SELECT id, 'queued' FROM runs")
+            )
+
+        db.write(to_baseline)
+        assert db.apply_schema() == ["pg002_rank_tasks"]
+        assert db.apply_schema() == []
+        columns = db.read(lambda c: sa.inspect(c).get_columns("analysis_tasks"))
+        found = {c["name"]: c["nullable"] for c in columns}
+        defined = {c.name: c.nullable for c in schema.analysis_tasks.columns}
+        assert found == defined
+        kinds = db.read(
+            lambda c: c.execute(sa.text("SELECT kind FROM analysis_tasks")).scalars().all()
+        )
+        assert kinds == ["run"]  # the queued task of before is a whole-run task
+    finally:
+        db.close()
+
+
 def test_a_database_url_the_service_cannot_use_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as caught:
         Settings(data_dir=tmp_path, database_url="mysql://db/x")

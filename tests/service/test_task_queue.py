@@ -24,6 +24,8 @@ from service.storage import schema, tasks
 from service.storage.database import Database
 from service.storage.engine import Backend, Conn, PostgresDatabase, transaction
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 
 def _enqueue(db: Database | PostgresDatabase, count: int) -> list[int]:
     """``count`` runs with a queued task each, in one transaction."""

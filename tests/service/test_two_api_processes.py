@@ -17,6 +17,8 @@ from service_server import Server
 
 from service.storage.engine import Backend, postgres_engine
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 COUNTS = {
     "runs": "SELECT count(*) FROM runs",
     "uploads": "SELECT count(*) FROM uploads",

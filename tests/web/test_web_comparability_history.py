@@ -20,6 +20,8 @@ from cptrace.app import create_app
 from service.auth import Role, create_token
 from service.core.config import Settings
 
+pytestmark = pytest.mark.slow  # the file's tests take long together: it is scheduled first
+
 DEMO = Path(__file__).resolve().parents[2] / "demo" / "bundles"
 BUNDLES = {
     "bundled": DEMO / "bundled-fixed-vs-broken-h200x2.tar.gz",

@@ -11,7 +11,7 @@ from web_server import serve
 
 from analyzers.pipeline import analyze
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # slow: scheduled first
 DATA = DATA_DIR / "te-2.20.2-h200x2"
 
 

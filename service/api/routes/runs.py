@@ -128,7 +128,7 @@ async def read_runs(
     """Runs, newest first, filtered by status, branch, name, config key or commit prefix."""
     limit = min(limit, settings.max_page_size)
     unless = _unless(if_none_match)
-    if scans_runs(filters):
+    if scans_runs(filters) or db.network_reads:
         tag, body = await run_in_threadpool(
             run_page_json, db, filters=filters, limit=limit, offset=offset, unless=unless
         )
@@ -142,7 +142,10 @@ async def read_run(
     run_id: RunId, db: DbDep, _: ReadAccess, if_none_match: IfNoneMatch = None
 ) -> Response:
     """One run: files, manifest, analysis status (the report is at `.../analysis/result`)."""
-    return _answer(*run_detail_json(db, run_id, unless=_unless(if_none_match)))
+    unless = _unless(if_none_match)
+    if db.network_reads:
+        return _answer(*await run_in_threadpool(run_detail_json, db, run_id, unless=unless))
+    return _answer(*run_detail_json(db, run_id, unless=unless))
 
 
 @router.delete("/{run_id}", response_model=OkBody)
