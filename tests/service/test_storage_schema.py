@@ -78,7 +78,8 @@ def test_a_postgres_database_of_the_baseline_gets_the_later_versions(
     postgres: PostgresServer,
 ) -> None:
     """A database made at ``pg001_baseline`` (analysis tasks without the rank-task columns)
-    gets ``pg002_rank_tasks`` at the next start, its rows kept, the columns as defined."""
+    gets ``pg002_rank_tasks`` and ``pg003_run_page_parts`` at the next start, its rows kept,
+    the columns as defined."""
     db = PostgresDatabase(postgres.new_database(), pool_size=1)
     try:
         added = ("kind", "parent_id", "part", "part_sha256")
@@ -86,6 +87,7 @@ def test_a_postgres_database_of_the_baseline_gets_the_later_versions(
         def to_baseline(conn: sa.Connection) -> None:
             for column in added:
                 conn.execute(sa.text(f"ALTER TABLE analysis_tasks DROP COLUMN {column}"))
+            conn.execute(sa.text("DROP TABLE run_page_parts"))  # pg003's table
             conn.execute(
                 sa.text("DELETE FROM cptrace_schema_versions WHERE name <> 'pg001_baseline'")
             )
@@ -100,8 +102,9 @@ def test_a_postgres_database_of_the_baseline_gets_the_later_versions(
             )
 
         db.write(to_baseline)
-        assert db.apply_schema() == ["pg002_rank_tasks"]
+        assert db.apply_schema() == ["pg002_rank_tasks", "pg003_run_page_parts"]
         assert db.apply_schema() == []
+        assert "run_page_parts" in db.read(lambda c: sa.inspect(c).get_table_names())
         columns = db.read(lambda c: sa.inspect(c).get_columns("analysis_tasks"))
         found = {c["name"]: c["nullable"] for c in columns}
         defined = {c.name: c.nullable for c in schema.analysis_tasks.columns}
