@@ -213,10 +213,10 @@ class AnalysisWorker:
             if report is not None:
                 took = time.perf_counter() - started
                 stored = self.db.write(lambda c: analysis.complete_analysis(c, task, report, took))
+                if task.kind is TaskKind.MERGE:  # the parts first: the page can be built later
+                    self._reclaim(task.id)
                 if stored and self.on_stored is not None:
                     self._after_store(task.run_id)
-                if task.kind is TaskKind.MERGE:
-                    self._reclaim(task.id)
         finally:
             beat.stop()
             shutil.rmtree(scratch, ignore_errors=True)

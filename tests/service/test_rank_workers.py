@@ -151,7 +151,11 @@ def _one_process(folder: Path, traces: list[tuple[str, bytes, str, int]], manife
 
 
 def _parts_reclaimed(service: _Service) -> None:
-    assert service.db.read(tasks.recorded_parts) == set()
+    # The merge's worker deletes the parts after it stores the report (and the run's page), so
+    # the run reads "analysed" a moment before its parts are gone: wait for that, bounded.
+    wait_for(
+        lambda: service.db.read(tasks.recorded_parts) == set(), 30, "the parts to be reclaimed"
+    )
     store = open_blobs(service.settings.blob_location, service.settings.tmp_dir)
     assert set(store.iter_digests()) == service.db.read(recorded_digests)  # uploads' only
 
