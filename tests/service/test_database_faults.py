@@ -95,7 +95,10 @@ def test_a_stopped_server_answers_503_and_the_api_and_worker_resume(
 
         wait_for(analysed, 60, "the same worker to analyse an upload", interval=0.2)
         assert worker.poll() is None  # the worker that saw the outage did it
-        assert "database answers again" in worker_log.read_text()
+        # said once the claim after the outage returns (after the run's page is built)
+        wait_for(
+            lambda: "database answers again" in worker_log.read_text(), 20, "the worker to say so"
+        )
     finally:
         own_postgres.start()  # running again for the other tests
         os.killpg(worker.pid, signal.SIGTERM)
