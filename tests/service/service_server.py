@@ -111,6 +111,29 @@ def start_worker(data_dir: Path, database: str) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def upload_bundle(server: Server, bundle: Path) -> int:
+    """``bundle`` uploaded with the server's token (201 asserted); its run id."""
+    answer = httpx.post(
+        f"{server.url}/api/v1/uploads/bundles",
+        files={"bundle": (bundle.name, bundle.read_bytes())},
+        headers=server.headers,
+        timeout=60,
+    )
+    assert answer.status_code == 201, answer.text
+    return int(answer.json()["run_id"])
+
+
+def wait_analysed(server: Server, run_id: int, what: str, timeout: float = 60) -> None:
+    """Poll the run over HTTP until it is analysed; a failed run fails at once, with its error."""
+
+    def analysed() -> bool:
+        run = httpx.get(f"{server.url}/api/v1/runs/{run_id}", timeout=10).json()
+        assert run["status"] != "failed", (run["error"], run["progress"])
+        return bool(run["status"] == "analysed")
+
+    wait_for(analysed, timeout, what, interval=0.2)
+
+
 def group_alive(server: Server) -> bool:
     """Whether any process of the server's group (API or worker) still exists."""
     assert server.proc is not None

@@ -23,7 +23,7 @@ from conftest import make_settings
 from fastapi.testclient import TestClient
 from postgres_server import PostgresServer, postgres_missing, running_postgres
 from service_factories import auth
-from service_server import Server, start_worker, wait_for
+from service_server import Server, start_worker, upload_bundle, wait_analysed, wait_for
 from testkit import DATA_DIR
 
 from service.auth import Role, create_token
@@ -79,21 +79,8 @@ def test_a_stopped_server_answers_503_and_the_api_and_worker_resume(
 
         own_postgres.start()
         wait_for(lambda: _served(runs), 30, "the API to serve again", interval=0.2)
-        answer = httpx.post(
-            f"{server.url}/api/v1/uploads/bundles",
-            files={"bundle": (BUNDLE.name, BUNDLE.read_bytes())},
-            headers=server.headers,
-            timeout=60,
-        )
-        assert answer.status_code == 201, answer.text
-        run_id = answer.json()["run_id"]
-
-        def analysed() -> bool:
-            run = httpx.get(f"{runs}/{run_id}", timeout=10).json()
-            assert run["status"] != "failed", run["error"]
-            return bool(run["status"] == "analysed")
-
-        wait_for(analysed, 60, "the same worker to analyse an upload", interval=0.2)
+        run_id = upload_bundle(server, BUNDLE)
+        wait_analysed(server, run_id, "the same worker to analyse an upload")
         assert worker.poll() is None  # the worker that saw the outage did it
         # said once the claim after the outage returns (after the run's page is built)
         wait_for(

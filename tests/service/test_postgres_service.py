@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from postgres_server import PostgresServer
-from service_server import Server, start_worker, wait_for
+from service_server import Server, start_worker, upload_bundle, wait_analysed
 from testkit import DATA_DIR
 
 from service.storage.engine import postgres_engine
@@ -32,21 +32,8 @@ def test_serve_and_worker_on_postgresql_analyse_an_upload(
     server = Server(tmp_path, worker=False, database=url).start()
     worker = start_worker(tmp_path, url)
     try:
-        answer = httpx.post(
-            f"{server.url}/api/v1/uploads/bundles",
-            files={"bundle": (BUNDLE.name, BUNDLE.read_bytes())},
-            headers=server.headers,
-            timeout=60,
-        )
-        assert answer.status_code == 201, answer.text
-        run_id = answer.json()["run_id"]
-
-        def analysed() -> bool:
-            run = httpx.get(f"{server.url}/api/v1/runs/{run_id}", timeout=10).json()
-            assert run["status"] != "failed", (run["error"], run["progress"])
-            return bool(run["status"] == "analysed")
-
-        wait_for(analysed, 60, "the worker to analyse the upload", interval=0.2)
+        run_id = upload_bundle(server, BUNDLE)
+        wait_analysed(server, run_id, "the worker to analyse the upload")
         listed = httpx.get(f"{server.url}/api/v1/runs", timeout=10)
         assert listed.status_code == 200
         items = listed.json()["items"]
