@@ -140,10 +140,12 @@ class HostStates:
             (ranges.specific, LabelType.HELPER, ranges.helper),
             (ranges.container, LabelType.HELPER, ranges.helper),
         ]
-        threads, counts = np.unique(table["thread"], return_counts=True)
-        ends = thread_blocks(counts, block)[:-1]  # in ranges: each block's last thread's end
-        after = np.searchsorted(np.cumsum(counts), ends, side="right")
-        self._edges = threads[after].astype(np.int64)  # the first thread of each later block
+        self._edges = np.empty(0, dtype=np.int64)  # the first thread of each later block
+        if len(table) > block:  # one block otherwise: no thread ids to sort
+            threads, counts = np.unique(table["thread"], return_counts=True)
+            ends = thread_blocks(counts, block)[:-1]  # in ranges: each block's last thread's end
+            after = np.searchsorted(np.cumsum(counts), ends, side="right")
+            self._edges = threads[after].astype(np.int64)
 
     def split_labels(
         self, thread: IntArray, lo: IntArray, cut: IntArray, hi: IntArray
@@ -181,11 +183,17 @@ class HostStates:
         lo = int(self._edges[k - 1]) if k > 0 else None
         hi = int(self._edges[k]) if k < len(self._edges) else None
         table = self._table
-        rows = np.flatnonzero(_in_block(table["thread"], lo, hi))
-        cls = self._class[rows]
+        if lo is None and hi is None:  # the one block of every thread: no row mask to build
+            rows, cls = None, self._class
+        else:
+            rows = np.flatnonzero(_in_block(table["thread"], lo, hi))
+            cls = self._class[rows]
 
         def index(which: int) -> RangeIndex:
-            mine = rows[cls == which].astype(np.int64, copy=False)
+            mine = np.flatnonzero(cls == which)
+            if rows is not None:
+                mine = rows[mine]
+            mine = mine.astype(np.int64, copy=False)
             return RangeIndex(table["thread"][mine], table["start"][mine], table["end"][mine], mine)
 
         calls = self._calls
