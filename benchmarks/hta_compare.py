@@ -23,6 +23,9 @@ copy shifted in time past the previous one, correlation ids renumbered), in Kine
 layout, into a temporary directory: the real pair is small enough that the interpreter and
 import baseline dominate peak memory, the scaled pair shows the data-dependent part.
 
+``--base TREE`` runs the CLI row on a second source tree too (a worktree of the base commit),
+interleaved with the others, and prints the two CLI rows side by side (an A/B of a change).
+
 HTA lives in its own virtual environment so the project's stays untouched (not a project
 dependency); its python comes from ``--hta-python`` or ``$CPTRACE_HTA_PYTHON``::
 
@@ -110,6 +113,7 @@ _SAMPLE_S = 0.01
 OURS = "cptrace analyze"
 OURS_TWO = "cptrace, 2 read processes"
 OURS_CLI = "cptrace analyze (CLI)"
+OURS_CLI_BASE = "cptrace analyze (CLI), base"
 THEIRS = "HTA parse + kernel breakdown"
 
 
@@ -225,7 +229,9 @@ def _scaled_copy(source: Path, target: Path, copies: int) -> None:
         out.write(tail)
 
 
-def _measure(traces: list[Path], hta_python: str, repeat: int) -> dict[str, list[dict[str, float]]]:
+def _measure(
+    traces: list[Path], hta_python: str, repeat: int, base: Path | None = None
+) -> dict[str, list[dict[str, float]]]:
     with tempfile.TemporaryDirectory(prefix="hta-traces-") as tmp:
         # HTA reads every trace of a directory; give it exactly these files.
         for path in traces:
@@ -233,6 +239,8 @@ def _measure(traces: list[Path], hta_python: str, repeat: int) -> dict[str, list
         cptrace_cmd = [sys.executable, "-c", _CPTRACE_CHILD, *map(str, traces)]
         cli_cmd = [sys.executable, "-c", CLI_CHILD, *cli_args(traces, "^arm:", [])]
         byte_compile(ROOT)
+        if base is not None:
+            byte_compile(base)
         hta_cmd = [hta_python, "-c", _HTA_CHILD, tmp]
         results: dict[str, list[dict[str, float]]] = {
             OURS: [],
@@ -240,11 +248,16 @@ def _measure(traces: list[Path], hta_python: str, repeat: int) -> dict[str, list
             OURS_CLI: [],
             THEIRS: [],
         }
+        if base is not None:
+            results[OURS_CLI_BASE] = []
         for _ in range(repeat):  # interleaved, so drift in machine load hits all
             results[OURS].append(_run(cptrace_cmd, ROOT))
             results[OURS_TWO].append(_run(cptrace_cmd, ROOT, {"CPTRACE_READ_WORKERS": "2"}))
             results[OURS_CLI].append(_cli_row(_run(cli_cmd, ROOT, {"PYTHONPATH": str(ROOT)})))
             results[THEIRS].append(_run(hta_cmd, ROOT))
+            if base is not None:  # the same CLI child on the base tree's code
+                row = _run(cli_cmd, base, {"PYTHONPATH": str(base)})
+                results[OURS_CLI_BASE].append(_cli_row(row))
     return results
 
 
@@ -298,18 +311,26 @@ def main() -> None:
         default=0,
         help="also run on the traces with their events written this many times (0: skip)",
     )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="also run the CLI row on this source tree (a worktree of the base commit), "
+        "interleaved, and print the CLI's A/B table",
+    )
     args = parser.parse_args()
     _check_hta_python(args.hta_python)
 
     print(f"load average before the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
-    _table(args.traces, _measure(args.traces, args.hta_python, args.repeat), args.repeat, "")
+    _table(
+        args.traces, _measure(args.traces, args.hta_python, args.repeat, args.base), args.repeat, ""
+    )
     if args.scale > 1:
         with tempfile.TemporaryDirectory(prefix="cptrace-scaled-") as tmp:
             scaled = [Path(tmp) / p.name for p in args.traces]
             for source, target in zip(args.traces, scaled, strict=True):
                 _scaled_copy(source, target, args.scale)
             print()
-            results = _measure(scaled, args.hta_python, args.repeat)
+            results = _measure(scaled, args.hta_python, args.repeat, args.base)
             _table(scaled, results, args.repeat, f" (events x{args.scale})")
 
 
@@ -388,7 +409,35 @@ def _table(
         f"| CLI / HTA {_median(cli, 'rss_mb') / _median(theirs, 'rss_mb'):.2f}x "
         f"| CLI / HTA {_median(cli, 'tree_pss_mb') / _median(theirs, 'tree_pss_mb'):.2f}x |"
     )
+    if OURS_CLI_BASE in results:
+        _print_cli_ab(results[OURS_CLI_BASE], cli, theirs)
     print(f"load average after the runs: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+
+
+def _print_cli_ab(
+    base: list[dict[str, float]], cli: list[dict[str, float]], theirs: list[dict[str, float]]
+) -> None:
+    """The CLI row of the base tree and of this one side by side (medians), HTA's whole
+    process as the yardstick of the ratios."""
+    print()
+    print("| cptrace analyze (CLI), median | base | this tree | delta |")
+    print("|---|---|---|---|")
+    for label, key in (
+        ("process wall s", "process_s"),
+        ("process CPU s", "process_cpu_s"),
+        ("outside analyze wall s", "outside_s"),
+        ("outside analyze CPU s", "outside_cpu_s"),
+        ("peak RSS MiB", "rss_mb"),
+        ("tree PSS MiB", "tree_pss_mb"),
+    ):
+        b, c = _median(base, key), _median(cli, key)
+        delta = f"{(c - b) / b:+.1%}" if b else "n/a"
+        print(f"| {label} | {b:.3f} | {c:.3f} | {delta} |")
+    whole = _median(theirs, "process_s")
+    print(
+        f"| HTA whole process / CLI wall | {whole / _median(base, 'process_s'):.1f}x "
+        f"| {whole / _median(cli, 'process_s'):.1f}x | |"
+    )
 
 
 if __name__ == "__main__":

@@ -113,3 +113,57 @@ def test_analyze_without_a_manifest_builds_none_of_the_on_demand_models() -> Non
     probed = json.loads(done.stderr.strip().splitlines()[-1])
     assert probed["on_demand"] >= 12
     assert probed["built"] == []
+
+
+HEAVY = (
+    "plotly",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "psycopg",
+    "jinja2",
+    "httpx",
+    "pandas",
+    "scipy",
+    "web",
+    "service",
+    "runners",
+    "multiprocessing",
+    "rich.table",
+    "rich.markdown",
+    "rich.progress",
+    "typer.rich_utils",
+)
+"""Packages (and modules) that ``cptrace analyze`` of traces to a text report does not need:
+the service's and the pages' stacks, data-frame libraries, the worker pool and rich's own
+table/markdown/progress engines (the command's tables are ``cptrace.commands._tables``;
+the progress bar is drawn only on a terminal). numpy and pydantic are needed: the analysis
+computes with numpy arrays and its report is pydantic models (typer imports pydantic too)."""
+
+
+def _heavy(modules: object) -> list[str]:
+    assert isinstance(modules, list)
+    return sorted(m for m in modules for heavy in HEAVY if m == heavy or m.startswith(f"{heavy}."))
+
+
+def test_analyze_loads_none_of_the_heavy_modules() -> None:
+    """A text report, a JSON report and a CSV report of a two-rank pair: none of them imports
+    a module of :data:`HEAVY`, so the CLI's own start-up cost cannot creep back through an
+    import at the top of a module the command loads."""
+    for extra in ([], ["--report", "findings"], ["--json"], ["--format", "csv"]):
+        modules = _probe("analyze", *PAIR, *extra)["modules"]
+        assert "numpy" in _as_list(modules)  # it did analyse
+        assert _heavy(modules) == [], extra
+
+
+def test_the_heavy_module_check_names_a_heavy_module_and_its_submodules_only() -> None:
+    """The filter of the check above matches a heavy package and its submodules, not a
+    module whose name only starts the same (``webbrowser`` is not ``web``)."""
+    loaded = ["numpy", "rich", "rich.table", "richer", "web.app", "webbrowser", "service"]
+    assert _heavy(loaded) == ["rich.table", "service", "web.app"]
+
+
+def _as_list(modules: object) -> list[str]:
+    assert isinstance(modules, list)
+    return modules
