@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from testkit import shared_traces_dir
 
-from analyzers.bundle import read_bundle
+from analyzers.bundle import BundleManifestError, read_bundle
 from analyzers.errors import RankConflictError
 from analyzers.pipeline import analyze
 from analyzers.rank_parts import analyze_rank, dump_part, merge_part_blobs
@@ -68,8 +68,20 @@ def _figures(report: AnalysisReport, rank: int) -> list[tuple[str, int, int]]:
 
 def test_two_exports_listed_with_one_rank_are_refused(tmp_path: Path) -> None:
     bundle = _per_rank_bundle(tmp_path / "bundle", [1, 1])
-    with pytest.raises(RankConflictError, match="rank 1"):
+    both = "traces/export0.sqlite.gz and traces/export1.sqlite.gz are both listed as nsys rank 1"
+    with pytest.raises(BundleManifestError, match=both):
+        read_bundle(bundle)
+    with pytest.raises(BundleManifestError, match=both):
         analyze([bundle])
+
+
+def test_two_exports_of_one_rank_are_refused_without_a_bundle(tmp_path: Path) -> None:
+    """The same pair as bare files (no manifest): both claim rank 0, and the merge says so."""
+    first, second = tmp_path / "a.sqlite.gz", tmp_path / "b.sqlite.gz"
+    shutil.copyfile(shared_traces_dir() / EXPORT, first)
+    shutil.copyfile(shared_traces_dir() / EXPORT, second)
+    with pytest.raises(RankConflictError, match="rank 0"):
+        analyze([first, second])
 
 
 def test_per_rank_parts_give_the_one_process_report(tmp_path: Path) -> None:
