@@ -641,7 +641,23 @@ def _match_traces(
                 kind=kind,
             )
         )
+    _refuse_listed_twice(traces, source)
     return tuple(traces)
+
+
+def _refuse_listed_twice(traces: Sequence[BundleTrace], source: str) -> None:
+    """Two files of one format listed with the same rank would each be read as that rank (a
+    per-rank nsys export takes its listed rank): refused here, naming both, before any read."""
+    claimed: dict[tuple[str, int], str] = {}
+    for trace in traces:
+        if trace.rank is None:
+            continue
+        other = claimed.setdefault((trace.format, trace.rank), trace.member)
+        if other != trace.member:
+            raise BundleManifestError(
+                f"{source}: {other} and {trace.member} are both listed as {trace.format} "
+                f"rank {trace.rank}: each rank has one file of a format"
+            )
 
 
 def _require_regular(root: Path, rel: PurePosixPath, *, source: str, max_bytes: int) -> int:

@@ -41,7 +41,7 @@ from analyzers.readers._files import (
     open_maybe_gzip,
     sniff,
 )
-from analyzers.readers._ranks import rankless, resolve_ranks, set_rank
+from analyzers.readers._ranks import rankless, resolve_ranks, take_listed_rank
 
 if TYPE_CHECKING:
     from analyzers.readers.kineto import read_kineto, read_kineto_files
@@ -257,9 +257,9 @@ def read_input(
 
 
 def give_listed_rank(trace: Trace, item: TraceInput) -> None:
-    """A file that does not say its rank takes the one its bundle lists (in place)."""
-    if item.rank is not None and rankless(trace):
-        set_rank(trace, item.rank, "the run bundle's manifest")
+    """The rank the file's bundle lists, where the file does not state its own (in place; see
+    ``_ranks.take_listed_rank``)."""
+    take_listed_rank(trace, item.rank, "the run bundle's manifest")
 
 
 def read_trace_files(

@@ -19,6 +19,12 @@ RANK_OPTION = "--rank"
 """The CLI option that sets the rank of one file (named in messages)."""
 UNKNOWN = "unknown"
 """``metadata["rank_source"]`` of a trace that does not say its rank."""
+DEVICE_ORDER = "CUDA device order (each process used one device)"
+PROCESS_ORDER = "process order (first kernel start)"
+"""``rank_source`` of an nsys export, whose ranks are numbered from its own processes (by the
+device each drove, or by first kernel): not a rank the file states, so a one-process export of
+a per-rank bundle claims rank 0 whatever rank it is."""
+INFERRED = frozenset({DEVICE_ORDER, PROCESS_ORDER})
 
 
 def set_rank(trace: Trace, rank: int, source: str) -> None:
@@ -67,6 +73,22 @@ def resolve_ranks(traces: Sequence[Trace], rank: int | None = None) -> None:
         f"{trace.source}: the trace does not say its rank (no distributedInfo.rank, no "
         f"'rank<N>' in the file name): analysed as rank 0; pass {RANK_OPTION} N to set it"
     )
+
+
+def take_listed_rank(trace: Trace, listed: int | None, source: str) -> None:
+    """The rank a bundle's manifest lists for a file becomes the file's rank (in place) when
+    the file does not say its rank, or when it is a one-process nsys export, whose rank 0 is
+    only its own process numbering (one export per rank: each would claim rank 0). A file that
+    states its rank (Kineto's ``distributedInfo``, a ``rank<N>`` name) keeps it; an export of
+    several processes keeps its own numbering (the manifest lists no rank for it)."""
+    if listed is None:
+        return
+    if rankless(trace):
+        set_rank(trace, listed, source)
+        return
+    present = [r for r in trace.rank_list() if r >= 0]
+    if trace.metadata.get("rank_source") in INFERRED and len(present) == 1 and present != [listed]:
+        set_rank(trace, listed, source)
 
 
 def rankless(trace: Trace) -> bool:

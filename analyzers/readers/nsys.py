@@ -45,6 +45,7 @@ from analyzers.readers._files import DEFAULT_MAX_DECOMPRESSED, decompressed_copy
 from analyzers.readers._nsys_activities import KERNEL, MEMCPY, MEMSET, read_activities
 from analyzers.readers._nsys_launches import DRIVER, RUNTIME, read_launches
 from analyzers.readers._nsys_sql import NsysSource, Query
+from analyzers.readers._ranks import DEVICE_ORDER, PROCESS_ORDER
 from analyzers.readers._sqlite_guard import inspect_schema, open_readonly
 
 NVTX = _nsys_ranges.NVTX
@@ -227,13 +228,11 @@ def _assign_ranks(activities: npt.NDArray[np.void]) -> tuple[dict[int, int], str
     one_each = len(np.unique(processes)) == len(processes) == len(np.unique(devices))
     if one_each:
         order = np.argsort(devices)
-        return {int(processes[i]): rank for rank, i in enumerate(order)}, (
-            "CUDA device order (each process used one device)"
-        )
+        return {int(processes[i]): rank for rank, i in enumerate(order)}, DEVICE_ORDER
     starts = activities["start"][mask]
     first_seen = {int(p): int(starts[kernel_process == p].min()) for p in np.unique(processes)}
     ordered = sorted(first_seen, key=lambda p: (first_seen[p], p))
-    return {p: rank for rank, p in enumerate(ordered)}, "process order (first kernel start)"
+    return {p: rank for rank, p in enumerate(ordered)}, PROCESS_ORDER
 
 
 _FEW = 64

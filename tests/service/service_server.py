@@ -100,14 +100,17 @@ class Server:
                 self.kill()
 
 
-def start_worker(data_dir: Path, database: str) -> subprocess.Popen[bytes]:
-    """``cptrace worker`` on ``database`` in its own process group (its log in ``data_dir``)."""
+def start_worker(
+    data_dir: Path, database: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``cptrace worker`` on ``database`` in its own process group (its log in ``data_dir``);
+    ``env`` adds settings (e.g. the S3 blob store's) to the inherited environment."""
     log = (data_dir / "worker.log").open("wb")
     return subprocess.Popen(
         [sys.executable, "-c", "from cptrace.cli import main; main()", "worker",
          "--data-dir", str(data_dir), "--database", database],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "CPTRACE_WORKER_POLL_S": "0.1"},
+        env={**os.environ, "CPTRACE_WORKER_POLL_S": "0.1", **(env or {})},
     )  # fmt: skip
 
 
